@@ -1,0 +1,78 @@
+#pragma once
+// Command line and config file for the recipe binaries (Boost.Program_options).
+// Every option has the same key on the command line (--max-steps 10) and in an
+// INI config file (max-steps = 10); the command line wins over the file.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::recipes {
+
+/// Everything a recipe run needs, resolved from defaults, --config and argv.
+struct RunConfig {
+  // model
+  std::string preset = "gpt-micro";
+  int64_t n_layer = 0;       ///< 0: the preset's value
+  int64_t n_head = 0;
+  int64_t n_embd = 0;
+  int64_t block_size = 0;    ///< 0: the data's natural length
+  double dropout = -1.0;     ///< < 0: the preset's value
+  // data
+  std::string data = "addition";
+  int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data
+  // strategy and launch
+  std::string strategy = "single";
+  int nproc = 1;
+  int threads_per_rank = 0;  ///< 0: cores / ranks
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;       ///< 0: a free port
+  double comm_timeout_s = 60.0;
+  double bucket_cap_mb = 25.0;
+  bool find_unused_parameters = false;
+  bool overlap_comm = true;
+  // optimisation
+  int64_t max_steps = 1500;
+  int64_t batch_size = 64;
+  int64_t accumulate_grad_batches = 1;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t warmup_steps = 50;
+  double weight_decay = 0.1;
+  double gradient_clip_val = 1.0;
+  std::string precision = "32";
+  uint64_t seed = 1337;
+  // loop and outputs
+  int64_t log_every_n_steps = 25;
+  int64_t val_check_interval = 250;
+  int64_t limit_val_batches = 16;
+  std::string output_dir = "runs/latest";
+  int64_t checkpoint_every = 0;   ///< 0: no periodic checkpoints
+  int64_t checkpoint_keep = 2;
+  int64_t early_stopping_patience = 0;  ///< 0: off
+  std::string resume;             ///< checkpoint dir to resume from
+  std::string dump_params;        ///< test aid: rank 0 writes final params here (torch::save)
+  bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
+};
+
+/// Outcome of parsing: either a config to run, or text to print and an exit code.
+struct ParseResult {
+  std::optional<RunConfig> config;
+  int exit_code = 0;        ///< 0 for --help, 2 for bad input
+  std::string message;      ///< --help text, or the one-line error
+};
+
+/// Parses argv (argv[0] is the program name). Never throws or exits: unknown
+/// options, bad values, unreadable or unknown keys in --config each give
+/// exit_code 2 and a one-line message naming the value and what is allowed.
+/// Validates what does not need the data: positive steps/batch/lr, a known
+/// preset, strategy and precision, nproc >= 1, n_embd % n_head == 0 when both
+/// are given.
+ParseResult parse_run_config(const std::vector<std::string>& argv,
+                             const std::vector<std::string>& preset_names,
+                             const std::vector<std::string>& strategy_names);
+
+/// The resolved config as INI text (same keys), for printing and config.ini.
+std::string to_ini(const RunConfig& config);
+
+}  // namespace strata::recipes

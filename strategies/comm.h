@@ -1,0 +1,131 @@
+#pragma once
+// Comm: a thin, non-virtual wrapper over an injected c10d::ProcessGroup.
+//
+// Every collective a strategy issues goes through here, so that
+//  * Gloo's missing collectives (flat all-gather, reduce-scatter in LibTorch 1.13)
+//    are emulated in one place with the cheapest primitive Gloo has, and
+//  * bytes sent per collective kind are counted for the benchmarks (2Ψ vs 3Ψ).
+//
+// A default-constructed Comm is a world of one: every collective is the identity
+// and nothing is counted. Comm is cheap to copy; copies share the process group
+// and the byte counters.
+//
+// Example:
+//   strata::Comm comm(pg);
+//   comm.all_reduce(t);                       // in place, SUM
+//   auto w = comm.reduce_scatter_async(out, flat_in);  ... w.wait();
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <array>
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace strata {
+
+enum class CollectiveKind : int {
+  kAllReduce = 0,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+  kCount
+};
+
+/// Name used in reports: "all_reduce", "broadcast", ...
+const char* collective_name(CollectiveKind kind);
+
+/// Bytes this rank sent, per collective kind, under the bandwidth-optimal
+/// algorithm for each collective (ring all-reduce: 2(N-1)/N·S; broadcast and
+/// reduce: S on the root's side of a tree counted once per non-root rank / N;
+/// all-gather and reduce-scatter: (N-1)/N·S where S is the full flat size).
+/// These are the numbers the ZeRO paper's 2Ψ / 3Ψ refer to.
+struct CommBytes {
+  std::array<int64_t, static_cast<int>(CollectiveKind::kCount)> sent{};
+  std::array<int64_t, static_cast<int>(CollectiveKind::kCount)> calls{};
+  int64_t total_sent() const;
+  int64_t operator[](CollectiveKind k) const { return sent[static_cast<int>(k)]; }
+};
+
+/// A collective in flight. wait() blocks until it has finished and then runs the
+/// completion step of an emulated collective (e.g. the local sum after an
+/// all-to-all). A default-constructed PendingWork is already complete.
+class PendingWork {
+ public:
+  PendingWork() = default;
+  PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {});
+  PendingWork(PendingWork&&) noexcept = default;
+  PendingWork& operator=(PendingWork&&) noexcept = default;
+  PendingWork(const PendingWork&) = delete;
+  PendingWork& operator=(const PendingWork&) = delete;
+  ~PendingWork();
+
+  /// Blocks until done; rethrows the collective's error (timeout, peer gone).
+  void wait();
+  bool pending() const { return work_ || on_complete_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> on_complete_;
+};
+
+class Comm {
+ public:
+  /// A world of one: rank 0, size 1, every collective is the identity.
+  Comm();
+  explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_distributed() const { return static_cast<bool>(pg_); }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
+
+  /// In place on every rank.
+  void all_reduce(torch::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+  PendingWork all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+
+  /// In place: every rank ends with root's values.
+  void broadcast(torch::Tensor& tensor, int root);
+  PendingWork broadcast_async(torch::Tensor& tensor, int root);
+
+  /// In place on the root; other ranks' tensors are unspecified afterwards.
+  void reduce(torch::Tensor& tensor, int root, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+  PendingWork reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+
+  /// output (contiguous, numel == size() * input.numel()) receives every rank's
+  /// input, rank r at [r*n, (r+1)*n). Emulated for Gloo with a list all-gather
+  /// into views of `output` (no extra copy of the result).
+  void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
+  PendingWork all_gather_into_async(torch::Tensor& output, const torch::Tensor& input);
+
+  /// input (contiguous, numel == size() * output.numel()); output receives the
+  /// SUM over ranks of input chunk rank(). Emulated for Gloo with one all-to-all
+  /// of the chunks followed by a local sum: each rank sends (N-1)/N of the input,
+  /// the bandwidth-optimal amount, never a full all-reduce.
+  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input);
+  PendingWork reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input);
+
+  void barrier();
+
+  /// Byte counters shared by all copies of this Comm.
+  CommBytes bytes() const;
+  void reset_bytes();
+
+ private:
+  void count(CollectiveKind kind, int64_t bytes);
+
+  struct Counters {
+    std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent{};
+    std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> calls{};
+  };
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::shared_ptr<Counters> counters_;
+};
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+#pragma once
+// StrategyRegistry: name (and aliases) -> configured Strategy factory, as
+// Lightning's StrategyRegistry. Filled explicitly by register_builtin_strategies()
+// (no self-registering statics: the linker drops unreferenced objects).
+#include "strategies/comm.h"
+#include "strategies/strategy.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+/// Knobs a strategy factory may read; each strategy validates its own.
+struct StrategyConfig {
+  double bucket_cap_mb = 25.0;          ///< DDP/SDP gradient bucket size
+  bool find_unused_parameters = false;  ///< DDP: tolerate params with no grad
+  bool overlap_comm = true;             ///< DDP: all-reduce from grad hooks (false: after backward)
+};
+
+class StrategyRegistry {
+ public:
+  using Factory = std::function<std::unique_ptr<Strategy>(Comm, const StrategyConfig&)>;
+
+  /// Adds `name`; a duplicate name is an error.
+  void add(const std::string& name, Factory factory, const std::string& description);
+  /// Makes `alias` resolve to the already-registered `target`.
+  void add_alias(const std::string& alias, const std::string& target);
+
+  /// Throws "unknown strategy 'x'; available: ..." for unknown names.
+  std::unique_ptr<Strategy> create(const std::string& name, Comm comm,
+                                   const StrategyConfig& config = {}) const;
+
+  bool contains(const std::string& name) const;
+  /// Canonical name for a name or alias; throws like create() when unknown.
+  std::string resolve(const std::string& name) const;
+  /// "single, ddp, oss (zero1), ..." for error messages and --help.
+  std::string available() const;
+  std::vector<std::string> names() const;
+  std::string description(const std::string& name) const;
+
+ private:
+  struct Entry {
+    Factory factory;
+    std::string description;
+  };
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> aliases_;
+  std::vector<std::string> order_;
+};
+
+/// Registers single, ddp, oss/zero1, sdp/zero2 (and later fsdp/zero3).
+void register_builtin_strategies(StrategyRegistry& registry);
+
+}  // namespace strata

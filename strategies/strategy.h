@@ -1,0 +1,139 @@
+#pragma once
+// Strategy: every distributed decision of the training loop.
+//
+// The Trainer calls, per step:
+//   for micro in accumulation: { guard = no_sync() on all but last; backward(loss) }
+//   reduce_gradients(); clip_grad_norm(max); optimizer_step(opt); zero_grad(opt)
+// A subclass overrides only what it changes; its class comment says what it
+// shards and what it communicates.
+#include "strategies/comm.h"
+#include "trainer/training_module.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+/// Bytes of model state this rank really holds (unique storages).
+struct ModelStateBytes {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;
+  int64_t total() const { return params + grads + optimizer; }
+};
+
+/// Builds the inner optimizer over the parameter groups a strategy hands it
+/// (all of them, or only this rank's shard).
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
+    std::vector<torch::optim::OptimizerParamGroup>)>;
+
+class Strategy;
+
+/// RAII: while alive, backward() accumulates gradients locally without
+/// communicating (gradient accumulation on all but the last micro-batch).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(Strategy* strategy);
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  Strategy* strategy_;
+  bool previous_ = true;
+};
+
+class Strategy {
+ public:
+  explicit Strategy(Comm comm);
+  virtual ~Strategy() = default;
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  /// Registry name, e.g. "ddp".
+  virtual std::string name() const = 0;
+
+  const Comm& comm() const { return comm_; }
+  Comm& comm() { return comm_; }
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+  bool is_global_zero() const { return comm_.rank() == 0; }
+
+  /// Called once before training: wrap, shard or register hooks. The base
+  /// remembers the module and its trainable parameters.
+  virtual void setup(TrainingModule& module);
+
+  /// Builds the optimizer; the base hands every group to the factory.
+  virtual std::unique_ptr<torch::optim::Optimizer> setup_optimizer(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const OptimizerFactory& factory);
+
+  /// The base runs loss.backward().
+  virtual void backward(const torch::Tensor& loss);
+
+  /// See NoSyncGuard. Strategies read require_sync() in their hooks.
+  NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  bool require_sync() const { return require_sync_; }
+
+  /// Finish gradient communication (wait for async work started by hooks).
+  virtual void reduce_gradients() {}
+
+  /// Clips by the GLOBAL 2-norm over every gradient on every rank (each element
+  /// counted once) and returns that norm before clipping. One code path for all
+  /// strategies: local_grads_for_norm() says which gradients this rank
+  /// contributes and grads_sharded() whether contributions must be summed.
+  /// max_norm <= 0 only computes the norm.
+  double clip_grad_norm(double max_norm);
+
+  /// The base runs opt.step().
+  virtual void optimizer_step(torch::optim::Optimizer& optimizer);
+
+  /// The base sets gradients to none (torch's default since 2.0).
+  virtual void zero_grad(torch::optim::Optimizer& optimizer);
+
+  /// Mean of a scalar over ranks (for logged metrics); identity on one rank.
+  double mean_over_ranks(double value);
+
+  /// What this rank holds of params / grads / optimizer state, in bytes.
+  virtual ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const;
+
+  /// A one-paragraph description of the partition / buckets, printed at start.
+  virtual std::string describe() const;
+
+ protected:
+  /// Gradients this rank contributes to the global norm, each element of the
+  /// model's gradient exactly once over all ranks when grads_sharded().
+  virtual std::vector<torch::Tensor> local_grads_for_norm() const;
+  /// Gradients the clip coefficient must scale on this rank.
+  virtual std::vector<torch::Tensor> grads_to_clip() const;
+  virtual bool grads_sharded() const { return false; }
+
+  TrainingModule& module() const;
+  /// Trainable parameters in registration order (fixed at setup()).
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  /// Their qualified names, same order.
+  const std::vector<std::string>& param_names() const { return param_names_; }
+
+ private:
+  friend class NoSyncGuard;
+  Comm comm_;
+  TrainingModule* module_ = nullptr;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> param_names_;
+  bool require_sync_ = true;
+};
+
+/// Sum of nbytes over the unique storages behind `tensors` (views of one
+/// buffer are counted once).
+int64_t unique_storage_bytes(const std::vector<torch::Tensor>& tensors);
+
+/// Bytes of tensor state (exp_avg, exp_avg_sq, ...) held by an optimizer.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+}  // namespace strata

@@ -1,0 +1,127 @@
+#pragma once
+// Trainer: runs a TrainingModule and delegates every distributed decision to a
+// Strategy; callbacks observe. fit() reads like nanoGPT's train.py.
+//
+// Example:
+//   strata::Trainer trainer(strata::TrainerOptions().max_steps(100).lr(1e-3),
+//                           strategy, {std::make_shared<strata::ProgressBar>()});
+//   auto result = trainer.fit(module, data);
+#include "callbacks/callback.h"
+#include "strategies/precision.h"
+#include "strategies/strategy.h"
+#include "trainer/data_source.h"
+#include "trainer/memory.h"
+#include "trainer/training_module.h"
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct TrainerOptions {
+  /// Optimizer steps to run.
+  TORCH_ARG(int64_t, max_steps) = 100;
+  /// Samples per micro-batch per rank (the global batch is
+  /// batch_size * accumulate_grad_batches * world_size).
+  TORCH_ARG(int64_t, batch_size) = 32;
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Clip gradients to this global 2-norm; 0 disables clipping.
+  TORCH_ARG(double, gradient_clip_val) = 0.0;
+  TORCH_ARG(int64_t, log_every_n_steps) = 10;
+  /// Validate every n steps; 0: only at the end of fit.
+  TORCH_ARG(int64_t, val_check_interval) = 0;
+  /// Validation batches per check (per rank); 0 disables validation.
+  TORCH_ARG(int64_t, limit_val_batches) = 20;
+  TORCH_ARG(uint64_t, seed) = 1337;
+  TORCH_ARG(Precision, precision) = Precision::kFp32;
+  /// AdamW with nanoGPT's groups (decay on >=2-D weights only).
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, min_lr) = 1e-4;
+  TORCH_ARG(int64_t, warmup_steps) = 0;
+  TORCH_ARG(double, weight_decay) = 0.1;
+  TORCH_ARG(double, beta1) = 0.9;
+  TORCH_ARG(double, beta2) = 0.95;
+  TORCH_ARG(double, eps) = 1e-8;
+  /// Checkpoint directory to resume from ("" = start fresh).
+  TORCH_ARG(std::string, resume_from) = "";
+};
+
+struct FitResult {
+  int64_t steps = 0;
+  double final_train_loss = 0.0;
+  std::optional<double> val_loss;
+  std::optional<double> val_accuracy;
+  double tokens_per_s = 0.0;   ///< all ranks, steady state (first step excluded)
+  double elapsed_s = 0.0;
+  bool stopped_early = false;
+  std::string stop_reason;
+  /// One entry per rank (gathered onto every rank).
+  std::vector<int64_t> peak_tensor_bytes;
+  std::vector<ModelStateBytes> model_state_bytes;
+  std::vector<int64_t> peak_rss_bytes;
+  CommBytes comm_bytes;  ///< this rank's counters
+};
+
+class Trainer {
+ public:
+  /// `memory` may be null (then peak tensor bytes are reported as 0).
+  Trainer(TrainerOptions options, std::shared_ptr<Strategy> strategy,
+          std::vector<std::shared_ptr<Callback>> callbacks = {},
+          const MemoryTracker* memory = nullptr);
+
+  FitResult fit(TrainingModule& module, const DataSource& data);
+
+  /// Runs limit_val_batches held-out batches (sharded over ranks) and returns
+  /// metrics reduced over ranks.
+  ValidationMetrics validate(TrainingModule& module, const DataSource& data);
+
+  // ---- for callbacks ----
+  const TrainerOptions& options() const { return options_; }
+  Strategy& strategy() { return *strategy_; }
+  const MemoryTracker* memory() const { return memory_; }
+  torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
+  /// Optimizer steps done so far.
+  int64_t global_step() const { return step_; }
+  /// Adds a value to the current step's log row.
+  void log(const std::string& key, double value);
+  /// Ends fit() after the current step (all ranks must agree: base the
+  /// decision on rank-reduced metrics).
+  void request_stop(const std::string& reason);
+  bool should_stop() const { return stop_requested_; }
+  /// Writes a resumable checkpoint into `dir` (see trainer/checkpoint.h).
+  void save_checkpoint(const std::string& dir);
+
+ private:
+  void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);
+  void emit_log(int64_t step, const LogRow& base);
+  void gather_memory(FitResult& result);
+  template <typename Fn>
+  void each_callback(Fn&& fn) {
+    for (auto& cb : callbacks_) fn(*cb);
+  }
+
+  TrainerOptions options_;
+  std::shared_ptr<Strategy> strategy_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  const MemoryTracker* memory_;
+  TrainingModule* module_ = nullptr;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t step_ = 0;
+  LogRow pending_log_;
+  bool stop_requested_ = false;
+  std::string stop_reason_;
+};
+
+/// nanoGPT's parameter groups: weight decay on every parameter with dim >= 2,
+/// none on biases and LayerNorm weights. Groups with no parameters are dropped.
+std::vector<torch::optim::OptimizerParamGroup> make_adamw_groups(
+    torch::nn::Module& module, const TrainerOptions& options);
+
+/// AdamW with the trainer's betas/eps; lr and weight decay come per group.
+OptimizerFactory adamw_factory(const TrainerOptions& options);
+
+}  // namespace strata
