@@ -1,1 +1,364 @@
-// placeholder: filled in by the change that implements this file
+#include "recipes/cli.h"
+
+#include <boost/program_options.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+
+namespace strata::recipes {
+namespace {
+
+namespace po = boost::program_options;
+
+// Boost parses the tokens (command line and INI) and prints --help; the values
+// are kept as text and converted here, so that every error can name the key,
+// the offending value and what is allowed, and so the command line can simply
+// be applied after the config file (last write wins).
+
+using Member = std::variant<std::string RunConfig::*, int64_t RunConfig::*, int RunConfig::*,
+                            uint64_t RunConfig::*, double RunConfig::*, bool RunConfig::*>;
+
+/// One option: the same key on the command line (--key) and in the INI file.
+struct Field {
+  const char* key;
+  int group;  ///< index into group_titles()
+  Member member;
+  const char* help;
+  bool flag = false;  ///< bool that may be given bare (--key means true)
+};
+
+std::vector<std::string> group_titles() {
+  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs"};
+}
+
+std::vector<std::string> precision_names() {
+  return {"32", "32-true", "fp32", "bf16-mixed", "bf16"};
+}
+
+/// Every RunConfig field, in to_ini() and --help order.
+std::vector<Field> fields() {
+  using C = RunConfig;
+  return {
+      {"preset", 0, &C::preset, "model preset"},
+      {"n-layer", 0, &C::n_layer, "transformer blocks (0: the preset's)"},
+      {"n-head", 0, &C::n_head, "attention heads (0: the preset's)"},
+      {"n-embd", 0, &C::n_embd, "embedding width (0: the preset's)"},
+      {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
+      {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
+      {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
+      {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
+      {"strategy", 2, &C::strategy, "distributed strategy"},
+      {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
+      {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},
+      {"master-addr", 2, &C::master_addr, "rendezvous address"},
+      {"master-port", 2, &C::master_port, "rendezvous port (0: a free port)"},
+      {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
+      {"bucket-cap-mb", 2, &C::bucket_cap_mb, "gradient bucket size in MiB"},
+      {"find-unused-parameters", 2, &C::find_unused_parameters,
+       "DDP: allow parameters that get no gradient", true},
+      {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
+      {"max-steps", 3, &C::max_steps, "optimizer steps"},
+      {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
+      {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
+      {"lr", 3, &C::lr, "peak learning rate"},
+      {"min-lr", 3, &C::min_lr, "final learning rate of the decay"},
+      {"warmup-steps", 3, &C::warmup_steps, "linear warm-up steps"},
+      {"weight-decay", 3, &C::weight_decay, "AdamW weight decay"},
+      {"gradient-clip-val", 3, &C::gradient_clip_val, "global gradient norm limit (0: off)"},
+      {"precision", 3, &C::precision, "32, 32-true, fp32, bf16-mixed or bf16"},
+      {"seed", 3, &C::seed, "random seed"},
+      {"log-every-n-steps", 4, &C::log_every_n_steps, "log every N steps"},
+      {"val-check-interval", 4, &C::val_check_interval, "validate every N steps (0: at the end)"},
+      {"limit-val-batches", 4, &C::limit_val_batches, "validation batches per check (0: none)"},
+      {"output-dir", 4, &C::output_dir, "logs, config.ini and checkpoints go here"},
+      {"checkpoint-every", 4, &C::checkpoint_every, "checkpoint every N steps (0: never)"},
+      {"checkpoint-keep", 4, &C::checkpoint_keep, "periodic checkpoints to keep"},
+      {"early-stopping-patience", 4, &C::early_stopping_patience,
+       "validations without improvement before stopping (0: off)"},
+      {"resume", 4, &C::resume, "checkpoint directory to resume from"},
+      {"dump-params", 4, &C::dump_params, "test aid: rank 0 saves the final parameters here"},
+      {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
+  };
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+std::string format(const std::string& v) { return v; }
+std::string format(bool v) { return v ? "true" : "false"; }
+std::string format(double v) {
+  char buf[64];  // the shortest text that reads back as the same double
+  return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general).ptr);
+}
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+std::string format(Int v) { return std::to_string(v); }
+
+/// The field's value in `config` as command-line / INI text.
+std::string text_of(const RunConfig& config, const Field& f) {
+  return std::visit([&](auto member) { return format(config.*member); }, f.member);
+}
+
+/// Each parse_text returns "" on success, else what was expected.
+std::string parse_text(const std::string& s, std::string& out) {
+  out = s;
+  return "";
+}
+std::string parse_text(const std::string& s, bool& out) {
+  if (s == "true" || s == "1" || s == "yes" || s == "on") {
+    out = true;
+  } else if (s == "false" || s == "0" || s == "no" || s == "off") {
+    out = false;
+  } else {
+    return "expected true/false, 1/0 or yes/no";
+  }
+  return "";
+}
+std::string parse_text(const std::string& s, double& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(out)) {
+    return "expected a number";
+  }
+  return "";
+}
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+std::string parse_text(const std::string& s, Int& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (ec == std::errc::result_out_of_range) {
+    return "expected an integer from " + format(std::numeric_limits<Int>::min()) + " to " +
+           format(std::numeric_limits<Int>::max());
+  }
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    return std::is_signed_v<Int> ? "expected an integer" : "expected a non-negative integer";
+  }
+  return "";
+}
+
+const char* value_name(const Member& m) {
+  constexpr const char* names[] = {"STR", "INT", "INT", "INT", "FLOAT", "BOOL"};
+  return names[m.index()];
+}
+
+/// Sets `key` from `text`; returns "" or the one-line error (`where` prefixes it).
+std::string apply(RunConfig& config, const std::string& key, const std::string& text,
+                  const std::string& where) {
+  for (const Field& f : fields()) {
+    if (key != f.key) continue;
+    const std::string expected =
+        std::visit([&](auto member) { return parse_text(text, config.*member); }, f.member);
+    if (expected.empty()) return "";
+    return where + "invalid value '" + text + "' for " + (where.empty() ? "--" : "") + key + ": " +
+           expected;
+  }
+  return where + "unknown key '" + key + "'";  // not reached: Boost rejects unknown keys first
+}
+
+/// The five option groups; defaults and choices appear in --help.
+std::vector<po::options_description> option_groups(const std::vector<std::string>& presets,
+                                                   const std::vector<std::string>& strategies) {
+  const RunConfig defaults;  // shown in --help only: values are applied by apply()
+  std::vector<po::options_description> groups;
+  for (const auto& title : group_titles()) groups.emplace_back(title + " options");
+  for (const Field& f : fields()) {
+    auto* value = po::value<std::string>()->value_name(value_name(f.member));
+    if (const std::string text = text_of(defaults, f); !text.empty()) value->default_value(text);
+    if (f.flag) value->implicit_value("true");
+    std::string help = f.help;
+    const std::string key = f.key;
+    if (key == "preset" && !presets.empty()) help += ": " + join(presets);
+    if (key == "strategy" && !strategies.empty()) help += ": " + join(strategies);
+    groups[f.group].add_options()(f.key, value, help.c_str());
+  }
+  return groups;
+}
+
+std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
+                     const std::vector<std::string>& strategies) {
+  auto choice = [](const std::string& what, const std::string& value,
+                   const std::vector<std::string>& allowed) -> std::string {
+    if (allowed.empty()) return "";  // the caller gave no list: nothing to check against
+    for (const auto& name : allowed) {
+      if (value == name) return "";
+    }
+    return "unknown " + what + " '" + value + "'; available: " + join(allowed);
+  };
+  std::string error = choice("preset", c.preset, presets);
+  if (error.empty()) error = choice("strategy", c.strategy, strategies);
+  if (error.empty()) error = choice("precision", c.precision, precision_names());
+  auto need = [&error](bool ok, const char* key, auto value, const char* rule) {
+    if (!ok && error.empty()) {
+      error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;
+    }
+  };
+  need(c.n_layer >= 0, "n-layer", c.n_layer, ">= 0 (0: the preset's)");
+  need(c.n_head >= 0, "n-head", c.n_head, ">= 0 (0: the preset's)");
+  need(c.n_embd >= 0, "n-embd", c.n_embd, ">= 0 (0: the preset's)");
+  need(c.block_size >= 0, "block-size", c.block_size, ">= 0 (0: the data's)");
+  need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
+  need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
+  need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
+  need(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank, ">= 0 (0: automatic)");
+  need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
+       "in 0..65535 (0: a free port)");
+  need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
+  need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb, "> 0");
+  need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
+  need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
+  need(c.accumulate_grad_batches > 0, "accumulate-grad-batches", c.accumulate_grad_batches, "> 0");
+  need(c.lr > 0, "lr", c.lr, "> 0");
+  need(c.min_lr >= 0, "min-lr", c.min_lr, ">= 0");
+  need(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps, ">= 0");
+  need(c.weight_decay >= 0, "weight-decay", c.weight_decay, ">= 0");
+  need(c.gradient_clip_val >= 0, "gradient-clip-val", c.gradient_clip_val, ">= 0 (0: off)");
+  need(c.log_every_n_steps > 0, "log-every-n-steps", c.log_every_n_steps, "> 0");
+  need(c.val_check_interval >= 0, "val-check-interval", c.val_check_interval, ">= 0");
+  need(c.limit_val_batches >= 0, "limit-val-batches", c.limit_val_batches, ">= 0");
+  need(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, ">= 0 (0: never)");
+  need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience,
+       ">= 0 (0: off)");
+  if (error.empty() && c.n_embd > 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
+    error = "n_embd " + format(c.n_embd) + " is not divisible by n_head " + format(c.n_head);
+  }
+  return error;
+}
+
+ParseResult failure(std::string message) { return {std::nullopt, 2, std::move(message)}; }
+
+/// Reads --config FILE into `config`; returns "" or the one-line error.
+std::string apply_config_file(const std::string& path, const po::options_description& desc,
+                              RunConfig& config) {
+  const std::string where = "config file '" + path + "': ";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "cannot read " + where + "is a directory";
+  std::ifstream in(path);
+  if (!in) return "cannot read config file '" + path + "': " + std::strerror(errno);
+  po::parsed_options parsed(&desc);
+  try {
+    parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
+  } catch (const po::invalid_config_file_syntax& e) {
+    return where + "invalid line '" + e.tokens() + "'; expected key = value";
+  } catch (const po::error& e) {
+    return where + e.what();
+  }
+  if (in.bad()) return "cannot read config file '" + path + "': " + std::strerror(errno);
+  for (const po::option& option : parsed.options) {
+    if (option.unregistered) {
+      std::vector<std::string> keys;
+      for (const Field& f : fields()) keys.emplace_back(f.key);
+      return where + "unknown key '" + option.string_key + "'; valid keys: " + join(keys);
+    }
+    const std::string error = apply(config, option.string_key, option.value.at(0), where);
+    if (!error.empty()) return error;
+  }
+  return "";
+}
+
+ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::string>& presets,
+                  const std::vector<std::string>& strategies) {
+  const auto groups = option_groups(presets, strategies);
+  po::options_description general("General options");
+  general.add_options()("help,h", "print this help and exit")(
+      "config", po::value<std::string>()->value_name("FILE"),
+      "INI file with the same keys (key = value); the command line wins");
+  po::options_description cli, file;
+  cli.add(general);
+  for (const auto& group : groups) {
+    cli.add(group);
+    file.add(group);
+  }
+
+  po::parsed_options parsed(&cli);
+  try {
+    const std::vector<std::string> args(argv.empty() ? argv.begin() : argv.begin() + 1, argv.end());
+    parsed = po::command_line_parser(args)
+                 .options(cli)
+                 .style(po::command_line_style::default_style &
+                        ~po::command_line_style::allow_guessing)
+                 .run();
+  } catch (const po::unknown_option& e) {
+    return failure("unknown option '" + e.get_option_name() +
+                   "'; run with --help for the list of options");
+  } catch (const po::invalid_command_line_syntax& e) {
+    if (e.kind() == po::invalid_syntax::missing_parameter ||
+        e.kind() == po::invalid_syntax::empty_adjacent_parameter) {
+      return failure("missing value for " + e.get_option_name());
+    }
+    return failure(std::string(e.what()) + "; run with --help for the list of options");
+  } catch (const po::error& e) {  // e.g. --help=3
+    return failure(std::string(e.what()) + "; run with --help for the list of options");
+  }
+
+  std::optional<std::string> config_path;
+  for (const po::option& option : parsed.options) {
+    if (option.string_key.empty() || option.position_key >= 0) {
+      return failure("unexpected argument '" + option.original_tokens.at(0) +
+                     "'; options are given as --key value");
+    }
+    if (option.string_key == "help") {
+      std::ostringstream usage;
+      usage << "Usage: strata-gpt [options]\n\n" << general;  // groups print aligned per group
+      for (const auto& group : groups) usage << '\n' << group;
+      std::string text = usage.str();
+      while (!text.empty() && text.back() == '\n') text.pop_back();
+      return {std::nullopt, 0, text};
+    }
+    if (option.string_key == "config") config_path = option.value.at(0);
+  }
+
+  RunConfig config;
+  if (config_path) {
+    const std::string error = apply_config_file(*config_path, file, config);
+    if (!error.empty()) return failure(error);
+  }
+  for (const po::option& option : parsed.options) {
+    if (option.string_key == "config") continue;
+    // A bare flag (--progress-bar) arrives without tokens: its implicit value. Boost
+    // takes "--progress-bar false" and "--lr -1" as key and value by itself.
+    const std::string text = option.value.empty() ? "true" : option.value.front();
+    const std::string error = apply(config, option.string_key, text, "");
+    if (!error.empty()) return failure(error);
+  }
+  if (std::string error = validate(config, presets, strategies); !error.empty()) {
+    return failure(error);
+  }
+  return {config, 0, ""};
+}
+
+}  // namespace
+
+ParseResult parse_run_config(const std::vector<std::string>& argv,
+                             const std::vector<std::string>& preset_names,
+                             const std::vector<std::string>& strategy_names) {
+  try {
+    return parse(argv, preset_names, strategy_names);
+  } catch (const std::exception& e) {  // never throw: report whatever slipped through
+    return failure(std::string("invalid arguments: ") + e.what());
+  }
+}
+
+std::string to_ini(const RunConfig& config) {
+  const auto titles = group_titles();
+  std::ostringstream out;
+  int group = -1;
+  for (const Field& f : fields()) {
+    if (f.group != group) {
+      out << (group < 0 ? "" : "\n") << "# " << titles[f.group] << '\n';
+      group = f.group;
+    }
+    const std::string value = text_of(config, f);
+    out << f.key << (value.empty() ? " =" : " = ") << value << '\n';
+  }
+  return out.str();
+}
+
+}  // namespace strata::recipes

@@ -1,1 +1,167 @@
-// placeholder: filled in by the change that implements this file
+#include "recipes/gpt.h"
+
+#include <cmath>
+#include <map>
+
+namespace strata::recipes {
+
+namespace {
+const std::vector<std::pair<std::string, std::array<int64_t, 3>>>& presets() {
+  // minGPT's small configurations and the GPT-2 family (layers, heads, width).
+  static const std::vector<std::pair<std::string, std::array<int64_t, 3>>> table = {
+      {"gpt-nano", {3, 3, 48}},       {"gpt-micro", {4, 4, 128}},
+      {"gpt-mini", {6, 6, 192}},      {"gpt2", {12, 12, 768}},
+      {"gpt2-medium", {24, 16, 1024}}, {"gpt2-large", {36, 20, 1280}},
+      {"gpt2-xl", {48, 25, 1600}},
+  };
+  return table;
+}
+}  // namespace
+
+std::vector<std::string> gpt_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, dims] : presets()) names.push_back(name);
+  return names;
+}
+
+GPTOptions gpt_preset(const std::string& name) {
+  for (const auto& [preset, dims] : presets()) {
+    if (preset == name) return GPTOptions(dims[0], dims[1], dims[2]);
+  }
+  TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", gpt_preset_names()));
+}
+
+void validate(const GPTOptions& o) {
+  TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.vocab_size() > 0 &&
+                        o.block_size() > 0,
+                    "model sizes must be > 0 (got n_layer ", o.n_layer(), ", n_head ", o.n_head(),
+                    ", n_embd ", o.n_embd(), ", vocab_size ", o.vocab_size(), ", block_size ",
+                    o.block_size(), ")");
+  TORCH_CHECK_VALUE(o.n_embd() % o.n_head() == 0, "n_embd ", o.n_embd(),
+                    " is not divisible by n_head ", o.n_head());
+  TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, "dropout must be in [0, 1) (got ",
+                    o.dropout(), ")");
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(o.n_head()) {
+  c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
+  c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));
+  attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(o.dropout()));
+  resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(o.dropout()));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+  const auto hd = C / n_head_;
+  auto qkv = c_attn_(x).split(C, /*dim=*/2);
+  auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
+  auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
+  auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  // Causal mask: position t attends to positions <= t only.
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
+  att = attn_dropout_(torch::softmax(att, -1));
+  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  return resid_dropout_(c_proj_(y));
+}
+
+BlockImpl::BlockImpl(const GPTOptions& o) {
+  ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).elementwise_affine(true)));
+  attn_ = register_module("attn", CausalSelfAttention(o));
+  ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).elementwise_affine(true)));
+  c_fc_ = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 4 * o.n_embd()).bias(o.bias())));
+  c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * o.n_embd(), o.n_embd()).bias(o.bias())));
+  dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout()));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn_(ln_1_(x));
+  return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
+}
+
+GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
+  validate(o);
+  wte_ = register_module("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
+  wpe_ = register_module("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
+  drop_ = register_module("drop", torch::nn::Dropout(o.dropout()));
+  for (int64_t i = 0; i < o.n_layer(); ++i) {
+    blocks_.push_back(register_module("h" + std::to_string(i), Block(o)));
+  }
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
+  if (!o.tie_weights()) {
+    lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
+  }
+  // GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled
+  // by 1/sqrt(2 * n_layer).
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const auto& name = item.key();
+    auto& p = item.value();
+    if (name.find("ln_") != std::string::npos) continue;  // LayerNorm keeps 1 / 0
+    if (p.dim() == 1) {
+      p.zero_();
+    } else if (name.size() >= 13 && name.compare(name.size() - 13, 13, "c_proj.weight") == 0) {
+      p.normal_(0.0, 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer())));
+    } else {
+      p.normal_(0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  const auto T = idx.size(1);
+  TORCH_CHECK(T <= options_.block_size(), "sequence length ", T, " exceeds block_size ",
+              options_.block_size());
+  auto pos = torch::arange(T, idx.options());
+  auto x = drop_(wte_(idx) + wpe_(pos));
+  for (auto& block : blocks_) x = block(x);
+  x = ln_f_(x);
+  return lm_head_ ? lm_head_(x) : torch::matmul(x, wte_->weight.t());
+}
+
+int64_t GPTImpl::num_params(bool non_embedding) const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  if (non_embedding) n -= wpe_->weight.numel();
+  return n;
+}
+
+GPTModule::GPTModule(const GPTOptions& options) : model_(options) {}
+
+torch::Tensor GPTModule::training_step(const Batch& batch) {
+  auto logits = model_(batch.input);
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), batch.target.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+}
+
+ValidationStep GPTModule::validation_step(const Batch& batch) {
+  auto logits = model_(batch.input).to(torch::kFloat32);
+  auto loss_sum = torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));
+  auto scored = batch.target.ne(-1);
+  auto right = logits.argmax(-1).eq(batch.target).logical_or(scored.logical_not());
+  ValidationStep out;
+  out.loss_sum = loss_sum.item<double>();
+  out.tokens = scored.sum().item<int64_t>();
+  out.correct_samples = right.all(/*dim=*/1).sum().item<int64_t>();
+  out.samples = batch.input.size(0);
+  return out;
+}
+
+std::vector<std::shared_ptr<torch::nn::Module>> GPTModule::wrap_units() {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (auto& block : model_->blocks()) units.push_back(block.ptr());
+  return units;
+}
+
+double GPTModule::flops_per_token() const {
+  const auto& o = model_->options();
+  const double n = static_cast<double>(model_->num_params(/*non_embedding=*/true));
+  const double l = o.n_layer(), h = o.n_head(), q = o.n_embd() / o.n_head(), t = o.block_size();
+  return 6.0 * n + 12.0 * l * h * q * t;
+}
+
+}  // namespace strata::recipes

@@ -1,1 +1,272 @@
-// placeholder: filled in by the change that implements this file
+#include "recipes/run.h"
+
+#include "callbacks/csv_logger.h"
+#include "callbacks/early_stopping.h"
+#include "callbacks/lr_monitor.h"
+#include "callbacks/memory_monitor.h"
+#include "callbacks/model_checkpoint.h"
+#include "callbacks/progress.h"
+#include "callbacks/throughput.h"
+#include "recipes/data.h"
+#include "recipes/gpt.h"
+#include "recipes/launch.h"
+#include "strategies/process_group.h"
+#include "strategies/registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+namespace strata::recipes {
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Test aid for the failure-handling tests: STRATA_TEST_FAIL_AT_STEP=S and
+/// STRATA_TEST_FAIL_RANK=R make rank R throw at the start of step S.
+class FailAtStep : public Callback {
+ public:
+  FailAtStep(int64_t step, int rank) : step_(step), rank_(rank) {}
+  std::string name() const override { return "FailAtStep"; }
+  void on_train_batch_start(Trainer& trainer, TrainingModule&, int64_t step) override {
+    TORCH_CHECK(!(step == step_ && trainer.strategy().rank() == rank_),
+                "injected failure at step ", step, " on rank ", rank_, " (STRATA_TEST_FAIL_AT_STEP)");
+  }
+
+ private:
+  int64_t step_;
+  int rank_;
+};
+
+std::string self_executable(const char* argv0) {
+  std::error_code ec;
+  auto path = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(argv0) : path.string();
+}
+
+nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size,
+                            int64_t n_params, const std::string& data_name, double peak_flops,
+                            double mfu) {
+  nlohmann::json j;
+  j["strategy"] = config.strategy;
+  j["world_size"] = world_size;
+  j["preset"] = config.preset;
+  j["data"] = data_name;
+  j["precision"] = config.precision;
+  j["parameters"] = n_params;
+  j["steps"] = r.steps;
+  j["final_train_loss"] = r.final_train_loss;
+  j["val_loss"] = r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json(nullptr);
+  j["val_accuracy"] = r.val_accuracy ? nlohmann::json(*r.val_accuracy) : nlohmann::json(nullptr);
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["mfu"] = mfu;
+  j["peak_flops_per_rank"] = peak_flops;
+  j["elapsed_s"] = r.elapsed_s;
+  j["stopped_early"] = r.stopped_early;
+  j["stop_reason"] = r.stop_reason;
+  j["peak_tensor_bytes"] = r.peak_tensor_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["model_state_bytes"] = nlohmann::json::array();
+  for (const auto& m : r.model_state_bytes) {
+    j["model_state_bytes"].push_back({{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}});
+  }
+  nlohmann::json comm;
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    comm[collective_name(static_cast<CollectiveKind>(k))] = r.comm_bytes.sent[k];
+  }
+  j["comm_bytes_rank0"] = comm;
+  return j;
+}
+
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    TORCH_CHECK(out.good(), "cannot write ", tmp);
+    out << text;
+  }
+  fs::rename(tmp, path);
+}
+
+void dump_params(const std::string& path, torch::nn::Module& module) {
+  torch::serialize::OutputArchive archive;
+  for (const auto& item : module.named_parameters()) archive.write(item.key(), item.value());
+  archive.save_to(path);
+}
+
+}  // namespace
+
+GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
+  GPTOptions o = gpt_preset(c.preset);
+  if (c.n_layer > 0) o.n_layer(c.n_layer);
+  if (c.n_head > 0) o.n_head(c.n_head);
+  if (c.n_embd > 0) o.n_embd(c.n_embd);
+  if (c.dropout >= 0) o.dropout(c.dropout);
+  o.vocab_size(vocab_size).block_size(block_size);
+  validate(o);
+  return o;
+}
+
+TrainerOptions trainer_options(const RunConfig& c) {
+  return TrainerOptions()
+      .max_steps(c.max_steps)
+      .batch_size(c.batch_size)
+      .accumulate_grad_batches(c.accumulate_grad_batches)
+      .gradient_clip_val(c.gradient_clip_val)
+      .log_every_n_steps(c.log_every_n_steps)
+      .val_check_interval(c.val_check_interval)
+      .limit_val_batches(c.limit_val_batches)
+      .seed(c.seed)
+      .precision(parse_precision(c.precision))
+      .lr(c.lr)
+      .min_lr(std::min(c.min_lr, c.lr))
+      .warmup_steps(c.warmup_steps)
+      .weight_decay(c.weight_decay)
+      .resume_from(c.resume);
+}
+
+int run_gpt(int argc, char** argv) {
+  // Installed first so it outlives every tensor of the run.
+  MemoryTracker memory;
+  StrategyRegistry registry;
+  register_builtin_strategies(registry);
+
+  std::vector<std::string> args(argv, argv + argc);
+  ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry.names());
+  if (!parsed.config) {
+    (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
+    return parsed.exit_code;
+  }
+  const RunConfig config = *parsed.config;
+  const auto env = dist_env_from(current_environment());
+
+  // ---- Phase 1: everything that can be wrong with the input; exit code 2. ----
+  std::unique_ptr<DataSource> data;
+  std::optional<GPTOptions> model_options;
+  try {
+    TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->world_size,
+                      "--nproc ", config.nproc, " disagrees with WORLD_SIZE ", env->world_size,
+                      " set by the launcher; omit --nproc when joining an existing world");
+    TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc) == 1,
+                      "strategy 'single' runs one process but --nproc is ", config.nproc,
+                      "; use ddp, oss or sdp for several ranks");
+    data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
+    model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
+    trainer_options(config);
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  }
+
+  if (!env && config.nproc > 1) {
+    args[0] = self_executable(argv[0]);
+    LaunchOptions launch;
+    launch.nproc = config.nproc;
+    launch.master_addr = config.master_addr;
+    launch.master_port = config.master_port;
+    launch.threads_per_rank = config.threads_per_rank;
+    return launch_ranks(args, launch);
+  }
+
+  // ---- Phase 2: train; failures exit 1 and are recorded for the launcher. ----
+  const int rank = env ? env->rank : 0;
+  try {
+    configure_threads(config.threads_per_rank, env ? env->local_world_size : 1);
+    Comm comm;
+    if (env) {
+      comm = Comm(create_process_group(
+          ProcessGroupOptions(env->rank, env->world_size)
+              .master_addr(env->master_addr)
+              .master_port(env->master_port)
+              .timeout(std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000)))));
+    }
+    const bool is_zero = comm.rank() == 0;
+    const fs::path out_dir(config.output_dir);
+    if (is_zero) {
+      const auto blas = check_blas_speed();
+      if (blas.slow) std::cerr << blas.message << std::endl;
+      fs::create_directories(out_dir);
+      // A stale summary from an earlier run must not make this one look finished.
+      fs::remove(out_dir / "summary.json");
+      write_file_atomically(out_dir / "config.ini", to_ini(config));
+    }
+
+    torch::manual_seed(config.seed);
+    GPTModule module(*model_options);
+    StrategyConfig strategy_config;
+    strategy_config.bucket_cap_mb = config.bucket_cap_mb;
+    strategy_config.find_unused_parameters = config.find_unused_parameters;
+    strategy_config.overlap_comm = config.overlap_comm;
+    std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
+
+    auto throughput = std::make_shared<Throughput>();
+    std::vector<std::shared_ptr<Callback>> callbacks = {
+        std::make_shared<ProgressBar>(ProgressBarOptions().mode(
+            config.progress_bar ? ProgressMode::kAuto : ProgressMode::kPlain)),
+        throughput,
+        std::make_shared<MemoryMonitor>(),
+        std::make_shared<LrMonitor>(),
+    };
+    if (config.checkpoint_every > 0) {
+      callbacks.push_back(std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions((out_dir / "checkpoints").string())
+              .every_n_train_steps(config.checkpoint_every)
+              .keep_last(config.checkpoint_keep)));
+    }
+    if (config.early_stopping_patience > 0) {
+      callbacks.push_back(std::make_shared<EarlyStopping>(
+          EarlyStoppingOptions().patience(config.early_stopping_patience)));
+    }
+    if (const char* fail = std::getenv("STRATA_TEST_FAIL_AT_STEP")) {
+      const char* fail_rank = std::getenv("STRATA_TEST_FAIL_RANK");
+      callbacks.push_back(std::make_shared<FailAtStep>(std::atoll(fail), fail_rank ? std::atoi(fail_rank) : 0));
+    }
+    // Last, so it sees what the other callbacks logged for the step.
+    callbacks.push_back(std::make_shared<CsvLogger>(CsvLoggerOptions(out_dir.string())));
+
+    if (is_zero) {
+      std::cout << "strata-gpt | " << config.preset << " | " << module.model()->num_params() << " parameters | data "
+                << data->name() << " | " << strategy->name() << " x " << comm.size() << " rank(s), "
+                << at::get_num_threads() << " thread(s) each | precision " << config.precision << "\n"
+                << to_ini(config) << std::flush;
+    }
+    Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
+    FitResult result = trainer.fit(module, *data);
+    if (is_zero) std::cout << strategy->describe() << "\n";
+
+    if (is_zero) {
+      if (!config.dump_params.empty()) dump_params(config.dump_params, module.module());
+      auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
+                                  data->name(), throughput->peak_flops(), throughput->mfu());
+      write_file_atomically(out_dir / "summary.json", summary.dump(2) + "\n");
+      int64_t peak = 0;
+      for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);
+      std::cout << "\n== done: " << result.steps << " steps in " << result.elapsed_s << " s"
+                << " | train loss " << result.final_train_loss;
+      if (result.val_loss) std::cout << " | val loss " << *result.val_loss;
+      if (result.val_accuracy) std::cout << " | val accuracy " << 100.0 * *result.val_accuracy << "%";
+      std::cout << " | " << static_cast<int64_t>(result.tokens_per_s) << " tokens/s"
+                << " | MFU " << 100.0 * throughput->mfu() << "%"
+                << " | peak tensor memory " << format_bytes(peak) << " (max over ranks)"
+                << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)"
+                << std::endl;
+    }
+    return 0;
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    record_rank_error(message);
+    std::cerr << "[rank " << rank << "] error: " << message << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    record_rank_error(e.what());
+    std::cerr << "[rank " << rank << "] error: " << e.what() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace strata::recipes

@@ -1,1 +1,97 @@
-// placeholder: filled in by the change that implements this file
+#include "strategies/registry.h"
+
+#include "strategies/ddp.h"
+#include "strategies/oss.h"
+#include "strategies/sdp.h"
+#include "strategies/single_device.h"
+
+#include <sstream>
+
+namespace strata {
+
+void StrategyRegistry::add(const std::string& name, Factory factory, const std::string& description) {
+  TORCH_CHECK(!contains(name), "strategy '", name, "' is already registered");
+  entries_.emplace(name, Entry{std::move(factory), description});
+  order_.push_back(name);
+}
+
+void StrategyRegistry::add_alias(const std::string& alias, const std::string& target) {
+  TORCH_CHECK(!contains(alias), "strategy '", alias, "' is already registered");
+  TORCH_CHECK(entries_.count(target) == 1, "alias '", alias, "' points to unknown strategy '",
+              target, "'");
+  aliases_.emplace(alias, target);
+}
+
+bool StrategyRegistry::contains(const std::string& name) const {
+  return entries_.count(name) == 1 || aliases_.count(name) == 1;
+}
+
+std::string StrategyRegistry::resolve(const std::string& name) const {
+  if (entries_.count(name) == 1) return name;
+  auto alias = aliases_.find(name);
+  TORCH_CHECK_VALUE(alias != aliases_.end(), "unknown strategy '", name, "'; available: ",
+                    available());
+  return alias->second;
+}
+
+std::unique_ptr<Strategy> StrategyRegistry::create(const std::string& name, Comm comm,
+                                                   const StrategyConfig& config) const {
+  return entries_.at(resolve(name)).factory(std::move(comm), config);
+}
+
+std::string StrategyRegistry::available() const {
+  std::ostringstream out;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    if (i > 0) out << ", ";
+    out << order_[i];
+    std::string aliases;
+    for (const auto& [alias, target] : aliases_) {
+      if (target == order_[i]) aliases += (aliases.empty() ? "" : ", ") + alias;
+    }
+    if (!aliases.empty()) out << " (" << aliases << ")";
+  }
+  return out.str();
+}
+
+std::vector<std::string> StrategyRegistry::names() const {
+  std::vector<std::string> all = order_;
+  for (const auto& [alias, target] : aliases_) all.push_back(alias);
+  return all;
+}
+
+std::string StrategyRegistry::description(const std::string& name) const {
+  return entries_.at(resolve(name)).description;
+}
+
+void register_builtin_strategies(StrategyRegistry& registry) {
+  registry.add(
+      "single",
+      [](Comm comm, const StrategyConfig&) { return std::make_unique<SingleDeviceStrategy>(comm); },
+      "one process; nothing sharded");
+  registry.add(
+      "ddp",
+      [](Comm comm, const StrategyConfig& c) {
+        return std::make_unique<DDPStrategy>(
+            comm, DDPOptions()
+                      .bucket_cap_mb(c.bucket_cap_mb)
+                      .find_unused_parameters(c.find_unused_parameters)
+                      .overlap_comm(c.overlap_comm));
+      },
+      "replicated model; bucketed gradient all-reduce overlapped with backward");
+  registry.add(
+      "oss",
+      [](Comm comm, const StrategyConfig& c) {
+        return std::make_unique<OSSStrategy>(comm, ShardOptions().bucket_cap_mb(c.bucket_cap_mb));
+      },
+      "ZeRO-1: optimizer state sharded; grads reduce-scattered after backward");
+  registry.add_alias("zero1", "oss");
+  registry.add(
+      "sdp",
+      [](Comm comm, const StrategyConfig& c) {
+        return std::make_unique<SDPStrategy>(comm, ShardOptions().bucket_cap_mb(c.bucket_cap_mb));
+      },
+      "ZeRO-2: optimizer state and grads sharded; grads reduced to owners during backward");
+  registry.add_alias("zero2", "sdp");
+}
+
+}  // namespace strata

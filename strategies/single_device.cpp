@@ -1,1 +1,10 @@
-// placeholder: filled in by the change that implements this file
+#include "strategies/single_device.h"
+
+namespace strata {
+
+SingleDeviceStrategy::SingleDeviceStrategy(Comm comm) : Strategy(std::move(comm)) {
+  TORCH_CHECK(world_size() == 1, "strategy 'single' runs one process, but the world has ",
+              world_size(), " ranks; pick ddp, oss or sdp for --nproc ", world_size());
+}
+
+}  // namespace strata

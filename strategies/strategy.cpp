@@ -1,1 +1,158 @@
-// placeholder: filled in by the change that implements this file
+#include "strategies/strategy.h"
+
+#include <cmath>
+#include <sstream>
+#include <unordered_set>
+
+namespace strata {
+
+NoSyncGuard::NoSyncGuard(Strategy* strategy) : strategy_(strategy) {
+  previous_ = strategy_->require_sync_;
+  strategy_->require_sync_ = false;
+}
+
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : strategy_(other.strategy_), previous_(other.previous_) {
+  other.strategy_ = nullptr;
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  if (strategy_ != nullptr) strategy_->require_sync_ = previous_;
+}
+
+Strategy::Strategy(Comm comm) : comm_(std::move(comm)) {}
+
+void Strategy::setup(TrainingModule& module) {
+  module_ = &module;
+  params_.clear();
+  param_names_.clear();
+  for (const auto& item : module.module().named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    params_.push_back(item.value());
+    param_names_.push_back(item.key());
+  }
+}
+
+TrainingModule& Strategy::module() const {
+  TORCH_CHECK(module_ != nullptr, name(), ": setup() has not been called");
+  return *module_;
+}
+
+std::unique_ptr<torch::optim::Optimizer> Strategy::setup_optimizer(
+    std::vector<torch::optim::OptimizerParamGroup> groups, const OptimizerFactory& factory) {
+  return factory(std::move(groups));
+}
+
+void Strategy::backward(const torch::Tensor& loss) { loss.backward(); }
+
+std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+std::vector<torch::Tensor> Strategy::grads_to_clip() const { return local_grads_for_norm(); }
+
+double Strategy::clip_grad_norm(double max_norm) {
+  // Sum of squares in float64 so that the sharded and the single-process sums
+  // agree to far better than the parity tolerance.
+  auto sq = torch::zeros({1}, torch::kFloat64);
+  for (const auto& g : local_grads_for_norm()) {
+    sq += g.detach().to(torch::kFloat64).pow(2).sum();
+  }
+  if (grads_sharded()) {
+    // Sync point: every rank holds a disjoint shard of the gradient; the global
+    // norm needs all of them, and every rank must compute the same coefficient.
+    comm_.all_reduce(sq);
+  }
+  const double norm = std::sqrt(sq.item<double>());
+  if (max_norm > 0.0) {
+    // torch.nn.utils.clip_grad_norm_'s formula, so single-process parity holds.
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+      for (auto& g : grads_to_clip()) g.mul_(coef);
+    }
+  }
+  return norm;
+}
+
+void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }
+
+void Strategy::zero_grad(torch::optim::Optimizer& optimizer) {
+  for (auto& p : params_) {
+    // Set to none: frees the memory and lets AccumulateGrad steal the next grad.
+    p.mutable_grad() = torch::Tensor();
+  }
+}
+
+double Strategy::mean_over_ranks(double value) {
+  if (world_size() == 1) return value;
+  auto t = torch::full({1}, value, torch::kFloat64);
+  // Sync point: logged metrics are the mean over ranks so rank 0 prints (and
+  // early stopping decides on) the same number every rank sees.
+  comm_.all_reduce(t);
+  return t.item<double>() / world_size();
+}
+
+ModelStateBytes Strategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {
+  ModelStateBytes bytes;
+  std::vector<torch::Tensor> all_params;
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : module().module().parameters()) {
+    all_params.push_back(p);
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  // Sharded strategies hand the optimizer shard views whose gradients live in
+  // their own buffers; views of buffers already counted are deduplicated.
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+  }
+  bytes.params = unique_storage_bytes(all_params);
+  bytes.grads = unique_storage_bytes(grads);
+  bytes.optimizer = optimizer_state_bytes(optimizer);
+  return bytes;
+}
+
+std::string Strategy::describe() const {
+  std::ostringstream out;
+  out << name() << ": world size " << world_size();
+  return out.str();
+}
+
+int64_t unique_storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    const auto* impl = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(impl).second) total += static_cast<int64_t>(impl->nbytes());
+  }
+  return total;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& entry : optimizer.state()) {
+    // Each optimizer's state type exposes its tensors through serialization
+    // only; the types strata uses are listed here.
+    const auto* state = entry.second.get();
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      tensors.insert(tensors.end(), {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()});
+    } else if (const auto* s = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      tensors.insert(tensors.end(), {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()});
+    } else if (const auto* s = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      tensors.push_back(s->momentum_buffer());
+    } else if (const auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(state)) {
+      tensors.push_back(s->sum());
+    } else if (const auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(state)) {
+      tensors.insert(tensors.end(), {s->square_avg(), s->momentum_buffer(), s->grad_avg()});
+    }
+  }
+  return unique_storage_bytes(tensors);
+}
+
+}  // namespace strata

@@ -103,6 +103,10 @@ class Strategy {
   /// What this rank holds of params / grads / optimizer state, in bytes.
   virtual ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const;
 
+  /// True when each rank's optimizer holds only its shard (checkpoints then
+  /// store one optimizer file per rank).
+  virtual bool optimizer_sharded() const { return false; }
+
   /// A one-paragraph description of the partition / buckets, printed at start.
   virtual std::string describe() const;
 

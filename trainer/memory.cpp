@@ -1,1 +1,99 @@
-// placeholder: filled in by the change that implements this file
+#include "trainer/memory.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace strata {
+
+// Each allocation carries a 64-byte header (keeping the default 64-byte
+// alignment) with its size and owner, so the data pointer is also the deleter's
+// context: some LibTorch paths use raw_allocate()/raw_deleter(), which require
+// exactly that.
+struct TrackingAllocator::Context {
+  size_t nbytes;
+  const TrackingAllocator* owner;
+};
+namespace {
+constexpr size_t kHeader = 64;
+static_assert(sizeof(void*) * 2 <= kHeader, "header too small");
+}  // namespace
+
+TrackingAllocator::TrackingAllocator(c10::Allocator* underlying) : underlying_(underlying) {
+  TORCH_CHECK(underlying_ != nullptr, "TrackingAllocator needs an underlying allocator");
+}
+
+c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
+  auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
+  new (base) Context{nbytes, this};
+  void* data = base + kHeader;
+  const int64_t now = current_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+  allocations_.fetch_add(1);
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+  return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU));
+}
+
+void TrackingAllocator::release(void* data) {
+  if (data == nullptr) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  auto* ctx = reinterpret_cast<Context*>(base);
+  ctx->owner->on_free(ctx->nbytes);
+  c10::free_cpu(base);
+}
+
+void TrackingAllocator::on_free(size_t nbytes) const {
+  current_.fetch_sub(static_cast<int64_t>(nbytes));
+}
+
+void TrackingAllocator::reset_peak() { peak_.store(current_.load()); }
+
+MemoryTracker::MemoryTracker()
+    : previous_(c10::GetCPUAllocator()),
+      allocator_(std::make_unique<TrackingAllocator>(previous_)) {
+  // Priority above the default so our allocator wins; restored in the destructor.
+  c10::SetCPUAllocator(allocator_.get(), /*priority=*/100);
+}
+
+MemoryTracker::~MemoryTracker() { c10::SetCPUAllocator(previous_, /*priority=*/100); }
+
+namespace {
+int64_t read_status_kib(const char* key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(status, line)) {
+    if (line.rfind(prefix, 0) == 0) {
+      std::istringstream fields(line.substr(prefix.size()));
+      int64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+int64_t peak_rss_bytes() { return read_status_kib("VmHWM"); }
+int64_t current_rss_bytes() { return read_status_kib("VmRSS"); }
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::abs(value) >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", value, units[unit]);
+  return buf;
+}
+
+}  // namespace strata

@@ -17,10 +17,12 @@ namespace strata {
 
 class TrackingAllocator final : public c10::Allocator {
  public:
+  /// `underlying` is the allocator this one replaces (restored by
+  /// MemoryTracker); allocation itself uses c10::alloc_cpu like the default.
   explicit TrackingAllocator(c10::Allocator* underlying);
 
   c10::DataPtr allocate(size_t nbytes) const override;
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
 
   int64_t current_bytes() const { return current_.load(); }
   int64_t peak_bytes() const { return peak_.load(); }

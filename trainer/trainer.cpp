@@ -1,1 +1,251 @@
-// placeholder: filled in by the change that implements this file
+#include "trainer/trainer.h"
+
+#include "trainer/checkpoint.h"
+#include "trainer/lr_schedule.h"
+
+#include <chrono>
+#include <cmath>
+
+namespace strata {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+}  // namespace
+
+std::vector<torch::optim::OptimizerParamGroup> make_adamw_groups(torch::nn::Module& module,
+                                                                 const TrainerOptions& options) {
+  std::vector<torch::Tensor> decay;
+  std::vector<torch::Tensor> no_decay;
+  for (const auto& p : module.parameters()) {
+    if (!p.requires_grad()) continue;
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  }
+  auto group_options = [&](double weight_decay) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(options.lr())
+            .betas({options.beta1(), options.beta2()})
+            .eps(options.eps())
+            .weight_decay(weight_decay));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(decay, group_options(options.weight_decay()));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, group_options(0.0));
+  return groups;
+}
+
+OptimizerFactory adamw_factory(const TrainerOptions& options) {
+  return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
+    return std::make_unique<torch::optim::AdamW>(
+        std::move(groups), torch::optim::AdamWOptions(options.lr())
+                               .betas({options.beta1(), options.beta2()})
+                               .eps(options.eps())
+                               .weight_decay(options.weight_decay()));
+  };
+}
+
+Trainer::Trainer(TrainerOptions options, std::shared_ptr<Strategy> strategy,
+                 std::vector<std::shared_ptr<Callback>> callbacks, const MemoryTracker* memory)
+    : options_(std::move(options)),
+      strategy_(std::move(strategy)),
+      callbacks_(std::move(callbacks)),
+      memory_(memory) {
+  const auto& o = options_;
+  TORCH_CHECK(strategy_ != nullptr, "Trainer needs a strategy");
+  TORCH_CHECK_VALUE(o.max_steps() > 0, "max_steps must be > 0 (got ", o.max_steps(), ")");
+  TORCH_CHECK_VALUE(o.batch_size() > 0, "batch_size must be > 0 (got ", o.batch_size(), ")");
+  TORCH_CHECK_VALUE(o.accumulate_grad_batches() > 0, "accumulate_grad_batches must be > 0 (got ",
+                    o.accumulate_grad_batches(), ")");
+  TORCH_CHECK_VALUE(o.gradient_clip_val() >= 0, "gradient_clip_val must be >= 0 (got ",
+                    o.gradient_clip_val(), ")");
+  TORCH_CHECK_VALUE(o.log_every_n_steps() > 0, "log_every_n_steps must be > 0 (got ",
+                    o.log_every_n_steps(), ")");
+  TORCH_CHECK_VALUE(o.val_check_interval() >= 0 && o.limit_val_batches() >= 0,
+                    "val_check_interval and limit_val_batches must be >= 0 (got ",
+                    o.val_check_interval(), ", ", o.limit_val_batches(), ")");
+  TORCH_CHECK_VALUE(o.lr() > 0 && o.min_lr() >= 0 && o.min_lr() <= o.lr(),
+                    "need 0 <= min_lr <= lr and lr > 0 (got lr ", o.lr(), ", min_lr ", o.min_lr(), ")");
+}
+
+void Trainer::log(const std::string& key, double value) { pending_log_.emplace_back(key, value); }
+
+void Trainer::request_stop(const std::string& reason) {
+  stop_requested_ = true;
+  if (stop_reason_.empty()) stop_reason_ = reason;
+}
+
+FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
+  module_ = &module;
+  strategy_->setup(module);
+  optimizer_ = strategy_->setup_optimizer(make_adamw_groups(module.module(), options_),
+                                          adamw_factory(options_));
+  if (!options_.resume_from().empty()) {
+    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+    step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
+                            strategy_->rank()).step;
+    each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
+  }
+  const WarmupCosineSchedule schedule(LrScheduleOptions(options_.lr())
+                                          .warmup_steps(options_.warmup_steps())
+                                          .decay_steps(options_.max_steps())
+                                          .min_lr(options_.min_lr()));
+  FitResult result;
+  const auto fit_start = Clock::now();
+  double steady_tokens = 0.0;
+  double steady_seconds = 0.0;
+  const int64_t first_step = step_;
+  module.module().train();
+  each_callback([&](Callback& cb) { cb.on_fit_start(*this, module); });
+  try {
+    while (step_ < options_.max_steps() && !stop_requested_) {
+      const double lr = schedule(step_);
+      for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+      each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, module, step_ + 1); });
+      StepMetrics metrics;
+      metrics.lr = lr;
+      run_step(module, data, metrics);
+      if (step_ > first_step + 1) {  // the first step pays one-off costs
+        steady_tokens += static_cast<double>(metrics.tokens);
+        steady_seconds += metrics.step_seconds;
+      }
+      result.final_train_loss = metrics.loss;
+      each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, module, metrics); });
+      if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
+        emit_log(step_, {{"loss", metrics.loss}, {"lr", lr}, {"grad_norm", metrics.grad_norm},
+                         {"step_time_s", metrics.step_seconds}});
+      }
+      pending_log_.clear();
+      const bool last = step_ == options_.max_steps() || stop_requested_;
+      const bool periodic = options_.val_check_interval() > 0 && step_ % options_.val_check_interval() == 0;
+      if (options_.limit_val_batches() > 0 && (periodic || last)) {
+        auto val = validate(module, data);
+        result.val_loss = val.loss;
+        result.val_accuracy = val.accuracy;
+        each_callback([&](Callback& cb) { cb.on_validation_end(*this, module, val); });
+        LogRow row{{"val_loss", val.loss}};
+        if (val.accuracy) row.emplace_back("val_accuracy", *val.accuracy);
+        emit_log(step_, row);
+        pending_log_.clear();
+      }
+    }
+  } catch (const std::exception& error) {
+    each_callback([&](Callback& cb) { cb.on_exception(*this, module, error); });
+    throw;
+  }
+  each_callback([&](Callback& cb) { cb.on_fit_end(*this, module); });
+
+  result.steps = step_;
+  result.elapsed_s = seconds_since(fit_start);
+  result.tokens_per_s = steady_seconds > 0 ? steady_tokens / steady_seconds : 0.0;
+  result.stopped_early = stop_requested_;
+  result.stop_reason = stop_reason_;
+  result.comm_bytes = strategy_->comm().bytes();
+  gather_memory(result);
+  return result;
+}
+
+void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics) {
+  const auto start = Clock::now();
+  const int64_t accum = options_.accumulate_grad_batches();
+  const ShardInfo shard{strategy_->rank(), strategy_->world_size()};
+  double loss_sum = 0.0;
+  int64_t tokens = 0;
+  int64_t samples = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const Batch batch = data.train_batch(step_ * accum + micro, options_.batch_size(), shard);
+    // Gradients of all but the last micro-batch only accumulate locally.
+    std::optional<NoSyncGuard> no_sync;
+    if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(options_.precision());
+      loss = module.training_step(batch);
+    }
+    loss_sum += loss.item<double>();
+    tokens += batch.input.numel();
+    samples += batch.input.size(0);
+    each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
+    strategy_->backward(loss / static_cast<double>(accum));
+    each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); });
+  }
+  strategy_->reduce_gradients();
+  metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val());
+  each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
+  strategy_->optimizer_step(*optimizer_);
+  // Measured here, while gradients still exist, so grads show in the report.
+  last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
+  strategy_->zero_grad(*optimizer_);
+  ++step_;
+  metrics.step = step_;
+  metrics.loss = strategy_->mean_over_ranks(loss_sum / static_cast<double>(accum));
+  metrics.tokens = tokens * strategy_->world_size();
+  metrics.samples = samples * strategy_->world_size();
+  metrics.step_seconds = seconds_since(start);
+}
+
+void Trainer::emit_log(int64_t step, const LogRow& base) {
+  LogRow row = base;
+  row.insert(row.end(), pending_log_.begin(), pending_log_.end());
+  each_callback([&](Callback& cb) { cb.on_log(*this, step, row); });
+}
+
+ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& data) {
+  torch::NoGradGuard no_grad;
+  module.module().eval();
+  const ShardInfo shard{strategy_->rank(), strategy_->world_size()};
+  const int64_t per_batch = options_.batch_size() * strategy_->world_size();
+  const int64_t available = (data.num_val_samples() + per_batch - 1) / per_batch;
+  const int64_t batches = std::min(options_.limit_val_batches(), available);
+  auto totals = torch::zeros({4}, torch::kFloat64);  // loss_sum, tokens, correct, samples
+  for (int64_t i = 0; i < batches; ++i) {
+    ValidationStep out;
+    {
+      AutocastGuard autocast(options_.precision());
+      out = module.validation_step(data.val_batch(i, options_.batch_size(), shard));
+    }
+    totals[0] += out.loss_sum;
+    totals[1] += static_cast<double>(out.tokens);
+    totals[2] += static_cast<double>(out.correct_samples);
+    totals[3] += static_cast<double>(out.samples);
+  }
+  // Sync point: every rank scored a disjoint shard of the held-out set; the
+  // metrics (and decisions based on them, like early stopping) use the total.
+  strategy_->comm().all_reduce(totals);
+  module.module().train();
+  ValidationMetrics metrics;
+  metrics.step = step_;
+  metrics.loss = totals[0].item<double>() / std::max(1.0, totals[1].item<double>());
+  metrics.samples = static_cast<int64_t>(totals[3].item<double>());
+  if (data.has_accuracy()) {
+    metrics.accuracy = totals[2].item<double>() / std::max(1.0, totals[3].item<double>());
+  }
+  return metrics;
+}
+
+void Trainer::gather_memory(FitResult& result) {
+  const int n = strategy_->world_size();
+  auto mine = torch::tensor({memory_ ? memory_->peak_bytes() : int64_t{0}, last_state_bytes_.params,
+                             last_state_bytes_.grads, last_state_bytes_.optimizer, peak_rss_bytes()},
+                            torch::kInt64);
+  auto all = torch::empty({n * 5}, torch::kInt64);
+  // Sync point: rank 0 writes summary.json with every rank's numbers.
+  strategy_->comm().all_gather_into(all, mine);
+  auto acc = all.accessor<int64_t, 1>();
+  for (int r = 0; r < n; ++r) {
+    result.peak_tensor_bytes.push_back(acc[r * 5 + 0]);
+    result.model_state_bytes.push_back({acc[r * 5 + 1], acc[r * 5 + 2], acc[r * 5 + 3]});
+    result.peak_rss_bytes.push_back(acc[r * 5 + 4]);
+  }
+}
+
+void Trainer::save_checkpoint(const std::string& dir) {
+  TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
+              "save_checkpoint needs a running fit() (no module/optimizer yet)");
+  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+  strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
+  each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
+}
+
+}  // namespace strata

@@ -111,6 +111,7 @@ class Trainer {
   TrainingModule* module_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t step_ = 0;
+  ModelStateBytes last_state_bytes_;
   LogRow pending_log_;
   bool stop_requested_ = false;
   std::string stop_reason_;

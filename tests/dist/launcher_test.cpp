@@ -1,1 +1,101 @@
-// placeholder: filled in by the change that implements this file
+// launcher_test - the strata-gpt binary end to end: failure handling across
+// ranks, and the bad-input contract (one-line error naming the value, exit
+// code 2, no output directory left looking valid).
+#include "tests/dist/run_binary.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace {
+namespace fs = std::filesystem;
+using strata::testing::run_gpt_binary;
+
+fs::path scratch() {
+  static const fs::path dir = fs::temp_directory_path() / ("strata-launch-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+const std::string kQuick =
+    " --preset gpt-nano --data addition:2 --batch-size 2 --threads-per-rank 1 --progress-bar false"
+    " --limit-val-batches 1 ";
+
+TEST(LauncherTest, RankFailingAtStepThreeStopsEveryoneAndIsNamed) {
+  const auto out = scratch() / "fail";
+  auto run = run_gpt_binary("--strategy ddp --nproc 3 --max-steps 50 --comm-timeout 20" + kQuick +
+                                "--output-dir " + out.string(),
+                            "STRATA_TEST_FAIL_AT_STEP=3 STRATA_TEST_FAIL_RANK=1");
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_LT(run.seconds, 30.0) << run.output;
+  EXPECT_NE(run.output.find("rank 1 failed"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("injected failure at step 3"), std::string::npos) << run.output;
+  EXPECT_FALSE(fs::exists(out / "summary.json"));
+}
+
+TEST(LauncherTest, TwoRankRunWritesPerRankSummary) {
+  const auto out = scratch() / "ok";
+  auto run = run_gpt_binary("--strategy sdp --nproc 2 --max-steps 3" + kQuick + "--output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(out / "summary.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* key : {"\"strategy\"", "\"world_size\": 2", "\"peak_tensor_bytes\"", "\"model_state_bytes\"",
+                          "\"peak_rss_bytes\"", "\"val_accuracy\"", "\"tokens_per_s\""}) {
+    EXPECT_NE(text.str().find(key), std::string::npos) << key << "\n" << text.str();
+  }
+  EXPECT_TRUE(fs::exists(out / "metrics.csv"));
+  EXPECT_TRUE(fs::exists(out / "config.ini"));
+}
+
+struct BadInput {
+  std::string args;
+  std::string expect;  // must appear in the one-line error
+};
+
+TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
+  const auto dir = scratch() / "bad";
+  fs::create_directories(dir);
+  { std::ofstream(dir / "empty.txt"); }
+  { std::ofstream(dir / "short.txt") << "hello"; }
+  fs::create_directories(dir / "odd");
+  { std::ofstream(dir / "odd/train.bin", std::ios::binary) << "abc"; }
+  { std::ofstream(dir / "odd/val.bin", std::ios::binary) << "ab"; }
+  fs::create_directories(dir / "big");
+  {
+    std::ofstream train(dir / "big/train.bin", std::ios::binary);
+    for (int i = 0; i < 400; ++i) { uint16_t t = i == 7 ? 60000 : 5; train.write(reinterpret_cast<char*>(&t), 2); }
+    std::ofstream val(dir / "big/val.bin", std::ios::binary);
+    for (int i = 0; i < 400; ++i) { uint16_t t = 5; val.write(reinterpret_cast<char*>(&t), 2); }
+  }
+  { std::ofstream(dir / "bad.ini") << "max-steps = 5\nbogus-key = 1\n"; }
+  const std::vector<BadInput> cases = {
+      {"--data " + (dir / "missing.txt").string(), "missing.txt"},
+      {"--data " + (dir / "empty.txt").string(), "empty.txt"},
+      {"--data " + (dir / "short.txt").string() + " --block-size 64", "64"},
+      {"--data " + (dir / "odd").string(), "even"},
+      {"--data " + (dir / "big").string() + " --vocab-size 50257", "60000"},
+      {"--n-embd 100 --n-head 3", "n_embd 100 is not divisible by n_head 3"},
+      {"--preset gpt-mini --n-head 5", "not divisible by n_head 5"},
+      {"--max-steps 0", "max-steps"},
+      {"--lr -1", "lr"},
+      {"--batch-size 0", "batch-size"},
+      {"--preset gpt-huge", "gpt-huge"},
+      {"--strategy zero9", "zero9"},
+      {"--config " + (dir / "bad.ini").string(), "bogus-key"},
+      {"--no-such-flag", "no-such-flag"},
+  };
+  for (const auto& c : cases) {
+    const auto out = dir / "out";
+    fs::remove_all(out);
+    auto run = run_gpt_binary(c.args + " --output-dir " + out.string());
+    EXPECT_EQ(run.exit_code, 2) << c.args << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.expect), std::string::npos) << c.args << "\n" << run.output;
+    // One line: the message, nothing else (no backtrace, no config dump).
+    EXPECT_LE(std::count(run.output.begin(), run.output.end(), '\n'), 1) << c.args << "\n" << run.output;
+    EXPECT_FALSE(fs::exists(out / "summary.json")) << c.args;
+    EXPECT_FALSE(fs::exists(out)) << c.args << ": no output directory for a run that never started";
+  }
+}
+}  // namespace

@@ -1,1 +1,265 @@
-// placeholder
+#include "recipes/cli.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using strata::recipes::parse_run_config;
+using strata::recipes::ParseResult;
+using strata::recipes::RunConfig;
+using strata::recipes::to_ini;
+namespace fs = std::filesystem;
+
+ParseResult parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "strata-gpt");
+  return parse_run_config(args, {"gpt-nano", "gpt-micro", "gpt-small"},
+                          {"single", "ddp", "oss", "sdp", "fsdp", "zero3"});
+}
+
+/// A file in a fresh temp directory, removed with it.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    dir_ = fs::temp_directory_path() /
+           ("strata_cli_test_" + std::to_string(reinterpret_cast<uintptr_t>(this)) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    std::ofstream(path()) << text;
+  }
+  ~TempFile() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string path() const { return (dir_ / "run.ini").string(); }
+
+ private:
+  fs::path dir_;
+};
+
+/// exit_code 2, no config, a one-line message containing every `parts`.
+void expect_error(const std::vector<std::string>& args, const std::vector<std::string>& parts) {
+  const ParseResult result = parse(args);
+  std::string joined;
+  for (const auto& a : args) joined += a + " ";
+  SCOPED_TRACE(joined);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_FALSE(result.config.has_value());
+  EXPECT_EQ(result.message.find('\n'), std::string::npos) << result.message;
+  for (const auto& part : parts) {
+    EXPECT_NE(result.message.find(part), std::string::npos)
+        << "message '" << result.message << "' lacks '" << part << "'";
+  }
+}
+
+TEST(CliTest, DefaultsMatchRunConfig) {
+  const ParseResult result = parse({});
+  ASSERT_TRUE(result.config.has_value()) << result.message;
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(to_ini(*result.config), to_ini(RunConfig{}));
+  EXPECT_EQ(result.config->preset, "gpt-micro");
+  EXPECT_EQ(result.config->max_steps, 1500);
+  EXPECT_TRUE(result.config->overlap_comm);
+  EXPECT_FALSE(result.config->find_unused_parameters);
+}
+
+TEST(CliTest, OverridesEveryKind) {
+  const std::vector<std::string> args = {
+      "--preset", "gpt-nano", "--n-layer", "2", "--n-head", "4", "--n-embd", "64",
+      "--dropout", "-1", "--strategy", "fsdp", "--nproc", "4", "--master-port=29500",
+      "--lr", "1e-3", "--min-lr", "0", "--seed", "18446744073709551615", "--precision",
+      "bf16-mixed", "--output-dir", "out/x", "--max-steps", "5", "--max-steps", "7"};
+  const ParseResult result = parse(args);
+  ASSERT_TRUE(result.config.has_value()) << result.message;
+  const RunConfig& c = *result.config;
+  EXPECT_EQ(c.preset, "gpt-nano");
+  EXPECT_EQ(c.n_layer, 2);
+  EXPECT_EQ(c.n_head, 4);
+  EXPECT_EQ(c.n_embd, 64);
+  EXPECT_EQ(c.dropout, -1.0);  // negative values may follow the key as a separate token
+  EXPECT_EQ(c.strategy, "fsdp");
+  EXPECT_EQ(c.nproc, 4);
+  EXPECT_EQ(c.master_port, 29500);
+  EXPECT_DOUBLE_EQ(c.lr, 1e-3);
+  EXPECT_EQ(c.min_lr, 0.0);
+  EXPECT_EQ(c.seed, 18446744073709551615ULL);
+  EXPECT_EQ(c.precision, "bf16-mixed");
+  EXPECT_EQ(c.output_dir, "out/x");
+  EXPECT_EQ(c.max_steps, 7);  // the last occurrence wins
+}
+
+TEST(CliTest, ConfigFileThenCommandLine) {
+  TempFile file("# a comment\nmax-steps = 10\nstrategy = ddp\nlr = 0.01\nresume =\n");
+  const ParseResult result = parse({"--max-steps", "3", "--config", file.path(), "--seed", "7"});
+  ASSERT_TRUE(result.config.has_value()) << result.message;
+  EXPECT_EQ(result.config->max_steps, 3);  // command line wins, wherever --config is
+  EXPECT_EQ(result.config->strategy, "ddp");
+  EXPECT_DOUBLE_EQ(result.config->lr, 0.01);
+  EXPECT_EQ(result.config->seed, 7u);
+  EXPECT_EQ(result.config->resume, "");
+  EXPECT_EQ(result.config->batch_size, RunConfig{}.batch_size);
+}
+
+TEST(CliTest, BadValueTypesNameTheValue) {
+  expect_error({"--max-steps", "abc"}, {"'abc'", "--max-steps", "integer"});
+  expect_error({"--lr", "fast"}, {"'fast'", "--lr", "number"});
+  expect_error({"--lr", "nan"}, {"'nan'", "--lr"});
+  expect_error({"--seed", "-1"}, {"'-1'", "--seed", "non-negative"});
+  expect_error({"--nproc", "99999999999"}, {"'99999999999'", "--nproc"});
+  expect_error({"--overlap-comm", "maybe"}, {"'maybe'", "--overlap-comm", "true"});
+  expect_error({"--max-steps"}, {"missing value for --max-steps"});
+  expect_error({"--max-steps="}, {"missing value for --max-steps"});
+}
+
+TEST(CliTest, OutOfRangeValuesNameTheValueAndTheRule) {
+  // "--key value": each breaks exactly one rule.
+  for (const std::string arg :
+       {"--max-steps 0", "--batch-size -2", "--accumulate-grad-batches 0", "--lr 0",
+        "--min-lr -0.5", "--warmup-steps -1", "--weight-decay -0.25", "--gradient-clip-val -3",
+        "--nproc 0", "--threads-per-rank -4", "--master-port 70000", "--master-port -5",
+        "--comm-timeout 0", "--bucket-cap-mb -25", "--n-layer -1", "--n-head -2", "--n-embd -3",
+        "--block-size -8", "--dropout 1", "--dropout 1.5", "--log-every-n-steps 0",
+        "--val-check-interval -1", "--limit-val-batches -1", "--checkpoint-every -10",
+        "--early-stopping-patience -2", "--vocab-size 0"}) {
+    const std::string key = arg.substr(0, arg.find(' ')), value = arg.substr(arg.find(' ') + 1);
+    expect_error({key, value}, {"'" + value + "'", key, "must be"});
+    expect_error({key + "=" + value}, {"'" + value + "'", key, "must be"});
+  }
+}
+
+TEST(CliTest, UnknownChoicesListTheAlternatives) {
+  expect_error({"--preset", "gpt-huge"}, {"unknown preset 'gpt-huge'", "gpt-nano", "gpt-micro"});
+  expect_error({"--strategy", "zero9"}, {"unknown strategy 'zero9'", "ddp", "zero3"});
+  expect_error({"--precision", "16"}, {"'16'", "32-true", "bf16-mixed"});
+}
+
+TEST(CliTest, HeadsMustDivideWidthWhenBothGiven) {
+  expect_error({"--n-embd", "100", "--n-head", "3"}, {"n_embd 100", "n_head 3"});
+  EXPECT_TRUE(parse({"--n-embd", "96", "--n-head", "3"}).config.has_value());
+  EXPECT_TRUE(parse({"--n-embd", "100"}).config.has_value());  // the preset's n_head: later
+}
+
+TEST(CliTest, UnknownOptionAndStrayArguments) {
+  expect_error({"--foo", "1"}, {"unknown option '--foo'", "--help"});
+  expect_error({"--max", "1"}, {"'--max'"});  // no prefix guessing
+  expect_error({"stray"}, {"'stray'"});
+}
+
+TEST(CliTest, ConfigFileErrors) {
+  TempFile unknown("max-steps = 10\nfoo = 3\n");
+  expect_error({"--config", unknown.path()},
+               {unknown.path(), "unknown key 'foo'", "valid keys: preset, n-layer", "max-steps"});
+  TempFile bad_value("max-steps = abc\n");
+  expect_error({"--config", bad_value.path()}, {bad_value.path(), "'abc'", "max-steps"});
+  TempFile bad_line("max-steps\n");
+  expect_error({"--config", bad_line.path()}, {bad_line.path(), "max-steps"});
+  TempFile out_of_range("batch-size = 0\n");
+  expect_error({"--config", out_of_range.path()}, {"'0'", "batch-size"});
+  const std::string missing = (fs::temp_directory_path() / "strata_cli_test_missing.ini").string();
+  expect_error({"--config", missing}, {missing});
+  expect_error({"--config", ""}, {"config file ''"});
+  expect_error({"--config", fs::temp_directory_path().string()},
+               {fs::temp_directory_path().string()});
+}
+
+TEST(CliTest, HelpPrintsGroupedUsage) {
+  const ParseResult result = parse({"--max-steps", "5", "--help"});
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_FALSE(result.config.has_value());
+  EXPECT_EQ(result.message.rfind("Usage: strata-gpt [options]", 0), 0u);
+  for (const char* part :
+       {"--strategy", "--config", "--progress-bar", "Model", "Data", "Strategy and launch",
+        "Optimisation", "Loop and outputs", "1500", "gpt-nano"}) {
+    EXPECT_NE(result.message.find(part), std::string::npos) << part;
+  }
+  EXPECT_EQ(parse({"-h"}).exit_code, 0);
+}
+
+TEST(CliTest, BoolForms) {
+  auto config = [](std::vector<std::string> args) {
+    ParseResult result = parse(std::move(args));
+    EXPECT_TRUE(result.config.has_value()) << result.message;
+    return result.config.value_or(RunConfig{});
+  };
+  EXPECT_FALSE(config({"--overlap-comm", "false"}).overlap_comm);
+  EXPECT_FALSE(config({"--overlap-comm=0"}).overlap_comm);
+  EXPECT_FALSE(config({"--overlap-comm", "no"}).overlap_comm);
+  EXPECT_TRUE(config({"--find-unused-parameters"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--find-unused-parameters", "--max-steps", "3"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--find-unused-parameters", "yes"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--find-unused-parameters=1"}).find_unused_parameters);
+  EXPECT_FALSE(config({"--progress-bar", "false"}).progress_bar);
+  EXPECT_FALSE(config({"--progress-bar=no"}).progress_bar);
+  EXPECT_TRUE(config({"--progress-bar=no", "--progress-bar"}).progress_bar);
+  expect_error({"--overlap-comm"}, {"--overlap-comm"});  // not a bare flag
+}
+
+TEST(CliTest, IniRoundTrips) {
+  RunConfig c;
+  c.preset = "gpt-nano";
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 48;
+  c.block_size = 17;
+  c.dropout = 0.125;
+  c.data = "addition:4";
+  c.vocab_size = 1024;
+  c.strategy = "fsdp";
+  c.nproc = 2;
+  c.threads_per_rank = 1;
+  c.master_addr = "10.0.0.2";
+  c.master_port = 29511;
+  c.comm_timeout_s = 12.5;
+  c.bucket_cap_mb = 0.1;
+  c.find_unused_parameters = true;
+  c.overlap_comm = false;
+  c.max_steps = 11;
+  c.batch_size = 3;
+  c.accumulate_grad_batches = 4;
+  c.lr = 1.0 / 3.0;  // needs every digit to round-trip
+  c.min_lr = 1e-7;
+  c.warmup_steps = 0;
+  c.weight_decay = 0.0;
+  c.gradient_clip_val = 0.5;
+  c.precision = "bf16-mixed";
+  c.seed = 1ULL << 63;
+  c.log_every_n_steps = 1;
+  c.val_check_interval = 0;
+  c.limit_val_batches = 0;
+  c.output_dir = "runs/round trip";
+  c.checkpoint_every = 5;
+  c.checkpoint_keep = 7;
+  c.early_stopping_patience = 3;
+  c.resume = "runs/old/step-5";
+  c.dump_params = "params.pt";
+  c.progress_bar = false;
+
+  const std::string ini = to_ini(c);
+  EXPECT_EQ(ini.rfind("# Model\npreset = gpt-nano\n", 0), 0u) << ini;
+  EXPECT_NE(ini.find("# Strategy and launch\n"), std::string::npos);
+  EXPECT_NE(ini.find("max-steps = 11\n"), std::string::npos);
+  EXPECT_EQ(ini, to_ini(c));  // stable
+
+  TempFile file(ini);
+  const ParseResult result = parse({"--config", file.path()});
+  ASSERT_TRUE(result.config.has_value()) << result.message;
+  const RunConfig& r = *result.config;
+  EXPECT_EQ(to_ini(r), ini);  // every field; doubles print in shortest round-trip form
+  EXPECT_EQ(r.lr, c.lr);
+  EXPECT_EQ(r.seed, c.seed);
+  EXPECT_EQ(r.output_dir, c.output_dir);
+  EXPECT_EQ(r.overlap_comm, false);
+  EXPECT_EQ(r.progress_bar, false);
+
+  TempFile defaults(to_ini(RunConfig{}));  // empty strings survive too
+  const ParseResult plain = parse({"--config", defaults.path()});
+  ASSERT_TRUE(plain.config.has_value()) << plain.message;
+  EXPECT_EQ(to_ini(*plain.config), to_ini(RunConfig{}));
+}
+
+}  // namespace

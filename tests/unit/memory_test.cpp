@@ -1,1 +1,46 @@
-// placeholder: filled in by the change that implements this file
+// memory_test - Unit tests for trainer/memory.cpp
+#include "trainer/memory.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <c10/core/CPUAllocator.h>
+
+namespace {
+
+TEST(MemoryTrackerTest, PeakEqualsSumOfLiveTensors) {
+  strata::MemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  tracker.reset_peak();
+  {
+    auto a = torch::empty({1000}, torch::kFloat32);   // 4000 B
+    auto b = torch::empty({500}, torch::kFloat64);    // 4000 B
+    EXPECT_EQ(tracker.current_bytes() - base, 8000);
+    {
+      auto c = torch::empty({250}, torch::kInt64);    // 2000 B
+      EXPECT_EQ(tracker.current_bytes() - base, 10000);
+    }
+    EXPECT_EQ(tracker.current_bytes() - base, 8000);
+    auto view = a.narrow(0, 0, 10);  // a view allocates nothing
+    EXPECT_EQ(tracker.current_bytes() - base, 8000);
+  }
+  EXPECT_EQ(tracker.current_bytes(), base);
+  EXPECT_EQ(tracker.peak_bytes() - base, 10000);
+}
+
+TEST(MemoryTrackerTest, RestoresPreviousAllocatorOnDestruction) {
+  auto* before = c10::GetCPUAllocator();
+  {
+    strata::MemoryTracker tracker;
+    EXPECT_NE(c10::GetCPUAllocator(), before);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), before);
+}
+
+TEST(MemoryTest, FormatsBytesAndReadsRss) {
+  EXPECT_EQ(strata::format_bytes(512), "512 B");
+  EXPECT_EQ(strata::format_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
+  EXPECT_GT(strata::peak_rss_bytes(), 0);
+  EXPECT_GE(strata::peak_rss_bytes(), strata::current_rss_bytes());
+}
+}  // namespace

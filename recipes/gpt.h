@@ -1,0 +1,106 @@
+#pragma once
+// nanoGPT-style GPT: token + position embeddings, pre-LayerNorm blocks with
+// causal self-attention and a GELU MLP, optional weight tying, dropout.
+//
+// Example:
+//   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
+//   strata::recipes::GPTModule module(options);
+#include "trainer/training_module.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace strata::recipes {
+
+struct GPTOptions {
+  GPTOptions(int64_t n_layer, int64_t n_head, int64_t n_embd)
+      : n_layer_(n_layer), n_head_(n_head), n_embd_(n_embd) {}
+  TORCH_ARG(int64_t, n_layer);
+  TORCH_ARG(int64_t, n_head);
+  TORCH_ARG(int64_t, n_embd);
+  /// GPT-2's 50257 padded to a multiple of 64, as nanoGPT does.
+  TORCH_ARG(int64_t, vocab_size) = 50304;
+  TORCH_ARG(int64_t, block_size) = 1024;
+  TORCH_ARG(double, dropout) = 0.0;
+  /// Biases in Linear layers and LayerNorms.
+  TORCH_ARG(bool, bias) = true;
+  /// lm_head shares the token embedding matrix.
+  TORCH_ARG(bool, tie_weights) = true;
+};
+
+/// gpt-nano (3 layers, 3 heads, 48 wide), gpt-micro (4, 4, 128),
+/// gpt-mini (6, 6, 192), gpt2 (12, 12, 768; 124M), gpt2-medium (24, 16, 1024),
+/// gpt2-large (36, 20, 1280), gpt2-xl (48, 25, 1600). Unknown names are an
+/// error listing these.
+GPTOptions gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+
+/// Errors (one line, naming the values) for n_embd % n_head != 0 and
+/// non-positive sizes.
+void validate(const GPTOptions& options);
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  int64_t n_head_;
+  torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  torch::nn::Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTOptions& options);
+  /// idx: int64 [B, T] with T <= block_size; returns logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& idx);
+  const GPTOptions& options() const { return options_; }
+  std::vector<Block>& blocks() { return blocks_; }
+  /// Parameter count; nanoGPT excludes position embeddings for FLOP counting.
+  int64_t num_params(bool non_embedding = false) const;
+
+ private:
+  GPTOptions options_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  torch::nn::Dropout drop_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};  // null when tied to wte
+};
+TORCH_MODULE(GPT);
+
+/// The GPT as a TrainingModule: next-token cross-entropy (targets of -1 are
+/// ignored), exact-match accuracy over scored positions for validation.
+class GPTModule : public TrainingModule {
+ public:
+  explicit GPTModule(const GPTOptions& options);
+  torch::nn::Module& module() override { return *model_; }
+  torch::Tensor training_step(const Batch& batch) override;
+  ValidationStep validation_step(const Batch& batch) override;
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_units() override;
+  /// nanoGPT's estimate: 6N + 12·L·H·Q·T FLOPs per token (fwd + bwd).
+  double flops_per_token() const override;
+  GPT& model() { return model_; }
+
+ private:
+  GPT model_;
+};
+
+}  // namespace strata::recipes

@@ -1,0 +1,26 @@
+#pragma once
+// run_gpt(): what strata-gpt's main() does — parse, launch ranks or join a
+// world, build data/model/strategy/callbacks, fit, and write the outputs:
+//   <output-dir>/config.ini    resolved configuration (same keys as the CLI)
+//   <output-dir>/metrics.csv   one row per logged step (CsvLogger)
+//   <output-dir>/summary.json  written last: its presence marks a finished run
+// Exit codes: 0 success, 2 bad input (one-line error), 1 failure in training.
+#include "recipes/cli.h"
+#include "trainer/trainer.h"
+
+#include <string>
+#include <vector>
+
+namespace strata::recipes {
+
+int run_gpt(int argc, char** argv);
+
+/// The model options a config resolves to, given the data's vocabulary and
+/// sequence length (errors name the offending values).
+struct GPTOptions;
+GPTOptions resolve_model_options(const RunConfig& config, int64_t vocab_size, int64_t block_size);
+
+/// Trainer options from a config.
+TrainerOptions trainer_options(const RunConfig& config);
+
+}  // namespace strata::recipes

@@ -1,0 +1,62 @@
+#pragma once
+// DDPStrategy ("ddp"): data parallel with a full replica on every rank.
+//
+// Sharded: nothing. Communicated per step: every gradient once, all-reduced
+// (2Ψ bytes per rank in the ring model) in buckets of bucket_cap_mb, in
+// reverse registration order, launched from gradient hooks while backward is
+// still running. Gradients live as views into the buckets (no second copy).
+// Setup broadcasts rank 0's parameters and buffers.
+//
+// Example:
+//   auto ddp = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().bucket_cap_mb(25));
+#include "strategies/grad_buckets.h"
+#include "strategies/strategy.h"
+
+#include <memory>
+#include <vector>
+
+namespace strata {
+
+struct DDPOptions {
+  /// Bucket size; torch's default is 25 MiB.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Tolerate parameters that get no gradient (their buckets are reduced after
+  /// backward); otherwise such a parameter is an error naming it.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// true: all-reduce from the gradient hooks, overlapped with backward.
+  /// false: all-reduce every bucket after backward (for comparison).
+  TORCH_ARG(bool, overlap_comm) = true;
+};
+
+class DDPStrategy : public Strategy {
+ public:
+  DDPStrategy(Comm comm, DDPOptions options = {});
+  std::string name() const override { return "ddp"; }
+
+  void setup(TrainingModule& module) override;
+  void backward(const torch::Tensor& loss) override;
+  void reduce_gradients() override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+  std::string describe() const override;
+
+  const DDPOptions& options() const { return options_; }
+
+ private:
+  void launch_bucket(size_t bucket);
+  void start_all_reduce(size_t bucket);
+
+  DDPOptions options_;
+  std::vector<torch::Tensor> bucket_buffers_;
+  std::unique_ptr<GradReadiness> readiness_;
+  std::vector<PendingWork> in_flight_;
+  std::vector<size_t> deferred_;  // ready buckets held back when !overlap_comm
+};
+
+/// Broadcasts rank 0's parameters and buffers to every rank (identical start).
+void broadcast_module_state(Comm& comm, torch::nn::Module& module);
+
+/// "DDPStrategy: parameter(s) a.b, c.d received no gradient ..." error text.
+std::string unused_parameters_message(const std::string& strategy,
+                                      const std::vector<std::string>& names);
+
+}  // namespace strata

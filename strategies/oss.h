@@ -1,0 +1,60 @@
+#pragma once
+// OSSStrategy ("oss", alias "zero1"): optimizer state sharding (ZeRO-1).
+//
+// Sharded: optimizer state. Each rank owns one contiguous shard of the flat
+// parameter space (FlatLayout) and builds the inner optimizer over the pieces
+// of parameters in its shard only. Communicated per step: gradients
+// reduce-scattered to their owners after backward (Ψ), updated parameters
+// all-gathered from their owners after the step (Ψ): 2Ψ in all.
+// Model state per rank with fp32 AdamW: 4Ψ' params + 4Ψ' grads + 8Ψ'/N state.
+//
+// The inner optimizer sees 1-D pieces, not whole tensors: exact for every
+// element-wise optimizer (SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS is not
+// supported.
+#include "strategies/flat_shard.h"
+#include "strategies/strategy.h"
+
+namespace strata {
+
+struct ShardOptions {
+  /// OSS: caps the transient buffers of the reduce-scatter / all-gather rounds.
+  /// SDP: also the gradient bucket size.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+};
+
+class OSSStrategy : public Strategy {
+ public:
+  OSSStrategy(Comm comm, ShardOptions options = {});
+  std::string name() const override { return "oss"; }
+
+  void setup(TrainingModule& module) override;
+  std::unique_ptr<torch::optim::Optimizer> setup_optimizer(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const OptimizerFactory& factory) override;
+  void reduce_gradients() override;
+  void optimizer_step(torch::optim::Optimizer& optimizer) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+  std::string describe() const override;
+  bool optimizer_sharded() const override { return true; }
+
+  const FlatLayout& layout() const { return layout_; }
+
+ protected:
+  /// Gradients live here: OSS keeps full flat gradients (param grads are views).
+  virtual void setup_gradients();
+  /// This rank's reduced gradient shard (shard_numel elements).
+  virtual torch::Tensor owned_grad() const;
+
+  std::vector<torch::Tensor> local_grads_for_norm() const override { return {owned_grad()}; }
+  bool grads_sharded() const override { return world_size() > 1; }
+  int64_t round_numel() const;
+  /// Fails (on every rank alike) if a parameter's requires_grad changed after setup.
+  void check_trainable_unchanged() const;
+
+  ShardOptions options_;
+  FlatLayout layout_;
+  torch::Tensor flat_params_;
+  torch::Tensor flat_grads_;
+};
+
+}  // namespace strata
