@@ -1,1 +1,128 @@
-// placeholder: filled in by the change that implements this file
+#include "callbacks/throughput.h"
+
+#include "trainer/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+namespace strata {
+namespace {
+
+/// Best seconds of one n×n product over up to `repeats` products, stopping
+/// early once `budget_s` has been spent (after at least one timed product).
+double best_matmul_seconds(int64_t n, int repeats, double budget_s) {
+  torch::NoGradGuard no_grad;
+  // Host buffers wrapped with from_blob: nothing goes through the CPU
+  // allocator, so a MemoryTracker's peak (the memory benchmarks' numbers)
+  // does not see this probe.
+  std::vector<float> a_data(static_cast<size_t>(n * n)), b_data(a_data.size()), c_data(a_data.size());
+  const auto a = torch::from_blob(a_data.data(), {n, n}, torch::kFloat32).normal_();
+  const auto b = torch::from_blob(b_data.data(), {n, n}, torch::kFloat32).normal_();
+  auto c = torch::from_blob(c_data.data(), {n, n}, torch::kFloat32);
+  torch::mm_out(c, a, b);  // warm-up: thread pool start, BLAS buffers
+  using Clock = std::chrono::steady_clock;
+  const auto begin = Clock::now();
+  double best = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = Clock::now();
+    torch::mm_out(c, a, b);
+    const auto t1 = Clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    if (std::chrono::duration<double>(t1 - begin).count() > budget_s) break;
+  }
+  return std::max(best, 1e-9);
+}
+
+}  // namespace
+
+double measure_matmul_peak_flops(int64_t n, int repeats) {
+  TORCH_CHECK(n >= 1 && repeats >= 1, "measure_matmul_peak_flops: need n >= 1 and repeats >= 1, got n=",
+              n, ", repeats=", repeats);
+  const double flops = 2.0 * double(n) * double(n) * double(n);
+  return flops / best_matmul_seconds(n, repeats, /*budget_s=*/1.0);
+}
+
+BlasCheck check_blas_speed(double min_gflops) {
+  TORCH_CHECK(min_gflops >= 0.0, "check_blas_speed: min_gflops must be >= 0, got ", min_gflops);
+  // 384³·2 = 0.11 GFLOP: ~25 ms per product on the reference BLAS, ~2 ms on OpenBLAS.
+  constexpr int64_t n = 384;
+  const double seconds = best_matmul_seconds(n, 5, 0.15);
+  BlasCheck check;
+  check.gflops = 2.0 * double(n) * double(n) * double(n) / seconds / 1e9;
+  check.slow = check.gflops < min_gflops;
+  char buf[256];
+  if (check.slow) {
+    std::snprintf(buf, sizeof(buf),
+                  "WARNING: matrix products run at %.1f GFLOP/s: the reference BLAS is active; "
+                  "install OpenBLAS (apt-get install libopenblas0-pthread) for ~20x speed",
+                  check.gflops);
+  } else {
+    std::snprintf(buf, sizeof(buf), "matrix products run at %.1f GFLOP/s (threshold %.1f)",
+                  check.gflops, min_gflops);
+  }
+  check.message = buf;
+  return check;
+}
+
+Throughput::Throughput(ThroughputOptions options) : options_(std::move(options)) {
+  TORCH_CHECK(options_.window() >= 1, "Throughput: window must be >= 1, got ", options_.window());
+  TORCH_CHECK(options_.peak_flops() >= 0.0 && std::isfinite(options_.peak_flops()),
+              "Throughput: peak_flops must be finite and >= 0 (0 = measure), got ", options_.peak_flops());
+  TORCH_CHECK(options_.peak_matmul_size() >= 1, "Throughput: peak_matmul_size must be >= 1, got ",
+              options_.peak_matmul_size());
+  peak_flops_ = options_.peak_flops();
+}
+
+void Throughput::on_fit_start(Trainer& trainer, TrainingModule& module) {
+  // Measured once per callback (a second fit() reuses it). Every rank measures
+  // its own peak: ranks sharing a machine share its cores, which is the point.
+  if (peak_flops_ <= 0.0) peak_flops_ = measure_matmul_peak_flops(options_.peak_matmul_size());
+}
+
+void Throughput::on_train_batch_end(Trainer& trainer, TrainingModule& module,
+                                    const StepMetrics& metrics) {
+  for (const auto& [key, value] : update(metrics, trainer.strategy().world_size(), module.flops_per_token()))
+    trainer.log(key, value);
+}
+
+LogRow Throughput::update(const StepMetrics& metrics, int world_size, double flops_per_token) {
+  TORCH_CHECK(world_size >= 1, "Throughput: world_size must be >= 1, got ", world_size);
+  if (++steps_ == 1) return {};  // warm-up step
+  window_.push_back({metrics.tokens, metrics.samples, metrics.step_seconds});
+  if (static_cast<int64_t>(window_.size()) > options_.window()) window_.pop_front();
+  // Re-summed each step (the window is small) so no rounding drift accumulates.
+  window_tokens_ = window_samples_ = 0;
+  window_seconds_ = 0.0;
+  for (const Sample& s : window_) {
+    window_tokens_ += s.tokens;
+    window_samples_ += s.samples;
+    window_seconds_ += s.seconds;
+  }
+  total_tokens_ += metrics.tokens;
+  total_seconds_ += metrics.step_seconds;
+
+  LogRow row{{"tokens_per_s", tokens_per_s()}, {"samples_per_s", samples_per_s()}};
+  mfu_ = 0.0;
+  if (flops_per_token > 0.0 && peak_flops_ > 0.0) {
+    mfu_ = tokens_per_s() / double(world_size) * flops_per_token / peak_flops_;
+    row.emplace_back("mfu", mfu_);
+  }
+  return row;
+}
+
+double Throughput::tokens_per_s() const {
+  return window_seconds_ > 0.0 ? double(window_tokens_) / window_seconds_ : 0.0;
+}
+
+double Throughput::samples_per_s() const {
+  return window_seconds_ > 0.0 ? double(window_samples_) / window_seconds_ : 0.0;
+}
+
+double Throughput::average_tokens_per_s() const {
+  return total_seconds_ > 0.0 ? double(total_tokens_) / total_seconds_ : 0.0;
+}
+
+}  // namespace strata

@@ -53,6 +53,7 @@ std::vector<Field> fields() {
       {"n-embd", 0, &C::n_embd, "embedding width (0: the preset's)"},
       {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
       {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
+      {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
       {"strategy", 2, &C::strategy, "distributed strategy"},

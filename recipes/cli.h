@@ -18,6 +18,7 @@ struct RunConfig {
   int64_t n_embd = 0;
   int64_t block_size = 0;    ///< 0: the data's natural length
   double dropout = -1.0;     ///< < 0: the preset's value
+  bool bias = true;          ///< biases in Linear layers
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data

@@ -52,7 +52,15 @@ fs::path train(const Run& r) {
   const fs::path dump = scratch() / (tag + ".pt");
   if (fs::exists(dump)) return dump;  // references are shared between tests
   std::ostringstream args;
-  args << "--preset gpt-nano --data addition:2 --max-steps 10 --warmup-steps 2 --lr 1e-2 --min-lr 1e-3"
+  // Why no Linear biases and lr 1e-4: Adam divides each gradient element by
+  // its own RMS, so an element whose gradient is a near-cancelling sum (the
+  // attention key bias's is analytically zero) turns fp32 summation-order
+  // noise into steps of up to ~lr. Measured here at world size 3: max |diff|
+  // 2.5e-5 at lr 1e-3, 7.5e-6 at 3e-4 (ddp, oss and sdp alike, so it is not a
+  // sharding effect). At 1e-4 that noise is ~2.5e-6, while any real bug
+  // (wrong batch, stale shard) moves parameters by ~lr per step, i.e. ~1e-3
+  // after 10 steps: DifferentGlobalBatchIsDetected shows the margin.
+  args << "--preset gpt-nano --data addition:2 --max-steps 10 --warmup-steps 2 --lr 1e-4 --min-lr 1e-5 --bias false"
        << " --strategy " << r.strategy << " --nproc " << r.nproc << " --batch-size " << r.batch
        << " --accumulate-grad-batches " << r.accum << " --gradient-clip-val " << r.clip
        << " --precision " << r.precision << " --threads-per-rank 1 --limit-val-batches 1"
@@ -85,6 +93,16 @@ TEST(DdpParityTest, MatchesSingleProcessAfterTenSteps) {
     expect_parity({"ddp", n, 2, 1, 0.0, "32"}, 1e-5);
     expect_parity({"ddp", n, 2, 2, 0.05, "32"}, 1e-5);  // accumulation + clipping
   }
+}
+
+TEST(DdpParityTest, DifferentGlobalBatchIsDetected) {
+  // The tolerance is discriminating: 2 ranks x 2 samples are a different
+  // global batch than 1 x 6, and the parameters must then differ clearly.
+  const auto reference = load_params(train({"single", 1, 6, 1, 0.0, "32"}));
+  const auto other = load_params(train({"ddp", 2, 2, 1, 0.0, "32"}));
+  double worst = 0.0;
+  for (const auto& [name, value] : reference) worst = std::max(worst, (value - other.at(name)).abs().max().item<double>());
+  EXPECT_GT(worst, 1e-4);
 }
 
 TEST(DdpParityTest, MatchesSingleProcessUnderBf16Mixed) {

@@ -1,0 +1,25 @@
+#pragma once
+// Threads as ranks: a whole Gloo world inside one test process.
+//
+// Example:
+//   strata::testing::run_thread_world(3, [](strata::Comm& comm) {
+//     auto t = torch::ones({4});
+//     comm.all_reduce(t);
+//     EXPECT_TRUE(t.equal(torch::full({4}, 3.0)));
+//   });
+#include "strategies/comm.h"
+
+#include <chrono>
+#include <functional>
+
+namespace strata::testing {
+
+/// Runs `fn` on `world_size` threads, each a rank with its own Gloo process
+/// group over one shared c10d::HashStore, and joins them. If any rank throws,
+/// the first exception thrown is rethrown here after every thread has joined;
+/// the other ranks cannot hang on the failed one for longer than `timeout`
+/// (the rendezvous and every collective fail after it).
+void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+}  // namespace strata::testing
