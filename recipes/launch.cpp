@@ -1,1 +1,526 @@
-// placeholder: filled in by the change that implements this file
+#include "recipes/launch.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <time.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+extern char** environ;
+
+namespace strata::recipes {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Environment parsing
+
+const std::string* find(const std::map<std::string, std::string>& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+int parse_int(const std::string& name, const std::string& value) {
+  int out = 0;
+  const char* begin = value.data();
+  const char* end = begin + value.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, out);
+  TORCH_CHECK(!value.empty() && ec == std::errc() && ptr == end, name, "='", value,
+              "' is not an integer");
+  return out;
+}
+
+int int_var(const std::map<std::string, std::string>& env, const std::string& name, int fallback) {
+  const std::string* v = find(env, name);
+  return v ? parse_int(name, *v) : fallback;
+}
+
+int required_int(const std::map<std::string, std::string>& env, const std::string& name,
+                 const std::string& because) {
+  const std::string* v = find(env, name);
+  TORCH_CHECK(v != nullptr, because, " is set but ", name, " is not");
+  return parse_int(name, *v);
+}
+
+/// Names of the variables a DistEnv came from, so errors name what the user set.
+struct VarNames {
+  const char* rank;
+  const char* world_size;
+  const char* local_rank;
+  const char* local_world_size;
+};
+
+void validate(const DistEnv& d, const VarNames& n) {
+  TORCH_CHECK(d.world_size >= 1, n.world_size, "=", d.world_size, " must be >= 1");
+  TORCH_CHECK(d.rank >= 0, n.rank, "=", d.rank, " must be >= 0");
+  TORCH_CHECK(d.rank < d.world_size, n.rank, "=", d.rank, " must be < ", n.world_size, "=",
+              d.world_size);
+  TORCH_CHECK(d.local_world_size >= 1, n.local_world_size, "=", d.local_world_size,
+              " must be >= 1");
+  TORCH_CHECK(d.local_rank >= 0, n.local_rank, "=", d.local_rank, " must be >= 0");
+  TORCH_CHECK(d.local_rank < d.local_world_size, n.local_rank, "=", d.local_rank, " must be < ",
+              n.local_world_size, "=", d.local_world_size);
+  TORCH_CHECK(d.master_port >= 1 && d.master_port <= 65535, "MASTER_PORT=", d.master_port,
+              " must be in [1, 65535]");
+  TORCH_CHECK(!d.master_addr.empty(), "MASTER_ADDR is set but empty");
+}
+
+void read_master(const std::map<std::string, std::string>& env, DistEnv& d) {
+  if (const std::string* a = find(env, "MASTER_ADDR")) d.master_addr = *a;
+  d.master_port = int_var(env, "MASTER_PORT", 29500);
+}
+
+/// Leading integer of a SLURM task-count list such as "4(x2),3"; nullopt if none.
+std::optional<int> leading_int(const std::string& text) {
+  int out = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (ec != std::errc() || ptr == text.data()) return std::nullopt;
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Launcher signal handling.
+//
+// The one piece of file-static state: a signal handler can only communicate
+// through a variable of static storage duration. It holds the signal number
+// that asked the launcher to stop (0: none). launch_ranks() resets it on entry;
+// running two launches in one process at the same time is not supported.
+volatile sig_atomic_t stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { stop_signal = sig; }
+
+/// Installs the stop handler for SIGINT and SIGTERM; restores the previous
+/// handlers when destroyed.
+class StopSignals {
+ public:
+  StopSignals() {
+    stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// ---------------------------------------------------------------------------
+// Child processes
+
+/// Writes a decimal number with write(2) only (async-signal-safe, for the
+/// child between fork and exec).
+void write_number(int fd, int value) {
+  char buf[16];
+  int i = sizeof(buf);
+  unsigned v = value < 0 ? static_cast<unsigned>(-value) : static_cast<unsigned>(value);
+  do {
+    buf[--i] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0 && i > 1);
+  if (value < 0) buf[--i] = '-';
+  ssize_t ignored = ::write(fd, buf + i, sizeof(buf) - i);
+  (void)ignored;
+}
+
+/// Everything a child needs, prepared before fork(): after fork() in a
+/// multi-threaded process only async-signal-safe calls are allowed, so no
+/// allocation happens there.
+struct ChildSpec {
+  std::vector<std::string> env_storage;
+  std::vector<char*> envp;
+  std::string error_file;
+  std::string exec_failed_message;
+};
+
+[[noreturn]] void exec_child(const std::vector<char*>& argv, const ChildSpec& spec, pid_t parent) {
+  // If the launcher dies (even by SIGKILL) the ranks must not linger.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
+  // Exec resets caught signals, not blocked ones: start the rank unblocked and
+  // with default SIGINT/SIGTERM dispositions.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
+  ::execve(argv[0], argv.data(), spec.envp.data());
+  const int err = errno;
+  const int fd = ::open(spec.error_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ssize_t ignored = ::write(fd, spec.exec_failed_message.data(), spec.exec_failed_message.size());
+    (void)ignored;
+    write_number(fd, err);
+    ignored = ::write(fd, "\n", 1);
+    ::close(fd);
+  }
+  ::_exit(127);
+}
+
+std::string first_line_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return {};
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t'))
+    line.pop_back();
+  return line;
+}
+
+const char* const kLaunchVars[] = {"RANK",        "WORLD_SIZE",      "LOCAL_RANK",
+                                   "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                   "OMP_NUM_THREADS", "STRATA_THREADS_PER_RANK",
+                                   "STRATA_ERROR_FILE"};
+
+struct Rank {
+  pid_t pid = -1;
+  bool alive = false;
+  bool signalled_by_launcher = false;  ///< we sent it SIGTERM/SIGKILL before it was reaped
+  int status = 0;
+  timespec failed_at{};  ///< when it failed: its error file's mtime, else when reaped
+};
+
+timespec now_realtime() {
+  timespec t{};
+  ::clock_gettime(CLOCK_REALTIME, &t);
+  return t;
+}
+
+bool earlier(const timespec& a, const timespec& b) {
+  return a.tv_sec != b.tv_sec ? a.tv_sec < b.tv_sec : a.tv_nsec < b.tv_nsec;
+}
+
+/// Owns the spawned ranks: whatever happens (including an exception in the
+/// launcher), no rank outlives launch_ranks().
+class RankSet {
+ public:
+  explicit RankSet(std::filesystem::path dir) : dir_(std::move(dir)) {}
+  ~RankSet() {
+    for (auto& r : ranks_) {
+      if (!r.alive) continue;
+      ::kill(r.pid, SIGKILL);
+      // Why waitpid: reap so that no zombie is left behind.
+      while (::waitpid(r.pid, &r.status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  RankSet(const RankSet&) = delete;
+  RankSet& operator=(const RankSet&) = delete;
+
+  std::vector<Rank> ranks_;
+  std::filesystem::path dir_;
+};
+
+std::filesystem::path make_temp_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/strata-launch-XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  TORCH_CHECK(::mkdtemp(buf.data()) != nullptr, "launch_ranks: cannot create a temporary directory ",
+              pattern, ": ", std::strerror(errno));
+  return std::filesystem::path(buf.data());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+std::optional<DistEnv> dist_env_from(const std::map<std::string, std::string>& env) {
+  DistEnv d;
+  d.from_environment = true;
+  if (find(env, "RANK") || find(env, "WORLD_SIZE")) {
+    // torchrun, or our own launcher.
+    const bool has_rank = find(env, "RANK") != nullptr;
+    d.rank = required_int(env, "RANK", "WORLD_SIZE");
+    d.world_size = required_int(env, "WORLD_SIZE", has_rank ? "RANK" : "WORLD_SIZE");
+    d.local_rank = int_var(env, "LOCAL_RANK", d.rank);
+    d.local_world_size = int_var(env, "LOCAL_WORLD_SIZE", d.world_size);
+    read_master(env, d);
+    validate(d, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
+    return d;
+  }
+  if (find(env, "SLURM_PROCID")) {
+    // srun: one task per rank. MASTER_ADDR/PORT must still come from the job
+    // script (e.g. the first host of SLURM_JOB_NODELIST).
+    d.rank = parse_int("SLURM_PROCID", *find(env, "SLURM_PROCID"));
+    d.world_size = find(env, "SLURM_NTASKS") ? required_int(env, "SLURM_NTASKS", "SLURM_PROCID")
+                                             : required_int(env, "SLURM_NPROCS", "SLURM_PROCID");
+    d.local_rank = int_var(env, "SLURM_LOCALID", 0);
+    // SLURM_NTASKS_PER_NODE is only set with --ntasks-per-node; otherwise
+    // SLURM_TASKS_PER_NODE lists counts per node ("4(x2),3"). The local size
+    // only sizes thread pools, so the first node's count is close enough.
+    d.local_world_size = d.world_size;
+    if (const std::string* v = find(env, "SLURM_NTASKS_PER_NODE")) {
+      d.local_world_size = parse_int("SLURM_NTASKS_PER_NODE", *v);
+    } else if (const std::string* t = find(env, "SLURM_TASKS_PER_NODE")) {
+      d.local_world_size = std::max(leading_int(*t).value_or(d.world_size), d.local_rank + 1);
+    }
+    read_master(env, d);
+    validate(d, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"});
+    return d;
+  }
+  if (find(env, "OMPI_COMM_WORLD_RANK") || find(env, "OMPI_COMM_WORLD_SIZE")) {
+    // mpirun (Open MPI).
+    const bool has_rank = find(env, "OMPI_COMM_WORLD_RANK") != nullptr;
+    d.rank = required_int(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+    d.world_size = required_int(env, "OMPI_COMM_WORLD_SIZE",
+                                has_rank ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE");
+    d.local_rank = int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK", d.rank);
+    d.local_world_size = int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE", d.world_size);
+    read_master(env, d);
+    validate(d, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE"});
+    return d;
+  }
+  return std::nullopt;
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+int find_free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* result = nullptr;
+  const int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &result);
+  TORCH_CHECK(rc == 0, "find_free_port: cannot resolve ", addr, ": ", ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(result, ::freeaddrinfo);
+  std::string last_error = "no address";
+  for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      ::close(fd);
+      return bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    }
+    last_error = std::strerror(errno);
+    ::close(fd);
+  }
+  TORCH_CHECK(false, "find_free_port: cannot bind ", addr, ":0: ", last_error);
+}
+
+int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& options) {
+  TORCH_CHECK(!argv.empty(), "launch_ranks: argv is empty (argv[0] must be the executable)");
+  TORCH_CHECK(options.nproc >= 1, "launch_ranks: nproc ", options.nproc, " must be >= 1");
+  TORCH_CHECK(options.threads_per_rank >= 0, "launch_ranks: threads_per_rank ",
+              options.threads_per_rank, " must be >= 0");
+  TORCH_CHECK(options.grace.count() >= 0, "launch_ranks: grace ", options.grace.count(),
+              " s must be >= 0");
+  const int nproc = options.nproc;
+  const int port = options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = options.threads_per_rank > 0
+                          ? options.threads_per_rank
+                          : std::max(1, static_cast<int>(cores) / nproc);
+
+  // Environment shared by every rank: ours minus the variables we set.
+  std::vector<std::string> base_env;
+  for (const auto& [key, value] : current_environment()) {
+    if (std::find(std::begin(kLaunchVars), std::end(kLaunchVars), key) == std::end(kLaunchVars))
+      base_env.push_back(key + "=" + value);
+  }
+
+  RankSet set(make_temp_dir());
+  std::vector<ChildSpec> specs(nproc);
+  for (int r = 0; r < nproc; ++r) {
+    ChildSpec& s = specs[r];
+    s.error_file = (set.dir_ / ("rank-" + std::to_string(r) + ".err")).string();
+    s.exec_failed_message = "cannot execute " + argv[0] + ": errno ";
+    s.env_storage = base_env;
+    const std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(r)},
+        {"WORLD_SIZE", std::to_string(nproc)},
+        {"LOCAL_RANK", std::to_string(r)},
+        {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+        {"MASTER_ADDR", options.master_addr},
+        {"MASTER_PORT", std::to_string(port)},
+        {"OMP_NUM_THREADS", std::to_string(threads)},
+        {"STRATA_THREADS_PER_RANK", std::to_string(threads)},
+        {"STRATA_ERROR_FILE", s.error_file}};
+    for (const auto& [key, value] : vars) s.env_storage.push_back(key + "=" + value);
+    for (auto& e : s.env_storage) s.envp.push_back(e.data());
+    s.envp.push_back(nullptr);
+  }
+  std::vector<std::string> argv_storage = argv;
+  std::vector<char*> child_argv;
+  for (auto& a : argv_storage) child_argv.push_back(a.data());
+  child_argv.push_back(nullptr);
+
+  // Installed before the first fork, so a Ctrl-C from here on is forwarded
+  // rather than killing the launcher and orphaning ranks.
+  StopSignals signals;
+  const pid_t self = ::getpid();
+  set.ranks_.resize(nproc);
+  for (int r = 0; r < nproc; ++r) {
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "launch_ranks: fork failed for rank ", r, " of ", nproc, ": ",
+                std::strerror(errno));  // RankSet's destructor stops those already started
+    if (pid == 0) exec_child(child_argv, specs[r], self);
+    set.ranks_[r].pid = pid;
+    set.ranks_[r].alive = true;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<int> failed;  // ranks that failed on their own (not stopped by us)
+  bool stopping = false;
+  bool killed = false;
+  Clock::time_point kill_at;
+  auto stop_all = [&](int sig) {
+    for (auto& rk : set.ranks_) {
+      if (!rk.alive) continue;
+      ::kill(rk.pid, sig);
+      rk.signalled_by_launcher = true;
+    }
+  };
+  auto begin_stopping = [&] {
+    if (stopping) return;
+    stopping = true;
+    stop_all(SIGTERM);
+    kill_at = Clock::now() + options.grace;
+  };
+
+  int alive = nproc;
+  while (alive > 0) {
+    // Checked before reaping, so that ranks which die from the same Ctrl-C
+    // (the terminal signals the whole process group) count as stopped.
+    if (stop_signal != 0) begin_stopping();
+    // Reap everything that has exited before signalling anyone, so that a rank
+    // which failed on its own is never mistaken for one the launcher stopped.
+    bool new_failure = false;
+    for (int r = 0; r < nproc; ++r) {
+      Rank& rk = set.ranks_[r];
+      if (!rk.alive) continue;
+      const pid_t got = ::waitpid(rk.pid, &rk.status, WNOHANG);
+      if (got == 0 || (got < 0 && errno == EINTR)) continue;
+      // got == pid, or an error (ECHILD: someone else reaped it): either way it is gone.
+      rk.alive = false;
+      --alive;
+      if (got < 0) rk.status = 0;
+      const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
+      // Ranks install no SIGTERM handler, so one we signalled and that died
+      // by a signal was stopped by us; one that exited with a code of its own
+      // failed before our signal arrived (it lost the race with another rank).
+      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status);
+      if (ok || stopped_by_us) continue;
+      rk.failed_at = now_realtime();
+      struct stat st {};
+      if (::stat(specs[r].error_file.c_str(), &st) == 0) rk.failed_at = st.st_mtim;
+      failed.push_back(r);
+      new_failure = true;
+    }
+    // Why stop the rest: their next collective would wait on the dead rank
+    // until the timeout; stop them now.
+    if (new_failure) begin_stopping();
+    if (stopping && !killed && Clock::now() >= kill_at) {
+      stop_all(SIGKILL);  // the grace period is over
+      killed = true;
+    }
+    if (alive == 0) break;
+    // Why poll: waitpid(WNOHANG) plus a short sleep is simple and never
+    // misses a signal; 10 ms is far below anything a user notices.
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  // The first rank to fail is usually the cause and the others its echo
+  // ("connection reset by peer"): report in the order they failed.
+  std::stable_sort(failed.begin(), failed.end(), [&](int a, int b) {
+    return earlier(set.ranks_[a].failed_at, set.ranks_[b].failed_at);
+  });
+  for (int r : failed) {
+    const int status = set.ranks_[r].status;
+    std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                          : "exit code " + std::to_string(WEXITSTATUS(status));
+    std::string message = first_line_of(specs[r].error_file);
+    if (message.empty()) message = "no error message";
+    std::cerr << "strata: rank " << r << " failed (" << how << "): " << message << "\n";
+  }
+  const int sig = stop_signal;
+  if (sig != 0) {
+    std::cerr << "strata: launcher received signal " << sig << "; stopped the ranks\n";
+  }
+  std::cerr.flush();
+  if (sig != 0) return 128 + sig;
+  return failed.empty() ? 0 : 1;
+}
+
+std::string rank_error_file() {
+  const char* path = std::getenv("STRATA_ERROR_FILE");
+  return path ? std::string(path) : std::string();
+}
+
+void record_rank_error(const std::string& message) {
+  try {
+    const std::string path = rank_error_file();
+    if (path.empty()) return;
+    std::ofstream out(path, std::ios::trunc);
+    out << message << "\n";
+  } catch (...) {
+    // Reporting an error must never raise another one.
+  }
+}
+
+void configure_threads(int requested, int local_world_size) {
+  TORCH_CHECK(requested >= 0, "configure_threads: requested threads ", requested, " must be >= 0");
+  TORCH_CHECK(local_world_size >= 1, "configure_threads: local world size ", local_world_size,
+              " must be >= 1");
+  int threads = requested;
+  if (threads == 0) {
+    if (const char* v = std::getenv("STRATA_THREADS_PER_RANK"); v != nullptr && *v != '\0') {
+      threads = parse_int("STRATA_THREADS_PER_RANK", v);
+      TORCH_CHECK(threads >= 1, "STRATA_THREADS_PER_RANK=", threads, " must be >= 1");
+    }
+  }
+  if (threads == 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / local_world_size);
+  }
+  at::set_num_threads(threads);
+}
+
+}  // namespace strata::recipes

@@ -1,1 +1,264 @@
-// placeholder: filled in by the change that implements this file
+#include "strategies/comm.h"
+
+#include <c10/util/Exception.h>
+
+#include <utility>
+
+namespace strata {
+
+namespace {
+
+int64_t tensor_bytes(const torch::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+void check_contiguous(const torch::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.defined(), "Comm::", op, ": ", what, " is an undefined tensor");
+  TORCH_CHECK(t.is_contiguous(), "Comm::", op, ": ", what, " must be contiguous, got sizes ",
+              t.sizes(), " strides ", t.strides());
+}
+
+void check_same_kind(const torch::Tensor& output, const torch::Tensor& input, const char* op) {
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "Comm::", op,
+              ": output dtype ", output.scalar_type(), " != input dtype ", input.scalar_type());
+  TORCH_CHECK(output.device() == input.device(), "Comm::", op, ": output device ",
+              output.device(), " != input device ", input.device());
+}
+
+void check_root(int root, int size, const char* op) {
+  TORCH_CHECK(root >= 0 && root < size, "Comm::", op, ": root ", root,
+              " is outside the world [0, ", size, ")");
+}
+
+// Gloo (LibTorch 1.13) has neither _allgather_base nor reduce_scatter; NCCL has
+// both natively, so only Gloo takes the emulated paths.
+bool needs_emulation(const c10d::ProcessGroup& pg) { return pg.getBackendName() == "gloo"; }
+
+}  // namespace
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kCount: break;
+  }
+  return "unknown";
+}
+
+int64_t CommBytes::total_sent() const {
+  int64_t total = 0;
+  for (int64_t s : sent) total += s;
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+// PendingWork
+
+PendingWork::PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete)
+    : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+
+PendingWork::~PendingWork() {
+  if (!pending()) return;
+  // Why wait here: the collective still writes into tensors the caller owns,
+  // and an emulated collective's completion step (the local sum) has not run
+  // yet. Dropping the handle must not leave either half-done, so behave like
+  // std::future from std::async and block. The process group's timeout bounds
+  // this; an error cannot propagate out of a destructor, so it is reported.
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    TORCH_WARN("strata::PendingWork destroyed while pending; its collective failed: ", e.what());
+  }
+}
+
+void PendingWork::wait() {
+  // Move both out first so that a failed wait leaves this handle complete
+  // (a second wait() or the destructor must not rethrow or block again).
+  auto work = std::move(work_);
+  auto on_complete = std::move(on_complete_);
+  work_.reset();
+  on_complete_ = nullptr;
+  // Why: the collective runs on the process group's worker threads; its output
+  // tensors are only valid after this returns. wait() rethrows its error.
+  if (work) work->wait();
+  // The completion step reads the collective's output, so it runs only now.
+  if (on_complete) on_complete();
+}
+
+// ---------------------------------------------------------------------------
+// Comm
+
+Comm::Comm() : counters_(std::make_shared<Counters>()) {}
+
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group)
+    : pg_(std::move(process_group)), counters_(std::make_shared<Counters>()) {
+  TORCH_CHECK(pg_, "Comm: the process group is null; use Comm() for a world of one");
+  rank_ = pg_->getRank();
+  size_ = pg_->getSize();
+  TORCH_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_, "Comm: process group has rank ", rank_,
+              " and size ", size_);
+}
+
+void Comm::count(CollectiveKind kind, int64_t bytes) {
+  const auto k = static_cast<int>(kind);
+  counters_->sent[k].fetch_add(bytes, std::memory_order_relaxed);
+  counters_->calls[k].fetch_add(1, std::memory_order_relaxed);
+}
+
+CommBytes Comm::bytes() const {
+  CommBytes out;
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    out.sent[k] = counters_->sent[k].load(std::memory_order_relaxed);
+    out.calls[k] = counters_->calls[k].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+void Comm::reset_bytes() {
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    counters_->sent[k].store(0, std::memory_order_relaxed);
+    counters_->calls[k].store(0, std::memory_order_relaxed);
+  }
+}
+
+// --- all_reduce -------------------------------------------------------------
+
+void Comm::all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
+  all_reduce_async(tensor, op).wait();
+}
+
+PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
+  check_contiguous(tensor, "tensor", "all_reduce");
+  if (size_ == 1) return {};
+  const int64_t n = size_;
+  // Ring all-reduce: reduce-scatter then all-gather, each (N-1)/N·S.
+  count(CollectiveKind::kAllReduce, 2 * (n - 1) * tensor_bytes(tensor) / n);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  return PendingWork(pg_->allreduce(tensors, opts));
+}
+
+// --- broadcast --------------------------------------------------------------
+
+void Comm::broadcast(torch::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
+
+PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
+  check_contiguous(tensor, "tensor", "broadcast");
+  check_root(root, size_, "broadcast");
+  if (size_ == 1) return {};
+  const int64_t n = size_;
+  count(CollectiveKind::kBroadcast, tensor_bytes(tensor) * (n - 1) / n);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return PendingWork(pg_->broadcast(tensors, opts));
+}
+
+// --- reduce -----------------------------------------------------------------
+
+void Comm::reduce(torch::Tensor& tensor, int root, c10d::ReduceOp op) {
+  reduce_async(tensor, root, op).wait();
+}
+
+PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp op) {
+  check_contiguous(tensor, "tensor", "reduce");
+  check_root(root, size_, "reduce");
+  if (size_ == 1) return {};
+  const int64_t n = size_;
+  count(CollectiveKind::kReduce, tensor_bytes(tensor) * (n - 1) / n);
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::ReduceOptions opts;
+  opts.reduceOp = op;
+  opts.rootRank = root;
+  return PendingWork(pg_->reduce(tensors, opts));
+}
+
+// --- all_gather_into --------------------------------------------------------
+
+void Comm::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
+  all_gather_into_async(output, input).wait();
+}
+
+PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tensor& input) {
+  check_contiguous(output, "output", "all_gather_into");
+  check_contiguous(input, "input", "all_gather_into");
+  check_same_kind(output, input, "all_gather_into");
+  const int64_t n = input.numel();
+  TORCH_CHECK(output.numel() == size_ * n, "Comm::all_gather_into: output numel ",
+              output.numel(), " != world size ", size_, " * input numel ", n,
+              " (output sizes ", output.sizes(), ", input sizes ", input.sizes(), ")");
+  if (size_ == 1) {
+    output.view({-1}).copy_(input.view({-1}));
+    return {};
+  }
+  count(CollectiveKind::kAllGather, (size_ - 1) * tensor_bytes(input));
+
+  at::Tensor flat_in = input.view({-1});
+  at::Tensor flat_out = output.view({-1});
+  if (!needs_emulation(*pg_)) {
+    return PendingWork(pg_->_allgather_base(flat_out, flat_in));
+  }
+  // Gloo: a list all-gather whose output list is views of `output`, so the
+  // result lands in place; rank r's chunk is [r*n, (r+1)*n).
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  outputs[0].reserve(size_);
+  for (int r = 0; r < size_; ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
+  std::vector<at::Tensor> inputs{flat_in};
+  return PendingWork(pg_->allgather(outputs, inputs));
+}
+
+// --- reduce_scatter ---------------------------------------------------------
+
+void Comm::reduce_scatter(torch::Tensor& output, const torch::Tensor& input) {
+  reduce_scatter_async(output, input).wait();
+}
+
+PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input) {
+  check_contiguous(output, "output", "reduce_scatter");
+  check_contiguous(input, "input", "reduce_scatter");
+  check_same_kind(output, input, "reduce_scatter");
+  const int64_t n = output.numel();
+  TORCH_CHECK(input.numel() == size_ * n, "Comm::reduce_scatter: input numel ", input.numel(),
+              " != world size ", size_, " * output numel ", n, " (input sizes ", input.sizes(),
+              ", output sizes ", output.sizes(), ")");
+  if (size_ == 1) {
+    output.view({-1}).copy_(input.view({-1}));
+    return {};
+  }
+  count(CollectiveKind::kReduceScatter, (size_ - 1) * tensor_bytes(output));
+
+  at::Tensor flat_in = input.view({-1});
+  at::Tensor flat_out = output.view({-1});
+  if (!needs_emulation(*pg_)) {
+    return PendingWork(pg_->_reduce_scatter_base(flat_out, flat_in));
+  }
+  // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
+  // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
+  // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
+  at::Tensor received = torch::empty_like(flat_in);
+  std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
+  auto work = pg_->alltoall_base(received, flat_in, equal_splits, equal_splits);
+  const int64_t world = size_;
+  // Why in on_complete: `received` is filled by the process group's worker
+  // thread; the local sum may only read it after the all-to-all has finished.
+  auto local_sum = [received, flat_out, world, n]() mutable {
+    at::sum_out(flat_out, received.view({world, n}), /*dim=*/{0});
+  };
+  return PendingWork(std::move(work), std::move(local_sum));
+}
+
+// --- barrier ----------------------------------------------------------------
+
+void Comm::barrier() {
+  if (size_ == 1) return;
+  count(CollectiveKind::kBarrier, 0);
+  // Why: every rank blocks here until all ranks have arrived.
+  pg_->barrier()->wait();
+}
+
+}  // namespace strata
