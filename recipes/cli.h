@@ -33,20 +33,20 @@ struct RunConfig {
   bool find_unused_parameters = false;
   bool overlap_comm = true;
   // optimisation
-  int64_t max_steps = 1500;
+  int64_t max_steps = 2500;
   int64_t batch_size = 64;
   int64_t accumulate_grad_batches = 1;
   double lr = 3e-3;
   double min_lr = 3e-4;
-  int64_t warmup_steps = 50;
+  int64_t warmup_steps = 100;
   double weight_decay = 0.1;
   double gradient_clip_val = 1.0;
   std::string precision = "32";
   uint64_t seed = 1337;
   // loop and outputs
-  int64_t log_every_n_steps = 25;
-  int64_t val_check_interval = 250;
-  int64_t limit_val_batches = 16;
+  int64_t log_every_n_steps = 100;
+  int64_t val_check_interval = 500;
+  int64_t limit_val_batches = 32;
   std::string output_dir = "runs/latest";
   int64_t checkpoint_every = 0;   ///< 0: no periodic checkpoints
   int64_t checkpoint_keep = 2;

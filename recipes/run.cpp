@@ -43,6 +43,15 @@ class FailAtStep : public Callback {
   int rank_;
 };
 
+/// Prints the strategy's partition / buckets once it is set up (rank 0).
+class DescribeStrategy : public Callback {
+ public:
+  std::string name() const override { return "DescribeStrategy"; }
+  void on_fit_start(Trainer& trainer, TrainingModule&) override {
+    if (trainer.strategy().is_global_zero()) std::cout << trainer.strategy().describe() << std::endl;
+  }
+};
+
 std::string self_executable(const char* argv0) {
   std::error_code ec;
   auto path = fs::read_symlink("/proc/self/exe", ec);
@@ -72,8 +81,12 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   j["peak_tensor_bytes"] = r.peak_tensor_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
   j["model_state_bytes"] = nlohmann::json::array();
-  for (const auto& m : r.model_state_bytes) {
-    j["model_state_bytes"].push_back({{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}});
+  for (size_t rank = 0; rank < r.model_state_bytes.size(); ++rank) {
+    const auto& m = r.model_state_bytes[rank];
+    // "other": what the peak held beyond model state (activations, buffers).
+    const int64_t other = rank < r.peak_tensor_bytes.size() ? r.peak_tensor_bytes[rank] - m.total() : 0;
+    j["model_state_bytes"].push_back(
+        {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"other", other}});
   }
   nlohmann::json comm;
   for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
@@ -207,6 +220,7 @@ int run_gpt(int argc, char** argv) {
 
     auto throughput = std::make_shared<Throughput>();
     std::vector<std::shared_ptr<Callback>> callbacks = {
+        std::make_shared<DescribeStrategy>(),
         std::make_shared<ProgressBar>(ProgressBarOptions().mode(
             config.progress_bar ? ProgressMode::kAuto : ProgressMode::kPlain)),
         throughput,
@@ -238,7 +252,6 @@ int run_gpt(int argc, char** argv) {
     }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
     FitResult result = trainer.fit(module, *data);
-    if (is_zero) std::cout << strategy->describe() << "\n";
 
     if (is_zero) {
       if (!config.dump_params.empty()) dump_params(config.dump_params, module.module());

@@ -118,6 +118,11 @@ TEST(OssParityTest, MatchesSingleProcessAfterTenSteps) {
   }
 }
 
+TEST(ShardedParityTest, MatchesSingleProcessUnderBf16Mixed) {
+  expect_parity({"oss", 2, 2, 1, 0.0, "bf16-mixed"}, 5e-3);
+  expect_parity({"sdp", 2, 2, 1, 0.0, "bf16-mixed"}, 5e-3);
+}
+
 TEST(SdpParityTest, MatchesSingleProcessAfterTenSteps) {
   for (int n : {2, 3, 4}) {
     expect_parity({"sdp", n, 2, 1, 0.0, "32"}, 1e-5);

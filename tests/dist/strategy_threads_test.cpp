@@ -216,6 +216,35 @@ TEST(StrategyErrorTest, UnusedParameterIsNamedNotAHang) {
   }, std::chrono::seconds(30));
 }
 
+TEST(StrategyErrorTest, ParameterFrozenAfterSetupIsAClearErrorNotAHang) {
+  class FreezeAtStepTwo : public strata::Callback {
+   public:
+    std::string name() const override { return "FreezeAtStepTwo"; }
+    void on_train_batch_start(strata::Trainer&, strata::TrainingModule& m, int64_t step) override {
+      if (step == 2) m.module().named_parameters()["ln_f.weight"].set_requires_grad(false);
+    }
+  };
+  for (const std::string name : {"ddp", "oss", "sdp"}) {
+    std::mutex mu;
+    std::vector<std::string> errors;
+    strata::testing::run_thread_world(2, [&](strata::Comm& comm) {
+      auto module = make_module();
+      strata::testing::ToyData data;
+      strata::StrategyRegistry registry;
+      strata::register_builtin_strategies(registry);
+      try {
+        strata::Trainer(options_for(2, 1, 0.0, 4), registry.create(name, comm),
+                        {std::make_shared<FreezeAtStepTwo>()}).fit(module, data);
+      } catch (const c10::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what_without_backtrace());
+      }
+    }, std::chrono::seconds(30));
+    ASSERT_EQ(errors.size(), 2u) << name << ": every rank must raise";
+    for (const auto& e : errors) EXPECT_NE(e.find("ln_f.weight"), std::string::npos) << name << ": " << e;
+  }
+}
+
 TEST(StrategyErrorTest, SingleStrategyRefusesSeveralRanks) {
   std::mutex mu;
   int errors = 0;

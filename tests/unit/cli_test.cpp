@@ -63,7 +63,7 @@ TEST(CliTest, DefaultsMatchRunConfig) {
   EXPECT_EQ(result.exit_code, 0);
   EXPECT_EQ(to_ini(*result.config), to_ini(RunConfig{}));
   EXPECT_EQ(result.config->preset, "gpt-micro");
-  EXPECT_EQ(result.config->max_steps, 1500);
+  EXPECT_EQ(result.config->max_steps, 2500);
   EXPECT_TRUE(result.config->overlap_comm);
   EXPECT_FALSE(result.config->find_unused_parameters);
 }
@@ -174,7 +174,7 @@ TEST(CliTest, HelpPrintsGroupedUsage) {
   EXPECT_EQ(result.message.rfind("Usage: strata-gpt [options]", 0), 0u);
   for (const char* part :
        {"--strategy", "--config", "--progress-bar", "Model", "Data", "Strategy and launch",
-        "Optimisation", "Loop and outputs", "1500", "gpt-nano"}) {
+        "Optimisation", "Loop and outputs", "2500", "gpt-nano"}) {
     EXPECT_NE(result.message.find(part), std::string::npos) << part;
   }
   EXPECT_EQ(parse({"-h"}).exit_code, 0);
