@@ -302,8 +302,12 @@ TEST(LaunchTest, EchoFailuresAreReportedAfterTheRootCause) {
   opts.nproc = 2;
   ::testing::internal::CaptureStderr();
   const int rc = strata::recipes::launch_ranks(
-      sh("if [ \"$RANK\" = 1 ]; then echo 'root cause' > \"$STRATA_ERROR_FILE\"; exit 3; fi; "
-         "trap '' TERM; sleep 0.3; echo 'peer went away' > \"$STRATA_ERROR_FILE\"; exit 4"),
+      // Rank 1 fails only once rank 0 has installed its trap (a marker file),
+      // or SIGTERM could reach rank 0 first under load.
+      sh("marker=\"$(dirname \"$STRATA_ERROR_FILE\")/trap-set\"; "
+         "if [ \"$RANK\" = 1 ]; then while [ ! -e \"$marker\" ]; do sleep 0.01; done; "
+         "echo 'root cause' > \"$STRATA_ERROR_FILE\"; exit 3; fi; "
+         "trap '' TERM; touch \"$marker\"; sleep 0.3; echo 'peer went away' > \"$STRATA_ERROR_FILE\"; exit 4"),
       opts);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
