@@ -233,7 +233,7 @@ Batch AdditionData::val_batch(int64_t index, int64_t batch_size, ShardInfo shard
 // --------------------------------------------------------------- TextBytesData
 
 TextBytesData::TextBytesData(const std::string& path, int64_t block_size, uint64_t seed)
-    : path_(path), block_size_(block_size), seed_(seed) {
+    : WindowData(block_size, seed), path_(path) {
   TORCH_CHECK(block_size > 0, "block size must be > 0, got ", block_size, " (for '", path, "')");
   std::vector<uint8_t> bytes = read_file_bytes(path);
   const auto total = static_cast<int64_t>(bytes.size());
@@ -253,26 +253,32 @@ std::string TextBytesData::name() const {
   return "text(" + path_ + ", " + std::to_string(train_.size() + val_.size()) + " bytes)";
 }
 
-Batch TextBytesData::train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
-  return train_windows(train_, block_size_, seed_, first_sample(index, batch_size, shard),
-                       batch_size);
+// ------------------------------------------------------------------ WindowData
+
+template <typename Token>
+Batch WindowData<Token>::train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
+  return train_windows(train_, block_size_, seed_, first_sample(index, batch_size, shard), batch_size);
 }
 
-Batch TextBytesData::val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
+template <typename Token>
+Batch WindowData<Token>::val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
   return val_windows(val_, block_size_, num_val_samples(), first_sample(index, batch_size, shard),
                      batch_size);
 }
 
-/// min(1024, number of distinct windows in the held-out part).
-int64_t TextBytesData::num_val_samples() const {
+template <typename Token>
+int64_t WindowData<Token>::num_val_samples() const {
   return std::min<int64_t>(kMaxWindowValSamples, static_cast<int64_t>(val_.size()) - block_size_);
 }
+
+template class WindowData<uint8_t>;
+template class WindowData<uint16_t>;
 
 // ---------------------------------------------------------------- TokenBinData
 
 TokenBinData::TokenBinData(const std::string& dir, int64_t block_size, int64_t vocab_size,
                            uint64_t seed)
-    : dir_(dir), block_size_(block_size), vocab_size_(vocab_size), seed_(seed) {
+    : WindowData(block_size, seed), dir_(dir), vocab_size_(vocab_size) {
   TORCH_CHECK(block_size > 0, "block size must be > 0, got ", block_size, " (for '", dir, "')");
   TORCH_CHECK(vocab_size >= 1 && vocab_size <= 65536, "vocab size ", vocab_size,
               " is not valid for uint16 tokens in '", dir, "'; allowed: 1..65536");
@@ -283,21 +289,6 @@ TokenBinData::TokenBinData(const std::string& dir, int64_t block_size, int64_t v
 std::string TokenBinData::name() const {
   return "nanogpt-bin(" + dir_ + ", " + std::to_string(train_.size()) + " train + " +
          std::to_string(val_.size()) + " val tokens, vocab " + std::to_string(vocab_size_) + ")";
-}
-
-Batch TokenBinData::train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
-  return train_windows(train_, block_size_, seed_, first_sample(index, batch_size, shard),
-                       batch_size);
-}
-
-Batch TokenBinData::val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
-  return val_windows(val_, block_size_, num_val_samples(), first_sample(index, batch_size, shard),
-                     batch_size);
-}
-
-/// min(1024, number of distinct windows in val.bin).
-int64_t TokenBinData::num_val_samples() const {
-  return std::min<int64_t>(kMaxWindowValSamples, static_cast<int64_t>(val_.size()) - block_size_);
 }
 
 // ------------------------------------------------------------------- make_data

@@ -40,46 +40,50 @@ class AdditionData : public DataSource {
   uint64_t seed_;
 };
 
-class TextBytesData : public DataSource {
+/// Windows of block_size + 1 tokens over a token array with a held-out part:
+/// train windows start at hashed offsets, held-out windows are evenly spaced.
+/// Shared by TextBytesData (bytes) and TokenBinData (uint16 tokens).
+template <typename Token>
+class WindowData : public DataSource {
+ public:
+  Batch train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
+  Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
+  /// min(1024, number of distinct held-out windows).
+  int64_t num_val_samples() const override;
+  int64_t block_size() const override { return block_size_; }
+
+ protected:
+  WindowData(int64_t block_size, uint64_t seed) : block_size_(block_size), seed_(seed) {}
+  std::vector<Token> train_;
+  std::vector<Token> val_;
+  int64_t block_size_;
+  uint64_t seed_;
+};
+
+class TextBytesData : public WindowData<uint8_t> {
  public:
   /// Reads the whole file; errors (one line, naming the path) if it is missing,
   /// unreadable, empty, or too short for `block_size`.
   TextBytesData(const std::string& path, int64_t block_size, uint64_t seed);
   std::string name() const override;
-  Batch train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
-  Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
-  int64_t num_val_samples() const override;
   int64_t vocab_size() const override { return 256; }
-  int64_t block_size() const override { return block_size_; }
 
  private:
   std::string path_;
-  std::vector<uint8_t> train_;
-  std::vector<uint8_t> val_;
-  int64_t block_size_;
-  uint64_t seed_;
 };
 
-class TokenBinData : public DataSource {
+class TokenBinData : public WindowData<uint16_t> {
  public:
   /// `dir` holds train.bin and val.bin (uint16 tokens). Errors if a file is
   /// missing/empty, has an odd byte length, holds a token >= vocab_size, or is
   /// shorter than block_size + 1 tokens.
   TokenBinData(const std::string& dir, int64_t block_size, int64_t vocab_size, uint64_t seed);
   std::string name() const override;
-  Batch train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
-  Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
-  int64_t num_val_samples() const override;
   int64_t vocab_size() const override { return vocab_size_; }
-  int64_t block_size() const override { return block_size_; }
 
  private:
   std::string dir_;
-  std::vector<uint16_t> train_;
-  std::vector<uint16_t> val_;
-  int64_t block_size_;
   int64_t vocab_size_;
-  uint64_t seed_;
 };
 
 /// "addition" (default digits), "addition:N", a directory with train.bin/val.bin,

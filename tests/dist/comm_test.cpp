@@ -1,6 +1,7 @@
 // Comm against local references, with ranks as threads (tests/dist/thread_world.h).
 // Every collective, sync and async, for world sizes 1..4, with sizes that do not
 // divide evenly; Gloo's missing collectives go through Comm's emulation here.
+#include "tests/error_text.h"
 #include "strategies/comm.h"
 #include "strategies/process_group.h"
 #include "strategies/tcp_store.h"
@@ -42,16 +43,7 @@ torch::Tensor reference_max(int world, int64_t numel) {
   return acc;
 }
 
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
+using strata::testing::what_of;
 
 // --- world of one -------------------------------------------------------------
 

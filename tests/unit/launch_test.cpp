@@ -1,5 +1,6 @@
 // Launch: environment parsing, spawning and stopping ranks; TcpStore, the
 // rendezvous store the ranks meet in.
+#include "tests/error_text.h"
 #include "recipes/launch.h"
 #include "strategies/tcp_store.h"
 
@@ -25,16 +26,7 @@ using strata::recipes::LaunchOptions;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
+using strata::testing::what_of;
 
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
