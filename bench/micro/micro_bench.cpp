@@ -1,1 +1,97 @@
-int main() { return 0; }
+// strata-micro-bench: the kernels under strata's throughput, in isolation.
+//
+//   BM_Matmul, BM_MatmulBf16       n×n products (2n³ FLOPs) on 1 or 2 threads; counter FLOP/s
+//   BM_AllReduce/bytes             in-place SUM all-reduce, 2 ranks as threads (Gloo)
+//   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (all-to-all + local sum)
+//   BM_AllGatherInto/bytes         Comm::all_gather_into (list all-gather into views)
+//
+// Collective sizes are the full flat buffer (what ZeRO shards); bytes_per_second
+// is that size per call, so the three compare as "time to sync S bytes". Each
+// collective iteration is one call on every rank; ranks are threads in one
+// process sharing the cores (tests/dist/thread_world.h).
+//
+//   build/bin/strata-micro-bench                       # ~20 s on 2 cores
+//   build/bin/strata-micro-bench --benchmark_filter=Matmul
+#include "strategies/comm.h"
+#include "tests/dist/thread_world.h"
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <chrono>
+
+namespace {
+
+void matmul(benchmark::State& state, torch::Dtype dtype) {
+  const int64_t n = state.range(0);
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(state.range(1)));
+  auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
+  auto c = torch::empty({n, n}, dtype);
+  torch::mm_out(c, a, b);  // warm-up: thread pool, packing buffers
+  for (auto _ : state) {
+    torch::mm_out(c, a, b);
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
+  at::set_num_threads(saved_threads);
+}
+
+void BM_Matmul(benchmark::State& state) { matmul(state, torch::kFloat32); }
+void BM_MatmulBf16(benchmark::State& state) { matmul(state, torch::kBFloat16); }
+
+enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+
+/// Runs one collective per benchmark iteration on a 2-rank thread world: rank 0
+/// drives google/benchmark's loop, the peer makes the same number of calls
+/// (state.max_iterations, fixed for one invocation), so every call pairs up.
+void collective(benchmark::State& state, Collective kind) {
+  constexpr int kRanks = 2;
+  const int64_t numel = state.range(0) / int64_t(sizeof(float));
+  // Why one intra-op thread: the ranks are threads sharing the cores, as
+  // strata-gpt's ranks share them with --threads-per-rank 1.
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  strata::testing::run_thread_world(
+      kRanks,
+      [&](strata::Comm& comm) {
+        auto full = torch::ones({numel});
+        auto shard = torch::ones({numel / kRanks});
+        auto one_call = [&] {
+          switch (kind) {
+            case Collective::kAllReduce: comm.all_reduce(full); break;
+            case Collective::kReduceScatter: comm.reduce_scatter(shard, full); break;
+            case Collective::kAllGather: comm.all_gather_into(full, shard); break;
+          }
+        };
+        one_call();  // warm-up: connections, buffers
+        comm.barrier();
+        if (comm.rank() == 0) {
+          for (auto _ : state) one_call();
+        } else {
+          for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) one_call();
+        }
+      },
+      std::chrono::seconds(60));
+  at::set_num_threads(saved_threads);
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+void BM_AllReduce(benchmark::State& state) { collective(state, Collective::kAllReduce); }
+void BM_ReduceScatterEmulated(benchmark::State& state) { collective(state, Collective::kReduceScatter); }
+void BM_AllGatherInto(benchmark::State& state) { collective(state, Collective::kAllGather); }
+
+}  // namespace
+
+// Real time throughout: the main thread's CPU time misses the other intra-op
+// thread's (or the peer rank's) work and the waits.
+// Args: {n, intra-op threads}; 1 thread is a rank under --threads-per-rank 1.
+BENCHMARK(BM_Matmul)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n", "threads"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_MatmulBf16)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n", "threads"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_AllReduce)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_ReduceScatterEmulated)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_AllGatherInto)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,169 @@
+#pragma once
+// The sweep harness behind strata-bench: built-in suites of cases, each case one
+// run of the real strata-gpt binary as a subprocess (its --output-dir in a work
+// directory), and the aggregation of its summary.json over repeats.
+//
+// Repeats are interleaved (A B C A B C ...) so that a noisy, shared machine
+// slows every variant alike; throughput is reported as median and min–max,
+// memory (exact, from the tracking allocator) as a value.
+//
+// Example:
+//   auto suites = strata::bench::select_suites("smoke");
+//   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
+//   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+/// `data` value meaning "the harness's generated text file" (see write_generated_text).
+inline constexpr const char* kGeneratedText = "generated-text";
+
+/// One strata-gpt configuration; run `repeats` times.
+struct BenchCase {
+  std::string name;              ///< unique key, "<suite>/<preset>/<variant>"; baselines use it
+  std::string suite;
+  std::string preset = "gpt-nano";
+  std::string strategy = "single";
+  int nproc = 1;
+  int threads_per_rank = 1;
+  std::string precision = "32";
+  int64_t steps = 20;
+  int64_t batch_size = 8;        ///< per rank
+  int64_t block_size = 0;        ///< 0: the data's natural length
+  std::string data = kGeneratedText;
+  std::vector<std::string> extra;  ///< further strata-gpt flags
+  std::string reference;         ///< name of the case the "vs ref" columns divide by ("": none)
+};
+
+/// A named group of cases and what its comparisons mean.
+struct Suite {
+  std::string name;
+  std::string about;  ///< one paragraph for the report
+  std::vector<BenchCase> cases;
+};
+
+/// Names accepted by --suite, in report order.
+std::vector<std::string> suite_names();
+
+/// The suites named in `csv` ("zero,memory"), in the order given. Throws
+/// c10::Error naming the bad value and the allowed ones for an unknown, empty
+/// or repeated name.
+std::vector<Suite> select_suites(const std::string& csv);
+
+/// The cases of `suites`, concatenated.
+std::vector<BenchCase> all_cases(const std::vector<Suite>& suites);
+
+/// strata-gpt's argv for one case (argv[0] = `gpt_binary`).
+std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_binary,
+                                     const std::string& data_path, const std::string& output_dir);
+
+/// Writes `bytes` deterministic pseudo-random printable ASCII bytes (same file
+/// on every machine) to `path`: realistic-width matmuls at any --block-size.
+void write_generated_text(const std::string& path, int64_t bytes = int64_t(2) << 20);
+
+/// ZeRO model-state bytes per rank with fp32 AdamW (16 bytes per parameter):
+/// single/ddp 16Ψ', oss 8Ψ' + 8Ψ'/N, sdp 4Ψ' + 12Ψ'/N, fsdp 16Ψ'/N. Throws for
+/// other strategies.
+double zero_model_state_bytes(const std::string& strategy, int64_t parameters, int world_size);
+
+/// Median (mean of the middle two for an even count), min and max.
+struct Stats {
+  double median = 0.0, min = 0.0, max = 0.0;
+};
+Stats compute_stats(std::vector<double> values);
+
+/// Host description for reports and JSON lines.
+struct MachineInfo {
+  std::string uname;      ///< "Linux 6.1.0 x86_64"
+  std::string cpu_model;  ///< /proc/cpuinfo "model name", "unknown" if absent
+  int nproc = 0;
+  double load_average = 0.0;  ///< 1-minute, when the bench started (a noisy machine shows here)
+  nlohmann::json to_json() const;
+};
+MachineInfo machine_info();
+
+/// `git rev-parse --short HEAD` in `source_dir`, "-dirty" appended when tracked
+/// files differ from HEAD; "unknown" without git or a repository.
+std::string git_commit(const std::string& source_dir);
+
+/// Current UTC time, ISO 8601.
+std::string utc_now();
+
+/// A case whose strata-gpt run failed; what() is one line, `output_tail` its last lines.
+class CaseFailure : public std::runtime_error {
+ public:
+  CaseFailure(const std::string& message, std::string output_tail)
+      : std::runtime_error(message), output_tail_(std::move(output_tail)) {}
+  const std::string& output_tail() const { return output_tail_; }
+
+ private:
+  std::string output_tail_;
+};
+
+/// One finished run of one case.
+struct CaseRun {
+  const BenchCase* bench_case = nullptr;
+  int repeat = 0;                ///< 0-based
+  std::string command;           ///< shell-quoted strata-gpt command line
+  double wall_s = 0.0;           ///< whole subprocess, start-up included
+  nlohmann::json summary;        ///< summary.json as written by strata-gpt
+  /// Tokens per step (all ranks) ÷ the median step time of steps 2.. from
+  /// metrics.csv: robust to a few stalled steps on a shared machine. 0 if unknown.
+  double median_step_tokens_per_s = 0.0;
+};
+
+/// How to run cases.
+struct RunOptions {
+  RunOptions(std::string gpt_binary, std::string work_dir)
+      : gpt_binary(std::move(gpt_binary)), work_dir(std::move(work_dir)) {}
+  std::string gpt_binary;
+  std::string work_dir;        ///< holds the generated data, logs and output dirs
+  int repeats = 1;
+  double case_timeout_s = 600;  ///< SIGTERM (then SIGKILL) a run that takes longer
+  /// Called after each run (progress, JSON lines); may be empty.
+  std::function<void(const CaseRun&)> on_run;
+};
+
+/// Runs every case `options.repeats` times, interleaved; throws CaseFailure
+/// for the first run that exits non-zero, times out or writes no summary.
+std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const RunOptions& options);
+
+/// What a case's runs add up to.
+struct CaseResult {
+  BenchCase bench_case;
+  int runs = 0;
+  Stats tokens_per_s;                 ///< summary.json's (all steps but the first)
+  double median_step_tokens_per_s = 0.0;  ///< median over runs of CaseRun's (0 if unknown)
+  double mfu = 0.0;                 ///< median over runs
+  double peak_flops_per_rank = 0.0; ///< median over runs
+  int64_t parameters = 0;
+  int world_size = 1;
+  int64_t peak_tensor_bytes_max = 0;  ///< max over ranks, then max over runs
+  int64_t model_state_bytes_max = 0;  ///< params+grads+optimizer, max over ranks, then max over runs
+  int64_t peak_tensor_bytes_min = 0;  ///< max over ranks, then min over runs (== max unless runs disagree)
+  int64_t model_state_bytes_min = 0;
+  double comm_bytes_per_step = 0.0;   ///< rank 0, all collectives, first run
+};
+
+/// Max over ranks of a summary's per-rank arrays.
+int64_t peak_tensor_bytes_max(const nlohmann::json& summary);
+int64_t model_state_bytes_max(const nlohmann::json& summary);
+
+/// Aggregates the runs of `c` (summaries in repeat order; at least one), with
+/// their median-step throughputs when known.
+CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summaries,
+                     const std::vector<double>& median_step_tokens_per_s = {});
+
+/// Median step time (s) of steps >= 2 in a strata-gpt metrics.csv; 0 if unreadable.
+double median_step_seconds(const std::string& metrics_csv);
+
+/// aggregate() for every case, from run_interleaved()'s output.
+std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, const std::vector<CaseRun>& runs);
+
+}  // namespace strata::bench
