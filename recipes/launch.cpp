@@ -444,13 +444,16 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
       if (got < 0) rk.status = 0;
       const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
       // Ranks install no SIGTERM handler, so one we signalled and that died
-      // by a signal was stopped by us; one that exited with a code of its own
+      // by a signal was stopped by us, unless it had already recorded an
+      // error of its own: a rank that throws writes its error file first and
+      // may still be tearing down (closing connections, which makes its peers
+      // fail) when our signal arrives. One that exited with a code of its own
       // failed before our signal arrived (it lost the race with another rank).
-      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status);
-      if (ok || stopped_by_us) continue;
-      rk.failed_at = now_realtime();
       struct stat st {};
-      if (::stat(specs[r].error_file.c_str(), &st) == 0) rk.failed_at = st.st_mtim;
+      const bool has_error_file = ::stat(specs[r].error_file.c_str(), &st) == 0 && st.st_size > 0;
+      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !has_error_file;
+      if (ok || stopped_by_us) continue;
+      rk.failed_at = has_error_file ? st.st_mtim : now_realtime();
       failed.push_back(r);
       new_failure = true;
     }
@@ -498,6 +501,10 @@ void record_rank_error(const std::string& message) {
   try {
     const std::string path = rank_error_file();
     if (path.empty()) return;
+    // The first error a rank records is its root cause; later ones (from
+    // unwinding) must not replace it or move its timestamp.
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) > 0 && !ec) return;
     std::ofstream out(path, std::ios::trunc);
     out << message << "\n";
   } catch (...) {

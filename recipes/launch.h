@@ -53,7 +53,8 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
 /// Error file a rank writes its one-line error to, so the launcher can name it
 /// (torchrun's TORCHELASTIC_ERROR_FILE idea). Empty when not launched by us.
 std::string rank_error_file();
-/// Writes `message` to rank_error_file() if set; never throws.
+/// Writes `message` to rank_error_file() if set and no error was recorded yet
+/// (the first error is the root cause); never throws.
 void record_rank_error(const std::string& message);
 
 /// Sets torch's intra-op threads: `requested` if > 0, else cores / local ranks.

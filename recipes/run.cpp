@@ -52,6 +52,18 @@ class DescribeStrategy : public Callback {
   }
 };
 
+/// Records a training error for the launcher as soon as fit() sees it, before
+/// unwinding tears down the process group: peers notice the closed connections
+/// and fail right after, and the launcher names the earliest error first.
+class RecordRankError : public Callback {
+ public:
+  std::string name() const override { return "RecordRankError"; }
+  void on_exception(Trainer&, TrainingModule&, const std::exception& error) override {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    record_rank_error(c10_error ? c10_error->what_without_backtrace() : error.what());
+  }
+};
+
 std::string self_executable(const char* argv0) {
   std::error_code ec;
   auto path = fs::read_symlink("/proc/self/exe", ec);
@@ -220,6 +232,7 @@ int run_gpt(int argc, char** argv) {
 
     auto throughput = std::make_shared<Throughput>();
     std::vector<std::shared_ptr<Callback>> callbacks = {
+        std::make_shared<RecordRankError>(),
         std::make_shared<DescribeStrategy>(),
         std::make_shared<ProgressBar>(ProgressBarOptions().mode(
             config.progress_bar ? ProgressMode::kAuto : ProgressMode::kPlain)),

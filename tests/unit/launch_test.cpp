@@ -205,6 +205,7 @@ TEST(LaunchTest, RecordRankErrorWritesTheErrorFile) {
     ScopedEnv var("STRATA_ERROR_FILE", file.c_str());
     EXPECT_EQ(strata::recipes::rank_error_file(), file.string());
     strata::recipes::record_rank_error("loss is NaN at step 7");
+    strata::recipes::record_rank_error("connection closed while unwinding");  // first error wins
   }
   EXPECT_EQ(read_file(file), "loss is NaN at step 7\n");
   ::unsetenv("STRATA_ERROR_FILE");
