@@ -34,11 +34,14 @@ void SDPStrategy::launch_bucket(size_t bucket) {
   }
   BucketSend send;
   send.flat_begin = begin;
-  send.staging = torch::zeros({end - begin}, flat_params_.options());
+  send.staging = torch::empty({end - begin}, flat_params_.options());
   for (size_t k : members) {
     auto& p = params()[k];
+    auto slot = send.staging.narrow(0, layout_.offset_of(k) - begin, p.numel());
     if (p.grad().defined()) {
-      send.staging.narrow(0, layout_.offset_of(k) - begin, p.numel()).copy_(p.grad().view(-1));
+      slot.copy_(p.grad().view(-1));
+    } else {
+      slot.zero_();  // an unused parameter contributes nothing (the error follows)
     }
     // Freed as soon as it is in the send buffer: non-owners never keep it, and
     // the owner receives the reduced sum into its shard.

@@ -174,8 +174,9 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val());
   each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
   strategy_->optimizer_step(*optimizer_);
-  // Measured here, while gradients still exist, so grads show in the report.
-  last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
+  // Measured once, here, while gradients still exist (so they show in the
+  // report); model state keeps its size from the first step on.
+  if (last_state_bytes_.total() == 0) last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
   strategy_->zero_grad(*optimizer_);
   ++step_;
   metrics.step = step_;
