@@ -56,12 +56,13 @@ std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
 std::vector<torch::Tensor> Strategy::grads_to_clip() const { return local_grads_for_norm(); }
 
 double Strategy::clip_grad_norm(double max_norm) {
-  // Sum of squares in float64 so that the sharded and the single-process sums
-  // agree to far better than the parity tolerance.
-  auto sq = torch::zeros({1}, torch::kFloat64);
-  for (const auto& g : local_grads_for_norm()) {
-    sq += g.detach().to(torch::kFloat64).pow(2).sum();
-  }
+  // One norm per tensor (no copy of the gradients), squared and summed in
+  // float64 so the sharded and single-process totals agree far better than
+  // the parity tolerance; torch's clip_grad_norm_ also combines per-tensor norms.
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : local_grads_for_norm()) norms.push_back(g.detach().norm());
+  auto sq = norms.empty() ? torch::zeros({1}, torch::kFloat64)
+                          : torch::stack(norms).to(torch::kFloat64).pow(2).sum().reshape({1});
   if (grads_sharded()) {
     // Sync point: every rank holds a disjoint shard of the gradient; the global
     // norm needs all of them, and every rank must compute the same coefficient.
