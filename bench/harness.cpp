@@ -69,19 +69,29 @@ Suite single_suite() {
 Suite ddp_suite() {
   Suite s{"ddp",
           "Same global batch: single 1 rank x 2 threads at batch 2B vs ddp 2 ranks x 1 thread at "
-          "batch B. vs ref: ddp ÷ single (ideal ~1.0 on 2 cores), and no-overlap ÷ overlap "
-          "(--overlap-comm false all-reduces after backward).",
+          "batch B. vs ref: ddp ÷ single (ideal ~1.0 on 2 cores); per-grad-after-bw (one "
+          "all-reduce per gradient after backward: --bucket-cap-mb 0 --overlap-comm false) ÷ ddp "
+          "shows what bucketing plus overlap buy; 1mib (bucketed, several buckets) ÷ ddp, and "
+          "1mib-after-bw ÷ 1mib isolates the overlap (at 25 MiB these models fit one bucket, which "
+          "can only start when backward ends).",
           {}};
   for (const char* preset : {"gpt-micro", "gpt-mini"}) {
     BenchCase single = make_case("ddp", preset, "single-1x2", "single", 1, 2);
     BenchCase ddp = make_case("ddp", preset, "ddp-2x1", "ddp", 2, 1);
     ddp.batch_size = single.batch_size / 2;
     ddp.reference = single.name;
-    BenchCase no_overlap = ddp;
-    no_overlap.name += "-no-overlap";
-    no_overlap.extra = {"--overlap-comm", "false"};
-    no_overlap.reference = ddp.name;
-    s.cases.insert(s.cases.end(), {single, ddp, no_overlap});
+    auto variant = [&ddp](const std::string& suffix, std::vector<std::string> flags,
+                          const std::string& reference) {
+      BenchCase c = ddp;
+      c.name += "-" + suffix;
+      c.extra = std::move(flags);
+      c.reference = reference;
+      return c;
+    };
+    BenchCase per_grad = variant("per-grad-after-bw", {"--bucket-cap-mb", "0", "--overlap-comm", "false"}, ddp.name);
+    BenchCase small = variant("1mib", {"--bucket-cap-mb", "1"}, ddp.name);
+    BenchCase small_after = variant("1mib-after-bw", {"--bucket-cap-mb", "1", "--overlap-comm", "false"}, small.name);
+    s.cases.insert(s.cases.end(), {single, ddp, per_grad, small, small_after});
   }
   return s;
 }

@@ -62,7 +62,8 @@ std::vector<Field> fields() {
       {"master-addr", 2, &C::master_addr, "rendezvous address"},
       {"master-port", 2, &C::master_port, "rendezvous port (0: a free port)"},
       {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
-      {"bucket-cap-mb", 2, &C::bucket_cap_mb, "gradient bucket size in MiB"},
+      {"bucket-cap-mb", 2, &C::bucket_cap_mb,
+       "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
       {"find-unused-parameters", 2, &C::find_unused_parameters,
        "DDP: allow parameters that get no gradient", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
@@ -212,7 +213,11 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
        "in 0..65535 (0: a free port)");
   need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
-  need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb, "> 0");
+  if (c.strategy == "ddp") {
+    need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
+  } else {
+    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb, "> 0 (0 is for ddp only)");
+  }
   need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
   need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
   need(c.accumulate_grad_batches > 0, "accumulate-grad-batches", c.accumulate_grad_batches, "> 0");

@@ -1,13 +1,15 @@
 #include "strategies/ddp.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace strata {
 
 DDPStrategy::DDPStrategy(Comm comm, DDPOptions options)
     : Strategy(std::move(comm)), options_(options) {
-  TORCH_CHECK_VALUE(options_.bucket_cap_mb() > 0, "DDPStrategy: bucket_cap_mb must be > 0 (got ",
-                    options_.bucket_cap_mb(), ")");
+  TORCH_CHECK_VALUE(options_.bucket_cap_mb() >= 0,
+                    "DDPStrategy: bucket_cap_mb must be >= 0 (0: one all-reduce per gradient), got ",
+                    options_.bucket_cap_mb());
 }
 
 void broadcast_module_state(Comm& comm, torch::nn::Module& module) {
@@ -37,7 +39,8 @@ void DDPStrategy::setup(TrainingModule& module) {
   broadcast_module_state(comm(), module.module());
 
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb() * 1024 * 1024);
-  auto buckets = assign_buckets(params(), cap);
+  // A cap of 0 bytes puts every parameter in a bucket of its own.
+  auto buckets = assign_buckets(params(), std::max<int64_t>(cap, 1));
   // Gradients become views into one flat buffer per bucket, so the all-reduce
   // needs no copy in or out, and AccumulateGrad adds into the bucket in place.
   for (const auto& bucket : buckets) {
@@ -105,9 +108,14 @@ void DDPStrategy::zero_grad(torch::optim::Optimizer&) {
 
 std::string DDPStrategy::describe() const {
   std::ostringstream out;
-  out << "ddp: " << world_size() << " ranks, " << bucket_buffers_.size() << " gradient bucket(s) of <= "
-      << options_.bucket_cap_mb() << " MiB, all-reduce "
-      << (options_.overlap_comm() ? "overlapped with backward" : "after backward");
+  out << "ddp: " << world_size() << " ranks, ";
+  if (options_.bucket_cap_mb() == 0) {
+    out << "no bucketing (" << bucket_buffers_.size() << " gradients, one all-reduce each)";
+  } else {
+    out << bucket_buffers_.size() << " gradient bucket(s) of <= " << options_.bucket_cap_mb()
+        << " MiB";
+  }
+  out << ", all-reduce " << (options_.overlap_comm() ? "overlapped with backward" : "after backward");
   return out.str();
 }
 

@@ -18,7 +18,8 @@
 namespace strata {
 
 struct DDPOptions {
-  /// Bucket size; torch's default is 25 MiB.
+  /// Bucket size; torch's default is 25 MiB. 0: no bucketing, one all-reduce
+  /// per gradient (the naive baseline the bucketed design is measured against).
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   /// Tolerate parameters that get no gradient (their buckets are reduced after
   /// backward); otherwise such a parameter is an error naming it.

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <mutex>
 
 namespace {
@@ -111,24 +112,36 @@ TEST(StrategyParityTest, SdpMatchesSingleProcessAfterTenSteps) {
 }
 
 TEST(StrategyParityTest, SmallBucketsGiveTheSameResult) {
-  // Many buckets (a few KiB each) exercise bucket ordering and in-flight limits.
+  // Many buckets (a few KiB each) exercise bucket ordering and in-flight limits;
+  // a DDP cap of 0 is one all-reduce per gradient, overlapped or after backward.
   const int64_t steps = 5;
   auto reference = train_single(6, 1, 0.0, steps);
-  for (const std::string name : {"ddp", "sdp"}) {
+  using Factory = std::function<std::shared_ptr<strata::Strategy>(strata::Comm&)>;
+  const std::vector<std::pair<std::string, Factory>> variants = {
+      {"ddp 4 KiB buckets",
+       [](strata::Comm& c) { return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(0.004)); }},
+      {"ddp per gradient",
+       [](strata::Comm& c) { return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(0)); }},
+      {"ddp per gradient after backward",
+       [](strata::Comm& c) {
+         return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(0).overlap_comm(false));
+       }},
+      {"sdp 4 KiB buckets",
+       [](strata::Comm& c) { return std::make_shared<strata::SDPStrategy>(c, strata::ShardOptions().bucket_cap_mb(0.004)); }},
+  };
+  for (const auto& [name, make] : variants) {
     std::mutex mu;
     std::vector<torch::Tensor> got;
     strata::testing::run_thread_world(3, [&](strata::Comm& comm) {
       auto module = make_module();
       strata::testing::ToyData data;
-      std::shared_ptr<strata::Strategy> s;
-      if (name == "ddp") s = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().bucket_cap_mb(0.004));
-      else s = std::make_shared<strata::SDPStrategy>(comm, strata::ShardOptions().bucket_cap_mb(0.004));
-      strata::Trainer(options_for(2, 1, 0.0, steps), s).fit(module, data);
+      strata::Trainer(options_for(2, 1, 0.0, steps), make(comm)).fit(module, data);
       if (comm.rank() == 0) {
         std::lock_guard<std::mutex> lock(mu);
         for (const auto& p : module.module().parameters()) got.push_back(p.detach().clone());
       }
     }, std::chrono::seconds(30));
+    ASSERT_EQ(got.size(), reference.size()) << name;
     for (size_t i = 0; i < got.size(); ++i) {
       EXPECT_LE((reference[i] - got[i]).abs().max().item<double>(), 1e-5) << name << " param " << i;
     }

@@ -131,7 +131,7 @@ TEST(BenchTest, DdpSuiteKeepsTheGlobalBatch) {
 }
 
 TEST(BenchTest, GptCommandCarriesTheCase) {
-  BenchCase c = make_case("ddp/gpt-micro/ddp-2x1-no-overlap");
+  BenchCase c = make_case("ddp/gpt-micro/ddp-2x1-1mib-after-bw");
   c.block_size = 128;
   c.extra = {"--overlap-comm", "false"};
   const auto cmd = gpt_command(c, "/bin/strata-gpt", "/tmp/w/generated.txt", "/tmp/w/out");

@@ -132,6 +132,15 @@ TEST(CliTest, OutOfRangeValuesNameTheValueAndTheRule) {
   }
 }
 
+TEST(CliTest, BucketCapZeroIsForDdpOnly) {
+  // ddp: 0 means one all-reduce per gradient; the sharded strategies need a round size.
+  auto ddp = parse({"--strategy", "ddp", "--bucket-cap-mb", "0"});
+  ASSERT_TRUE(ddp.config.has_value()) << ddp.message;
+  EXPECT_EQ(ddp.config->bucket_cap_mb, 0.0);
+  expect_error({"--strategy", "oss", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "ddp only"});
+  expect_error({"--strategy", "sdp", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "ddp only"});
+}
+
 TEST(CliTest, UnknownChoicesListTheAlternatives) {
   expect_error({"--preset", "gpt-huge"}, {"unknown preset 'gpt-huge'", "gpt-nano", "gpt-micro"});
   expect_error({"--strategy", "zero9"}, {"unknown strategy 'zero9'", "ddp", "zero3"});
