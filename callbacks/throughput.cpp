@@ -1,6 +1,9 @@
 #include "callbacks/throughput.h"
 
+#include "strategies/cuda_support.h"
 #include "trainer/trainer.h"
+
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <cmath>
@@ -45,6 +48,30 @@ double measure_matmul_peak_flops(int64_t n, int repeats) {
   return flops / best_matmul_seconds(n, repeats, /*budget_s=*/1.0);
 }
 
+double measure_cuda_matmul_peak_flops(int index, int64_t n, int repeats) {
+  TORCH_CHECK(n >= 1 && repeats >= 1, "measure_cuda_matmul_peak_flops: need n >= 1 and repeats >= 1, got n=",
+              n, ", repeats=", repeats);
+  torch::NoGradGuard no_grad;
+  double best = std::numeric_limits<double>::infinity();
+  {
+    const auto options = torch::TensorOptions(torch::kFloat32).device(torch::kCUDA, index);
+    const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+    auto c = torch::empty({n, n}, options);
+    torch::mm_out(c, a, b);  // warm-up: cuBLAS handle and workspace
+    for (int i = 0; i < repeats; ++i) {
+      // Kernels are asynchronous: time from one synchronization to the next.
+      torch::cuda::synchronize(index);
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::mm_out(c, a, b);
+      torch::cuda::synchronize(index);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  // The probe's buffers are gone; keep them out of the run's memory peak.
+  reset_cuda_peak_allocated_bytes(index);
+  return 2.0 * double(n) * double(n) * double(n) / std::max(best, 1e-9);
+}
+
 BlasCheck check_blas_speed(double min_gflops) {
   TORCH_CHECK(min_gflops >= 0.0, "check_blas_speed: min_gflops must be >= 0, got ", min_gflops);
   // 384³·2 = 0.11 GFLOP: ~25 ms per product on the reference BLAS, ~2 ms on OpenBLAS.
@@ -76,10 +103,13 @@ Throughput::Throughput(ThroughputOptions options) : options_(std::move(options))
   peak_flops_ = options_.peak_flops();
 }
 
-void Throughput::on_fit_start(Trainer& trainer, TrainingModule& module) {
+void Throughput::on_fit_start(Trainer& trainer, TrainingModule&) {
   // Measured once per callback (a second fit() reuses it). Every rank measures
   // its own peak: ranks sharing a machine share its cores, which is the point.
-  if (peak_flops_ <= 0.0) peak_flops_ = measure_matmul_peak_flops(options_.peak_matmul_size());
+  if (peak_flops_ > 0.0) return;
+  const torch::Device& device = trainer.strategy().device();
+  peak_flops_ = device.is_cuda() ? measure_cuda_matmul_peak_flops(device.index())
+                                 : measure_matmul_peak_flops(options_.peak_matmul_size());
 }
 
 void Throughput::on_train_batch_end(Trainer& trainer, TrainingModule& module,

@@ -34,6 +34,11 @@ namespace strata {
 /// buffers bypass the CPU allocator, so a MemoryTracker's peak is unaffected.
 double measure_matmul_peak_flops(int64_t n = 1024, int repeats = 5);
 
+/// The same for cuda:index, timed between device synchronizations (fp32,
+/// LibTorch's default math: no TF32). The probe's tensors are freed, and the
+/// device's peak-allocated counter reset, before it returns.
+double measure_cuda_matmul_peak_flops(int index, int64_t n = 4096, int repeats = 10);
+
 /// Result of check_blas_speed().
 struct BlasCheck {
   double gflops = 0.0;

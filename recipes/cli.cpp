@@ -57,6 +57,7 @@ std::vector<Field> fields() {
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
       {"strategy", 2, &C::strategy, "distributed strategy"},
+      {"device", 2, &C::device, "auto (cuda:LOCAL_RANK when CUDA is usable, else cpu), cpu or cuda"},
       {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
       {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},
       {"master-addr", 2, &C::master_addr, "rendezvous address"},
@@ -197,6 +198,7 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   std::string error = choice("preset", c.preset, presets);
   if (error.empty()) error = choice("strategy", c.strategy, strategies);
   if (error.empty()) error = choice("precision", c.precision, precision_names());
+  if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
   auto need = [&error](bool ok, const char* key, auto value, const char* rule) {
     if (!ok && error.empty()) {
       error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;

@@ -24,6 +24,7 @@ struct RunConfig {
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data
   // strategy and launch
   std::string strategy = "single";
+  std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)
   int nproc = 1;
   int threads_per_rank = 0;  ///< 0: cores / ranks
   std::string master_addr = "127.0.0.1";

@@ -59,7 +59,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
   // Causal mask: position t attends to positions <= t only.
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
   att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
   att = attn_dropout_(torch::softmax(att, -1));
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});

@@ -10,6 +10,7 @@
 #include "recipes/data.h"
 #include "recipes/gpt.h"
 #include "recipes/launch.h"
+#include "strategies/cuda_support.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -181,6 +182,8 @@ int run_gpt(int argc, char** argv) {
     TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc) == 1,
                       "strategy 'single' runs one process but --nproc is ", config.nproc,
                       "; use ddp, oss or sdp for several ranks");
+    // Every local rank must find its device: check the highest LOCAL_RANK now.
+    resolve_device(config.device, env ? env->local_rank : config.nproc - 1);
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
     model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
     trainer_options(config);
@@ -203,13 +206,22 @@ int run_gpt(int argc, char** argv) {
   const int rank = env ? env->rank : 0;
   try {
     configure_threads(config.threads_per_rank, env ? env->local_world_size : 1);
-    Comm comm;
+    const torch::Device device = resolve_device(config.device, env ? env->local_rank : 0);
+    if (device.is_cuda()) {
+      // Before the process group: NCCL binds each rank to the current device.
+      set_cuda_device(device.index());
+      memory.measure_device(device);
+    }
+    Comm comm(device);
     if (env) {
       comm = Comm(create_process_group(
-          ProcessGroupOptions(env->rank, env->world_size)
-              .master_addr(env->master_addr)
-              .master_port(env->master_port)
-              .timeout(std::chrono::milliseconds(static_cast<int64_t>(config.comm_timeout_s * 1000)))));
+                      ProcessGroupOptions(env->rank, env->world_size)
+                          .master_addr(env->master_addr)
+                          .master_port(env->master_port)
+                          .backend(backend_for(device))
+                          .timeout(std::chrono::milliseconds(
+                              static_cast<int64_t>(config.comm_timeout_s * 1000)))),
+                  device);
     }
     const bool is_zero = comm.rank() == 0;
     const fs::path out_dir(config.output_dir);
@@ -260,7 +272,7 @@ int run_gpt(int argc, char** argv) {
     if (is_zero) {
       std::cout << "strata-gpt | " << config.preset << " | " << module.model()->num_params() << " parameters | data "
                 << data->name() << " | " << strategy->name() << " x " << comm.size() << " rank(s), "
-                << at::get_num_threads() << " thread(s) each | precision " << config.precision << "\n"
+                << at::get_num_threads() << " thread(s) each | device " << device << " | precision " << config.precision << "\n"
                 << to_ini(config) << std::flush;
     }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);

@@ -92,10 +92,10 @@ void PendingWork::wait() {
 // ---------------------------------------------------------------------------
 // Comm
 
-Comm::Comm() : counters_(std::make_shared<Counters>()) {}
+Comm::Comm(torch::Device device) : device_(device), counters_(std::make_shared<Counters>()) {}
 
-Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group)
-    : pg_(std::move(process_group)), counters_(std::make_shared<Counters>()) {
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device device)
+    : pg_(std::move(process_group)), device_(device), counters_(std::make_shared<Counters>()) {
   TORCH_CHECK(pg_, "Comm: the process group is null; use Comm() for a world of one");
   rank_ = pg_->getRank();
   size_ = pg_->getSize();

@@ -74,13 +74,17 @@ class PendingWork {
 
 class Comm {
  public:
-  /// A world of one: rank 0, size 1, every collective is the identity.
-  Comm();
-  explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group);
+  /// A world of one on `device`: rank 0, size 1, every collective is the identity.
+  explicit Comm(torch::Device device = torch::kCPU);
+  /// `device`: where this rank's model and collective tensors live (c10d's
+  /// NCCL groups take CUDA tensors only; Gloo takes CPU tensors).
+  explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group,
+                torch::Device device = torch::kCPU);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_distributed() const { return static_cast<bool>(pg_); }
+  const torch::Device& device() const { return device_; }
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const { return pg_; }
 
   /// In place on every rank.
@@ -125,6 +129,7 @@ class Comm {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   int rank_ = 0;
   int size_ = 1;
+  torch::Device device_ = torch::kCPU;
   std::shared_ptr<Counters> counters_;
 };
 

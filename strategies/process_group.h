@@ -1,10 +1,10 @@
 #pragma once
-// Process-group creation from a rendezvous address: Gloo on CPU; NCCL when
-// LibTorch has CUDA and the device is CUDA (process_group_nccl.cpp, compiled
-// only then). Rendezvous goes through strata::TcpStore, whose server listens on
+// Device choice and process-group creation from a rendezvous address: Gloo
+// on CPU; NCCL on cuda:LOCAL_RANK when LibTorch has CUDA (cuda_support.cpp). Rendezvous goes through strata::TcpStore, whose server listens on
 // master_addr only (c10d's TCPStore in 1.13 binds every interface).
 #include "strategies/comm.h"
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -24,6 +24,15 @@ struct ProcessGroupOptions {
   /// "gloo" or "nccl" ("nccl" only when LibTorch has CUDA).
   TORCH_ARG(std::string, backend) = "gloo";
 };
+
+/// The device a rank trains on, from --device: "cpu"; "cuda" is cuda:LOCAL_RANK
+/// (one GPU per local rank, as torchrun) and an error when no CUDA device is
+/// usable or LOCAL_RANK has none; "auto" is cuda:LOCAL_RANK when CUDA devices
+/// are visible, else cpu. Errors name the value and what is allowed.
+torch::Device resolve_device(const std::string& spec, int local_rank);
+
+/// The c10d backend for a device: "nccl" for CUDA, "gloo" otherwise.
+std::string backend_for(const torch::Device& device);
 
 /// Rendezvous and build the process group; errors name the address, port,
 /// rank and world size involved (port in use, address unreachable, a rank

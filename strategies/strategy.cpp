@@ -24,6 +24,9 @@ Strategy::Strategy(Comm comm) : comm_(std::move(comm)) {}
 
 void Strategy::setup(TrainingModule& module) {
   module_ = &module;
+  // In place (parameters keep their identity), before any strategy builds
+  // buckets or flat buffers from them.
+  module.module().to(device());
   params_.clear();
   param_names_.clear();
   for (const auto& item : module.module().named_parameters(/*recurse=*/true)) {
@@ -61,7 +64,7 @@ double Strategy::clip_grad_norm(double max_norm) {
   // the parity tolerance; torch's clip_grad_norm_ also combines per-tensor norms.
   std::vector<torch::Tensor> norms;
   for (const auto& g : local_grads_for_norm()) norms.push_back(g.detach().norm());
-  auto sq = norms.empty() ? torch::zeros({1}, torch::kFloat64)
+  auto sq = norms.empty() ? torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(device()))
                           : torch::stack(norms).to(torch::kFloat64).pow(2).sum().reshape({1});
   if (grads_sharded()) {
     // Sync point: every rank holds a disjoint shard of the gradient; the global
@@ -90,7 +93,7 @@ void Strategy::zero_grad(torch::optim::Optimizer& optimizer) {
 
 double Strategy::mean_over_ranks(double value) {
   if (world_size() == 1) return value;
-  auto t = torch::full({1}, value, torch::kFloat64);
+  auto t = torch::full({1}, value, torch::TensorOptions(torch::kFloat64).device(device()));
   // Sync point: logged metrics are the mean over ranks so rank 0 prints (and
   // early stopping decides on) the same number every rank sees.
   comm_.all_reduce(t);

@@ -64,9 +64,12 @@ class Strategy {
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
   bool is_global_zero() const { return comm_.rank() == 0; }
+  /// Where this rank trains (the Comm's device): setup() moves the module
+  /// there and the Trainer moves each batch there.
+  const torch::Device& device() const { return comm_.device(); }
 
   /// Called once before training: wrap, shard or register hooks. The base
-  /// remembers the module and its trainable parameters.
+  /// moves the module to device() and remembers its trainable parameters.
   virtual void setup(TrainingModule& module);
 
   /// Builds the optimizer; the base hands every group to the factory.

@@ -73,7 +73,11 @@ CheckpointMeta load_checkpoint(const std::string& dir, torch::nn::Module& module
   const auto opt_path = fs::path(dir) / optimizer_file(meta, rank);
   TORCH_CHECK(fs::exists(opt_path), "checkpoint '", dir, "' is missing ", opt_path.filename().string());
   torch::serialize::InputArchive opt;
-  opt.load_from(opt_path.string());
+  // Optimizer state belongs on the parameters' device (the archive would
+  // otherwise load it onto the CPU, next to CUDA parameters).
+  c10::optional<torch::Device> device;
+  if (const auto params = module.parameters(); !params.empty()) device = params.front().device();
+  opt.load_from(opt_path.string(), device);
   optimizer.load(opt);
   return meta;
 }

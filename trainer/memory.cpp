@@ -1,5 +1,7 @@
 #include "trainer/memory.h"
 
+#include "strategies/cuda_support.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
@@ -62,6 +64,29 @@ MemoryTracker::MemoryTracker()
 }
 
 MemoryTracker::~MemoryTracker() { c10::SetCPUAllocator(previous_, /*priority=*/100); }
+
+void MemoryTracker::measure_device(c10::Device device) {
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "MemoryTracker: cannot measure device ",
+                    device, "; allowed: cpu, cuda");
+  device_ = device;
+  if (device_.is_cuda()) reset_cuda_peak_allocated_bytes(device_.index());
+}
+
+int64_t MemoryTracker::current_bytes() const {
+  return device_.is_cuda() ? cuda_allocated_bytes(device_.index()).current : allocator_->current_bytes();
+}
+
+int64_t MemoryTracker::peak_bytes() const {
+  return device_.is_cuda() ? cuda_allocated_bytes(device_.index()).peak : allocator_->peak_bytes();
+}
+
+void MemoryTracker::reset_peak() {
+  if (device_.is_cuda()) {
+    reset_cuda_peak_allocated_bytes(device_.index());
+  } else {
+    allocator_->reset_peak();
+  }
+}
 
 namespace {
 int64_t read_status_kib(const char* key) {

@@ -7,6 +7,7 @@
 // previous one in its destructor. It must outlive every tensor allocated while it
 // was installed (own it in main(), or in a test's scope).
 #include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <cstdint>
@@ -48,11 +49,16 @@ class MemoryTracker {
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
-  int64_t current_bytes() const { return allocator_->current_bytes(); }
-  int64_t peak_bytes() const { return allocator_->peak_bytes(); }
-  void reset_peak() { allocator_->reset_peak(); }
+  /// Where the numbers below come from: the CPU tracking allocator (default),
+  /// or, for a CUDA device, that device's caching-allocator statistics.
+  void measure_device(c10::Device device);
+
+  int64_t current_bytes() const;
+  int64_t peak_bytes() const;
+  void reset_peak();
 
  private:
+  c10::Device device_ = c10::kCPU;
   c10::Allocator* previous_;
   std::unique_ptr<TrackingAllocator> allocator_;
 };

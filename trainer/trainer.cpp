@@ -8,6 +8,12 @@
 
 namespace strata {
 
+Batch to_device(Batch batch, const torch::Device& device) {
+  if (batch.input.device() == device && batch.target.device() == device) return batch;
+  // Non-blocking: the copy is ordered before the forward on the same stream.
+  return {batch.input.to(device, /*non_blocking=*/true), batch.target.to(device, /*non_blocking=*/true)};
+}
+
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
@@ -154,13 +160,14 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   int64_t tokens = 0;
   int64_t samples = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const Batch batch = data.train_batch(step_ * accum + micro, options_.batch_size(), shard);
+    const Batch batch = to_device(data.train_batch(step_ * accum + micro, options_.batch_size(), shard),
+                                  strategy_->device());
     // Gradients of all but the last micro-batch only accumulate locally.
     std::optional<NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
     torch::Tensor loss;
     {
-      AutocastGuard autocast(options_.precision());
+      AutocastGuard autocast(options_.precision(), strategy_->device().type());
       loss = module.training_step(batch);
     }
     loss_sum += loss.item<double>();
@@ -199,21 +206,24 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
   const int64_t per_batch = options_.batch_size() * strategy_->world_size();
   const int64_t available = (data.num_val_samples() + per_batch - 1) / per_batch;
   const int64_t batches = std::min(options_.limit_val_batches(), available);
-  auto totals = torch::zeros({4}, torch::kFloat64);  // loss_sum, tokens, correct, samples
+  double loss_sum = 0.0, tokens = 0.0, correct = 0.0, samples = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
     ValidationStep out;
     {
-      AutocastGuard autocast(options_.precision());
-      out = module.validation_step(data.val_batch(i, options_.batch_size(), shard));
+      AutocastGuard autocast(options_.precision(), strategy_->device().type());
+      out = module.validation_step(to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
     }
-    totals[0] += out.loss_sum;
-    totals[1] += static_cast<double>(out.tokens);
-    totals[2] += static_cast<double>(out.correct_samples);
-    totals[3] += static_cast<double>(out.samples);
+    loss_sum += out.loss_sum;
+    tokens += static_cast<double>(out.tokens);
+    correct += static_cast<double>(out.correct_samples);
+    samples += static_cast<double>(out.samples);
   }
+  // On the device: the comm's collectives work there (NCCL: CUDA tensors only).
+  auto totals = torch::tensor({loss_sum, tokens, correct, samples}, torch::kFloat64).to(strategy_->device());
   // Sync point: every rank scored a disjoint shard of the held-out set; the
   // metrics (and decisions based on them, like early stopping) use the total.
   strategy_->comm().all_reduce(totals);
+  totals = totals.cpu();
   module.module().train();
   ValidationMetrics metrics;
   metrics.step = step_;
@@ -229,10 +239,12 @@ void Trainer::gather_memory(FitResult& result) {
   const int n = strategy_->world_size();
   auto mine = torch::tensor({memory_ ? memory_->peak_bytes() : int64_t{0}, last_state_bytes_.params,
                              last_state_bytes_.grads, last_state_bytes_.optimizer, peak_rss_bytes()},
-                            torch::kInt64);
-  auto all = torch::empty({n * 5}, torch::kInt64);
+                            torch::kInt64)
+                  .to(strategy_->device());
+  auto all = torch::empty({n * 5}, mine.options());
   // Sync point: rank 0 writes summary.json with every rank's numbers.
   strategy_->comm().all_gather_into(all, mine);
+  all = all.cpu();
   auto acc = all.accessor<int64_t, 1>();
   for (int r = 0; r < n; ++r) {
     result.peak_tensor_bytes.push_back(acc[r * 5 + 0]);

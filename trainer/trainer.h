@@ -66,6 +66,9 @@ struct FitResult {
   CommBytes comm_bytes;  ///< this rank's counters
 };
 
+/// `batch` with its tensors on `device` (itself when already there).
+Batch to_device(Batch batch, const torch::Device& device);
+
 class Trainer {
  public:
   /// `memory` may be null (then peak tensor bytes are reported as 0).

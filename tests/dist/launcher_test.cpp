@@ -4,6 +4,7 @@
 #include "tests/dist/run_binary.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <fstream>
@@ -70,7 +71,7 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
     for (int i = 0; i < 400; ++i) { uint16_t t = 5; val.write(reinterpret_cast<char*>(&t), 2); }
   }
   { std::ofstream(dir / "bad.ini") << "max-steps = 5\nbogus-key = 1\n"; }
-  const std::vector<BadInput> cases = {
+  std::vector<BadInput> cases = {
       {"--data " + (dir / "missing.txt").string(), "missing.txt"},
       {"--data " + (dir / "empty.txt").string(), "empty.txt"},
       {"--data " + (dir / "short.txt").string() + " --block-size 64", "64"},
@@ -85,7 +86,10 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--strategy zero9", "zero9"},
       {"--config " + (dir / "bad.ini").string(), "bogus-key"},
       {"--no-such-flag", "no-such-flag"},
+      {"--device gpu", "unknown device 'gpu'; available: auto, cpu, cuda"},
   };
+  // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
+  if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});
   for (const auto& c : cases) {
     const auto out = dir / "out";
     fs::remove_all(out);

@@ -1,0 +1,40 @@
+#pragma once
+// Everything strata needs from CUDA and NCCL, behind a CPU-only interface.
+//
+// cuda_support.cpp is the one file that includes CUDA headers. CMake defines
+// STRATA_WITH_CUDA for it when LibTorch has CUDA; otherwise the same functions
+// exist and each one fails with an error saying this LibTorch is CPU-only, so
+// callers never need an #ifdef. A ctest (cuda_support_compiles) compiles the CUDA
+// half against LibTorch's and the CUDA toolkit's headers even in CPU-only builds,
+// so this branch cannot rot unseen.
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+
+namespace strata {
+
+/// True when this build's LibTorch has CUDA (the functions below work).
+bool built_with_cuda();
+
+/// Makes cuda:index the current device of this thread (NCCL binds each rank
+/// to the current device when its communicator is created).
+void set_cuda_device(int index);
+
+/// An NCCL process group over `store`; call set_cuda_device(LOCAL_RANK) first.
+c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         int rank, int world_size,
+                                                         std::chrono::milliseconds timeout);
+
+/// Bytes of tensors allocated on cuda:index, now and at the peak: the caching
+/// allocator's own count of live allocations, not its reserved pool.
+struct CudaAllocatedBytes {
+  int64_t current = 0;
+  int64_t peak = 0;
+};
+CudaAllocatedBytes cuda_allocated_bytes(int index);
+/// Sets the peak to the current value (start of a measured phase).
+void reset_cuda_peak_allocated_bytes(int index);
+
+}  // namespace strata
