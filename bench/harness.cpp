@@ -452,9 +452,11 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   CaseResult r;
   r.bench_case = c;
   r.runs = static_cast<int>(summaries.size());
-  std::vector<double> tps, mfu, peak_flops;
+  std::vector<double> tps, mfu, peak_flops, backward, grad_sync;
   for (const auto& s : summaries) {
     tps.push_back(s.at("tokens_per_s").get<double>());
+    backward.push_back(s.value("backward_s_per_step", 0.0));
+    grad_sync.push_back(s.value("grad_sync_s_per_step", 0.0));
     mfu.push_back(s.value("mfu", 0.0));
     peak_flops.push_back(s.value("peak_flops_per_rank", 0.0));
     const int64_t peak = peak_tensor_bytes_max(s), state = model_state_bytes_max(s);
@@ -468,6 +470,8 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   if (!median_step_tokens_per_s.empty()) r.median_step_tokens_per_s = compute_stats(median_step_tokens_per_s).median;
   r.mfu = compute_stats(mfu).median;
   r.peak_flops_per_rank = compute_stats(peak_flops).median;
+  r.backward_s_per_step = compute_stats(backward).median;
+  r.grad_sync_s_per_step = compute_stats(grad_sync).median;
   const auto& first = summaries.front();
   r.parameters = first.at("parameters").get<int64_t>();
   r.world_size = first.at("world_size").get<int>();

@@ -149,6 +149,10 @@ struct CaseResult {
   int64_t peak_tensor_bytes_min = 0;  ///< max over ranks, then min over runs (== max unless runs disagree)
   int64_t model_state_bytes_min = 0;
   double comm_bytes_per_step = 0.0;   ///< rank 0, all collectives, first run
+  /// Rank 0's backward and gradient-sync wait per step (summary.json), median
+  /// over runs; 0 when the summaries lack them.
+  double backward_s_per_step = 0.0;
+  double grad_sync_s_per_step = 0.0;
 };
 
 /// Max over ranks of a summary's per-rank arrays.

@@ -62,7 +62,8 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
       << fixed(100.0 * r.mfu, 1) << "% | " << fixed(r.peak_flops_per_rank / 1e9, 1) << " | "
       << flagged(r.peak_tensor_bytes_min, r.peak_tensor_bytes_max) << " | " << vs_peak << " | "
       << flagged(r.model_state_bytes_min, r.model_state_bytes_max) << " | " << state_vs_formula << " | "
-      << format_mib(r.comm_bytes_per_step) << " |\n";
+      << format_mib(r.comm_bytes_per_step) << " | " << fixed(1e3 * r.backward_s_per_step, 1) << " | "
+      << fixed(1e3 * r.grad_sync_s_per_step, 1) << " |\n";
   return out.str();
 }
 
@@ -81,14 +82,15 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
       << header.repeats << " interleaved run(s)" << (header.repeats > 1 ? " (min–max)" : "")
       << ", all ranks, first step excluded (summary.json); tokens/s @ median step: tokens per step ÷ the "
          "median step time of steps ≥ 2 (metrics.csv), median over runs, robust to stalls on a shared machine "
-         "(ratio to the reference case in parentheses)\n";
+         "(ratio to the reference case in parentheses); backward / grad sync wait: rank 0's mean per step, "
+         "median over runs — the wait is the gradient communication that backward did not hide\n";
   std::string varies;  // footnote lines
   for (const Suite& suite : suites) {
     out << "\n### " << suite.name << "\n\n" << suite.about << "\n\n"
         << "| case | strategy | ranks×threads | precision | batch/rank | tokens/s | vs ref | tokens/s @ median step "
            "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | model state/rank | state/formula "
-           "| comm/step (rank 0) |\n"
-        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+           "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step |\n"
+        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchCase& c : suite.cases) {
       auto it = by_name.find(c.name);
       if (it == by_name.end()) continue;

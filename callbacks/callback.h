@@ -26,6 +26,13 @@ struct StepMetrics {
   int64_t tokens = 0;         ///< tokens processed this step, all ranks
   int64_t samples = 0;        ///< samples processed this step, all ranks
   double step_seconds = 0.0;  ///< wall time of this step
+  /// Parts of step_seconds (host wall time: on CUDA, kernels still running
+  /// are not included). backward: Strategy::backward over all micro-batches,
+  /// hooks and the communication they launch included. grad_sync: the wait in
+  /// Strategy::reduce_gradients for communication still outstanding after
+  /// backward — the part of it that overlap did not hide.
+  double backward_seconds = 0.0;
+  double grad_sync_seconds = 0.0;
 };
 
 struct ValidationMetrics {

@@ -86,6 +86,8 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   j["val_loss"] = r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json(nullptr);
   j["val_accuracy"] = r.val_accuracy ? nlohmann::json(*r.val_accuracy) : nlohmann::json(nullptr);
   j["tokens_per_s"] = r.tokens_per_s;
+  j["backward_s_per_step"] = r.backward_s_per_step;    // rank 0's
+  j["grad_sync_s_per_step"] = r.grad_sync_s_per_step;  // rank 0's
   j["mfu"] = mfu;
   j["peak_flops_per_rank"] = peak_flops;
   j["elapsed_s"] = r.elapsed_s;

@@ -101,6 +101,9 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   const auto fit_start = Clock::now();
   double steady_tokens = 0.0;
   double steady_seconds = 0.0;
+  double steady_backward = 0.0;
+  double steady_grad_sync = 0.0;
+  int64_t steady_steps = 0;
   const int64_t first_step = step_;
   module.module().train();
   each_callback([&](Callback& cb) { cb.on_fit_start(*this, module); });
@@ -115,12 +118,16 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
       if (step_ > first_step + 1) {  // the first step pays one-off costs
         steady_tokens += static_cast<double>(metrics.tokens);
         steady_seconds += metrics.step_seconds;
+        steady_backward += metrics.backward_seconds;
+        steady_grad_sync += metrics.grad_sync_seconds;
+        ++steady_steps;
       }
       result.final_train_loss = metrics.loss;
       each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, module, metrics); });
       if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
         emit_log(step_, {{"loss", metrics.loss}, {"lr", lr}, {"grad_norm", metrics.grad_norm},
-                         {"step_time_s", metrics.step_seconds}});
+                         {"step_time_s", metrics.step_seconds}, {"backward_s", metrics.backward_seconds},
+                         {"grad_sync_s", metrics.grad_sync_seconds}});
       }
       pending_log_.clear();
       const bool last = step_ == options_.max_steps() || stop_requested_;
@@ -145,6 +152,10 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   result.steps = step_;
   result.elapsed_s = seconds_since(fit_start);
   result.tokens_per_s = steady_seconds > 0 ? steady_tokens / steady_seconds : 0.0;
+  if (steady_steps > 0) {
+    result.backward_s_per_step = steady_backward / static_cast<double>(steady_steps);
+    result.grad_sync_s_per_step = steady_grad_sync / static_cast<double>(steady_steps);
+  }
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
   result.comm_bytes = strategy_->comm().bytes();
@@ -174,10 +185,14 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     tokens += batch.input.numel();
     samples += batch.input.size(0);
     each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
+    const auto backward_start = Clock::now();
     strategy_->backward(loss / static_cast<double>(accum));
+    metrics.backward_seconds += seconds_since(backward_start);
     each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); });
   }
+  const auto sync_start = Clock::now();
   strategy_->reduce_gradients();
+  metrics.grad_sync_seconds = seconds_since(sync_start);
   metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val());
   each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
   strategy_->optimizer_step(*optimizer_);

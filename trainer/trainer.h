@@ -56,6 +56,9 @@ struct FitResult {
   std::optional<double> val_loss;
   std::optional<double> val_accuracy;
   double tokens_per_s = 0.0;   ///< all ranks, steady state (first step excluded)
+  /// This rank's mean per step, steady state (see StepMetrics).
+  double backward_s_per_step = 0.0;
+  double grad_sync_s_per_step = 0.0;
   double elapsed_s = 0.0;
   bool stopped_early = false;
   std::string stop_reason;

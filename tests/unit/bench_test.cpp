@@ -89,6 +89,24 @@ TEST(BenchTest, AggregateTakesMedianAndExactMemory) {
   EXPECT_NE(md.find("zero/gpt-mini/ddp-2x1: peak tensor bytes 20–21"), std::string::npos) << md;
 }
 
+TEST(BenchTest, AggregateReportsBackwardAndGradSyncWaitMedians) {
+  const BenchCase c = make_case("ddp/gpt-mini/ddp-2x1");
+  std::vector<nlohmann::json> runs;
+  for (double wait : {0.004, 0.001, 0.002}) {
+    auto s = fake_summary(100, 10, 20);
+    s["backward_s_per_step"] = 0.1 + wait;
+    s["grad_sync_s_per_step"] = wait;
+    runs.push_back(s);
+  }
+  const CaseResult r = aggregate(c, runs);
+  EXPECT_DOUBLE_EQ(r.grad_sync_s_per_step, 0.002);
+  EXPECT_DOUBLE_EQ(r.backward_s_per_step, 0.102);
+  const std::string md = render_markdown({Suite{"ddp", "", {c}}}, {r}, ReportHeader());
+  EXPECT_NE(md.find("| 102.0 | 2.0 |"), std::string::npos) << md;
+  // Older summaries without the fields aggregate to 0.
+  EXPECT_DOUBLE_EQ(aggregate(c, {fake_summary(1, 1, 1)}).grad_sync_s_per_step, 0.0);
+}
+
 TEST(BenchTest, SelectSuitesAndErrors) {
   const auto suites = select_suites("zero,smoke");
   ASSERT_EQ(suites.size(), 2u);

@@ -579,7 +579,7 @@ TEST(CallbacksFitTest, RealFitLogsCheckpointsAndResumes) {
   // CSV: train rows at steps 2, 4, 5 and the validation row at 5.
   const std::string csv_text = read_text(dir.path / "metrics.csv");
   EXPECT_EQ(csv_text.substr(0, csv_text.find('\n')),
-            "step,loss,lr,grad_norm,step_time_s,tokens_per_s,samples_per_s,mfu,rss_peak_mib,"
+            "step,loss,lr,grad_norm,step_time_s,backward_s,grad_sync_s,tokens_per_s,samples_per_s,mfu,rss_peak_mib,"
             "val_loss,val_accuracy")  // no MemoryTracker: no mem_* columns
       << csv_text;
   EXPECT_EQ(csv->num_rows(), 4);

@@ -315,10 +315,18 @@ TEST(LaunchTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   LaunchOptions opts;
   opts.nproc = 2;
   opts.grace = std::chrono::seconds(1);
+  // Rank 0 fails only once rank 1 ignores SIGTERM (the marker file says so);
+  // otherwise the launcher's SIGTERM could arrive before the trap is set.
+  const auto marker = std::filesystem::temp_directory_path() /
+                      ("strata-launch-trap-" + std::to_string(::getpid()));
+  std::filesystem::remove(marker);
   ::testing::internal::CaptureStderr();
   const auto start = Clock::now();
   const int rc = strata::recipes::launch_ranks(
-      sh("if [ \"$RANK\" = 0 ]; then exit 2; fi; trap '' TERM; exec sleep 60"), opts);
+      sh("if [ \"$RANK\" = 0 ]; then while [ ! -e " + marker.string() +
+         " ]; do sleep 0.01; done; exit 2; fi; trap '' TERM; touch " + marker.string() + "; exec sleep 60"),
+      opts);
+  std::filesystem::remove(marker);
   const auto elapsed = Clock::now() - start;
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
