@@ -284,6 +284,7 @@ int run_gpt(int argc, char** argv) {
       if (!config.dump_params.empty()) dump_params(config.dump_params, module.module());
       auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
                                   data->name(), throughput->peak_flops(), throughput->mfu());
+      summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
       write_file_atomically(out_dir / "summary.json", summary.dump(2) + "\n");
       int64_t peak = 0;
       for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);

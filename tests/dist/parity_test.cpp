@@ -147,6 +147,8 @@ TEST(ShardedMemoryTest, PeakTensorBytesFallWithWorldSize) {
       ASSERT_EQ(run.exit_code, 0) << run.output;
       std::ifstream in(out / "summary.json");
       auto summary = nlohmann::json::parse(in);
+      // --device auto trains where CUDA is usable, else on the CPU.
+      EXPECT_EQ(summary.value("device", "<none>"), torch::cuda::is_available() ? "cuda:0" : "cpu");
       int64_t worst = 0;
       for (int64_t b : summary["peak_tensor_bytes"]) worst = std::max(worst, b);
       peak[strategy].push_back(worst);
