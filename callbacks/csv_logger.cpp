@@ -1,5 +1,7 @@
 #include "callbacks/csv_logger.h"
 
+#include "core/atomic_file.h"
+
 #include "trainer/trainer.h"
 
 #include <cstdio>
@@ -93,18 +95,11 @@ void CsvLogger::flush() {
   if (columns_.size() != written_columns_) {
     // The header changed (or there is no file yet): rewrite everything, through
     // a temporary so a crash mid-write leaves the previous file intact.
-    const std::string tmp = target + ".tmp";
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      TORCH_CHECK(out, "CsvLogger: cannot open '", tmp, "' for writing");
+    write_file_atomically(target, [&](std::ostream& out) {
       for (size_t c = 0; c < columns_.size(); ++c) out << (c ? "," : "") << quote(columns_[c]);
       out << '\n';
       for (size_t r = 0; r < rows_.size(); ++r) out << format_row(r) << '\n';
-      out.flush();
-      TORCH_CHECK(out, "CsvLogger: writing '", tmp, "' failed (", rows_.size(), " rows, ",
-                  columns_.size(), " columns)");
-    }
-    fs::rename(tmp, target);
+    });
   } else {
     std::ofstream out(target, std::ios::app);
     TORCH_CHECK(out, "CsvLogger: cannot open '", target, "' for appending");

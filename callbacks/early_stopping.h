@@ -13,7 +13,7 @@
 //
 // Example:
 //   std::make_shared<strata::EarlyStopping>(strata::EarlyStoppingOptions().patience(5).min_delta(1e-3));
-#include "callbacks/callback.h"
+#include "trainer/callback.h"
 
 #include <torch/torch.h>
 

@@ -15,7 +15,7 @@
 //   auto mem = std::make_shared<strata::MemoryMonitor>();
 //   ... trainer.fit(module, data);
 //   std::cout << mem->summary() << "\n";
-#include "callbacks/callback.h"
+#include "trainer/callback.h"
 #include "strategies/strategy.h"
 
 #include <torch/torch.h>

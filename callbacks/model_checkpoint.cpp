@@ -1,5 +1,7 @@
 #include "callbacks/model_checkpoint.h"
 
+#include "core/atomic_file.h"
+
 #include "trainer/trainer.h"
 
 #include <algorithm>
@@ -52,8 +54,8 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   // rank has finished writing its part (a shard per rank under sharding).
   comm.barrier();
   if (zero) {
-    fs::remove_all(final_dir);  // re-saving a step (e.g. after a resume)
-    fs::rename(tmp, final_dir);
+    // Replaces an earlier save of the same step (e.g. after a resume).
+    publish_directory(tmp.string(), final_dir.string());
     prune_checkpoints(root.string(), options_.keep_last());
   }
   last_checkpoint_ = final_dir.string();

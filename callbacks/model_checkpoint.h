@@ -20,7 +20,7 @@
 //   std::make_shared<strata::ModelCheckpoint>(
 //       strata::ModelCheckpointOptions("runs/gpt/ckpt").every_n_train_steps(500).keep_last(3));
 //   resume: TrainerOptions().resume_from(strata::latest_checkpoint("runs/gpt/ckpt"))
-#include "callbacks/callback.h"
+#include "trainer/callback.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #include "callbacks/throughput.h"
 
-#include "strategies/cuda_support.h"
+#include "core/cuda_support.h"
 #include "trainer/trainer.h"
 
 #include <torch/cuda.h>
@@ -84,7 +84,8 @@ BlasCheck check_blas_speed(double min_gflops) {
   if (check.slow) {
     std::snprintf(buf, sizeof(buf),
                   "WARNING: matrix products run at %.1f GFLOP/s: the reference BLAS is active; "
-                  "install OpenBLAS (apt-get install libopenblas0-pthread) for ~20x speed",
+                  "install OpenBLAS's OpenMP build (apt-get install libopenblas0-openmp; "
+                  "scripts/setup selects it) for ~20x speed",
                   check.gflops);
   } else {
     std::snprintf(buf, sizeof(buf), "matrix products run at %.1f GFLOP/s (threshold %.1f)",

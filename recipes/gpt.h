@@ -5,7 +5,7 @@
 // Example:
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
-#include "trainer/training_module.h"
+#include "core/training_module.h"
 
 #include <torch/torch.h>
 

@@ -7,10 +7,13 @@
 #include "callbacks/model_checkpoint.h"
 #include "callbacks/progress.h"
 #include "callbacks/throughput.h"
+#include "core/atomic_file.h"
+#include "core/cuda_support.h"
+#include "core/device.h"
+#include "launch/environment.h"
+#include "launch/launcher.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
-#include "recipes/launch.h"
-#include "strategies/cuda_support.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -109,16 +112,6 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   }
   j["comm_bytes_rank0"] = comm;
   return j;
-}
-
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    TORCH_CHECK(out.good(), "cannot write ", tmp);
-    out << text;
-  }
-  fs::rename(tmp, path);
 }
 
 void dump_params(const std::string& path, torch::nn::Module& module) {
@@ -233,7 +226,7 @@ int run_gpt(int argc, char** argv) {
       fs::create_directories(out_dir);
       // A stale summary from an earlier run must not make this one look finished.
       fs::remove(out_dir / "summary.json");
-      write_file_atomically(out_dir / "config.ini", to_ini(config));
+      write_file_atomically((out_dir / "config.ini").string(), to_ini(config));
     }
 
     torch::manual_seed(config.seed);
@@ -285,7 +278,7 @@ int run_gpt(int argc, char** argv) {
       auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
-      write_file_atomically(out_dir / "summary.json", summary.dump(2) + "\n");
+      write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
       int64_t peak = 0;
       for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);
       std::cout << "\n== done: " << result.steps << " steps in " << result.elapsed_s << " s"

@@ -25,15 +25,6 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::string, backend) = "gloo";
 };
 
-/// The device a rank trains on, from --device: "cpu"; "cuda" is cuda:LOCAL_RANK
-/// (one GPU per local rank, as torchrun) and an error when no CUDA device is
-/// usable or LOCAL_RANK has none; "auto" is cuda:LOCAL_RANK when CUDA devices
-/// are visible, else cpu. Errors name the value and what is allowed.
-torch::Device resolve_device(const std::string& spec, int local_rank);
-
-/// The c10d backend for a device: "nccl" for CUDA, "gloo" otherwise.
-std::string backend_for(const torch::Device& device);
-
 /// Rendezvous and build the process group; errors name the address, port,
 /// rank and world size involved (port in use, address unreachable, a rank
 /// whose WORLD_SIZE disagrees with rank 0's).

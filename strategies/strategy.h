@@ -7,7 +7,7 @@
 // A subclass overrides only what it changes; its class comment says what it
 // shards and what it communicates.
 #include "strategies/comm.h"
-#include "trainer/training_module.h"
+#include "core/training_module.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
 #include "trainer/memory.h"
 
-#include "strategies/cuda_support.h"
+#include "core/cuda_support.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>

@@ -6,12 +6,12 @@
 //   strata::Trainer trainer(strata::TrainerOptions().max_steps(100).lr(1e-3),
 //                           strategy, {std::make_shared<strata::ProgressBar>()});
 //   auto result = trainer.fit(module, data);
-#include "callbacks/callback.h"
-#include "strategies/precision.h"
+#include "trainer/callback.h"
+#include "core/precision.h"
 #include "strategies/strategy.h"
 #include "trainer/data_source.h"
 #include "trainer/memory.h"
-#include "trainer/training_module.h"
+#include "core/training_module.h"
 
 #include <torch/torch.h>
 

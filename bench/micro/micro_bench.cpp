@@ -13,7 +13,7 @@
 //   build/bin/strata-micro-bench                       # ~20 s on 2 cores
 //   build/bin/strata-micro-bench --benchmark_filter=Matmul
 #include "strategies/comm.h"
-#include "tests/dist/thread_world.h"
+#include "strategies/thread_world.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -52,7 +52,7 @@ void collective(benchmark::State& state, Collective kind) {
   // strata-gpt's ranks share them with --threads-per-rank 1.
   const int saved_threads = at::get_num_threads();
   at::set_num_threads(1);
-  strata::testing::run_thread_world(
+  strata::run_thread_world(
       kRanks,
       [&](strata::Comm& comm) {
         auto full = torch::ones({numel});

@@ -5,7 +5,7 @@
 #include "strategies/comm.h"
 #include "strategies/process_group.h"
 #include "strategies/tcp_store.h"
-#include "tests/dist/thread_world.h"
+#include "strategies/thread_world.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@ namespace {
 
 using strata::CollectiveKind;
 using strata::Comm;
-using strata::testing::run_thread_world;
+using strata::run_thread_world;
 
 constexpr int kMaxWorld = 4;
 

@@ -8,7 +8,7 @@
 #include "strategies/registry.h"
 #include "strategies/sdp.h"
 #include "strategies/single_device.h"
-#include "tests/dist/thread_world.h"
+#include "strategies/thread_world.h"
 #include "tests/toy_data.h"
 #include "trainer/trainer.h"
 
@@ -66,7 +66,7 @@ std::vector<torch::Tensor> train_threads(const Case& c, int64_t per_rank_batch, 
   std::vector<std::vector<torch::Tensor>> per_rank(c.world);
   strata::StrategyRegistry registry;
   strata::register_builtin_strategies(registry);
-  strata::testing::run_thread_world(c.world, [&](strata::Comm& comm) {
+  strata::run_thread_world(c.world, [&](strata::Comm& comm) {
     auto module = make_module();
     strata::testing::ToyData data;
     std::shared_ptr<strata::Strategy> strategy = registry.create(c.strategy, comm);
@@ -132,7 +132,7 @@ TEST(StrategyParityTest, SmallBucketsGiveTheSameResult) {
   for (const auto& [name, make] : variants) {
     std::mutex mu;
     std::vector<torch::Tensor> got;
-    strata::testing::run_thread_world(3, [&](strata::Comm& comm) {
+    strata::run_thread_world(3, [&](strata::Comm& comm) {
       auto module = make_module();
       strata::testing::ToyData data;
       strata::Trainer(options_for(2, 1, 0.0, steps), make(comm)).fit(module, data);
@@ -155,7 +155,7 @@ TEST(StrategyMemoryTest, ShardedStateMatchesZeroFormulas) {
     std::vector<int64_t> shard_numel(world);
     int64_t n_params = 0;
     for (const std::string name : {"oss", "sdp"}) {
-      strata::testing::run_thread_world(world, [&](strata::Comm& comm) {
+      strata::run_thread_world(world, [&](strata::Comm& comm) {
         auto module = make_module();
         strata::testing::ToyData data;
         strata::StrategyRegistry registry;
@@ -204,7 +204,7 @@ TEST(StrategyErrorTest, UnusedParameterIsNamedNotAHang) {
   for (const std::string name : {"ddp", "sdp"}) {
     std::mutex mu;
     std::vector<std::string> errors;
-    strata::testing::run_thread_world(2, [&](strata::Comm& comm) {
+    strata::run_thread_world(2, [&](strata::Comm& comm) {
       WithUnused module;
       strata::testing::ToyData data;
       strata::StrategyRegistry registry;
@@ -221,7 +221,7 @@ TEST(StrategyErrorTest, UnusedParameterIsNamedNotAHang) {
     for (const auto& e : errors) EXPECT_NE(e.find("unused"), std::string::npos) << e;
   }
   // find_unused_parameters tolerates it.
-  strata::testing::run_thread_world(2, [&](strata::Comm& comm) {
+  strata::run_thread_world(2, [&](strata::Comm& comm) {
     WithUnused module;
     strata::testing::ToyData data;
     auto s = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().find_unused_parameters(true));
@@ -240,7 +240,7 @@ TEST(StrategyErrorTest, ParameterFrozenAfterSetupIsAClearErrorNotAHang) {
   for (const std::string name : {"ddp", "oss", "sdp"}) {
     std::mutex mu;
     std::vector<std::string> errors;
-    strata::testing::run_thread_world(2, [&](strata::Comm& comm) {
+    strata::run_thread_world(2, [&](strata::Comm& comm) {
       auto module = make_module();
       strata::testing::ToyData data;
       strata::StrategyRegistry registry;
@@ -261,7 +261,7 @@ TEST(StrategyErrorTest, ParameterFrozenAfterSetupIsAClearErrorNotAHang) {
 TEST(StrategyErrorTest, SingleStrategyRefusesSeveralRanks) {
   std::mutex mu;
   int errors = 0;
-  strata::testing::run_thread_world(2, [&](strata::Comm& comm) {
+  strata::run_thread_world(2, [&](strata::Comm& comm) {
     try {
       strata::SingleDeviceStrategy s(comm);
     } catch (const c10::Error&) {

@@ -1,8 +1,9 @@
 // device_test - device choice, placement and the CUDA seam on this build:
 // resolve_device / backend_for, Comm and Strategy devices, to_device, the
 // CUDA half of AutocastGuard, and cuda_support's CPU-only errors.
-#include "strategies/cuda_support.h"
-#include "strategies/precision.h"
+#include "core/cuda_support.h"
+#include "core/device.h"
+#include "core/precision.h"
 #include "strategies/process_group.h"
 #include "strategies/single_device.h"
 #include "tests/error_text.h"

@@ -1,7 +1,8 @@
 // Launch: environment parsing, spawning and stopping ranks; TcpStore, the
 // rendezvous store the ranks meet in.
 #include "tests/error_text.h"
-#include "recipes/launch.h"
+#include "launch/environment.h"
+#include "launch/launcher.h"
 #include "strategies/tcp_store.h"
 
 #include <gtest/gtest.h>
@@ -20,9 +21,9 @@
 namespace {
 
 namespace fs = std::filesystem;
-using strata::recipes::dist_env_from;
-using strata::recipes::DistEnv;
-using strata::recipes::LaunchOptions;
+using strata::dist_env_from;
+using strata::DistEnv;
+using strata::LaunchOptions;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -181,7 +182,7 @@ TEST(DistEnvTest, BadValuesAreErrorsNamingVariableAndValue) {
 
 TEST(DistEnvTest, CurrentEnvironmentReflectsTheProcess) {
   ScopedEnv var("STRATA_LAUNCH_TEST_VAR", "a=b");
-  const auto env = strata::recipes::current_environment();
+  const auto env = strata::current_environment();
   ASSERT_EQ(env.count("STRATA_LAUNCH_TEST_VAR"), 1u);
   EXPECT_EQ(env.at("STRATA_LAUNCH_TEST_VAR"), "a=b");
 }
@@ -189,13 +190,13 @@ TEST(DistEnvTest, CurrentEnvironmentReflectsTheProcess) {
 // --- small helpers ------------------------------------------------------------------
 
 TEST(LaunchTest, FindFreePortReturnsABindablePort) {
-  const int port = strata::recipes::find_free_port("127.0.0.1");
+  const int port = strata::find_free_port("127.0.0.1");
   EXPECT_GT(port, 0);
   EXPECT_LT(port, 65536);
   // Binding it (as the rendezvous server will) must work.
   strata::TcpStore server("127.0.0.1", port, /*is_server=*/true, std::chrono::seconds(5));
   EXPECT_EQ(server.port(), port);
-  EXPECT_THROW(strata::recipes::find_free_port("no-such-host.invalid"), c10::Error);
+  EXPECT_THROW(strata::find_free_port("no-such-host.invalid"), c10::Error);
 }
 
 TEST(LaunchTest, RecordRankErrorWritesTheErrorFile) {
@@ -203,35 +204,35 @@ TEST(LaunchTest, RecordRankErrorWritesTheErrorFile) {
   const auto file = dir.path() / "rank-0.err";
   {
     ScopedEnv var("STRATA_ERROR_FILE", file.c_str());
-    EXPECT_EQ(strata::recipes::rank_error_file(), file.string());
-    strata::recipes::record_rank_error("loss is NaN at step 7");
-    strata::recipes::record_rank_error("connection closed while unwinding");  // first error wins
+    EXPECT_EQ(strata::rank_error_file(), file.string());
+    strata::record_rank_error("loss is NaN at step 7");
+    strata::record_rank_error("connection closed while unwinding");  // first error wins
   }
   EXPECT_EQ(read_file(file), "loss is NaN at step 7\n");
   ::unsetenv("STRATA_ERROR_FILE");
-  EXPECT_EQ(strata::recipes::rank_error_file(), "");
-  strata::recipes::record_rank_error("goes nowhere");  // must not throw
+  EXPECT_EQ(strata::rank_error_file(), "");
+  strata::record_rank_error("goes nowhere");  // must not throw
   ScopedEnv unwritable("STRATA_ERROR_FILE", "/nonexistent-dir/rank.err");
-  strata::recipes::record_rank_error("cannot be written");  // must not throw either
+  strata::record_rank_error("cannot be written");  // must not throw either
 }
 
 TEST(LaunchTest, ConfigureThreadsUsesRequestThenEnvironmentThenCores) {
   const int before = at::get_num_threads();
-  strata::recipes::configure_threads(1, 4);
+  strata::configure_threads(1, 4);
   EXPECT_EQ(at::get_num_threads(), 1);
   {
     ScopedEnv var("STRATA_THREADS_PER_RANK", "2");
-    strata::recipes::configure_threads(0, 8);
+    strata::configure_threads(0, 8);
     EXPECT_EQ(at::get_num_threads(), 2);
-    strata::recipes::configure_threads(1, 8);  // an explicit request wins
+    strata::configure_threads(1, 8);  // an explicit request wins
     EXPECT_EQ(at::get_num_threads(), 1);
   }
   ::unsetenv("STRATA_THREADS_PER_RANK");
-  strata::recipes::configure_threads(0, 100000);  // more ranks than cores: at least 1
+  strata::configure_threads(0, 100000);  // more ranks than cores: at least 1
   EXPECT_EQ(at::get_num_threads(), 1);
   {
     ScopedEnv var("STRATA_THREADS_PER_RANK", "many");
-    EXPECT_THROW(strata::recipes::configure_threads(0, 1), c10::Error);
+    EXPECT_THROW(strata::configure_threads(0, 1), c10::Error);
   }
   at::set_num_threads(before);
 }
@@ -245,7 +246,7 @@ TEST(LaunchTest, AllRanksSucceedReturnsZeroWithTheTorchrunEnvironment) {
   LaunchOptions opts;
   opts.nproc = 3;
   opts.threads_per_rank = 2;
-  const int rc = strata::recipes::launch_ranks(
+  const int rc = strata::launch_ranks(
       sh("echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $OMP_NUM_THREADS "
          "$STRATA_THREADS_PER_RANK\" > '" + dir.path().string() + "/rank-'\"$RANK\".txt; "
          "echo \"$MASTER_PORT\" > '" + dir.path().string() + "/port-'\"$RANK\".txt; "
@@ -273,7 +274,7 @@ TEST(LaunchTest, FailingRankStopsTheOthersAndIsNamedWithItsError) {
   ::testing::internal::CaptureStderr();
   const auto start = Clock::now();
   // `exec sleep`: the signal must reach the sleeping process, not just its shell.
-  const int rc = strata::recipes::launch_ranks(
+  const int rc = strata::launch_ranks(
       sh("if [ \"$RANK\" = 1 ]; then echo 'boom from rank 1' > \"$STRATA_ERROR_FILE\"; exit 3; fi; "
          "exec sleep 60"),
       opts);
@@ -294,7 +295,7 @@ TEST(LaunchTest, EchoFailuresAreReportedAfterTheRootCause) {
   LaunchOptions opts;
   opts.nproc = 2;
   ::testing::internal::CaptureStderr();
-  const int rc = strata::recipes::launch_ranks(
+  const int rc = strata::launch_ranks(
       // Rank 1 fails only once rank 0 has installed its trap (a marker file),
       // or SIGTERM could reach rank 0 first under load.
       sh("marker=\"$(dirname \"$STRATA_ERROR_FILE\")/trap-set\"; "
@@ -322,7 +323,7 @@ TEST(LaunchTest, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   std::filesystem::remove(marker);
   ::testing::internal::CaptureStderr();
   const auto start = Clock::now();
-  const int rc = strata::recipes::launch_ranks(
+  const int rc = strata::launch_ranks(
       sh("if [ \"$RANK\" = 0 ]; then while [ ! -e " + marker.string() +
          " ]; do sleep 0.01; done; exit 2; fi; trap '' TERM; touch " + marker.string() + "; exec sleep 60"),
       opts);
@@ -340,13 +341,13 @@ TEST(LaunchTest, FailureWithoutErrorFileOrBySignalIsDescribed) {
   LaunchOptions opts;
   opts.nproc = 2;
   ::testing::internal::CaptureStderr();
-  int rc = strata::recipes::launch_ranks(sh("if [ \"$RANK\" = 0 ]; then exit 5; fi; exec sleep 60"), opts);
+  int rc = strata::launch_ranks(sh("if [ \"$RANK\" = 0 ]; then exit 5; fi; exec sleep 60"), opts);
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
   EXPECT_CONTAINS(err, "strata: rank 0 failed (exit code 5): no error message");
 
   ::testing::internal::CaptureStderr();
-  rc = strata::recipes::launch_ranks(sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 60"), opts);
+  rc = strata::launch_ranks(sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; exec sleep 60"), opts);
   err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
   EXPECT_CONTAINS(err, "strata: rank 1 failed (killed by signal 9): no error message");
@@ -356,7 +357,7 @@ TEST(LaunchTest, ExecFailureIsReportedThroughTheErrorFile) {
   LaunchOptions opts;
   opts.nproc = 1;
   ::testing::internal::CaptureStderr();
-  const int rc = strata::recipes::launch_ranks({"/nonexistent/strata-binary", "--flag"}, opts);
+  const int rc = strata::launch_ranks({"/nonexistent/strata-binary", "--flag"}, opts);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
   EXPECT_CONTAINS(err, "strata: rank 0 failed (exit code 127): cannot execute /nonexistent/strata-binary");
@@ -373,7 +374,7 @@ TEST(LaunchTest, SigtermToLauncherIsForwardedToEveryRank) {
   ::testing::internal::CaptureStderr();
   const auto start = Clock::now();
   std::thread launcher([&] {
-    rc = strata::recipes::launch_ranks(
+    rc = strata::launch_ranks(
         sh("touch '" + dir.path().string() + "/started-'$RANK; exec sleep 60"), opts);
   });
   // The ranks exist only after the launcher installed its handler, so once
@@ -479,7 +480,7 @@ TEST(TcpStoreTest, PortInUseIsAnErrorNamingPortAndHost) {
 }
 
 TEST(TcpStoreTest, UnreachableServerIsAnErrorAfterTheTimeout) {
-  const int port = strata::recipes::find_free_port("127.0.0.1");  // nobody listens there
+  const int port = strata::find_free_port("127.0.0.1");  // nobody listens there
   const auto start = Clock::now();
   const auto msg = what_of(
       [&] { strata::TcpStore client("127.0.0.1", port, /*is_server=*/false, milliseconds(500)); });

@@ -1,4 +1,4 @@
-#include "tests/dist/thread_world.h"
+#include "strategies/thread_world.h"
 
 #include "strategies/process_group.h"
 
@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-namespace strata::testing {
+namespace strata {
 
 void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
                       std::chrono::milliseconds timeout) {
@@ -43,4 +43,4 @@ void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
   if (first_error) std::rethrow_exception(first_error);
 }
 
-}  // namespace strata::testing
+}  // namespace strata

@@ -1,4 +1,4 @@
-#include "strategies/precision.h"
+#include "core/precision.h"
 
 #include <ATen/autocast_mode.h>
 

@@ -1,4 +1,4 @@
-#include "strategies/cuda_support.h"
+#include "core/cuda_support.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,8 +1,9 @@
 #pragma once
-// Threads as ranks: a whole Gloo world inside one test process.
+// Threads as ranks: a whole Gloo world inside one process, for tests and the
+// micro-benchmarks (the idea of torch.distributed's threaded test groups).
 //
 // Example:
-//   strata::testing::run_thread_world(3, [](strata::Comm& comm) {
+//   strata::run_thread_world(3, [](strata::Comm& comm) {
 //     auto t = torch::ones({4});
 //     comm.all_reduce(t);
 //     EXPECT_TRUE(t.equal(torch::full({4}, 3.0)));
@@ -12,7 +13,7 @@
 #include <chrono>
 #include <functional>
 
-namespace strata::testing {
+namespace strata {
 
 /// Runs `fn` on `world_size` threads, each a rank with its own Gloo process
 /// group over one shared c10d::HashStore, and joins them. If any rank throws,
@@ -22,4 +23,4 @@ namespace strata::testing {
 void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
-}  // namespace strata::testing
+}  // namespace strata

@@ -1,0 +1,51 @@
+# Layering check: every `#include "<folder>/..."` in a library folder must
+# name the same folder or one below it (docs/design.md, "Layout"):
+#
+#   core  <-  launch, strategies  <-  trainer  <-  callbacks  <-  recipes, bench
+#
+# (launch sits beside strategies: neither includes the other.) tests/ may
+# include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
+# Exits non-zero listing every upward include.
+cmake_minimum_required(VERSION 3.18)
+if(NOT ROOT)
+  message(FATAL_ERROR "check_layers: pass -DROOT=<source dir>")
+endif()
+
+set(layers core launch strategies trainer callbacks recipes bench)
+set(allowed_core       core)
+set(allowed_launch     core launch)
+set(allowed_strategies core strategies)
+set(allowed_trainer    core strategies trainer)
+set(allowed_callbacks  core strategies trainer callbacks)
+set(allowed_recipes    core launch strategies trainer callbacks recipes)
+set(allowed_bench      core launch strategies trainer callbacks recipes bench)
+
+set(violations "")
+set(checked 0)
+foreach(layer IN LISTS layers)
+  file(GLOB_RECURSE sources RELATIVE ${ROOT} ${ROOT}/${layer}/*.h ${ROOT}/${layer}/*.cpp)
+  foreach(source IN LISTS sources)
+    math(EXPR checked "${checked} + 1")
+    file(STRINGS ${ROOT}/${source} includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"]+\"")
+    foreach(line IN LISTS includes)
+      string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*$" "\\1" header "${line}")
+      string(REGEX MATCH "^[^/]+" folder "${header}")
+      if(NOT header MATCHES "/")
+        continue()  # same-folder include without a path
+      endif()
+      # Only project folders are layers (e.g. "tests/" is not allowed either).
+      if(NOT folder IN_LIST layers AND NOT folder STREQUAL "tests")
+        continue()
+      endif()
+      if(NOT folder IN_LIST allowed_${layer})
+        string(REPLACE ";" ", " allowed_list "${allowed_${layer}}")
+        string(APPEND violations "  ${source} includes \"${header}\" (${layer} may include: ${allowed_list})\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+
+if(violations)
+  message(FATAL_ERROR "layering: upward includes found:\n${violations}")
+endif()
+message(STATUS "layering: ${checked} files checked, every include points down")

@@ -1,0 +1,37 @@
+#pragma once
+// Launcher: run a binary as N local ranks, like torchrun's agent.
+//
+// launch_ranks() re-executes a binary N times with the torchrun environment,
+// waits, and if one rank fails stops the others and returns non-zero with a
+// message naming the rank and its error. SIGINT/SIGTERM to the launcher are
+// forwarded to every rank. Ranks report their error through a file
+// (torchrun's TORCHELASTIC_ERROR_FILE idea), see record_rank_error().
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;          ///< 0: pick a free port on master_addr
+  int threads_per_rank = 0;     ///< 0: cores / nproc (at least 1)
+  std::chrono::seconds grace{5};///< SIGTERM -> SIGKILL delay when stopping ranks
+};
+
+/// A free TCP port on `addr` (bind to port 0, read it back, close).
+int find_free_port(const std::string& addr);
+
+/// Spawns the ranks and waits. Returns 0 if all succeeded, else non-zero after
+/// printing "strata: rank R failed (exit code C): <its error>" to stderr.
+int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& options);
+
+/// Error file a rank writes its one-line error to, so the launcher can name it
+/// (torchrun's TORCHELASTIC_ERROR_FILE idea). Empty when not launched by us.
+std::string rank_error_file();
+/// Writes `message` to rank_error_file() if set and no error was recorded yet
+/// (the first error is the root cause); never throws.
+void record_rank_error(const std::string& message);
+
+}  // namespace strata
