@@ -14,30 +14,31 @@
 namespace strata {
 
 // Each allocation carries a 64-byte header (keeping the default 64-byte
-// alignment) with its size and owner, so the data pointer is also the deleter's
-// context: some LibTorch paths use raw_allocate()/raw_deleter(), which require
-// exactly that.
+// alignment) with its size and a reference to the counters it was counted in,
+// so the data pointer is also the deleter's context (some LibTorch paths use
+// raw_allocate()/raw_deleter(), which require exactly that), and a tensor freed
+// after its MemoryTracker is gone still finds live counters.
 struct TrackingAllocator::Context {
   size_t nbytes;
-  const TrackingAllocator* owner;
+  std::shared_ptr<MemoryCounters> counters;
 };
 namespace {
 constexpr size_t kHeader = 64;
-static_assert(sizeof(void*) * 2 <= kHeader, "header too small");
 }  // namespace
-
 TrackingAllocator::TrackingAllocator(c10::Allocator* underlying) : underlying_(underlying) {
   TORCH_CHECK(underlying_ != nullptr, "TrackingAllocator needs an underlying allocator");
 }
 
 c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
+  static_assert(sizeof(Context) <= kHeader && alignof(Context) <= kHeader, "header too small");
   auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
-  new (base) Context{nbytes, this};
+  new (base) Context{nbytes, counters_};
   void* data = base + kHeader;
-  const int64_t now = current_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
-  allocations_.fetch_add(1);
-  int64_t peak = peak_.load();
-  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  auto& c = *counters_;
+  const int64_t now = c.current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+  c.allocations.fetch_add(1);
+  int64_t peak = c.peak.load();
+  while (now > peak && !c.peak.compare_exchange_weak(peak, now)) {
   }
   return c10::DataPtr(data, data, &TrackingAllocator::release, c10::Device(c10::DeviceType::CPU));
 }
@@ -46,15 +47,12 @@ void TrackingAllocator::release(void* data) {
   if (data == nullptr) return;
   char* base = static_cast<char*>(data) - kHeader;
   auto* ctx = reinterpret_cast<Context*>(base);
-  ctx->owner->on_free(ctx->nbytes);
+  ctx->counters->current.fetch_sub(static_cast<int64_t>(ctx->nbytes));
+  ctx->~Context();  // drops this allocation's reference to the counters
   c10::free_cpu(base);
 }
 
-void TrackingAllocator::on_free(size_t nbytes) const {
-  current_.fetch_sub(static_cast<int64_t>(nbytes));
-}
-
-void TrackingAllocator::reset_peak() { peak_.store(current_.load()); }
+void TrackingAllocator::reset_peak() { counters_->peak.store(counters_->current.load()); }
 
 MemoryTracker::MemoryTracker()
     : previous_(c10::GetCPUAllocator()),

@@ -4,8 +4,9 @@
 // TrackingAllocator wraps the CPU allocator (installed with c10::SetCPUAllocator)
 // and counts live and peak bytes of every CPU tensor allocation. MemoryTracker is
 // the RAII owner: it installs the allocator in its constructor and restores the
-// previous one in its destructor. It must outlive every tensor allocated while it
-// was installed (own it in main(), or in a test's scope).
+// previous one in its destructor. Tensors may outlive it: each allocation holds
+// a reference to the counters it was counted in (MemoryCounters), so freeing it
+// later updates those counters and never touches a destroyed allocator.
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
@@ -16,6 +17,14 @@
 
 namespace strata {
 
+/// Live and peak bytes of one tracker; shared by the allocator and every
+/// allocation it made, so it lives as long as the last of them.
+struct MemoryCounters {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocations{0};
+};
+
 class TrackingAllocator final : public c10::Allocator {
  public:
   /// `underlying` is the allocator this one replaces (restored by
@@ -25,21 +34,20 @@ class TrackingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) const override;
   c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
 
-  int64_t current_bytes() const { return current_.load(); }
-  int64_t peak_bytes() const { return peak_.load(); }
-  int64_t allocations() const { return allocations_.load(); }
+  int64_t current_bytes() const { return counters_->current.load(); }
+  int64_t peak_bytes() const { return counters_->peak.load(); }
+  int64_t allocations() const { return counters_->allocations.load(); }
   /// Sets peak to the current value (start of a measured phase).
   void reset_peak();
+  /// The counters, alive as long as this allocator or any allocation it made.
+  std::shared_ptr<const MemoryCounters> counters() const { return counters_; }
 
  private:
   struct Context;
   static void release(void* ctx);
-  void on_free(size_t nbytes) const;
 
   c10::Allocator* underlying_;
-  mutable std::atomic<int64_t> current_{0};
-  mutable std::atomic<int64_t> peak_{0};
-  mutable std::atomic<int64_t> allocations_{0};
+  std::shared_ptr<MemoryCounters> counters_ = std::make_shared<MemoryCounters>();
 };
 
 class MemoryTracker {

@@ -37,6 +37,24 @@ TEST(MemoryTrackerTest, RestoresPreviousAllocatorOnDestruction) {
   EXPECT_EQ(c10::GetCPUAllocator(), before);
 }
 
+TEST(MemoryTrackerTest, TensorsMayOutliveTheTracker) {
+  // Tensors allocated under a tracker and freed after it is destroyed. Each
+  // round builds a new tracker, whose allocator and counters likely reuse the
+  // heap blocks the previous one freed: a release that followed a dangling
+  // pointer would corrupt the new tracker's count (or crash).
+  std::vector<torch::Tensor> survivors;
+  for (int round = 0; round < 8; ++round) {
+    strata::MemoryTracker tracker;
+    const int64_t base = tracker.current_bytes();
+    auto mine = torch::empty({1024}, torch::kFloat32);
+    survivors.clear();  // allocated under the previous tracker, freed under this one
+    EXPECT_EQ(tracker.current_bytes() - base, 1024 * 4) << "round " << round;
+    survivors.push_back(torch::empty({4096}, torch::kFloat32));
+    EXPECT_EQ(tracker.current_bytes() - base, (1024 + 4096) * 4) << "round " << round;
+  }
+  survivors.clear();  // after the last tracker is gone
+}
+
 TEST(MemoryTest, FormatsBytesAndReadsRss) {
   EXPECT_EQ(strata::format_bytes(512), "512 B");
   EXPECT_EQ(strata::format_bytes(3 * 1024 * 1024 / 2), "1.5 MiB");
