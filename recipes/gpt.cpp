@@ -109,13 +109,22 @@ GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
   const auto T = idx.size(1);
   TORCH_CHECK(T <= options_.block_size(), "sequence length ", T, " exceeds block_size ",
               options_.block_size());
   auto pos = torch::arange(T, idx.options());
   auto x = drop_(wte_(idx) + wpe_(pos));
-  for (auto& block : blocks_) x = block(x);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (!run_unit) {
+      x = blocks_[i](x);
+      continue;
+    }
+    // The block by value: a runner may keep this forward and call it again
+    // during backward (activation checkpointing recomputes the block).
+    x = run_unit(static_cast<int64_t>(i), x,
+                 [block = blocks_[i].ptr()](const torch::Tensor& t) { return block->forward(t); });
+  }
   x = ln_f_(x);
   return lm_head_ ? lm_head_(x) : torch::matmul(x, wte_->weight.t());
 }
@@ -129,15 +138,21 @@ int64_t GPTImpl::num_params(bool non_embedding) const {
 
 GPTModule::GPTModule(const GPTOptions& options) : model_(options) {}
 
+torch::Tensor GPTModule::forward(const torch::Tensor& idx) {
+  return model_->forward(idx, [this](int64_t unit, const torch::Tensor& x, const UnitFn& block) {
+    return run_unit(unit, x, block);
+  });
+}
+
 torch::Tensor GPTModule::training_step(const Batch& batch) {
-  auto logits = model_(batch.input);
+  auto logits = forward(batch.input);
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), batch.target.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
 }
 
 ValidationStep GPTModule::validation_step(const Batch& batch) {
-  auto logits = model_(batch.input).to(torch::kFloat32);
+  auto logits = forward(batch.input).to(torch::kFloat32);
   auto loss_sum = torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));

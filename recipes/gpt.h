@@ -70,7 +70,10 @@ class GPTImpl : public torch::nn::Module {
  public:
   explicit GPTImpl(const GPTOptions& options);
   /// idx: int64 [B, T] with T <= block_size; returns logits [B, T, vocab].
-  torch::Tensor forward(const torch::Tensor& idx);
+  /// Block i runs as `run_unit(i, x, block i's forward)` when `run_unit` is
+  /// given (GPTModule passes TrainingModule::run_unit, the unit seam), else
+  /// directly.
+  torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
   const GPTOptions& options() const { return options_; }
   std::vector<Block>& blocks() { return blocks_; }
   /// Parameter count; nanoGPT excludes position embeddings for FLOP counting.
@@ -94,12 +97,18 @@ class GPTModule : public TrainingModule {
   torch::nn::Module& module() override { return *model_; }
   torch::Tensor training_step(const Batch& batch) override;
   ValidationStep validation_step(const Batch& batch) override;
+  /// The blocks, in order: block i is unit i of the unit seam.
   std::vector<std::shared_ptr<torch::nn::Module>> wrap_units() override;
   /// nanoGPT's estimate: 6N + 12·L·H·Q·T FLOPs per token (fwd + bwd).
   double flops_per_token() const override;
+  /// The bare model: calling it directly bypasses the unit runners; the
+  /// training and validation steps go through them.
   GPT& model() { return model_; }
 
  private:
+  /// The model's forward with every block called through run_unit().
+  torch::Tensor forward(const torch::Tensor& idx);
+
   GPT model_;
 };
 

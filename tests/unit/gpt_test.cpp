@@ -37,6 +37,38 @@ TEST(GPTTest, ChangingAFutureTokenNeverChangesEarlierLogits) {
   }
 }
 
+TEST(GPTTest, TrainingAndValidationCallEveryBlockThroughTheUnitSeam) {
+  torch::manual_seed(0);
+  GPTModule module(nano());
+  const auto units = module.wrap_units();
+  ASSERT_EQ(units.size(), 3u);
+  for (size_t i = 0; i < units.size(); ++i) EXPECT_EQ(units[i].get(), module.model()->blocks()[i].ptr().get());
+  std::vector<int64_t> calls;
+  module.set_unit_runner([&](int64_t unit, const torch::Tensor& x, const strata::UnitFn& forward) {
+    calls.push_back(unit);
+    return forward(x);
+  });
+  strata::testing::ToyData data;
+  const auto batch = data.train_batch(0, 2, strata::ShardInfo{});
+  const auto loss = module.training_step(batch);
+  EXPECT_EQ(calls, (std::vector<int64_t>{0, 1, 2}));
+  {
+    torch::NoGradGuard no_grad;
+    module.validation_step(batch);
+  }
+  EXPECT_EQ(calls, (std::vector<int64_t>{0, 1, 2, 0, 1, 2}));
+  // A pass-through runner changes nothing: same loss as the bare model.
+  auto logits = module.model()(batch.input);
+  auto bare = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                   batch.target.reshape({-1}));
+  EXPECT_TRUE(torch::equal(loss, bare));
+  // A runner that changes the unit's output changes the model's output.
+  module.set_unit_runner([](int64_t, const torch::Tensor& x, const strata::UnitFn& forward) {
+    return forward(x) * 0.5;
+  });
+  EXPECT_FALSE(torch::allclose(module.training_step(batch), loss));
+}
+
 TEST(GPTTest, PresetsAndValidation) {
   EXPECT_EQ(strata::recipes::gpt_preset("gpt2").n_embd(), 768);
   EXPECT_THROW(strata::recipes::gpt_preset("gpt-huge"), c10::Error);

@@ -1,0 +1,75 @@
+#pragma once
+// Activation checkpointing: trade compute for activation memory, per wrap unit.
+//
+// A checkpointed unit runs its forward under no-grad and keeps only its input;
+// backward recomputes the forward with grad enabled from that input and
+// back-propagates through the recomputed graph (a custom autograd Function,
+// torch.utils.checkpoint's reentrant variant). The parameters' gradients
+// accumulate through their usual AccumulateGrad nodes, so gradient hooks that
+// strategies put there (DDP/SDP buckets) fire as without checkpointing. The
+// recompute replays the forward's RNG state (same dropout masks) and autocast
+// state (same precision).
+//
+// It is a layer of the unit seam (core/training_module.h), usable under every
+// strategy and composable with other layers. Install it before a layer that
+// must sit outside it: FSDP(checkpoint(block)) = apply_activation_checkpointing
+// first, FSDP's runner after.
+//
+// For authors of other layers and strategies:
+//  - Layers inside the checkpoint (installed before it) run twice per step for
+//    checkpointed units: under no-grad in the forward, then with grad during
+//    backward, when backward reaches the unit (so FSDP inside must gather
+//    again there). Layers outside run once per forward and see their output's
+//    backward before the recompute.
+//  - The recompute's backward is a nested (reentrant) torch::autograd::backward
+//    inside this Function's backward. Hooks on tensors and AccumulateGrad
+//    nodes fire as usual, but a callback queued with Engine::queue_callback
+//    from inside it runs when the NESTED backward ends, not the outer one
+//    (the known DDP + reentrant checkpoint pitfall): don't rely on it.
+//  - The RNG state replayed is the process-wide default generator's. Ranks as
+//    threads share it, so random ops under run_thread_world are not
+//    reproducible per rank, with or without checkpointing.
+//
+// Example:
+//   strata::apply_activation_checkpointing(module, strata::ActivationCheckpointOptions().every_n(2));
+#include "core/training_module.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace strata {
+
+struct ActivationCheckpointOptions {
+  /// Which units are checkpointed: those whose index is a multiple of every_n
+  /// (1: every unit; 2: units 0, 2, 4, ...; n: 0, n, 2n, ...). Must be >= 1.
+  TORCH_ARG(int64_t, every_n) = 1;
+  /// Replay the CPU generator (and, for CUDA inputs, that device's generator)
+  /// in the recompute, so random ops (dropout) draw what the forward drew.
+  /// false saves the two state copies per unit when the units draw nothing.
+  TORCH_ARG(bool, preserve_rng_state) = true;
+};
+
+/// Errors (naming the value) for every_n < 1.
+void validate(const ActivationCheckpointOptions& options);
+
+/// True when `options` checkpoints unit `unit`.
+bool checkpoints_unit(const ActivationCheckpointOptions& options, int64_t unit);
+
+/// Runs `forward(x)` checkpointed: returns its output with a backward that
+/// recomputes `forward` from `x`. `forward` is copied and called again during
+/// backward, so it must stay valid and be repeatable (the unit seam's
+/// contract). Without grad mode it is just `forward(x)`. Not supported:
+/// create_graph (double backward) through the checkpointed region.
+torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, bool preserve_rng_state = true);
+
+/// A unit runner that checkpoints the units `options` selects and calls
+/// `inner` (may be empty: the unit itself) inside. The recompute calls inner
+/// again, during backward, for the checkpointed units only.
+UnitRunner checkpoint_runner(const ActivationCheckpointOptions& options, UnitRunner inner = nullptr);
+
+/// Installs checkpoint_runner(options, <installed runner>) on `module`, as the
+/// outermost layer. Errors if the module names no wrap units.
+void apply_activation_checkpointing(TrainingModule& module, const ActivationCheckpointOptions& options);
+
+}  // namespace strata
