@@ -31,8 +31,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Test aid for the failure-handling tests: STRATA_TEST_FAIL_AT_STEP=S and
-/// STRATA_TEST_FAIL_RANK=R make rank R throw at the start of step S.
+/// Testing aid for the failure-handling tests (listed by --help-all, not by
+/// --help): STRATA_TEST_FAIL_AT_STEP=S and STRATA_TEST_FAIL_RANK=R make rank R
+/// throw at the start of step S.
 class FailAtStep : public Callback {
  public:
   FailAtStep(int64_t step, int rank) : step_(step), rank_(rank) {}
@@ -145,6 +146,7 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .limit_val_batches(c.limit_val_batches)
       .seed(c.seed)
       .precision(parse_precision(c.precision))
+      .optimizer(c.optimizer)
       .lr(c.lr)
       .min_lr(std::min(c.min_lr, c.lr))
       .warmup_steps(c.warmup_steps)

@@ -87,6 +87,15 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--config " + (dir / "bad.ini").string(), "bogus-key"},
       {"--no-such-flag", "no-such-flag"},
       {"--device gpu", "unknown device 'gpu'; available: auto, cpu, cuda"},
+      {"--optimizer adam", "unknown optimizer 'adam'; available: adamw, sgd"},
+      // A strategy-specific option given to a strategy that would ignore it.
+      {"--strategy oss --nproc 2 --overlap-comm false",
+       "--overlap-comm does not apply to strategy 'oss' (it would be ignored); it is for ddp only"},
+      {"--find-unused-parameters",
+       "--find-unused-parameters does not apply to strategy 'single' (it would be ignored); it is for ddp, oss"},
+      {"--bucket-cap-mb 10", "--bucket-cap-mb does not apply to strategy 'single'"},
+      {"--strategy sdp --nproc 2 --bucket-cap-mb 0",
+       "invalid value '0' for --bucket-cap-mb: must be > 0 for strategy 'sdp' (0, one all-reduce per gradient, is for ddp only)"},
   };
   // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
   if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});
