@@ -14,6 +14,7 @@
 #include "launch/launcher.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
+#include "recipes/output_dir.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -184,6 +185,10 @@ int run_gpt(int argc, char** argv) {
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
     model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
     trainer_options(config);
+    // Last in phase 1, and only where rank 0's outputs will be written (the
+    // launcher, or rank 0 itself): an output directory that cannot be created
+    // is bad input, reported before any rank starts.
+    if (!env || env->rank == 0) check_output_dir(config.output_dir);
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
     return 2;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -110,5 +111,25 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
     EXPECT_FALSE(fs::exists(out / "summary.json")) << c.args;
     EXPECT_FALSE(fs::exists(out)) << c.args << ": no output directory for a run that never started";
   }
+}
+
+TEST(BadInputTest, UncreatableOutputDirIsOneLineExitTwoAndNothingWritten) {
+  // Checked in phase 1, before any rank starts: by the launcher for --nproc 2.
+  const auto file = scratch() / "plain-file";
+  { std::ofstream(file) << "x"; }
+  for (const std::string nproc : {"--nproc 1", "--strategy ddp --nproc 2"}) {
+    for (const fs::path& dir : {fs::path("/proc/strata-out"), file / "out", fs::path("/proc")}) {
+      const std::string args = nproc + " --max-steps 2" + kQuick + "--output-dir " + dir.string();
+      auto run = run_gpt_binary(args);
+      EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
+      EXPECT_EQ(run.output.rfind("error: cannot use --output-dir '" + dir.string() + "': ", 0), 0u)
+          << args << "\n" << run.output;
+      EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << "\n" << run.output;
+      if (dir != "/proc") {
+        EXPECT_FALSE(fs::exists(dir)) << args;
+      }
+    }
+  }
+  EXPECT_EQ(fs::file_size(file), 1u);  // untouched
 }
 }  // namespace
