@@ -114,7 +114,8 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
                                           optimizer_factory(options_));
   if (!options_.resume_from().empty()) {
-    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
+                            options_.optimizer()};
     step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
                             strategy_->rank()).step;
     each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
@@ -297,7 +298,8 @@ void Trainer::gather_memory(FitResult& result) {
 void Trainer::save_checkpoint(const std::string& dir) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
-  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
+                      options_.optimizer()};
   strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
   each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
 }

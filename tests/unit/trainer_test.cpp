@@ -172,6 +172,16 @@ TEST(TrainerTest, CheckpointResumeReproducesUninterruptedRun) {
   auto a = straight.module().parameters();
   auto b = resumed.module().parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << i;
+
+  // AdamW state cannot seed SGD (or the reverse): a clear error, not torch's
+  // internal assert deep in SGD::load.
+  auto other = make_module();
+  const std::string error = strata::testing::what_of([&] {
+    strata::Trainer(strata::TrainerOptions(options).optimizer("sgd").resume_from(dir.string()),
+                    std::make_shared<strata::SingleDeviceStrategy>())
+        .fit(other, data);
+  });
+  EXPECT_NE(error.find("holds adamw optimizer state but this run's optimizer is sgd"), std::string::npos) << error;
   std::filesystem::remove_all(dir);
 }
 }  // namespace
