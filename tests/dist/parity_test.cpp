@@ -59,7 +59,8 @@ struct TrainRun {
 // (SgdParityTest.TwiceTheUpdateIsDetected), small enough to stay out of
 // chaos. Measured at 2-4 ranks, accumulation 1 and 2: worst differences to one
 // process 1.2e-7 (params) and 8e-7 relative (grad_norm) at lr 0.1; at lr 0.5
-// rounding grew to 5e-4 and 4e-3 by step 10 at 4 ranks.
+// training turned chaotic and fp32 rounding grew to 1.7e-3 (params) and 4.5e-3
+// relative (grad_norm) by step 10 at 4 ranks with accumulation.
 constexpr double kSgdLr = 0.1;
 
 /// What a finished run left: the final parameters and metrics.csv.
@@ -79,7 +80,7 @@ Trained train(const TrainRun& r) {
   const bool sgd = r.optimizer == "sgd";
   const double lr = (sgd ? kSgdLr : 1e-4) * r.lr_scale;
   std::ostringstream args;
-  // Why no Linear biases and lr 1e-4: Adam divides each gradient element by
+  // Why no Linear biases and (AdamW) lr 1e-4: Adam divides each gradient element by
   // its own RMS, so an element whose gradient is a near-cancelling sum (the
   // attention key bias's is analytically zero) turns fp32 summation-order
   // noise into steps of up to ~lr. Measured here at world size 3: max |diff|
@@ -90,7 +91,8 @@ Trained train(const TrainRun& r) {
   // SGD: every step logged, for the grad_norm comparison.
   args << "--preset gpt-nano --data addition:2 --max-steps 10 --warmup-steps 2 --bias false"
        << " --optimizer " << r.optimizer << " --lr " << lr << " --min-lr " << lr / 10
-       << " --log-every-n-steps " << (sgd ? 1 : 100) << " --strategy " << r.strategy << " --nproc " << r.nproc << " --batch-size " << r.batch
+       << " --log-every-n-steps " << (sgd ? 1 : 100) << " --strategy " << r.strategy
+       << " --nproc " << r.nproc << " --batch-size " << r.batch
        << " --accumulate-grad-batches " << r.accum << " --gradient-clip-val " << r.clip
        << " --precision " << r.precision << " --threads-per-rank 1 --limit-val-batches 1"
        << " --progress-bar false --output-dir " << out.string() << " --dump-params " << dump.string()
