@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <type_traits>
 #include <variant>
@@ -36,7 +37,51 @@ struct Field {
 };
 
 std::vector<std::string> group_titles() {
-  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs"};
+  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs", "Testing aids"};
+}
+
+/// The group --help leaves out (--help-all shows it): switches strata's own
+/// tests use, shipped in the binary but not meant for training runs.
+constexpr int kTestingGroup = 5;
+
+/// Printed by --help-all after the testing options: fault injection read from
+/// the environment by recipes/run.cpp.
+constexpr const char* kTestingEnvironment =
+    "Testing aids in the environment:\n"
+    "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
+    "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)";
+
+std::vector<std::string> optimizer_names() { return {"adamw", "sgd"}; }
+
+/// Options that only some strategies read. Giving one to another strategy is
+/// bad input: it would be silently ignored.
+struct StrategyOption {
+  const char* key;
+  std::vector<std::string> strategies;  ///< names and aliases that read it
+  const char* applies_to;               ///< the same, for messages
+};
+
+std::vector<StrategyOption> strategy_options() {
+  const std::vector<std::string> distributed = {"ddp", "oss", "zero1", "sdp", "zero2"};
+  const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
+  return {
+      {"bucket-cap-mb", distributed, distributed_text},
+      {"find-unused-parameters", distributed, distributed_text},
+      {"overlap-comm", {"ddp"}, "ddp only"},
+  };
+}
+
+/// The entry for `key` when it is strategy-specific and `strategy` does not
+/// read it; nullopt otherwise.
+std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy) {
+  for (const auto& option : strategy_options()) {
+    if (key != option.key) continue;
+    for (const auto& name : option.strategies) {
+      if (name == strategy) return std::nullopt;
+    }
+    return option;
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> precision_names() {
@@ -71,10 +116,12 @@ std::vector<Field> fields() {
       {"max-steps", 3, &C::max_steps, "optimizer steps"},
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
+      {"optimizer", 3, &C::optimizer,
+       "adamw (betas 0.9/0.95) or sgd (plain, no momentum); both decay >= 2-D weights only"},
       {"lr", 3, &C::lr, "peak learning rate"},
       {"min-lr", 3, &C::min_lr, "final learning rate of the decay"},
       {"warmup-steps", 3, &C::warmup_steps, "linear warm-up steps"},
-      {"weight-decay", 3, &C::weight_decay, "AdamW weight decay"},
+      {"weight-decay", 3, &C::weight_decay, "weight decay (adamw: decoupled, sgd: L2)"},
       {"gradient-clip-val", 3, &C::gradient_clip_val, "global gradient norm limit (0: off)"},
       {"precision", 3, &C::precision, "32, 32-true, fp32, bf16-mixed or bf16"},
       {"seed", 3, &C::seed, "random seed"},
@@ -87,8 +134,9 @@ std::vector<Field> fields() {
       {"early-stopping-patience", 4, &C::early_stopping_patience,
        "validations without improvement before stopping (0: off)"},
       {"resume", 4, &C::resume, "checkpoint directory to resume from"},
-      {"dump-params", 4, &C::dump_params, "test aid: rank 0 saves the final parameters here"},
       {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
+      {"dump-params", kTestingGroup, &C::dump_params,
+       "rank 0 saves the final parameters here (torch::save archive; parity tests)"},
   };
 }
 
@@ -166,12 +214,16 @@ std::string apply(RunConfig& config, const std::string& key, const std::string& 
   return where + "unknown key '" + key + "'";  // not reached: Boost rejects unknown keys first
 }
 
-/// The five option groups; defaults and choices appear in --help.
+/// The option groups (testing aids last); defaults and choices appear in --help.
 std::vector<po::options_description> option_groups(const std::vector<std::string>& presets,
                                                    const std::vector<std::string>& strategies) {
   const RunConfig defaults;  // shown in --help only: values are applied by apply()
   std::vector<po::options_description> groups;
-  for (const auto& title : group_titles()) groups.emplace_back(title + " options");
+  for (const auto& title : group_titles()) {
+    groups.emplace_back(static_cast<int>(groups.size()) == kTestingGroup
+                            ? title + " (strata's own tests; listed by --help-all only)"
+                            : title + " options");
+  }
   for (const Field& f : fields()) {
     auto* value = po::value<std::string>()->value_name(value_name(f.member));
     if (const std::string text = text_of(defaults, f); !text.empty()) value->default_value(text);
@@ -185,8 +237,12 @@ std::vector<po::options_description> option_groups(const std::vector<std::string
   return groups;
 }
 
+/// Keys given explicitly (not defaulted), each with where it was given: "" for
+/// the command line, "config file 'x': " for --config.
+using GivenKeys = std::map<std::string, std::string>;
+
 std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const std::vector<std::string>& strategies) {
+                     const std::vector<std::string>& strategies, const GivenKeys& given) {
   auto choice = [](const std::string& what, const std::string& value,
                    const std::vector<std::string>& allowed) -> std::string {
     if (allowed.empty()) return "";  // the caller gave no list: nothing to check against
@@ -199,7 +255,15 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty()) error = choice("strategy", c.strategy, strategies);
   if (error.empty()) error = choice("precision", c.precision, precision_names());
   if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
-  auto need = [&error](bool ok, const char* key, auto value, const char* rule) {
+  if (error.empty()) error = choice("optimizer", c.optimizer, optimizer_names());
+  for (const auto& [key, where] : given) {
+    if (!error.empty()) break;
+    if (const auto option = unused_by(key, c.strategy)) {
+      error = where + (where.empty() ? "--" : "") + key + " does not apply to strategy '" +
+              c.strategy + "' (it would be ignored); it is for " + option->applies_to;
+    }
+  }
+  auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
     if (!ok && error.empty()) {
       error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;
     }
@@ -218,7 +282,8 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (c.strategy == "ddp") {
     need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
   } else {
-    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb, "> 0 (0 is for ddp only)");
+    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb,
+         "> 0 for strategy '" + c.strategy + "' (0, one all-reduce per gradient, is for ddp only)");
   }
   need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
   need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
@@ -242,9 +307,10 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
 
 ParseResult failure(std::string message) { return {std::nullopt, 2, std::move(message)}; }
 
-/// Reads --config FILE into `config`; returns "" or the one-line error.
+/// Reads --config FILE into `config` and records its keys in `given`; returns
+/// "" or the one-line error.
 std::string apply_config_file(const std::string& path, const po::options_description& desc,
-                              RunConfig& config) {
+                              RunConfig& config, GivenKeys& given) {
   const std::string where = "config file '" + path + "': ";
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return "cannot read " + where + "is a directory";
@@ -267,6 +333,7 @@ std::string apply_config_file(const std::string& path, const po::options_descrip
     }
     const std::string error = apply(config, option.string_key, option.value.at(0), where);
     if (!error.empty()) return error;
+    given[option.string_key] = where;
   }
   return "";
 }
@@ -276,6 +343,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   const auto groups = option_groups(presets, strategies);
   po::options_description general("General options");
   general.add_options()("help,h", "print this help and exit")(
+      "help-all", "print every option, testing aids included, and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
       "INI file with the same keys (key = value); the command line wins");
   po::options_description cli, file;
@@ -312,10 +380,14 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
       return failure("unexpected argument '" + option.original_tokens.at(0) +
                      "'; options are given as --key value");
     }
-    if (option.string_key == "help") {
+    if (option.string_key == "help" || option.string_key == "help-all") {
+      const bool all = option.string_key == "help-all";
       std::ostringstream usage;
       usage << "Usage: strata-gpt [options]\n\n" << general;  // groups print aligned per group
-      for (const auto& group : groups) usage << '\n' << group;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (all || static_cast<int>(g) != kTestingGroup) usage << '\n' << groups[g];
+      }
+      if (all) usage << '\n' << kTestingEnvironment << '\n';
       std::string text = usage.str();
       while (!text.empty() && text.back() == '\n') text.pop_back();
       return {std::nullopt, 0, text};
@@ -324,8 +396,9 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   }
 
   RunConfig config;
+  GivenKeys given;
   if (config_path) {
-    const std::string error = apply_config_file(*config_path, file, config);
+    const std::string error = apply_config_file(*config_path, file, config, given);
     if (!error.empty()) return failure(error);
   }
   for (const po::option& option : parsed.options) {
@@ -335,8 +408,9 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
     const std::string text = option.value.empty() ? "true" : option.value.front();
     const std::string error = apply(config, option.string_key, text, "");
     if (!error.empty()) return failure(error);
+    given[option.string_key] = "";  // the command line wins: report it there
   }
-  if (std::string error = validate(config, presets, strategies); !error.empty()) {
+  if (std::string error = validate(config, presets, strategies, given); !error.empty()) {
     return failure(error);
   }
   return {config, 0, ""};
@@ -364,6 +438,14 @@ std::string to_ini(const RunConfig& config) {
       group = f.group;
     }
     const std::string value = text_of(config, f);
+    // Commented out where the strategy does not read it: the file then stays
+    // valid as --config (a strategy-specific key given to another strategy is
+    // an error) and says which knobs this run did not use.
+    if (const auto option = unused_by(f.key, config.strategy)) {
+      out << "# " << f.key << " = " << value << "  (not used by strategy '" << config.strategy
+          << "'; it is for " << option->applies_to << ")\n";
+      continue;
+    }
     out << f.key << (value.empty() ? " =" : " = ") << value << '\n';
   }
   return out.str();

@@ -37,6 +37,7 @@ struct RunConfig {
   int64_t max_steps = 2500;
   int64_t batch_size = 64;
   int64_t accumulate_grad_batches = 1;
+  std::string optimizer = "adamw";  ///< adamw or sgd (plain, no momentum)
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup_steps = 100;
@@ -53,8 +54,9 @@ struct RunConfig {
   int64_t checkpoint_keep = 2;
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from
-  std::string dump_params;        ///< test aid: rank 0 writes final params here (torch::save)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
+  // testing aids (listed by --help-all only)
+  std::string dump_params;        ///< rank 0 writes final params here (torch::save)
 };
 
 /// Outcome of parsing: either a config to run, or text to print and an exit code.
@@ -68,13 +70,17 @@ struct ParseResult {
 /// options, bad values, unreadable or unknown keys in --config each give
 /// exit_code 2 and a one-line message naming the value and what is allowed.
 /// Validates what does not need the data: positive steps/batch/lr, a known
-/// preset, strategy and precision, nproc >= 1, n_embd % n_head == 0 when both
-/// are given.
+/// preset, strategy, optimizer and precision, nproc >= 1, n_embd % n_head == 0
+/// when both are given, and that no strategy-specific option (given on the
+/// command line or in --config) is given to a strategy that would ignore it.
+/// --help lists the main options; --help-all adds the testing aids.
 ParseResult parse_run_config(const std::vector<std::string>& argv,
                              const std::vector<std::string>& preset_names,
                              const std::vector<std::string>& strategy_names);
 
 /// The resolved config as INI text (same keys), for printing and config.ini.
+/// Strategy-specific keys that config.strategy does not use are written as
+/// comments, so the text is valid as --config for the same strategy.
 std::string to_ini(const RunConfig& config);
 
 }  // namespace strata::recipes

@@ -14,6 +14,7 @@
 #include "launch/launcher.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
+#include "recipes/output_dir.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -31,8 +32,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Test aid for the failure-handling tests: STRATA_TEST_FAIL_AT_STEP=S and
-/// STRATA_TEST_FAIL_RANK=R make rank R throw at the start of step S.
+/// Testing aid for the failure-handling tests (listed by --help-all, not by
+/// --help): STRATA_TEST_FAIL_AT_STEP=S and STRATA_TEST_FAIL_RANK=R make rank R
+/// throw at the start of step S.
 class FailAtStep : public Callback {
  public:
   FailAtStep(int64_t step, int rank) : step_(step), rank_(rank) {}
@@ -145,6 +147,7 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .limit_val_batches(c.limit_val_batches)
       .seed(c.seed)
       .precision(parse_precision(c.precision))
+      .optimizer(c.optimizer)
       .lr(c.lr)
       .min_lr(std::min(c.min_lr, c.lr))
       .warmup_steps(c.warmup_steps)
@@ -182,6 +185,10 @@ int run_gpt(int argc, char** argv) {
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
     model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
     trainer_options(config);
+    // Last in phase 1, and only where rank 0's outputs will be written (the
+    // launcher, or rank 0 itself): an output directory that cannot be created
+    // is bad input, reported before any rank starts.
+    if (!env || env->rank == 0) check_output_dir(config.output_dir);
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
     return 2;

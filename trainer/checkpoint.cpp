@@ -25,6 +25,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& module,
     trainer.write("step", torch::tensor(meta.step));
     trainer.write("world_size", torch::tensor(static_cast<int64_t>(meta.world_size)));
     trainer.write("sharded_optimizer", torch::tensor(meta.sharded_optimizer ? 1 : 0));
+    trainer.write("optimizer", c10::IValue(meta.optimizer));
     trainer.save_to((fs::path(dir) / "trainer.pt").string());
   }
   if (rank == 0 || meta.sharded_optimizer) {
@@ -45,6 +46,12 @@ CheckpointMeta load_checkpoint(const std::string& dir, torch::nn::Module& module
   trainer.read("step", step);
   trainer.read("world_size", world);
   trainer.read("sharded_optimizer", sharded);
+  // Checkpoints from before the optimizer was a choice hold AdamW state.
+  c10::IValue optimizer_name("adamw");
+  trainer.try_read("optimizer", optimizer_name);
+  TORCH_CHECK(optimizer_name.toStringRef() == expected.optimizer, "checkpoint '", dir, "' holds ",
+              optimizer_name.toStringRef(), " optimizer state but this run's optimizer is ",
+              expected.optimizer);
   CheckpointMeta meta = expected;
   meta.step = step.item<int64_t>();
   const bool was_sharded = sharded.item<int64_t>() != 0;

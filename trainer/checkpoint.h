@@ -18,6 +18,7 @@ struct CheckpointMeta {
   int world_size = 1;
   std::string strategy;
   bool sharded_optimizer = false;
+  std::string optimizer = "adamw";  ///< TrainerOptions::optimizer: state is not interchangeable
 };
 
 /// Every rank calls this; rank 0 writes the shared files.

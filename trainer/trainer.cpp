@@ -3,6 +3,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/lr_schedule.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -19,36 +20,60 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+void check_optimizer_name(const std::string& name) {
+  const auto known = optimizer_names();
+  TORCH_CHECK_VALUE(std::find(known.begin(), known.end(), name) != known.end(), "unknown optimizer '",
+                    name, "'; available: ", c10::Join(", ", known));
+}
+
+/// Options of the configured optimizer for one parameter group.
+std::unique_ptr<torch::optim::OptimizerOptions> group_options(const TrainerOptions& options,
+                                                              double weight_decay) {
+  if (options.optimizer() == "sgd") {
+    return std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(options.lr()).weight_decay(weight_decay));
+  }
+  check_optimizer_name(options.optimizer());
+  return std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(options.lr())
+          .betas({options.beta1(), options.beta2()})
+          .eps(options.eps())
+          .weight_decay(weight_decay));
+}
 }  // namespace
 
-std::vector<torch::optim::OptimizerParamGroup> make_adamw_groups(torch::nn::Module& module,
-                                                                 const TrainerOptions& options) {
+std::vector<std::string> optimizer_names() { return {"adamw", "sgd"}; }
+
+std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(torch::nn::Module& module,
+                                                                     const TrainerOptions& options) {
   std::vector<torch::Tensor> decay;
   std::vector<torch::Tensor> no_decay;
   for (const auto& p : module.parameters()) {
     if (!p.requires_grad()) continue;
     (p.dim() >= 2 ? decay : no_decay).push_back(p);
   }
-  auto group_options = [&](double weight_decay) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(options.lr())
-            .betas({options.beta1(), options.beta2()})
-            .eps(options.eps())
-            .weight_decay(weight_decay));
-  };
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(decay, group_options(options.weight_decay()));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, group_options(0.0));
+  if (!decay.empty()) groups.emplace_back(decay, group_options(options, options.weight_decay()));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, group_options(options, 0.0));
   return groups;
 }
 
-OptimizerFactory adamw_factory(const TrainerOptions& options) {
+OptimizerFactory optimizer_factory(const TrainerOptions& options) {
+  if (options.optimizer() == "sgd") {
+    return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(
+          std::move(groups),
+          torch::optim::SGDOptions(options.lr()).weight_decay(options.weight_decay())));
+    };
+  }
+  check_optimizer_name(options.optimizer());
   return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
-    return std::make_unique<torch::optim::AdamW>(
+    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::AdamW>(
         std::move(groups), torch::optim::AdamWOptions(options.lr())
                                .betas({options.beta1(), options.beta2()})
                                .eps(options.eps())
-                               .weight_decay(options.weight_decay()));
+                               .weight_decay(options.weight_decay())));
   };
 }
 
@@ -71,6 +96,7 @@ Trainer::Trainer(TrainerOptions options, std::shared_ptr<Strategy> strategy,
   TORCH_CHECK_VALUE(o.val_check_interval() >= 0 && o.limit_val_batches() >= 0,
                     "val_check_interval and limit_val_batches must be >= 0 (got ",
                     o.val_check_interval(), ", ", o.limit_val_batches(), ")");
+  check_optimizer_name(o.optimizer());
   TORCH_CHECK_VALUE(o.lr() > 0 && o.min_lr() >= 0 && o.min_lr() <= o.lr(),
                     "need 0 <= min_lr <= lr and lr > 0 (got lr ", o.lr(), ", min_lr ", o.min_lr(), ")");
 }
@@ -85,10 +111,11 @@ void Trainer::request_stop(const std::string& reason) {
 FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module_ = &module;
   strategy_->setup(module);
-  optimizer_ = strategy_->setup_optimizer(make_adamw_groups(module.module(), options_),
-                                          adamw_factory(options_));
+  optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
+                                          optimizer_factory(options_));
   if (!options_.resume_from().empty()) {
-    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
+                            options_.optimizer()};
     step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
                             strategy_->rank()).step;
     each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
@@ -271,7 +298,8 @@ void Trainer::gather_memory(FitResult& result) {
 void Trainer::save_checkpoint(const std::string& dir) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
-  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
+                      options_.optimizer()};
   strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
   each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
 }

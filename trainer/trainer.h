@@ -38,7 +38,12 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, limit_val_batches) = 20;
   TORCH_ARG(uint64_t, seed) = 1337;
   TORCH_ARG(Precision, precision) = Precision::kFp32;
-  /// AdamW with nanoGPT's groups (decay on >=2-D weights only).
+  /// "adamw": AdamW with nanoGPT's groups (decay on >=2-D weights only) and
+  /// beta1/beta2/eps below. "sgd": plain SGD (no momentum) over the same groups,
+  /// with torch::optim::SGD's L2 weight decay. Why SGD: its update is linear in
+  /// the gradient, so a gradient N times too large shows in the parameters,
+  /// where Adam's per-element normalisation would hide it (parity tests).
+  TORCH_ARG(std::string, optimizer) = "adamw";
   TORCH_ARG(double, lr) = 1e-3;
   TORCH_ARG(double, min_lr) = 1e-4;
   TORCH_ARG(int64_t, warmup_steps) = 0;
@@ -123,12 +128,17 @@ class Trainer {
   std::string stop_reason_;
 };
 
+/// The optimizers TrainerOptions::optimizer accepts: "adamw", "sgd".
+std::vector<std::string> optimizer_names();
+
 /// nanoGPT's parameter groups: weight decay on every parameter with dim >= 2,
 /// none on biases and LayerNorm weights. Groups with no parameters are dropped.
-std::vector<torch::optim::OptimizerParamGroup> make_adamw_groups(
+/// Each group's options are those of options.optimizer().
+std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(
     torch::nn::Module& module, const TrainerOptions& options);
 
-/// AdamW with the trainer's betas/eps; lr and weight decay come per group.
-OptimizerFactory adamw_factory(const TrainerOptions& options);
+/// options.optimizer() with the trainer's settings (AdamW: betas/eps); lr and
+/// weight decay come per group.
+OptimizerFactory optimizer_factory(const TrainerOptions& options);
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -87,6 +88,15 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--config " + (dir / "bad.ini").string(), "bogus-key"},
       {"--no-such-flag", "no-such-flag"},
       {"--device gpu", "unknown device 'gpu'; available: auto, cpu, cuda"},
+      {"--optimizer adam", "unknown optimizer 'adam'; available: adamw, sgd"},
+      // A strategy-specific option given to a strategy that would ignore it.
+      {"--strategy oss --nproc 2 --overlap-comm false",
+       "--overlap-comm does not apply to strategy 'oss' (it would be ignored); it is for ddp only"},
+      {"--find-unused-parameters",
+       "--find-unused-parameters does not apply to strategy 'single' (it would be ignored); it is for ddp, oss"},
+      {"--bucket-cap-mb 10", "--bucket-cap-mb does not apply to strategy 'single'"},
+      {"--strategy sdp --nproc 2 --bucket-cap-mb 0",
+       "invalid value '0' for --bucket-cap-mb: must be > 0 for strategy 'sdp' (0, one all-reduce per gradient, is for ddp only)"},
   };
   // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
   if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});
@@ -101,5 +111,25 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
     EXPECT_FALSE(fs::exists(out / "summary.json")) << c.args;
     EXPECT_FALSE(fs::exists(out)) << c.args << ": no output directory for a run that never started";
   }
+}
+
+TEST(BadInputTest, UncreatableOutputDirIsOneLineExitTwoAndNothingWritten) {
+  // Checked in phase 1, before any rank starts: by the launcher for --nproc 2.
+  const auto file = scratch() / "plain-file";
+  { std::ofstream(file) << "x"; }
+  for (const std::string nproc : {"--nproc 1", "--strategy ddp --nproc 2"}) {
+    for (const fs::path& dir : {fs::path("/proc/strata-out"), file / "out", fs::path("/proc")}) {
+      const std::string args = nproc + " --max-steps 2" + kQuick + "--output-dir " + dir.string();
+      auto run = run_gpt_binary(args);
+      EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
+      EXPECT_EQ(run.output.rfind("error: cannot use --output-dir '" + dir.string() + "': ", 0), 0u)
+          << args << "\n" << run.output;
+      EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << "\n" << run.output;
+      if (dir != "/proc") {
+        EXPECT_FALSE(fs::exists(dir)) << args;
+      }
+    }
+  }
+  EXPECT_EQ(fs::file_size(file), 1u);  // untouched
 }
 }  // namespace

@@ -4,11 +4,18 @@
 // N ranks with --batch-size B see exactly the samples one process with
 // --batch-size N*B sees (DataSource contract), so after 10 steps the
 // parameters must agree within 1e-5 (fp32) for every strategy.
+//
+// Two optimizers: AdamW (the recipe's), and plain SGD for the gradient's
+// scale. Adam divides each update by the element's own RMS, so a gradient N
+// times too large or too small (a missing or doubled division by the world
+// size) changes its update by ~eps and would pass; SGD's update is lr times
+// the gradient, and the logged grad_norm is the gradient's global norm itself.
 #include "tests/dist/run_binary.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -36,23 +43,44 @@ std::map<std::string, torch::Tensor> load_params(const fs::path& path) {
   return out;
 }
 
-struct Run {
+struct TrainRun {
   std::string strategy;
   int nproc;
   int64_t batch;
   int64_t accum;
   double clip;
   std::string precision;
+  std::string optimizer = "adamw";
+  double lr_scale = 1.0;  ///< multiplies the lr (and min-lr): for the control test only
 };
 
-fs::path train(const Run& r) {
+// SGD's learning rate for the gradient-scale runs: large enough that a 2x
+// gradient moves parameters far more than the tolerance
+// (SgdParityTest.TwiceTheUpdateIsDetected), small enough to stay out of
+// chaos. Measured at 2-4 ranks, accumulation 1 and 2: worst differences to one
+// process 1.2e-7 (params) and 8e-7 relative (grad_norm) at lr 0.1; at lr 0.5
+// training turned chaotic and fp32 rounding grew to 1.7e-3 (params) and 4.5e-3
+// relative (grad_norm) by step 10 at 4 ranks with accumulation.
+constexpr double kSgdLr = 0.1;
+
+/// What a finished run left: the final parameters and metrics.csv.
+struct Trained {
+  fs::path params;
+  fs::path metrics;
+};
+
+Trained train(const TrainRun& r) {
   const std::string tag = r.strategy + "-n" + std::to_string(r.nproc) + "-b" + std::to_string(r.batch) +
-                          "-a" + std::to_string(r.accum) + "-c" + std::to_string(r.clip) + "-" + r.precision;
+                          "-a" + std::to_string(r.accum) + "-c" + std::to_string(r.clip) + "-" + r.precision +
+                          "-" + r.optimizer + "-x" + std::to_string(r.lr_scale);
   const fs::path out = scratch() / tag;
   const fs::path dump = scratch() / (tag + ".pt");
-  if (fs::exists(dump)) return dump;  // references are shared between tests
+  const Trained trained{dump, out / "metrics.csv"};
+  if (fs::exists(dump)) return trained;  // references are shared between tests
+  const bool sgd = r.optimizer == "sgd";
+  const double lr = (sgd ? kSgdLr : 1e-4) * r.lr_scale;
   std::ostringstream args;
-  // Why no Linear biases and lr 1e-4: Adam divides each gradient element by
+  // Why no Linear biases and (AdamW) lr 1e-4: Adam divides each gradient element by
   // its own RMS, so an element whose gradient is a near-cancelling sum (the
   // attention key bias's is analytically zero) turns fp32 summation-order
   // noise into steps of up to ~lr. Measured here at world size 3: max |diff|
@@ -60,32 +88,115 @@ fs::path train(const Run& r) {
   // sharding effect). At 1e-4 that noise is ~2.5e-6, while any real bug
   // (wrong batch, stale shard) moves parameters by ~lr per step, i.e. ~1e-3
   // after 10 steps: DifferentGlobalBatchIsDetected shows the margin.
-  args << "--preset gpt-nano --data addition:2 --max-steps 10 --warmup-steps 2 --lr 1e-4 --min-lr 1e-5 --bias false"
-       << " --strategy " << r.strategy << " --nproc " << r.nproc << " --batch-size " << r.batch
+  // SGD: every step logged, for the grad_norm comparison.
+  args << "--preset gpt-nano --data addition:2 --max-steps 10 --warmup-steps 2 --bias false"
+       << " --optimizer " << r.optimizer << " --lr " << lr << " --min-lr " << lr / 10
+       << " --log-every-n-steps " << (sgd ? 1 : 100) << " --strategy " << r.strategy
+       << " --nproc " << r.nproc << " --batch-size " << r.batch
        << " --accumulate-grad-batches " << r.accum << " --gradient-clip-val " << r.clip
        << " --precision " << r.precision << " --threads-per-rank 1 --limit-val-batches 1"
        << " --progress-bar false --output-dir " << out.string() << " --dump-params " << dump.string()
        << " --comm-timeout 60";
   auto run = run_gpt_binary(args.str());
   EXPECT_EQ(run.exit_code, 0) << args.str() << "\n" << run.output;
-  return dump;
+  return trained;
 }
 
-void expect_parity(const Run& ranks, double tolerance) {
-  Run single = ranks;
+std::string label(const TrainRun& r) {
+  std::ostringstream out;
+  out << "strategy=" << r.strategy << " nproc=" << r.nproc << " accum=" << r.accum << " clip=" << r.clip
+      << " precision=" << r.precision << " optimizer=" << r.optimizer;
+  return out.str();
+}
+
+/// The same run on one process with the same global batch.
+TrainRun single_reference(const TrainRun& ranks) {
+  TrainRun single = ranks;
   single.strategy = "single";
   single.nproc = 1;
   single.batch = ranks.batch * ranks.nproc;
-  const auto reference = load_params(train(single));
-  const auto got = load_params(train(ranks));
+  return single;
+}
+
+void expect_parity(const TrainRun& ranks, double tolerance) {
+  const auto reference = load_params(train(single_reference(ranks)).params);
+  const auto got = load_params(train(ranks).params);
   ASSERT_FALSE(reference.empty());
   ASSERT_EQ(reference.size(), got.size());
   for (const auto& [name, value] : reference) {
     const double diff = (value - got.at(name)).abs().max().item<double>();
-    EXPECT_LE(diff, tolerance) << "strategy=" << ranks.strategy << " nproc=" << ranks.nproc
-                               << " accum=" << ranks.accum << " clip=" << ranks.clip
-                               << " precision=" << ranks.precision << " param " << name;
+    EXPECT_LE(diff, tolerance) << label(ranks) << " param " << name;
   }
+}
+
+/// grad_norm of every training row of metrics.csv, in step order.
+std::vector<double> logged_grad_norms(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  std::vector<double> norms;
+  if (!std::getline(in, line)) return norms;
+  auto cells = [](const std::string& row) {
+    std::vector<std::string> out;
+    std::stringstream ss(row);
+    for (std::string cell; std::getline(ss, cell, ',');) out.push_back(cell);
+    if (!row.empty() && row.back() == ',') out.emplace_back();
+    return out;
+  };
+  const auto header = cells(line);
+  const auto column = std::find(header.begin(), header.end(), "grad_norm") - header.begin();
+  if (column == static_cast<std::ptrdiff_t>(header.size())) return norms;
+  while (std::getline(in, line)) {
+    const auto row = cells(line);
+    // Validation rows leave grad_norm empty.
+    if (column < static_cast<std::ptrdiff_t>(row.size()) && !row[column].empty()) {
+      norms.push_back(std::stod(row[column]));
+    }
+  }
+  return norms;
+}
+
+/// The scale checks, SGD without clipping: final parameters within 1e-5 of one
+/// process with the same global batch, and every step's logged global gradient
+/// norm within 1e-5 relative of its.
+void expect_gradient_scale_parity(const TrainRun& ranks) {
+  ASSERT_EQ(ranks.optimizer, "sgd");
+  ASSERT_EQ(ranks.clip, 0.0) << "clipping would rescale a wrong-sized gradient";
+  expect_parity(ranks, 1e-5);
+  const auto reference = logged_grad_norms(train(single_reference(ranks)).metrics);
+  const auto got = logged_grad_norms(train(ranks).metrics);
+  ASSERT_EQ(reference.size(), 10u) << label(ranks) << ": one grad_norm per step in metrics.csv";
+  ASSERT_EQ(got.size(), reference.size()) << label(ranks);
+  for (size_t step = 0; step < got.size(); ++step) {
+    EXPECT_NEAR(got[step], reference[step], 1e-5 * reference[step])
+        << label(ranks) << " step " << step + 1 << " (ratio " << got[step] / reference[step] << ")";
+  }
+}
+
+/// ddp, oss and sdp at `nproc` ranks, without and with accumulation; the two
+/// single-process references are shared by the three strategies.
+void expect_gradient_scale_parity_at(int nproc) {
+  for (int64_t accum : {1, 2}) {
+    for (const std::string strategy : {"ddp", "oss", "sdp"}) {
+      expect_gradient_scale_parity({strategy, nproc, 2, accum, 0.0, "32", "sgd"});
+    }
+  }
+}
+
+TEST(SgdParityTest, GradientScaleMatchesSingleProcessAtTwoRanks) { expect_gradient_scale_parity_at(2); }
+TEST(SgdParityTest, GradientScaleMatchesSingleProcessAtThreeRanks) { expect_gradient_scale_parity_at(3); }
+TEST(SgdParityTest, GradientScaleMatchesSingleProcessAtFourRanks) { expect_gradient_scale_parity_at(4); }
+
+TEST(SgdParityTest, TwiceTheUpdateIsDetected) {
+  // Control for the tolerance: doubling SGD's lr doubles each update as a 2x
+  // gradient would (weight decay aside), and moves parameters far beyond 1e-5.
+  const TrainRun base{"single", 1, 4, 1, 0.0, "32", "sgd"};
+  TrainRun doubled = base;
+  doubled.lr_scale = 2.0;
+  const auto reference = load_params(train(base).params);
+  const auto other = load_params(train(doubled).params);
+  double worst = 0.0;
+  for (const auto& [name, value] : reference) worst = std::max(worst, (value - other.at(name)).abs().max().item<double>());
+  EXPECT_GT(worst, 1e-3);
 }
 
 TEST(DdpParityTest, MatchesSingleProcessAfterTenSteps) {
@@ -98,8 +209,8 @@ TEST(DdpParityTest, MatchesSingleProcessAfterTenSteps) {
 TEST(DdpParityTest, DifferentGlobalBatchIsDetected) {
   // The tolerance is discriminating: 2 ranks x 2 samples are a different
   // global batch than 1 x 6, and the parameters must then differ clearly.
-  const auto reference = load_params(train({"single", 1, 6, 1, 0.0, "32"}));
-  const auto other = load_params(train({"ddp", 2, 2, 1, 0.0, "32"}));
+  const auto reference = load_params(train({"single", 1, 6, 1, 0.0, "32"}).params);
+  const auto other = load_params(train({"ddp", 2, 2, 1, 0.0, "32"}).params);
   double worst = 0.0;
   for (const auto& [name, value] : reference) worst = std::max(worst, (value - other.at(name)).abs().max().item<double>());
   EXPECT_GT(worst, 1e-4);

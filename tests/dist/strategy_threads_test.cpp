@@ -49,39 +49,71 @@ strata::TrainerOptions options_for(int64_t batch, int64_t accum, double clip, in
       .gradient_clip_val(clip).lr(1e-3).min_lr(1e-4).warmup_steps(2).limit_val_batches(0);
 }
 
-std::vector<torch::Tensor> train_single(int64_t global_batch, int64_t accum, double clip, int64_t steps) {
-  auto module = make_module();
-  strata::testing::ToyData data;
-  strata::Trainer(options_for(global_batch, accum, clip, steps), std::make_shared<strata::SingleDeviceStrategy>())
-      .fit(module, data);
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module.module().parameters()) out.push_back(p.detach().clone());
+/// Records the global gradient norm the Trainer reports for every step.
+class GradNorms : public strata::Callback {
+ public:
+  std::string name() const override { return "GradNorms"; }
+  void on_train_batch_end(strata::Trainer&, strata::TrainingModule&, const strata::StepMetrics& m) override {
+    norms.push_back(m.grad_norm);
+  }
+  std::vector<double> norms;
+};
+
+/// Final parameters and every step's (pre-clipping) global gradient norm.
+struct Trained {
+  std::vector<torch::Tensor> params;
+  std::vector<double> grad_norms;
+};
+
+Trained trained(GPTModule& module, const GradNorms& norms) {
+  Trained out;
+  for (const auto& p : module.module().parameters()) out.params.push_back(p.detach().clone());
+  out.grad_norms = norms.norms;
   return out;
 }
 
-/// Trains on `world` thread-ranks; returns rank 0's parameters and checks that
-/// every rank ends with identical parameters.
-std::vector<torch::Tensor> train_threads(const Case& c, int64_t per_rank_batch, int64_t steps) {
+/// One process; `options.batch_size()` is the global batch.
+Trained train_single(const strata::TrainerOptions& options) {
+  auto module = make_module();
+  strata::testing::ToyData data;
+  auto norms = std::make_shared<GradNorms>();
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(), {norms}).fit(module, data);
+  return trained(module, *norms);
+}
+
+std::vector<torch::Tensor> train_single(int64_t global_batch, int64_t accum, double clip, int64_t steps) {
+  return train_single(options_for(global_batch, accum, clip, steps)).params;
+}
+
+/// Trains on `world` thread-ranks (`options.batch_size()` per rank); returns
+/// rank 0's result and checks that every rank ends with identical parameters
+/// and saw the same gradient norms.
+Trained train_threads(const std::string& strategy_name, int world, const strata::TrainerOptions& options,
+                      const std::string& what) {
   std::mutex mu;
-  std::vector<std::vector<torch::Tensor>> per_rank(c.world);
+  std::vector<Trained> per_rank(world);
   strata::StrategyRegistry registry;
   strata::register_builtin_strategies(registry);
-  strata::run_thread_world(c.world, [&](strata::Comm& comm) {
+  strata::run_thread_world(world, [&](strata::Comm& comm) {
     auto module = make_module();
     strata::testing::ToyData data;
-    std::shared_ptr<strata::Strategy> strategy = registry.create(c.strategy, comm);
-    strata::Trainer(options_for(per_rank_batch, c.accum, c.clip, steps), strategy).fit(module, data);
-    std::vector<torch::Tensor> params;
-    for (const auto& p : module.module().parameters()) params.push_back(p.detach().clone());
+    auto norms = std::make_shared<GradNorms>();
+    std::shared_ptr<strata::Strategy> strategy = registry.create(strategy_name, comm);
+    strata::Trainer(options, strategy, {norms}).fit(module, data);
     std::lock_guard<std::mutex> lock(mu);
-    per_rank[comm.rank()] = std::move(params);
+    per_rank[comm.rank()] = trained(module, *norms);
   }, std::chrono::seconds(30));
-  for (int r = 1; r < c.world; ++r) {
-    for (size_t i = 0; i < per_rank[0].size(); ++i) {
-      EXPECT_TRUE(torch::equal(per_rank[0][i], per_rank[r][i])) << label(c) << " rank " << r << " param " << i;
+  for (int r = 1; r < world; ++r) {
+    for (size_t i = 0; i < per_rank[0].params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(per_rank[0].params[i], per_rank[r].params[i])) << what << " rank " << r << " param " << i;
     }
+    EXPECT_EQ(per_rank[0].grad_norms, per_rank[r].grad_norms) << what << " rank " << r;
   }
   return per_rank[0];
+}
+
+std::vector<torch::Tensor> train_threads(const Case& c, int64_t per_rank_batch, int64_t steps) {
+  return train_threads(c.strategy, c.world, options_for(per_rank_batch, c.accum, c.clip, steps), label(c)).params;
 }
 
 void expect_parity(const Case& c) {
@@ -109,6 +141,64 @@ TEST(StrategyParityTest, OssMatchesSingleProcessAfterTenSteps) {
 TEST(StrategyParityTest, SdpMatchesSingleProcessAfterTenSteps) {
   for (int world : {1, 2, 3, 4}) expect_parity({"sdp", world, 1, 0.0});
   expect_parity({"sdp", 3, 2, 0.5});
+}
+
+// ---- Gradient scale ----
+// AdamW divides each update by the element's own RMS, so the parity tests
+// above cannot see a gradient that is N times too large or too small (a
+// missing or doubled division by the world size): they would pass. Plain SGD
+// updates by lr * gradient, so a scale error moves every parameter by about
+// (N-1) * lr * |g| per step, and the reported global gradient norm is off by
+// N from step 1. No clipping here: it would rescale a too-large gradient.
+// lr 0.1: measured worst differences to one process 1.2e-7 (params) and
+// 1.7e-6 relative (grad norms); at lr 0.5, world size 3 turned chaotic and
+// amplified fp32 rounding to 3.3e-5 (params) and 1.7e-4 relative (norms).
+constexpr double kSgdLr = 0.1;
+
+strata::TrainerOptions sgd_options(int64_t batch, int64_t accum) {
+  return strata::TrainerOptions().optimizer("sgd").max_steps(10).batch_size(batch).accumulate_grad_batches(accum)
+      .gradient_clip_val(0.0).lr(kSgdLr).min_lr(kSgdLr / 10).warmup_steps(2).limit_val_batches(0);
+}
+
+/// `strategy` at world sizes 1-4, with and without accumulation, against one
+/// process with the same global batch: per-step gradient norms within 1e-5
+/// relative, final SGD parameters within 1e-5.
+void expect_gradient_scale_parity(const std::string& strategy) {
+  const int64_t per_rank_batch = 2;
+  for (int world : {1, 2, 3, 4}) {
+    for (int64_t accum : {1, 2}) {
+      const std::string what = strategy + " world=" + std::to_string(world) + " accum=" + std::to_string(accum);
+      const Trained reference = train_single(sgd_options(per_rank_batch * world, accum));
+      const Trained got = train_threads(strategy, world, sgd_options(per_rank_batch, accum), what);
+      ASSERT_EQ(got.grad_norms.size(), 10u) << what;
+      ASSERT_EQ(reference.grad_norms.size(), got.grad_norms.size()) << what;
+      for (size_t step = 0; step < got.grad_norms.size(); ++step) {
+        EXPECT_NEAR(got.grad_norms[step], reference.grad_norms[step], 1e-5 * reference.grad_norms[step])
+            << what << " step " << step + 1 << " (ratio " << got.grad_norms[step] / reference.grad_norms[step] << ")";
+      }
+      ASSERT_EQ(reference.params.size(), got.params.size()) << what;
+      for (size_t i = 0; i < got.params.size(); ++i) {
+        const double diff = (reference.params[i] - got.params[i]).abs().max().item<double>();
+        EXPECT_LE(diff, 1e-5) << what << " param " << i;
+      }
+    }
+  }
+}
+
+TEST(GradientScaleTest, DdpSgdAndGradNormsMatchSingleProcess) { expect_gradient_scale_parity("ddp"); }
+TEST(GradientScaleTest, OssSgdAndGradNormsMatchSingleProcess) { expect_gradient_scale_parity("oss"); }
+TEST(GradientScaleTest, SdpSgdAndGradNormsMatchSingleProcess) { expect_gradient_scale_parity("sdp"); }
+
+TEST(GradientScaleTest, TwiceTheUpdateIsFarOutsideTheTolerance) {
+  // Control: the 1e-5 parameter tolerance separates a 2x update (lr doubled,
+  // which is what a 2x gradient does to SGD before weight decay) by a wide margin.
+  const Trained reference = train_single(sgd_options(4, 1));
+  const Trained doubled = train_single(sgd_options(4, 1).lr(2 * kSgdLr).min_lr(2 * kSgdLr / 10));
+  double worst = 0.0;
+  for (size_t i = 0; i < reference.params.size(); ++i) {
+    worst = std::max(worst, (reference.params[i] - doubled.params[i]).abs().max().item<double>());
+  }
+  EXPECT_GT(worst, 1e-3);
 }
 
 TEST(StrategyParityTest, SmallBucketsGiveTheSameResult) {

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "strata-gpt");
   return parse_run_config(args, {"gpt-nano", "gpt-micro", "gpt-small"},
-                          {"single", "ddp", "oss", "sdp", "fsdp", "zero3"});
+                          {"single", "ddp", "oss", "sdp", "fsdp", "zero1", "zero2", "zero3"});
 }
 
 /// A file in a fresh temp directory, removed with it.
@@ -122,7 +122,7 @@ TEST(CliTest, OutOfRangeValuesNameTheValueAndTheRule) {
        {"--max-steps 0", "--batch-size -2", "--accumulate-grad-batches 0", "--lr 0",
         "--min-lr -0.5", "--warmup-steps -1", "--weight-decay -0.25", "--gradient-clip-val -3",
         "--nproc 0", "--threads-per-rank -4", "--master-port 70000", "--master-port -5",
-        "--comm-timeout 0", "--bucket-cap-mb -25", "--n-layer -1", "--n-head -2", "--n-embd -3",
+        "--comm-timeout 0", "--n-layer -1", "--n-head -2", "--n-embd -3",
         "--block-size -8", "--dropout 1", "--dropout 1.5", "--log-every-n-steps 0",
         "--val-check-interval -1", "--limit-val-batches -1", "--checkpoint-every -10",
         "--early-stopping-patience -2", "--vocab-size 0"}) {
@@ -130,6 +130,9 @@ TEST(CliTest, OutOfRangeValuesNameTheValueAndTheRule) {
     expect_error({key, value}, {"'" + value + "'", key, "must be"});
     expect_error({key + "=" + value}, {"'" + value + "'", key, "must be"});
   }
+  // Strategy-specific: checked where it applies.
+  expect_error({"--strategy", "ddp", "--bucket-cap-mb", "-25"}, {"'-25'", "--bucket-cap-mb", "must be"});
+  expect_error({"--strategy", "oss", "--bucket-cap-mb=-25"}, {"'-25'", "--bucket-cap-mb", "must be"});
 }
 
 TEST(CliTest, BucketCapZeroIsForDdpOnly) {
@@ -137,8 +140,73 @@ TEST(CliTest, BucketCapZeroIsForDdpOnly) {
   auto ddp = parse({"--strategy", "ddp", "--bucket-cap-mb", "0"});
   ASSERT_TRUE(ddp.config.has_value()) << ddp.message;
   EXPECT_EQ(ddp.config->bucket_cap_mb, 0.0);
-  expect_error({"--strategy", "oss", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "ddp only"});
-  expect_error({"--strategy", "sdp", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "ddp only"});
+  expect_error({"--strategy", "oss", "--bucket-cap-mb", "0"},
+               {"'0'", "--bucket-cap-mb", "strategy 'oss'", "ddp only"});
+  expect_error({"--strategy", "sdp", "--bucket-cap-mb", "0"},
+               {"'0'", "--bucket-cap-mb", "strategy 'sdp'", "ddp only"});
+}
+
+TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
+  // Each would be silently ignored: the error names the option, the strategy
+  // given and the strategies that read it.
+  expect_error({"--strategy", "oss", "--overlap-comm", "false"},
+               {"--overlap-comm", "strategy 'oss'", "ddp only"});
+  expect_error({"--strategy", "zero2", "--overlap-comm=true"},  // even restating the default
+               {"--overlap-comm", "strategy 'zero2'", "ddp only"});
+  expect_error({"--overlap-comm", "false"}, {"--overlap-comm", "strategy 'single'", "ddp only"});
+  expect_error({"--find-unused-parameters"},
+               {"--find-unused-parameters", "strategy 'single'", "ddp, oss (zero1) and sdp (zero2)"});
+  expect_error({"--bucket-cap-mb", "0"}, {"--bucket-cap-mb", "strategy 'single'", "ddp, oss"});
+  expect_error({"--bucket-cap-mb", "25", "--strategy", "single"}, {"--bucket-cap-mb", "'single'"});
+  // Where they apply, they are accepted (aliases too).
+  for (const std::vector<std::string>& ok :
+       {std::vector<std::string>{"--strategy", "ddp", "--overlap-comm", "false", "--bucket-cap-mb", "0",
+                                 "--find-unused-parameters"},
+        {"--strategy", "oss", "--find-unused-parameters", "--bucket-cap-mb", "1"},
+        {"--strategy", "zero1", "--bucket-cap-mb", "1"},
+        {"--strategy", "sdp", "--find-unused-parameters=true"},
+        {"--strategy", "zero2", "--bucket-cap-mb", "2"}}) {
+    const ParseResult result = parse(ok);
+    EXPECT_TRUE(result.config.has_value()) << ok[1] << ": " << result.message;
+  }
+  // Not given at all: the defaults are fine for every strategy.
+  for (const std::string strategy : {"single", "ddp", "oss", "sdp"}) {
+    EXPECT_TRUE(parse({"--strategy", strategy}).config.has_value()) << strategy;
+  }
+  // A config file's keys count as given; the command line's strategy is the one checked.
+  TempFile ddp_file("strategy = ddp\noverlap-comm = false\n");
+  EXPECT_TRUE(parse({"--config", ddp_file.path()}).config.has_value());
+  expect_error({"--config", ddp_file.path(), "--strategy", "sdp"},
+               {ddp_file.path(), "overlap-comm", "strategy 'sdp'", "ddp only"});
+}
+
+TEST(CliTest, ConfigIniOfEveryStrategyIsValidConfig) {
+  // to_ini comments out the strategy-specific keys its strategy does not read,
+  // so config.ini is usable as --config; and it says they were unused.
+  for (const std::string strategy : {"single", "ddp", "oss", "sdp", "zero1"}) {
+    RunConfig c;
+    c.strategy = strategy;
+    const std::string ini = to_ini(c);
+    TempFile file(ini);
+    const ParseResult result = parse({"--config", file.path()});
+    ASSERT_TRUE(result.config.has_value()) << strategy << ": " << result.message << "\n" << ini;
+    EXPECT_EQ(to_ini(*result.config), ini) << strategy;
+    const bool is_ddp = strategy == "ddp";
+    EXPECT_EQ(ini.find("\noverlap-comm = true\n") != std::string::npos, is_ddp) << ini;
+    EXPECT_EQ(ini.find("# overlap-comm = true  (not used by strategy '" + strategy + "'") != std::string::npos,
+              !is_ddp) << ini;
+    EXPECT_EQ(ini.find("\nbucket-cap-mb = 25\n") != std::string::npos, strategy != "single") << ini;
+  }
+}
+
+TEST(CliTest, OptimizerChoice) {
+  EXPECT_EQ(parse({}).config->optimizer, "adamw");
+  auto sgd = parse({"--optimizer", "sgd"});
+  ASSERT_TRUE(sgd.config.has_value()) << sgd.message;
+  EXPECT_EQ(sgd.config->optimizer, "sgd");
+  EXPECT_NE(to_ini(*sgd.config).find("\noptimizer = sgd\n"), std::string::npos);
+  expect_error({"--optimizer", "adam"}, {"unknown optimizer 'adam'", "available: adamw, sgd"});
+  expect_error({"--optimizer", "SGD"}, {"'SGD'", "adamw, sgd"});
 }
 
 TEST(CliTest, UnknownChoicesListTheAlternatives) {
@@ -189,19 +257,37 @@ TEST(CliTest, HelpPrintsGroupedUsage) {
   EXPECT_EQ(parse({"-h"}).exit_code, 0);
 }
 
+TEST(CliTest, TestingAidsAreListedByHelpAllOnly) {
+  const ParseResult help = parse({"--help"});
+  const ParseResult all = parse({"--help-all"});
+  ASSERT_EQ(help.exit_code, 0);
+  ASSERT_EQ(all.exit_code, 0);
+  for (const char* aid : {"--dump-params", "STRATA_TEST_FAIL_AT_STEP", "STRATA_TEST_FAIL_RANK", "Testing aids"}) {
+    EXPECT_EQ(help.message.find(aid), std::string::npos) << aid << " in --help:\n" << help.message;
+    EXPECT_NE(all.message.find(aid), std::string::npos) << aid << " not in --help-all:\n" << all.message;
+  }
+  // --help says where the rest is; --help-all is --help plus the aids.
+  EXPECT_NE(help.message.find("--help-all"), std::string::npos);
+  EXPECT_EQ(all.message.rfind(help.message, 0), 0u);
+  // Still accepted: the tests use them.
+  auto dump = parse({"--dump-params", "p.pt"});
+  ASSERT_TRUE(dump.config.has_value()) << dump.message;
+  EXPECT_EQ(dump.config->dump_params, "p.pt");
+}
+
 TEST(CliTest, BoolForms) {
   auto config = [](std::vector<std::string> args) {
     ParseResult result = parse(std::move(args));
     EXPECT_TRUE(result.config.has_value()) << result.message;
     return result.config.value_or(RunConfig{});
   };
-  EXPECT_FALSE(config({"--overlap-comm", "false"}).overlap_comm);
-  EXPECT_FALSE(config({"--overlap-comm=0"}).overlap_comm);
-  EXPECT_FALSE(config({"--overlap-comm", "no"}).overlap_comm);
-  EXPECT_TRUE(config({"--find-unused-parameters"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--find-unused-parameters", "--max-steps", "3"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--find-unused-parameters", "yes"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--find-unused-parameters=1"}).find_unused_parameters);
+  EXPECT_FALSE(config({"--strategy", "ddp", "--overlap-comm", "false"}).overlap_comm);
+  EXPECT_FALSE(config({"--strategy=ddp", "--overlap-comm=0"}).overlap_comm);
+  EXPECT_FALSE(config({"--overlap-comm", "no", "--strategy", "ddp"}).overlap_comm);
+  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--find-unused-parameters", "--max-steps", "3", "--strategy", "ddp"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters", "yes"}).find_unused_parameters);
+  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters=1"}).find_unused_parameters);
   EXPECT_FALSE(config({"--progress-bar", "false"}).progress_bar);
   EXPECT_FALSE(config({"--progress-bar=no"}).progress_bar);
   EXPECT_TRUE(config({"--progress-bar=no", "--progress-bar"}).progress_bar);
@@ -218,7 +304,7 @@ TEST(CliTest, IniRoundTrips) {
   c.dropout = 0.125;
   c.data = "addition:4";
   c.vocab_size = 1024;
-  c.strategy = "fsdp";
+  c.strategy = "ddp";  // reads every strategy-specific key below
   c.nproc = 2;
   c.threads_per_rank = 1;
   c.master_addr = "10.0.0.2";
@@ -230,6 +316,7 @@ TEST(CliTest, IniRoundTrips) {
   c.max_steps = 11;
   c.batch_size = 3;
   c.accumulate_grad_batches = 4;
+  c.optimizer = "sgd";
   c.lr = 1.0 / 3.0;  // needs every digit to round-trip
   c.min_lr = 1e-7;
   c.warmup_steps = 0;
@@ -264,6 +351,8 @@ TEST(CliTest, IniRoundTrips) {
   EXPECT_EQ(r.output_dir, c.output_dir);
   EXPECT_EQ(r.overlap_comm, false);
   EXPECT_EQ(r.progress_bar, false);
+  EXPECT_EQ(r.optimizer, "sgd");
+  EXPECT_EQ(r.dump_params, "params.pt");
 
   TempFile defaults(to_ini(RunConfig{}));  // empty strings survive too
   const ParseResult plain = parse({"--config", defaults.path()});

@@ -3,6 +3,7 @@
 
 #include "recipes/gpt.h"
 #include "strategies/single_device.h"
+#include "tests/error_text.h"
 #include "tests/toy_data.h"
 
 #include <gtest/gtest.h>
@@ -107,6 +108,39 @@ TEST(TrainerTest, RejectsBadOptions) {
   EXPECT_THROW(strata::Trainer(strata::TrainerOptions().batch_size(-1), strategy), c10::Error);
   EXPECT_THROW(strata::Trainer(strata::TrainerOptions().accumulate_grad_batches(0), strategy), c10::Error);
   EXPECT_THROW(strata::Trainer(strata::TrainerOptions().lr(0.0), strategy), c10::Error);
+  const std::string error = strata::testing::what_of(
+      [&] { strata::Trainer(strata::TrainerOptions().optimizer("adam"), strategy); });
+  EXPECT_NE(error.find("unknown optimizer 'adam'; available: adamw, sgd"), std::string::npos) << error;
+}
+
+TEST(TrainerTest, SgdStepIsLrTimesGradientPlusDecayOnMatricesOnly) {
+  // One plain-SGD step: p' = p - lr * (g + wd * p) for >= 2-D weights, and
+  // p' = p - lr * g for biases and LayerNorm weights (nanoGPT's groups).
+  // Linear in g: that is what lets the parity tests see the gradient's scale.
+  const double lr = 0.25, wd = 0.1;
+  auto module = make_module();
+  std::vector<torch::Tensor> before;
+  for (const auto& p : module.module().parameters()) before.push_back(p.detach().clone());
+  strata::testing::ToyData data;
+  auto capture = std::make_shared<GradCapture>();
+  strata::Trainer trainer(strata::TrainerOptions().optimizer("sgd").max_steps(1).batch_size(4)
+                              .lr(lr).min_lr(lr).weight_decay(wd).limit_val_batches(0),
+                          std::make_shared<strata::SingleDeviceStrategy>(), {capture});
+  trainer.fit(module, data);
+  ASSERT_EQ(capture->grads.size(), before.size());
+  int decayed = 0, plain = 0;
+  size_t i = 0;
+  for (const auto& p : module.module().parameters()) {
+    const double decay = p.dim() >= 2 ? wd : 0.0;
+    (p.dim() >= 2 ? decayed : plain) += 1;
+    const auto expected = before[i] - lr * (capture->grads[i] + decay * before[i]);
+    EXPECT_TRUE(torch::allclose(p.detach(), expected, /*rtol=*/1e-6, /*atol=*/1e-7))
+        << "param " << i << " max diff " << (p.detach() - expected).abs().max().item<double>();
+    ++i;
+  }
+  EXPECT_GT(decayed, 0);
+  EXPECT_GT(plain, 0);
+  EXPECT_EQ(strata::optimizer_state_bytes(*trainer.optimizer()), 0);  // no momentum buffers
 }
 
 TEST(TrainerTest, CheckpointResumeReproducesUninterruptedRun) {
@@ -138,6 +172,16 @@ TEST(TrainerTest, CheckpointResumeReproducesUninterruptedRun) {
   auto a = straight.module().parameters();
   auto b = resumed.module().parameters();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << i;
+
+  // AdamW state cannot seed SGD (or the reverse): a clear error, not torch's
+  // internal assert deep in SGD::load.
+  auto other = make_module();
+  const std::string error = strata::testing::what_of([&] {
+    strata::Trainer(strata::TrainerOptions(options).optimizer("sgd").resume_from(dir.string()),
+                    std::make_shared<strata::SingleDeviceStrategy>())
+        .fit(other, data);
+  });
+  EXPECT_NE(error.find("holds adamw optimizer state but this run's optimizer is sgd"), std::string::npos) << error;
   std::filesystem::remove_all(dir);
 }
 }  // namespace
