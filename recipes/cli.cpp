@@ -113,6 +113,9 @@ std::vector<Field> fields() {
       {"find-unused-parameters", 2, &C::find_unused_parameters,
        "DDP: allow parameters that get no gradient", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
+      {"activation-checkpointing", 2, &C::activation_checkpointing,
+       "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
+       "n every n-th (blocks 0, n, 2n, ...)"},
       {"max-steps", 3, &C::max_steps, "optimizer steps"},
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
@@ -279,6 +282,8 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
        "in 0..65535 (0: a free port)");
   need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
+  need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
+       ">= 0 (0: off, n: every n-th block)");
   if (c.strategy == "ddp") {
     need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
   } else {

@@ -33,6 +33,7 @@ struct RunConfig {
   double bucket_cap_mb = 25.0;
   bool find_unused_parameters = false;
   bool overlap_comm = true;
+  int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
   // optimisation
   int64_t max_steps = 2500;
   int64_t batch_size = 64;

@@ -15,6 +15,7 @@
 #include "recipes/data.h"
 #include "recipes/gpt.h"
 #include "recipes/output_dir.h"
+#include "strategies/activation_checkpoint.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -238,6 +239,12 @@ int run_gpt(int argc, char** argv) {
 
     torch::manual_seed(config.seed);
     GPTModule module(*model_options);
+    if (config.activation_checkpointing > 0) {
+      // Before the strategy's setup, so a strategy that wraps units (FSDP)
+      // installs its layer outside: FSDP(checkpoint(block)).
+      apply_activation_checkpointing(
+          module, ActivationCheckpointOptions().every_n(config.activation_checkpointing));
+    }
     StrategyConfig strategy_config;
     strategy_config.bucket_cap_mb = config.bucket_cap_mb;
     strategy_config.find_unused_parameters = config.find_unused_parameters;

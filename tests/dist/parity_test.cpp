@@ -52,6 +52,8 @@ struct TrainRun {
   std::string precision;
   std::string optimizer = "adamw";
   double lr_scale = 1.0;  ///< multiplies the lr (and min-lr): for the control test only
+  int64_t activation_checkpointing = 0;  ///< --activation-checkpointing
+  double dropout = 0.0;
 };
 
 // SGD's learning rate for the gradient-scale runs: large enough that a 2x
@@ -72,7 +74,8 @@ struct Trained {
 Trained train(const TrainRun& r) {
   const std::string tag = r.strategy + "-n" + std::to_string(r.nproc) + "-b" + std::to_string(r.batch) +
                           "-a" + std::to_string(r.accum) + "-c" + std::to_string(r.clip) + "-" + r.precision +
-                          "-" + r.optimizer + "-x" + std::to_string(r.lr_scale);
+                          "-" + r.optimizer + "-x" + std::to_string(r.lr_scale) + "-ac" +
+                          std::to_string(r.activation_checkpointing) + "-d" + std::to_string(r.dropout);
   const fs::path out = scratch() / tag;
   const fs::path dump = scratch() / (tag + ".pt");
   const Trained trained{dump, out / "metrics.csv"};
@@ -96,7 +99,8 @@ Trained train(const TrainRun& r) {
        << " --accumulate-grad-batches " << r.accum << " --gradient-clip-val " << r.clip
        << " --precision " << r.precision << " --threads-per-rank 1 --limit-val-batches 1"
        << " --progress-bar false --output-dir " << out.string() << " --dump-params " << dump.string()
-       << " --comm-timeout 60";
+       << " --comm-timeout 60 --activation-checkpointing " << r.activation_checkpointing
+       << " --dropout " << r.dropout;
   auto run = run_gpt_binary(args.str());
   EXPECT_EQ(run.exit_code, 0) << args.str() << "\n" << run.output;
   return trained;
@@ -197,6 +201,32 @@ TEST(SgdParityTest, TwiceTheUpdateIsDetected) {
   double worst = 0.0;
   for (const auto& [name, value] : reference) worst = std::max(worst, (value - other.at(name)).abs().max().item<double>());
   EXPECT_GT(worst, 1e-3);
+}
+
+TEST(ActivationCheckpointingTest, SameTrainingThroughTheBinary) {
+  // --activation-checkpointing recomputes blocks in backward: the same
+  // parameters as without it, under one process and under ddp (whose gradient
+  // hooks must still fire), every block and every 2nd block, with dropout
+  // (one process: the recompute must replay the dropout masks).
+  for (const TrainRun& run : {TrainRun{"single", 1, 4, 1, 0.0, "32", "sgd"},
+                              TrainRun{"ddp", 2, 2, 1, 0.0, "32", "sgd"}}) {
+    for (int64_t every : {1, 2}) {
+      for (double dropout : {0.0, 0.1}) {
+        if (run.nproc > 1 && dropout > 0) continue;  // ranks draw different masks than one process
+        TrainRun plain = run;
+        plain.dropout = dropout;
+        TrainRun checkpointed = plain;
+        checkpointed.activation_checkpointing = every;
+        const auto reference = load_params(train(plain).params);
+        const auto got = load_params(train(checkpointed).params);
+        ASSERT_EQ(reference.size(), got.size());
+        for (const auto& [name, value] : reference) {
+          EXPECT_LE((value - got.at(name)).abs().max().item<double>(), 1e-6)
+              << label(checkpointed) << " every=" << every << " dropout=" << dropout << " param " << name;
+        }
+      }
+    }
+  }
 }
 
 TEST(DdpParityTest, MatchesSingleProcessAfterTenSteps) {

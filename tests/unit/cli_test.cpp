@@ -209,6 +209,16 @@ TEST(CliTest, OptimizerChoice) {
   expect_error({"--optimizer", "SGD"}, {"'SGD'", "adamw, sgd"});
 }
 
+TEST(CliTest, ActivationCheckpointingPolicy) {
+  EXPECT_EQ(parse({}).config->activation_checkpointing, 0);  // off by default
+  auto every2 = parse({"--activation-checkpointing", "2", "--strategy", "oss"});
+  ASSERT_TRUE(every2.config.has_value()) << every2.message;  // every strategy takes it
+  EXPECT_EQ(every2.config->activation_checkpointing, 2);
+  EXPECT_NE(to_ini(*every2.config).find("\nactivation-checkpointing = 2\n"), std::string::npos);
+  expect_error({"--activation-checkpointing", "-1"},
+               {"'-1'", "--activation-checkpointing", ">= 0 (0: off, n: every n-th block)"});
+}
+
 TEST(CliTest, UnknownChoicesListTheAlternatives) {
   expect_error({"--preset", "gpt-huge"}, {"unknown preset 'gpt-huge'", "gpt-nano", "gpt-micro"});
   expect_error({"--strategy", "zero9"}, {"unknown strategy 'zero9'", "ddp", "zero3"});
