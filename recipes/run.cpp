@@ -165,7 +165,14 @@ int run_gpt(int argc, char** argv) {
     return parsed.exit_code;
   }
   const RunConfig config = *parsed.config;
-  const auto env = dist_env_from(current_environment());
+  // A launcher's variables are input too: a bad value is a one-line error, exit 2.
+  std::optional<DistEnv> env;
+  try {
+    env = dist_env_from(current_environment());
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  }
 
   // ---- Phase 1: everything that can be wrong with the input; exit code 2. ----
   std::unique_ptr<DataSource> data;
@@ -213,6 +220,10 @@ int run_gpt(int argc, char** argv) {
                       ProcessGroupOptions(env->rank, env->world_size)
                           .master_addr(env->master_addr)
                           .master_port(env->master_port)
+                          .store_file(env->store_file)
+                          .agent_store(env->agent_store)
+                          .store_prefix(env->store_prefix)
+                          .gloo_interfaces(env->gloo_interfaces)
                           .backend(backend_for(device))
                           .timeout(std::chrono::milliseconds(
                               static_cast<int64_t>(config.comm_timeout_s * 1000)))),
