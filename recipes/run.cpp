@@ -181,7 +181,10 @@ int run_gpt(int argc, char** argv) {
     TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->world_size,
                       "--nproc ", config.nproc, " disagrees with WORLD_SIZE ", env->world_size,
                       " set by the launcher; omit --nproc when joining an existing world");
-    TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc) == 1,
+    TORCH_CHECK_VALUE(!env || config.nnodes == 1, "--nnodes ", config.nnodes,
+                      " is for strata's own launcher; this process joins a world of WORLD_SIZE ",
+                      env->world_size, " set by another launcher: omit --nnodes");
+    TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc * config.nnodes) == 1,
                       "strategy 'single' runs one process but --nproc is ", config.nproc,
                       "; use ddp, oss or sdp for several ranks");
     // Every local rank must find its device: check the highest LOCAL_RANK now.
@@ -194,10 +197,12 @@ int run_gpt(int argc, char** argv) {
     return 2;
   }
 
-  if (!env && config.nproc > 1) {
+  if (!env && (config.nproc > 1 || config.nnodes > 1)) {
     args[0] = self_executable(argv[0]);
     LaunchOptions launch;
     launch.nproc = config.nproc;
+    launch.nnodes = config.nnodes;
+    launch.node_rank = config.node_rank;
     launch.master_addr = config.master_addr;
     launch.master_port = config.master_port;
     launch.threads_per_rank = config.threads_per_rank;

@@ -87,6 +87,10 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--config " + (dir / "bad.ini").string(), "bogus-key"},
       {"--no-such-flag", "no-such-flag"},
       {"--device gpu", "unknown device 'gpu'; available: auto, cpu, cuda"},
+      {"--nnodes 0", "invalid value '0' for --nnodes: must be >= 1"},
+      {"--nnodes 2 --node-rank 2 --master-port 29999",
+       "invalid value '2' for --node-rank: must be in [0, nnodes) = [0, 2)"},
+      {"--nnodes 2 --strategy ddp", "invalid value '0' for --master-port: must be > 0 with --nnodes > 1"},
   };
   // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
   if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});
@@ -100,6 +104,29 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
     EXPECT_LE(std::count(run.output.begin(), run.output.end(), '\n'), 1) << c.args << "\n" << run.output;
     EXPECT_FALSE(fs::exists(out / "summary.json")) << c.args;
     EXPECT_FALSE(fs::exists(out)) << c.args << ": no output directory for a run that never started";
+  }
+}
+TEST(BadInputTest, LauncherVariablesAreInputToo) {
+  // A world someone else launched: its variables are checked like flags.
+  const auto out = scratch() / "bad-env";
+  struct Case {
+    std::string env, args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"RANK=abc WORLD_SIZE=2", "", "RANK='abc' is not an integer"},
+      {"SLURM_PROCID=2 SLURM_NTASKS=2", "", "SLURM_PROCID=2 must be < SLURM_NTASKS=2"},
+      {"RANK=0 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True", "",
+       "TORCHELASTIC_USE_AGENT_STORE=True is set but TORCHELASTIC_RESTART_COUNT is not"},
+      {"RANK=0 WORLD_SIZE=1", "--nnodes 2 --master-port 29999",
+       "--nnodes 2 is for strata's own launcher; this process joins a world of WORLD_SIZE 1"},
+  };
+  for (const auto& c : cases) {
+    fs::remove_all(out);
+    auto run = run_gpt_binary(c.args + " --strategy ddp --output-dir " + out.string(), c.env);
+    EXPECT_EQ(run.exit_code, 2) << c.env << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.expect), std::string::npos) << c.env << "\n" << run.output;
+    EXPECT_LE(std::count(run.output.begin(), run.output.end(), '\n'), 1) << c.env << "\n" << run.output;
+    EXPECT_FALSE(fs::exists(out)) << c.env;
   }
 }
 }  // namespace
