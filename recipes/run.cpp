@@ -178,12 +178,16 @@ int run_gpt(int argc, char** argv) {
   std::unique_ptr<DataSource> data;
   std::optional<GPTOptions> model_options;
   try {
-    TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->world_size,
-                      "--nproc ", config.nproc, " disagrees with WORLD_SIZE ", env->world_size,
+    // A rank re-reads its launcher's command line: strata's own launcher
+    // passes --nproc (ranks per machine) and --nnodes on, and they must agree
+    // with the world it set up. Under another launcher, leave them out.
+    TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->local_world_size, "--nproc ",
+                      config.nproc, " disagrees with LOCAL_WORLD_SIZE ", env->local_world_size,
                       " set by the launcher; omit --nproc when joining an existing world");
-    TORCH_CHECK_VALUE(!env || config.nnodes == 1, "--nnodes ", config.nnodes,
-                      " is for strata's own launcher; this process joins a world of WORLD_SIZE ",
-                      env->world_size, " set by another launcher: omit --nnodes");
+    TORCH_CHECK_VALUE(!env || config.nnodes == 1 || config.nnodes * config.nproc == env->world_size,
+                      "--nnodes ", config.nnodes, " x --nproc ", config.nproc,
+                      " disagrees with WORLD_SIZE ", env->world_size,
+                      " set by the launcher; omit --nnodes when joining an existing world");
     TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc * config.nnodes) == 1,
                       "strategy 'single' runs one process but --nproc is ", config.nproc,
                       "; use ddp, oss or sdp for several ranks");

@@ -118,7 +118,9 @@ TEST(BadInputTest, LauncherVariablesAreInputToo) {
       {"RANK=0 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True", "",
        "TORCHELASTIC_USE_AGENT_STORE=True is set but TORCHELASTIC_RESTART_COUNT is not"},
       {"RANK=0 WORLD_SIZE=1", "--nnodes 2 --master-port 29999",
-       "--nnodes 2 is for strata's own launcher; this process joins a world of WORLD_SIZE 1"},
+       "--nnodes 2 x --nproc 1 disagrees with WORLD_SIZE 1 set by the launcher"},
+      {"RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2", "--nproc 4",
+       "--nproc 4 disagrees with LOCAL_WORLD_SIZE 2 set by the launcher"},
   };
   for (const auto& c : cases) {
     fs::remove_all(out);
