@@ -30,20 +30,6 @@ class Fd {
   int fd_;
 };
 
-bool is_loopback(const SocketAddress& a) {
-  if (a.family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a.storage);
-    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (a.family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
-    if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr)) return true;
-    // ::ffff:127.x.y.z
-    if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) return v6->sin6_addr.s6_addr[12] == 127;
-  }
-  return false;
-}
-
 }  // namespace
 
 std::string SocketAddress::host() const {
@@ -83,18 +69,6 @@ std::vector<SocketAddress> resolve_host(const std::string& host, int port, Socke
   }
   TORCH_CHECK(!out.empty(), "cannot resolve ", what, " '", host, "': no address");
   return out;
-}
-
-bool is_loopback_host(const std::string& host) {
-  std::vector<SocketAddress> addrs;
-  try {
-    addrs = resolve_host(host, 0);
-  } catch (const c10::Error&) {
-    return false;
-  }
-  for (const auto& a : addrs)
-    if (!is_loopback(a)) return false;
-  return true;
 }
 
 int find_free_port(const std::string& addr) {

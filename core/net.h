@@ -1,9 +1,8 @@
 #pragma once
 // Network addresses: the one place strata resolves host names (getaddrinfo).
 //
-// Used by the launcher (free ports), the process group (which local address
-// Gloo binds to, whether a rendezvous address is loopback) and the tests.
-// Errors name the host (and port) involved.
+// Used by the process group (which local address Gloo binds to) and the
+// tests (free ports). Errors name the host (and port) involved.
 #include <sys/socket.h>
 
 #include <string>
@@ -32,12 +31,9 @@ std::vector<SocketAddress> resolve_host(const std::string& host, int port,
                                         SocketKind kind = SocketKind::kStream,
                                         const std::string& what = "host");
 
-/// True when every address `host` resolves to is a loopback address
-/// (127.0.0.0/8, ::1, "localhost"); false for other hosts and for names that
-/// do not resolve.
-bool is_loopback_host(const std::string& host);
-
-/// A TCP port that is free on `addr` now (bind to port 0, read it back, close).
+/// A TCP port that is free on `addr` now (bind to port 0, read it back, close);
+/// for tests and tools (strata's launcher needs none: one machine meets in a
+/// file, several at a port the user names).
 /// Someone else may take it before the caller binds it.
 int find_free_port(const std::string& addr);
 
