@@ -5,6 +5,7 @@
 // (the destructor kills the child's whole process group and reaps it).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,8 +66,14 @@ class Process {
     for (auto& s : e) envp.push_back(s.data());
     envp.push_back(nullptr);
     const std::string log_path = log_.string();
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+      // Even if the test itself is killed (a ctest timeout), nothing it
+      // started may run on: the child dies with it (strata's launcher then
+      // takes its ranks down the same way).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
       ::setpgid(0, 0);
       const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) {
