@@ -11,7 +11,15 @@
 // - anything else (SLURM, mpirun, several nodes, by hand): rank 0 hosts a
 //   c10d::TCPStore on MASTER_PORT, the others connect to MASTER_ADDR.
 //   LibTorch 1.13's server listens on every interface ([::] dual-stack,
-//   measured with `ss -ltn`), as it does for every torch job started that way.
+//   measured with `ss -ltn`: *:PORT even when given 127.0.0.1), as it does for
+//   every torch job started that way.
+//
+// Why no store of strata's own (it had a ~670-line TCP store that listened on
+// MASTER_ADDR only): the case that motivated it, one machine, now opens no
+// port at all; where rank 0 must host a store, its node has to be reachable
+// at MASTER_ADDR by every other node anyway, and the wildcard adds only its
+// other interfaces — the exposure of any torch env:// or torchrun job, which
+// a cluster's network already has to contain.
 #include "strategies/comm.h"
 
 #include <torch/torch.h>
