@@ -75,7 +75,6 @@ void read_master(const std::map<std::string, std::string>& env, DistEnv& d) {
 
 /// Where the rendezvous store is (torchrun's agent, strata's file, or rank 0).
 void read_store(const std::map<std::string, std::string>& env, DistEnv& d) {
-  if (const std::string* v = find(env, "TORCHELASTIC_RUN_ID")) d.run_id = *v;
   // torch 1.13 (rendezvous.py, _torchelastic_use_agent_store) compares with
   // str(True) exactly; any other value means rank 0 hosts the store.
   const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");

@@ -29,10 +29,9 @@ struct DistEnv {
   bool agent_store = false;
   /// Key prefix inside the agent's store, as torch 1.13's _create_c10d_store
   /// sets it: "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", so the keys of a
-  /// restarted attempt never meet the previous attempt's (nor the agent's own,
-  /// which live under TORCHELASTIC_RUN_ID).
+  /// restarted attempt never meet the previous attempt's. (The agent keeps its
+  /// own keys under TORCHELASTIC_RUN_ID, so workers need not read that one.)
   std::string store_prefix;
-  std::string run_id;  ///< TORCHELASTIC_RUN_ID, for messages; empty if unset
   /// GLOO_SOCKET_IFNAME (comma-separated interfaces for Gloo, as in torch);
   /// empty: the interface that routes to MASTER_ADDR.
   std::string gloo_interfaces;

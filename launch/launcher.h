@@ -4,8 +4,8 @@
 // launch_ranks() re-executes a binary N times with the torchrun environment
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 // or, on one machine, STRATA_STORE_FILE), waits, and if one rank fails stops
-// the others and returns non-zero with a message naming the rank and its error. SIGINT/SIGTERM to the launcher are
-// forwarded to every rank. Ranks report their error through a file
+// the others and returns non-zero with a message naming the rank and its
+// error. SIGINT/SIGTERM to the launcher are forwarded to every rank. Ranks report their error through a file
 // (torchrun's TORCHELASTIC_ERROR_FILE idea), see record_rank_error().
 #include <chrono>
 #include <string>

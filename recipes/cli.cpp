@@ -220,7 +220,7 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
        "> 0 with --nnodes > 1 (every node meets rank 0 there)");
   need(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank, ">= 0 (0: automatic)");
   need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
-       "in 0..65535 (0: a free port)");
+       "in 0..65535 (0: none, for one machine)");
   need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
   if (c.strategy == "ddp") {
     need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
