@@ -13,9 +13,31 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <cstdlib>
+#include <string_view>
+
 namespace strata {
 
+bool enable_nccl_timeouts() {
+  // Why: in LibTorch 1.13 ProcessGroupNCCL's `timeout` is only enforced when
+  // one of these is set. Without them a collective whose peer died waits
+  // forever inside NCCL (the watchdog only logs), so a failing rank would
+  // leave the others hanging. Async error handling aborts the communicator
+  // and throws on the next use; the user's own choice (either variable, even
+  // "0") is left alone. Must run before the group is constructed: its
+  // constructor reads the variables.
+  if (std::getenv("NCCL_ASYNC_ERROR_HANDLING") != nullptr || std::getenv("NCCL_BLOCKING_WAIT") != nullptr) {
+    return false;
+  }
+  return ::setenv("NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0) == 0;
+}
+
 #ifdef STRATA_WITH_CUDA
+
+// enable_nccl_timeouts() sets and reads these names: they must be the ones this
+// LibTorch's ProcessGroupNCCL reads (checked by the cuda_support_compiles test).
+static_assert(std::string_view(c10d::NCCL_ASYNC_ERROR_HANDLING) == "NCCL_ASYNC_ERROR_HANDLING");
+static_assert(std::string_view(c10d::NCCL_BLOCKING_WAIT) == "NCCL_BLOCKING_WAIT");
 
 bool built_with_cuda() { return true; }
 
@@ -29,6 +51,7 @@ void set_cuda_device(int index) {
 c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                          int rank, int world_size,
                                                          std::chrono::milliseconds timeout) {
+  enable_nccl_timeouts();  // before the constructor, which reads the variable
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   // Communicators are created lazily on the first collective, on the device

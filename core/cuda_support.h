@@ -22,7 +22,15 @@ bool built_with_cuda();
 /// to the current device when its communicator is created).
 void set_cuda_device(int index);
 
+/// Makes LibTorch 1.13's NCCL process group honour its timeout: unless the
+/// user set NCCL_ASYNC_ERROR_HANDLING or NCCL_BLOCKING_WAIT, sets
+/// NCCL_ASYNC_ERROR_HANDLING=1 (what torchrun sets for its workers). Returns
+/// true when it set the variable. Called by create_nccl_group(); CPU-testable.
+bool enable_nccl_timeouts();
+
 /// An NCCL process group over `store`; call set_cuda_device(LOCAL_RANK) first.
+/// A collective that does not finish within `timeout` aborts the communicator
+/// and fails the rank (see enable_nccl_timeouts()), instead of hanging.
 c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                          int rank, int world_size,
                                                          std::chrono::milliseconds timeout);

@@ -70,6 +70,28 @@ void validate(const DistEnv& d, const VarNames& n) {
 void read_master(const std::map<std::string, std::string>& env, DistEnv& d) {
   if (const std::string* a = find(env, "MASTER_ADDR")) d.master_addr = *a;
   d.master_port = int_var(env, "MASTER_PORT", 29500);
+  if (const std::string* i = find(env, "GLOO_SOCKET_IFNAME")) d.gloo_interfaces = *i;
+}
+
+/// Where the rendezvous store is (torchrun's agent, strata's file, or rank 0).
+void read_store(const std::map<std::string, std::string>& env, DistEnv& d) {
+  // torch 1.13 (rendezvous.py, _torchelastic_use_agent_store) compares with
+  // str(True) exactly; any other value means rank 0 hosts the store.
+  const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+  d.agent_store = agent != nullptr && *agent == "True";
+  if (d.agent_store) {
+    const int attempt =
+        required_int(env, "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE=True");
+    TORCH_CHECK(attempt >= 0, "TORCHELASTIC_RESTART_COUNT=", attempt, " must be >= 0");
+    d.store_prefix = "/worker/attempt_" + std::to_string(attempt);
+  }
+  if (const std::string* f = find(env, "STRATA_STORE_FILE")) {
+    TORCH_CHECK(!f->empty(), "STRATA_STORE_FILE is set but empty");
+    TORCH_CHECK(!d.agent_store, "STRATA_STORE_FILE='", *f,
+                "' and TORCHELASTIC_USE_AGENT_STORE=True are both set; a rank meets the others "
+                "in one store: unset one of them");
+    d.store_file = *f;
+  }
 }
 
 /// Leading integer of a SLURM task-count list such as "4(x2),3"; nullopt if none.
@@ -94,6 +116,7 @@ std::optional<DistEnv> dist_env_from(const std::map<std::string, std::string>& e
     d.local_world_size = int_var(env, "LOCAL_WORLD_SIZE", d.world_size);
     read_master(env, d);
     validate(d, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"});
+    read_store(env, d);
     return d;
   }
   if (find(env, "SLURM_PROCID")) {

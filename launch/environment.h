@@ -17,11 +17,30 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   bool from_environment = false;  ///< joined a world someone else launched
+
+  // How the ranks meet (the rendezvous store); see create_process_group().
+  /// STRATA_STORE_FILE: strata's launcher on one machine put a c10d FileStore
+  /// at this path (no port is opened). Empty otherwise.
+  std::string store_file;
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves a
+  /// c10d TCPStore on MASTER_ADDR:MASTER_PORT, so every rank, rank 0 included,
+  /// joins it as a client. Otherwise (and without store_file) rank 0 hosts
+  /// the store on MASTER_PORT.
+  bool agent_store = false;
+  /// Key prefix inside the agent's store, as torch 1.13's _create_c10d_store
+  /// sets it: "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", so the keys of a
+  /// restarted attempt never meet the previous attempt's. (The agent keeps its
+  /// own keys under TORCHELASTIC_RUN_ID, so workers need not read that one.)
+  std::string store_prefix;
+  /// GLOO_SOCKET_IFNAME (comma-separated interfaces for Gloo, as in torch);
+  /// empty: the interface that routes to MASTER_ADDR.
+  std::string gloo_interfaces;
 };
 
 /// Reads the torchrun / SLURM / Open MPI variables from `env` (a copy of the
 /// process environment; injectable for tests). nullopt when none are set.
 /// Inconsistent values (RANK >= WORLD_SIZE, non-numbers) are errors naming them.
+/// The store fields come from the torchrun/strata variables (RANK branch) only.
 std::optional<DistEnv> dist_env_from(const std::map<std::string, std::string>& env);
 std::map<std::string, std::string> current_environment();
 

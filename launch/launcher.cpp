@@ -5,12 +5,9 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
-#include <netdb.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <time.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -127,10 +124,19 @@ std::string first_line_of(const std::string& path) {
   return line;
 }
 
-const char* const kLaunchVars[] = {"RANK",        "WORLD_SIZE",      "LOCAL_RANK",
-                                   "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                   "OMP_NUM_THREADS", "STRATA_THREADS_PER_RANK",
-                                   "STRATA_ERROR_FILE"};
+/// Variables the launcher sets (or, like MASTER_PORT on one machine and the
+/// torchrun agent's store flag, must not pass on): never inherited.
+const char* const kLaunchVars[] = {"RANK",
+                                   "WORLD_SIZE",
+                                   "LOCAL_RANK",
+                                   "LOCAL_WORLD_SIZE",
+                                   "MASTER_ADDR",
+                                   "MASTER_PORT",
+                                   "OMP_NUM_THREADS",
+                                   "STRATA_THREADS_PER_RANK",
+                                   "STRATA_ERROR_FILE",
+                                   "STRATA_STORE_FILE",
+                                   "TORCHELASTIC_USE_AGENT_STORE"};
 
 struct Rank {
   pid_t pid = -1;
@@ -187,36 +193,6 @@ std::filesystem::path make_temp_dir() {
 
 // ---------------------------------------------------------------------------
 
-int find_free_port(const std::string& addr) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  const int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &result);
-  TORCH_CHECK(rc == 0, "find_free_port: cannot resolve ", addr, ": ", ::gai_strerror(rc));
-  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(result, ::freeaddrinfo);
-  std::string last_error = "no address";
-  for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_error = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t len = sizeof(bound);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
-      ::close(fd);
-      return bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    }
-    last_error = std::strerror(errno);
-    ::close(fd);
-  }
-  TORCH_CHECK(false, "find_free_port: cannot bind ", addr, ":0: ", last_error);
-}
-
 int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& options) {
   TORCH_CHECK(!argv.empty(), "launch_ranks: argv is empty (argv[0] must be the executable)");
   TORCH_CHECK(options.nproc >= 1, "launch_ranks: nproc ", options.nproc, " must be >= 1");
@@ -224,8 +200,16 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
               options.threads_per_rank, " must be >= 0");
   TORCH_CHECK(options.grace.count() >= 0, "launch_ranks: grace ", options.grace.count(),
               " s must be >= 0");
+  TORCH_CHECK(options.nnodes >= 1, "launch_ranks: nnodes ", options.nnodes, " must be >= 1");
+  TORCH_CHECK(options.node_rank >= 0 && options.node_rank < options.nnodes, "launch_ranks: node_rank ",
+              options.node_rank, " is outside [0, nnodes ", options.nnodes, ")");
+  TORCH_CHECK(options.nnodes == 1 || (options.master_port >= 1 && options.master_port <= 65535),
+              "launch_ranks: master_port ", options.master_port, " must be in [1, 65535] with nnodes ",
+              options.nnodes, ": every node's ranks meet rank 0's store at that port");
   const int nproc = options.nproc;
-  const int port = options.master_port > 0 ? options.master_port : find_free_port(options.master_addr);
+  const int world_size = options.nnodes * nproc;
+  const int first_rank = options.node_rank * nproc;
+  const bool one_machine = options.nnodes == 1;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = options.threads_per_rank > 0
                           ? options.threads_per_rank
@@ -239,22 +223,33 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   }
 
   RankSet set(make_temp_dir());
+  // Why a FileStore on one machine: the ranks share a filesystem, so they can
+  // meet without any listening socket — no port to pick (and lose to another
+  // process before rank 0 binds it), nothing reachable from the network.
+  // c10d's TCPStore server would listen on every interface (measured with
+  // `ss -ltn`: *:PORT whatever host it is given).
+  const std::string store_file = one_machine ? (set.dir_ / "store").string() : std::string();
   std::vector<ChildSpec> specs(nproc);
   for (int r = 0; r < nproc; ++r) {
     ChildSpec& s = specs[r];
-    s.error_file = (set.dir_ / ("rank-" + std::to_string(r) + ".err")).string();
+    const int rank = first_rank + r;
+    s.error_file = (set.dir_ / ("rank-" + std::to_string(rank) + ".err")).string();
     s.exec_failed_message = "cannot execute " + argv[0] + ": errno ";
     s.env_storage = base_env;
-    const std::vector<std::pair<std::string, std::string>> vars = {
-        {"RANK", std::to_string(r)},
-        {"WORLD_SIZE", std::to_string(nproc)},
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(world_size)},
         {"LOCAL_RANK", std::to_string(r)},
         {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
         {"MASTER_ADDR", options.master_addr},
-        {"MASTER_PORT", std::to_string(port)},
         {"OMP_NUM_THREADS", std::to_string(threads)},
         {"STRATA_THREADS_PER_RANK", std::to_string(threads)},
         {"STRATA_ERROR_FILE", s.error_file}};
+    if (one_machine) {
+      vars.emplace_back("STRATA_STORE_FILE", store_file);
+    } else {
+      vars.emplace_back("MASTER_PORT", std::to_string(options.master_port));
+    }
     for (const auto& [key, value] : vars) s.env_storage.push_back(key + "=" + value);
     for (auto& e : s.env_storage) s.envp.push_back(e.data());
     s.envp.push_back(nullptr);
@@ -353,7 +348,7 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
                                           : "exit code " + std::to_string(WEXITSTATUS(status));
     std::string message = first_line_of(specs[r].error_file);
     if (message.empty()) message = "no error message";
-    std::cerr << "strata: rank " << r << " failed (" << how << "): " << message << "\n";
+    std::cerr << "strata: rank " << first_rank + r << " failed (" << how << "): " << message << "\n";
   }
   const int sig = stop_signal;
   if (sig != 0) {

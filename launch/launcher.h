@@ -1,10 +1,11 @@
 #pragma once
 // Launcher: run a binary as N local ranks, like torchrun's agent.
 //
-// launch_ranks() re-executes a binary N times with the torchrun environment,
-// waits, and if one rank fails stops the others and returns non-zero with a
-// message naming the rank and its error. SIGINT/SIGTERM to the launcher are
-// forwarded to every rank. Ranks report their error through a file
+// launch_ranks() re-executes a binary N times with the torchrun environment
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+// or, on one machine, STRATA_STORE_FILE), waits, and if one rank fails stops
+// the others and returns non-zero with a message naming the rank and its
+// error. SIGINT/SIGTERM to the launcher are forwarded to every rank. Ranks report their error through a file
 // (torchrun's TORCHELASTIC_ERROR_FILE idea), see record_rank_error().
 #include <chrono>
 #include <string>
@@ -13,15 +14,20 @@
 namespace strata {
 
 struct LaunchOptions {
-  int nproc = 1;
+  int nproc = 1;                ///< ranks on this machine
+  /// Machines in the job, each running one launcher (torchrun's --nnodes).
+  /// One machine: the ranks meet in a c10d FileStore in the launcher's
+  /// temporary directory (STRATA_STORE_FILE), so no port is opened. Several:
+  /// rank 0 (on node 0) hosts a TCP store on master_addr:master_port.
+  int nnodes = 1;
+  int node_rank = 0;            ///< this machine: ranks node_rank*nproc .. +nproc-1
+  /// The address ranks meet at. One machine: Gloo binds to the local address
+  /// that routes to it (127.0.0.1: loopback only). Several: node 0's address.
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;          ///< 0: pick a free port on master_addr
+  int master_port = 0;          ///< the TCP store's port; required when nnodes > 1
   int threads_per_rank = 0;     ///< 0: cores / nproc (at least 1)
   std::chrono::seconds grace{5};///< SIGTERM -> SIGKILL delay when stopping ranks
 };
-
-/// A free TCP port on `addr` (bind to port 0, read it back, close).
-int find_free_port(const std::string& addr);
 
 /// Spawns the ranks and waits. Returns 0 if all succeeded, else non-zero after
 /// printing "strata: rank R failed (exit code C): <its error>" to stderr.

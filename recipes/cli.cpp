@@ -104,9 +104,11 @@ std::vector<Field> fields() {
       {"strategy", 2, &C::strategy, "distributed strategy"},
       {"device", 2, &C::device, "auto (cuda:LOCAL_RANK when CUDA is usable, else cpu), cpu or cuda"},
       {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
+      {"nnodes", 2, &C::nnodes, "machines, each running strata-gpt with the same flags but --node-rank"},
+      {"node-rank", 2, &C::node_rank, "this machine's index in [0, nnodes); node 0 hosts rank 0"},
       {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},
-      {"master-addr", 2, &C::master_addr, "rendezvous address"},
-      {"master-port", 2, &C::master_port, "rendezvous port (0: a free port)"},
+      {"master-addr", 2, &C::master_addr, "node 0's address (one machine: Gloo binds to the interface that reaches it)"},
+      {"master-port", 2, &C::master_port, "rank 0's store port with --nnodes > 1 (one machine meets in a file, no port)"},
       {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
       {"bucket-cap-mb", 2, &C::bucket_cap_mb,
        "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
@@ -278,9 +280,14 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
   need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
   need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
+  need(c.nnodes >= 1, "nnodes", c.nnodes, ">= 1");
+  need(c.node_rank >= 0 && c.node_rank < c.nnodes, "node-rank", c.node_rank,
+       ("in [0, nnodes) = [0, " + format(c.nnodes) + ")").c_str());
+  need(c.nnodes == 1 || c.master_port > 0, "master-port", c.master_port,
+       "> 0 with --nnodes > 1 (every node meets rank 0 there)");
   need(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank, ">= 0 (0: automatic)");
   need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
-       "in 0..65535 (0: a free port)");
+       "in 0..65535 (0: none, for one machine)");
   need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
   need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
        ">= 0 (0: off, n: every n-th block)");

@@ -26,9 +26,11 @@ struct RunConfig {
   std::string strategy = "single";
   std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)
   int nproc = 1;
+  int nnodes = 1;            ///< machines, one strata-gpt launcher each (torchrun's --nnodes)
+  int node_rank = 0;         ///< this machine's index in [0, nnodes)
   int threads_per_rank = 0;  ///< 0: cores / ranks
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;       ///< 0: a free port
+  int master_port = 0;       ///< rank 0's TCP store, --nnodes > 1 only
   double comm_timeout_s = 60.0;
   double bucket_cap_mb = 25.0;
   bool find_unused_parameters = false;

@@ -169,16 +169,30 @@ int run_gpt(int argc, char** argv) {
     return parsed.exit_code;
   }
   const RunConfig config = *parsed.config;
-  const auto env = dist_env_from(current_environment());
+  // A launcher's variables are input too: a bad value is a one-line error, exit 2.
+  std::optional<DistEnv> env;
+  try {
+    env = dist_env_from(current_environment());
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  }
 
   // ---- Phase 1: everything that can be wrong with the input; exit code 2. ----
   std::unique_ptr<DataSource> data;
   std::optional<GPTOptions> model_options;
   try {
-    TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->world_size,
-                      "--nproc ", config.nproc, " disagrees with WORLD_SIZE ", env->world_size,
+    // A rank re-reads its launcher's command line: strata's own launcher
+    // passes --nproc (ranks per machine) and --nnodes on, and they must agree
+    // with the world it set up. Under another launcher, leave them out.
+    TORCH_CHECK_VALUE(!env || config.nproc == 1 || config.nproc == env->local_world_size, "--nproc ",
+                      config.nproc, " disagrees with LOCAL_WORLD_SIZE ", env->local_world_size,
                       " set by the launcher; omit --nproc when joining an existing world");
-    TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc) == 1,
+    TORCH_CHECK_VALUE(!env || config.nnodes == 1 || config.nnodes * config.nproc == env->world_size,
+                      "--nnodes ", config.nnodes, " x --nproc ", config.nproc,
+                      " disagrees with WORLD_SIZE ", env->world_size,
+                      " set by the launcher; omit --nnodes when joining an existing world");
+    TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc * config.nnodes) == 1,
                       "strategy 'single' runs one process but --nproc is ", config.nproc,
                       "; use ddp, oss or sdp for several ranks");
     // Every local rank must find its device: check the highest LOCAL_RANK now.
@@ -195,10 +209,12 @@ int run_gpt(int argc, char** argv) {
     return 2;
   }
 
-  if (!env && config.nproc > 1) {
+  if (!env && (config.nproc > 1 || config.nnodes > 1)) {
     args[0] = self_executable(argv[0]);
     LaunchOptions launch;
     launch.nproc = config.nproc;
+    launch.nnodes = config.nnodes;
+    launch.node_rank = config.node_rank;
     launch.master_addr = config.master_addr;
     launch.master_port = config.master_port;
     launch.threads_per_rank = config.threads_per_rank;
@@ -221,6 +237,10 @@ int run_gpt(int argc, char** argv) {
                       ProcessGroupOptions(env->rank, env->world_size)
                           .master_addr(env->master_addr)
                           .master_port(env->master_port)
+                          .store_file(env->store_file)
+                          .agent_store(env->agent_store)
+                          .store_prefix(env->store_prefix)
+                          .gloo_interfaces(env->gloo_interfaces)
                           .backend(backend_for(device))
                           .timeout(std::chrono::milliseconds(
                               static_cast<int64_t>(config.comm_timeout_s * 1000)))),

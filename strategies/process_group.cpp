@@ -1,7 +1,11 @@
 #include "strategies/process_group.h"
 
 #include "core/cuda_support.h"
-#include "strategies/tcp_store.h"
+#include "core/net.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 // The Gloo headers are guarded by USE_C10D_GLOO, which LibTorch's CMake config
 // does not export; Debian's LibTorch is built with Gloo (the symbols are in
@@ -11,57 +15,133 @@
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include <arpa/inet.h>
-
+#include <sstream>
 #include <string>
 
 namespace strata {
-
 
 namespace {
 
 constexpr const char* kWorldSizeKey = "strata/world_size";
 
-bool is_loopback(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
-  return false;
+std::string to_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  return c10::str(static_cast<double>(t.count()) / 1000.0, " s");
 }
 
-std::string to_text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+/// Names the store the options describe, for error messages.
+std::string describe_store(const ProcessGroupOptions& o) {
+  if (!o.store_file().empty()) return "the FileStore " + o.store_file() + " (STRATA_STORE_FILE)";
+  const std::string where = o.master_addr() + ":" + std::to_string(o.master_port());
+  if (o.agent_store()) return "torchrun's agent store at MASTER_ADDR:MASTER_PORT " + where;
+  return "rank 0's store at MASTER_ADDR:MASTER_PORT " + where;
+}
+
+std::string who(const ProcessGroupOptions& o) {
+  return c10::str("rank ", o.rank(), ", WORLD_SIZE ", o.world_size());
+}
+
+/// An exception's message without c10's backtrace.
+std::string message_of(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  return c10_error ? c10_error->what_without_backtrace() : e.what();
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_gloo_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                          int rank, int world_size,
                                                          std::chrono::milliseconds timeout,
-                                                         const std::string& hostname) {
+                                                         const std::string& master_addr,
+                                                         const std::string& interfaces) {
   TORCH_CHECK(store, "create_gloo_group: store is null (rank ", rank, ", world size ", world_size, ")");
   TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "create_gloo_group: rank ", rank,
               " is outside the world [0, ", world_size, ")");
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  // Which address Gloo's own sockets bind to. With a loopback master every
-  // rank is on this machine: bind to that address, so traffic stays on the
-  // loopback interface and never depends on how this host's name resolves
-  // (containers often map it to an address peers cannot reach). Otherwise the
-  // master's address is not ours to bind (it is rank 0's host), so let Gloo
-  // pick this machine's address from its hostname (loopback as a fallback).
-  options->devices.push_back(is_loopback(hostname)
-                                 ? c10d::ProcessGroupGloo::createDeviceForHostname(hostname)
-                                 : c10d::ProcessGroupGloo::createDefaultDevice());
+  // Which address Gloo's own sockets bind to (each rank listens there and
+  // publishes it in the store for its peers). Not the hostname's address
+  // (createDefaultDevice): containers and network namespaces often map the
+  // hostname to an address peers cannot reach (127.0.0.1 here). The address
+  // this machine uses to reach MASTER_ADDR is one the master — and so every
+  // peer on that network — can reach back; with a loopback master it is
+  // loopback, and a one-machine run stays off the network. GLOO_SOCKET_IFNAME
+  // overrides it, as in torch.
+  const auto names = split_commas(interfaces);
+  if (!names.empty()) {
+    for (const auto& name : names) {
+      try {
+        options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+      } catch (const std::exception& e) {
+        TORCH_CHECK(false, "GLOO_SOCKET_IFNAME names interface '", name, "', which Gloo cannot use (rank ",
+                    rank, "): ", message_of(e));
+      }
+    }
+  } else {
+    const std::string local = local_address_towards(master_addr, "MASTER_ADDR");
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+  }
   // The constructor connects the full mesh through the store: it blocks until
-  // every rank has published its address (bounded by `timeout`).
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  // every rank has published its address and connected (bounded by `timeout`).
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", rank, " of ", world_size, " could not connect Gloo to its peers within ",
+                seconds_text(timeout), " (MASTER_ADDR ", master_addr, "): ", message_of(e));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> create_store(const ProcessGroupOptions& o) {
+  const int rank = o.rank();
+  c10::intrusive_ptr<c10d::Store> store;
+  if (!o.store_file().empty()) {
+    try {
+      store = c10::make_intrusive<c10d::FileStore>(o.store_file(), o.world_size());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "cannot open ", describe_store(o), " (", who(o), "): ", message_of(e));
+    }
+    // FileStore's own default is 300 s; a rank that never arrives must fail
+    // within the job's timeout like everything else.
+    store->setTimeout(o.timeout());
+  } else {
+    const bool host = !o.agent_store() && rank == 0;
+    const int port = o.master_port();
+    TORCH_CHECK(port >= (host ? 0 : 1) && port <= 65535, "MASTER_PORT ", port, " must be in [",
+                host ? 0 : 1, ", 65535] (", who(o), ")");
+    c10d::TCPStoreOptions tcp;
+    tcp.port = static_cast<uint16_t>(port);
+    tcp.isServer = host;
+    tcp.numWorkers = static_cast<size_t>(o.world_size());
+    // Why not waitWorkers: ranks check in through the world-size key below,
+    // with an error that says who is missing; c10d's wait only counts.
+    tcp.waitWorkers = false;
+    tcp.timeout = o.timeout();
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr(), tcp);
+    } catch (const std::exception& e) {
+      const std::string why = message_of(e);
+      TORCH_CHECK(!host, "rank 0 could not host the rendezvous store on MASTER_PORT ", port,
+                  " (MASTER_ADDR ", o.master_addr(), ", ", who(o), "): ", why);
+      TORCH_CHECK(false, "could not reach ", describe_store(o), " within ", seconds_text(o.timeout()),
+                  " (", who(o), "): ", why);
+    }
+  }
+  if (!o.store_prefix().empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix(), store);
+  return store;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOptions& options) {
   const int rank = options.rank();
   const int world_size = options.world_size();
-  const std::string& addr = options.master_addr();
-  const int port = options.master_port();
   const std::string& backend = options.backend();
   TORCH_CHECK(world_size >= 1, "create_process_group: WORLD_SIZE ", world_size, " must be >= 1");
   TORCH_CHECK(rank >= 0 && rank < world_size, "create_process_group: RANK ", rank,
@@ -71,30 +151,30 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOp
   TORCH_CHECK(backend != "nccl" || built_with_cuda(),
               "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
 
-  // Rank 0 hosts the store; the others connect, retrying until the timeout
-  // (rank 0 may start later than they do).
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<TcpStore>(addr, port, rank == 0, options.timeout());
-  } catch (const c10::Error& e) {
-    // The store's message names the address and port; add who was asking.
-    TORCH_CHECK(false, e.what_without_backtrace(), " (rank ", rank, ", WORLD_SIZE ", world_size, ")");
-  }
+  c10::intrusive_ptr<c10d::Store> store = create_store(options);
 
   // Rendezvous check: a rank launched with a different WORLD_SIZE would
-  // otherwise hang in the Gloo mesh until the timeout, or worse, connect to
-  // the wrong peers. get() blocks until rank 0 has set the key.
+  // otherwise hang in the mesh until the timeout, or worse, connect to the
+  // wrong peers. get() blocks until rank 0 has set the key (bounded by the
+  // store's timeout).
   if (rank == 0) {
     const std::string text = std::to_string(world_size);
     store->set(kWorldSizeKey, std::vector<uint8_t>(text.begin(), text.end()));
   }
-  const std::string rank0_world_size = to_text(store->get(kWorldSizeKey));
+  std::string rank0_world_size;
+  try {
+    rank0_world_size = to_text(store->get(kWorldSizeKey));
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", rank, " did not hear from rank 0 in ", describe_store(options), " within ",
+                seconds_text(options.timeout()), " (is rank 0 running, with the same store?): ", message_of(e));
+  }
   TORCH_CHECK(rank0_world_size == std::to_string(world_size), "rank ", rank, " has WORLD_SIZE ",
-              world_size, " but rank 0 has WORLD_SIZE ", rank0_world_size, " (MASTER_ADDR ", addr,
-              ":", port, ")");
+              world_size, " but rank 0 has WORLD_SIZE ", rank0_world_size, " (", describe_store(options),
+              ")");
 
   if (backend == "nccl") return create_nccl_group(store, rank, world_size, options.timeout());
-  return create_gloo_group(store, rank, world_size, options.timeout(), addr);
+  return create_gloo_group(store, rank, world_size, options.timeout(), options.master_addr(),
+                           options.gloo_interfaces());
 }
 
 }  // namespace strata

@@ -4,7 +4,6 @@
 #include "tests/error_text.h"
 #include "strategies/comm.h"
 #include "strategies/process_group.h"
-#include "strategies/tcp_store.h"
 #include "strategies/thread_world.h"
 
 #include <gtest/gtest.h>
@@ -385,112 +384,6 @@ TEST(CommTest, ThreadWorldRethrowsAndDoesNotHangWhenARankThrows) {
   const auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_NE(msg, "<no exception>");
   EXPECT_LT(elapsed, std::chrono::seconds(9));
-}
-
-// --- process groups over TcpStore --------------------------------------------------
-
-int free_port() {
-  // Bind to port 0 and read it back (no dependency on strata::recipes here).
-  strata::TcpStore probe("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(5));
-  return probe.port();
-}
-
-TEST(ProcessGroupTest, TwoRanksRendezvousOverTcpStoreAndAllReduce) {
-  const int port = free_port();
-  std::vector<torch::Tensor> results(2);
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      errors[rank] = what_of([&] {
-        strata::ProcessGroupOptions opts(rank, 2);
-        opts.master_port(port).timeout(std::chrono::seconds(10));
-        Comm comm(strata::create_process_group(opts));
-        auto t = torch::full({3}, static_cast<float>(rank + 1));
-        comm.all_reduce(t);
-        results[rank] = t;
-      });
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(errors[rank], "<no exception>") << "rank " << rank;
-    ASSERT_TRUE(results[rank].defined());
-    EXPECT_TRUE(results[rank].equal(torch::full({3}, 3.0f)));
-  }
-}
-
-TEST(ProcessGroupTest, WorldSizeMismatchNamesBothValuesAndTheRank) {
-  const int port = free_port();
-  std::string rank0_error, rank1_error;
-  std::thread rank0([&] {
-    rank0_error = what_of([&] {
-      strata::ProcessGroupOptions opts(0, 2);
-      opts.master_port(port).timeout(std::chrono::seconds(2));
-      strata::create_process_group(opts);
-    });
-  });
-  rank1_error = what_of([&] {
-    strata::ProcessGroupOptions opts(1, 3);
-    opts.master_port(port).timeout(std::chrono::seconds(2));
-    strata::create_process_group(opts);
-  });
-  rank0.join();
-  EXPECT_NE(rank1_error.find("rank 1 has WORLD_SIZE 3 but rank 0 has WORLD_SIZE 2"), std::string::npos)
-      << rank1_error;
-  // Rank 0 is left waiting for a peer that never joins; it must time out, not hang.
-  EXPECT_NE(rank0_error, "<no exception>");
-}
-
-TEST(ProcessGroupTest, RendezvousErrorsNameAddressPortRankAndWorldSize) {
-  strata::TcpStore occupant("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(5));
-  const int port = occupant.port();
-  strata::ProcessGroupOptions opts(0, 2);
-  opts.master_port(port).timeout(std::chrono::milliseconds(300));
-  auto msg = what_of([&] { strata::create_process_group(opts); });
-  EXPECT_NE(msg.find("MASTER_PORT " + std::to_string(port) + " on 127.0.0.1 is already in use"),
-            std::string::npos)
-      << msg;
-  EXPECT_NE(msg.find("(rank 0, WORLD_SIZE 2)"), std::string::npos) << msg;
-
-  const int closed = free_port();  // nobody listens there any more
-  strata::ProcessGroupOptions client(1, 2);
-  client.master_port(closed).timeout(std::chrono::milliseconds(300));
-  msg = what_of([&] { strata::create_process_group(client); });
-  EXPECT_NE(msg.find("could not reach MASTER_ADDR 127.0.0.1:" + std::to_string(closed) + " within 0.3 s"),
-            std::string::npos)
-      << msg;
-  EXPECT_NE(msg.find("(rank 1, WORLD_SIZE 2)"), std::string::npos) << msg;
-}
-
-TEST(ProcessGroupTest, BackendErrorsNameTheAllowedValues) {
-  strata::ProcessGroupOptions opts(0, 1);
-  opts.backend("mpi");
-  auto msg = what_of([&] { strata::create_process_group(opts); });
-  EXPECT_NE(msg.find("'mpi'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'gloo'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'nccl'"), std::string::npos) << msg;
-  if (!at::hasCUDA()) {  // a CPU-only LibTorch: strata is built without NCCL
-    opts.backend("nccl");
-    msg = what_of([&] { strata::create_process_group(opts); });
-    EXPECT_NE(msg.find("backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'"),
-              std::string::npos)
-        << msg;
-  }
-  opts = strata::ProcessGroupOptions(2, 2);
-  msg = what_of([&] { strata::create_process_group(opts); });
-  EXPECT_NE(msg.find("RANK 2"), std::string::npos) << msg;
-}
-
-TEST(ProcessGroupTest, WorldOfOneProcessGroupWorks) {
-  strata::ProcessGroupOptions opts(0, 1);
-  opts.master_port(0).timeout(std::chrono::seconds(5));  // 0: any free port
-  Comm comm(strata::create_process_group(opts));
-  EXPECT_TRUE(comm.is_distributed());
-  EXPECT_EQ(comm.size(), 1);
-  auto t = torch::ones({3});
-  comm.all_reduce(t);
-  EXPECT_TRUE(t.equal(torch::ones({3})));
 }
 
 }  // namespace

@@ -97,6 +97,10 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--bucket-cap-mb 10", "--bucket-cap-mb does not apply to strategy 'single'"},
       {"--strategy sdp --nproc 2 --bucket-cap-mb 0",
        "invalid value '0' for --bucket-cap-mb: must be > 0 for strategy 'sdp' (0, one all-reduce per gradient, is for ddp only)"},
+      {"--nnodes 0", "invalid value '0' for --nnodes: must be >= 1"},
+      {"--nnodes 2 --node-rank 2 --master-port 29999",
+       "invalid value '2' for --node-rank: must be in [0, nnodes) = [0, 2)"},
+      {"--nnodes 2 --strategy ddp", "invalid value '0' for --master-port: must be > 0 with --nnodes > 1"},
   };
   // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
   if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});
@@ -131,5 +135,31 @@ TEST(BadInputTest, UncreatableOutputDirIsOneLineExitTwoAndNothingWritten) {
     }
   }
   EXPECT_EQ(fs::file_size(file), 1u);  // untouched
+}
+
+TEST(BadInputTest, LauncherVariablesAreInputToo) {
+  // A world someone else launched: its variables are checked like flags.
+  const auto out = scratch() / "bad-env";
+  struct Case {
+    std::string env, args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"RANK=abc WORLD_SIZE=2", "", "RANK='abc' is not an integer"},
+      {"SLURM_PROCID=2 SLURM_NTASKS=2", "", "SLURM_PROCID=2 must be < SLURM_NTASKS=2"},
+      {"RANK=0 WORLD_SIZE=2 TORCHELASTIC_USE_AGENT_STORE=True", "",
+       "TORCHELASTIC_USE_AGENT_STORE=True is set but TORCHELASTIC_RESTART_COUNT is not"},
+      {"RANK=0 WORLD_SIZE=1", "--nnodes 2 --master-port 29999",
+       "--nnodes 2 x --nproc 1 disagrees with WORLD_SIZE 1 set by the launcher"},
+      {"RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2", "--nproc 4",
+       "--nproc 4 disagrees with LOCAL_WORLD_SIZE 2 set by the launcher"},
+  };
+  for (const auto& c : cases) {
+    fs::remove_all(out);
+    auto run = run_gpt_binary(c.args + " --strategy ddp --output-dir " + out.string(), c.env);
+    EXPECT_EQ(run.exit_code, 2) << c.env << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.expect), std::string::npos) << c.env << "\n" << run.output;
+    EXPECT_LE(std::count(run.output.begin(), run.output.end(), '\n'), 1) << c.env << "\n" << run.output;
+    EXPECT_FALSE(fs::exists(out)) << c.env;
+  }
 }
 }  // namespace
