@@ -205,6 +205,9 @@ int run_gpt(int argc, char** argv) {
     // is bad input, reported before any rank starts.
     if (!env || env->rank == 0) check_output_dir(config.output_dir);
   } catch (const c10::Error& e) {
+    // A rank that finds its input bad tells its launcher why (else the
+    // launcher could only report "no error message").
+    record_rank_error(e.what_without_backtrace());
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
     return 2;
   }
