@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,6 +108,50 @@ TEST(DDPStrategyTest, BucketCapZeroIsOneAllReducePerGradient) {
   const auto text = ddp.describe();
   EXPECT_NE(text.find("no bucketing (6 gradients, one all-reduce each)"), std::string::npos) << text;
   EXPECT_THROW(strata::DDPStrategy(strata::Comm(), strata::DDPOptions().bucket_cap_mb(-1)), c10::Error);
+}
+
+TEST(GradReadinessTest, ConcurrentMarkReadyLaunchesEveryBucketOnceInOrder) {
+  // Autograd may run AccumulateGrad post-hooks on several threads (one per
+  // device). Hammer mark_ready from 8 threads released together, many rounds:
+  // every bucket must launch exactly once per round, in bucket order, and
+  // never two launches at a time.
+  constexpr size_t kParams = 4096;
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 40;
+  std::vector<torch::Tensor> params;
+  for (size_t i = 0; i < kParams; ++i) params.push_back(torch::zeros({int64_t(1 + i % 3)}));
+  // 1-4 parameters per bucket; neighbours (marked by different threads) share one.
+  const auto buckets = strata::assign_buckets(params, 16);
+  ASSERT_GT(buckets.size(), kParams / 4);
+  std::vector<size_t> launched;  // written only inside launch
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  strata::GradReadiness readiness(params, buckets, [&](size_t b) {
+    if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+    launched.push_back(b);
+    if (b % 64 == 0) std::this_thread::yield();  // widen the window for a racing launcher
+    inside.fetch_sub(1);
+  });
+  for (int round = 0; round < kRounds; ++round) {
+    readiness.reset();
+    launched.clear();
+    std::atomic<int> waiting{kThreads};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        waiting.fetch_sub(1);
+        while (waiting.load() > 0) std::this_thread::yield();  // start together
+        // Thread t marks params t, t+8, ... in reverse (backward's) order.
+        for (size_t i = static_cast<size_t>(t); i < kParams; i += kThreads) readiness.mark_ready(kParams - 1 - i);
+      });
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_EQ(launched.size(), buckets.size()) << "round " << round;
+    for (size_t k = 0; k < launched.size(); ++k) ASSERT_EQ(launched[k], k) << "round " << round;
+    ASSERT_TRUE(readiness.all_launched()) << "round " << round;
+    ASSERT_TRUE(readiness.unready_params().empty()) << "round " << round;
+  }
+  EXPECT_EQ(overlaps.load(), 0);
 }
 
 }  // namespace
