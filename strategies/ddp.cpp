@@ -43,6 +43,7 @@ void DDPStrategy::setup(TrainingModule& module) {
   auto buckets = assign_buckets(params(), std::max<int64_t>(cap, 1));
   // Gradients become views into one flat buffer per bucket, so the all-reduce
   // needs no copy in or out, and AccumulateGrad adds into the bucket in place.
+  // A bucket holds one dtype (assign_buckets), so its buffer takes any member's.
   for (const auto& bucket : buckets) {
     int64_t numel = 0;
     for (size_t p : bucket) numel += params()[p].numel();

@@ -3,22 +3,49 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <iterator>
+
 namespace strata {
 
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>& params,
                                                 int64_t cap_bytes) {
   TORCH_CHECK_VALUE(cap_bytes > 0, "bucket cap must be > 0 bytes (got ", cap_bytes, ")");
+  // One open bucket per (dtype, device), as torch DDP: a bucket is one flat
+  // buffer, so it never mixes them.
+  struct Open {
+    torch::ScalarType dtype;
+    torch::Device device;
+    std::vector<size_t> members;
+    int64_t filled;
+  };
+  std::vector<Open> open;
   std::vector<std::vector<size_t>> buckets;
-  int64_t filled = 0;
   for (size_t k = params.size(); k-- > 0;) {
-    const int64_t bytes = params[k].numel() * static_cast<int64_t>(params[k].element_size());
-    if (buckets.empty() || (filled + bytes > cap_bytes && filled > 0)) {
-      buckets.emplace_back();
-      filled = 0;
+    const auto& p = params[k];
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) {
+      return o.dtype == p.scalar_type() && o.device == p.device();
+    });
+    if (it == open.end()) {
+      open.push_back({p.scalar_type(), p.device(), {}, 0});
+      it = std::prev(open.end());
+    } else if (it->filled + bytes > cap_bytes && it->filled > 0) {
+      buckets.push_back(std::move(it->members));
+      it->members.clear();
+      it->filled = 0;
     }
-    buckets.back().push_back(k);
-    filled += bytes;
+    it->members.push_back(k);
+    it->filled += bytes;
   }
+  for (auto& o : open) {
+    if (!o.members.empty()) buckets.push_back(std::move(o.members));
+  }
+  // Order buckets by their first (latest-registered) parameter: the order
+  // backward tends to complete them, and a function of the parameter list
+  // alone, so every rank gets the same order (the in-order launch relies on it).
+  std::sort(buckets.begin(), buckets.end(),
+            [](const std::vector<size_t>& x, const std::vector<size_t>& y) { return x.front() > y.front(); });
   return buckets;
 }
 

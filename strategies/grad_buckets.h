@@ -20,7 +20,9 @@
 namespace strata {
 
 /// Buckets as lists of indices into `params`; a parameter larger than the cap
-/// gets a bucket of its own. cap_bytes must be > 0.
+/// gets a bucket of its own; a bucket never mixes dtypes or devices. Buckets
+/// are ordered by their first member, latest-registered first (with one dtype:
+/// consecutive runs of the reverse order). cap_bytes must be > 0.
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>& params,
                                                 int64_t cap_bytes);
 

@@ -20,6 +20,9 @@ int64_t OSSStrategy::round_numel() const {
 
 void OSSStrategy::setup(TrainingModule& module) {
   Strategy::setup(module);
+  // Before any collective: every rank has the same parameters, so every rank
+  // fails here alike and none waits in the broadcast.
+  check_one_dtype(params(), param_names(), name());
   broadcast_module_state(comm(), module.module());
   layout_ = FlatLayout(params(), world_size());
   flat_params_ = flatten_into_buffer(params(), layout_);

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <mutex>
 
@@ -271,4 +272,143 @@ TEST(StrategyErrorTest, SingleStrategyRefusesSeveralRanks) {
   });
   EXPECT_EQ(errors, 2);
 }
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Trustworthy strategies: a second fit with the same strategy, one rule for
+// unused parameters (ddp/oss/sdp), mixed dtypes. Own namespace so helpers added
+// above by others cannot collide.
+namespace {
+namespace trust {
+
+using Params = std::vector<torch::Tensor>;
+using MakeStrategy = std::function<std::shared_ptr<strata::Strategy>(strata::Comm&)>;
+
+Params snapshot(torch::nn::Module& module) {
+  Params out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+MakeStrategy from_registry(const std::string& name, strata::StrategyConfig config = {}) {
+  return [name, config](strata::Comm& comm) -> std::shared_ptr<strata::Strategy> {
+    strata::StrategyRegistry registry;
+    strata::register_builtin_strategies(registry);
+    return registry.create(name, comm, config);
+  };
+}
+
+/// Runs `train(comm, strategy)` on `world` thread-ranks; every rank must end
+/// with bit-identical results; returns rank 0's.
+std::vector<Params> run_ranks(const std::string& what, int world, const MakeStrategy& make,
+                              const std::function<std::vector<Params>(strata::Comm&, std::shared_ptr<strata::Strategy>)>& train) {
+  std::mutex mu;
+  std::vector<std::vector<Params>> per_rank(world);
+  strata::run_thread_world(world, [&](strata::Comm& comm) {
+    auto out = train(comm, make(comm));
+    std::lock_guard<std::mutex> lock(mu);
+    per_rank[comm.rank()] = std::move(out);
+  }, std::chrono::seconds(30));
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(per_rank[r].size(), per_rank[0].size());
+    for (size_t m = 0; m < per_rank[0].size() && m < per_rank[r].size(); ++m) {
+      for (size_t i = 0; i < per_rank[0][m].size(); ++i) {
+        EXPECT_TRUE(torch::equal(per_rank[0][m][i], per_rank[r][m][i]))
+            << what << ": rank " << r << " differs from rank 0: model " << m << " param " << i;
+      }
+    }
+  }
+  return per_rank[0];
+}
+
+/// Every parameter within `tol` of the reference; float64 parameters within
+/// 1e-12 (the tests keep their values independent of float32 ones).
+void expect_close(const std::vector<Params>& want, const std::vector<Params>& got, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t m = 0; m < want.size(); ++m) {
+    ASSERT_EQ(want[m].size(), got[m].size()) << what;
+    for (size_t i = 0; i < want[m].size(); ++i) {
+      const bool f64 = want[m][i].scalar_type() == torch::kFloat64;
+      const double diff = (want[m][i] - got[m][i]).abs().max().item<double>();
+      EXPECT_LE(diff, f64 ? std::min(tol, 1e-12) : tol)
+          << what << ": model " << m << " param " << i << " (" << want[m][i].scalar_type() << ")";
+    }
+  }
+}
+
+/// fp32 language model plus a float64 parameter (its loss term depends on the
+/// data only, so its parity can be checked at float64 precision).
+class MixedDtype : public strata::TrainingModule {
+ public:
+  MixedDtype() : net_(std::make_shared<torch::nn::Module>()) {
+    static std::mutex init_mutex;  // see make_module()
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(3);
+    emb_ = net_->register_module("emb", torch::nn::Embedding(16, 8));
+    // Registered between the float32 layers, so buckets interleave dtypes.
+    auto aux = net_->register_module("aux", std::make_shared<torch::nn::Module>());
+    offset_ = aux->register_parameter("offset", torch::randn({8}, torch::kFloat64));
+    head_ = net_->register_module("head", torch::nn::Linear(8, 16));
+  }
+  torch::nn::Module& module() override { return *net_; }
+  torch::Tensor training_step(const strata::Batch& b) override {
+    auto ce = torch::nn::functional::cross_entropy(head_(emb_(b.input)).view({-1, 16}), b.target.view(-1));
+    auto fit = (b.input.to(torch::kFloat64) / 16.0 - offset_).pow(2).mean();
+    return ce.to(torch::kFloat64) + fit;
+  }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> net_;
+  torch::nn::Embedding emb_{nullptr};
+  torch::nn::Linear head_{nullptr};
+  torch::Tensor offset_;
+};
+
+TEST(StrategyMixedDtypeTest, DdpBucketsNeverMixDtypesAndMatchSingleProcess) {
+  auto train = [](int64_t batch) {
+    return [batch](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      MixedDtype module;
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 1, 0.5, 4), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  const auto reference = run_ranks("single", 1, from_registry("single"), train(4));
+  // 25 MiB: one bucket per dtype; 0.0006 MiB: buckets float32 (head), float64
+  // (aux.offset), float32 (emb); 0: one parameter per bucket.
+  for (double cap : {25.0, 0.0006, 0.0}) {
+    const auto got = run_ranks("ddp", 2, [cap](strata::Comm& c) {
+      return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(cap));
+    }, train(2));
+    expect_close(reference, got, 1e-5, "ddp cap " + std::to_string(cap) + " MiB");
+  }
+}
+
+TEST(StrategyMixedDtypeTest, ShardedStrategiesRefuseMixedDtypesNamingThem) {
+  for (const std::string name : {"oss", "sdp"}) {
+    std::mutex mu;
+    std::vector<std::string> errors;
+    strata::run_thread_world(2, [&](strata::Comm& comm) {
+      MixedDtype module;
+      strata::testing::ToyData data;
+      try {
+        strata::Trainer(options_for(2, 1, 0.0, 2), from_registry(name)(comm)).fit(module, data);
+      } catch (const c10::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what_without_backtrace());
+      }
+    }, std::chrono::seconds(5));
+    ASSERT_EQ(errors.size(), 2u) << name << ": every rank must raise";
+    for (const auto& e : errors) {
+      for (const char* part : {"offset", "Double", "emb.weight", "Float"}) {
+        EXPECT_NE(e.find(part), std::string::npos) << name << ": '" << part << "' missing in: " << e;
+      }
+      EXPECT_EQ(e.find('\n'), std::string::npos) << name << ": one line: " << e;
+    }
+  }
+}
+
+}  // namespace trust
 }  // namespace

@@ -30,6 +30,21 @@ TEST(AssignBucketsTest, ReverseRegistrationOrderWithinTheCap) {
   EXPECT_NE(msg.find("got 0"), std::string::npos) << msg;
 }
 
+TEST(AssignBucketsTest, NeverMixesDtypesAndKeepsReverseOrder) {
+  // fp32 (4 bytes) and fp64 (8 bytes) parameters interleaved, as torch DDP
+  // does: one open bucket per dtype, and buckets ordered by the position of
+  // their first (latest-registered) parameter, so ranks agree on the order.
+  std::vector<torch::Tensor> params = {torch::zeros({10}), torch::zeros({10}, torch::kFloat64),
+                                       torch::zeros({10}), torch::zeros({10}, torch::kFloat64),
+                                       torch::zeros({10})};
+  EXPECT_EQ(strata::assign_buckets(params, 1 << 20), (Buckets{{4, 2, 0}, {3, 1}}));
+  // 80-byte cap: fp32 buckets hold two params, fp64 buckets one.
+  EXPECT_EQ(strata::assign_buckets(params, 80), (Buckets{{4, 2}, {3}, {1}, {0}}));
+  for (const auto& bucket : strata::assign_buckets(params, 80)) {
+    for (size_t p : bucket) EXPECT_EQ(params[p].scalar_type(), params[bucket.front()].scalar_type());
+  }
+}
+
 struct Chain {
   torch::nn::Sequential net{torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 8),
                             torch::nn::Tanh(), torch::nn::Linear(8, 1)};
