@@ -1,5 +1,6 @@
 #pragma once
-// Gradient bucketing shared by DDP and SDP.
+// Gradient bucketing shared by DDP and SDP (OSS uses GradReadiness only to
+// learn which parameters got a gradient; see grad_sync.h).
 //
 // assign_buckets() groups parameters, in REVERSE registration order (the order
 // backward produces their gradients), into buckets of at most cap bytes.

@@ -136,6 +136,10 @@ class Strategy {
   bool require_sync_ = true;
 };
 
+/// Broadcasts rank 0's parameters and buffers to every rank (identical start
+/// for the data-parallel strategies); nothing on a world of one.
+void broadcast_module_state(Comm& comm, torch::nn::Module& module);
+
 /// Sum of nbytes over the unique storages behind `tensors` (views of one
 /// buffer are counted once).
 int64_t unique_storage_bytes(const std::vector<torch::Tensor>& tensors);

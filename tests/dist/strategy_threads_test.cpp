@@ -337,6 +337,135 @@ void expect_close(const std::vector<Params>& want, const std::vector<Params>& go
   }
 }
 
+/// A small language model over ToyData with parameters that take no part in
+/// some losses: `gate` only where `use_gate(sample)` says so (no sample: not
+/// in the graph at all); `idle` (a Linear: a weight-decayed 2-D weight and a
+/// bias) never, when present. Per sample, so splitting a batch over ranks
+/// changes nothing.
+class Gated : public strata::TrainingModule {
+ public:
+  Gated(std::function<torch::Tensor(const strata::Batch&)> use_gate, bool idle)
+      : use_gate_(std::move(use_gate)), net_(std::make_shared<torch::nn::Module>()) {
+    static std::mutex init_mutex;  // see make_module()
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(5);
+    emb_ = net_->register_module("emb", torch::nn::Embedding(16, 8));
+    gate_ = net_->register_parameter("gate", torch::randn({8}));
+    head_ = net_->register_module("head", torch::nn::Linear(8, 16));
+    if (idle) net_->register_module("idle", torch::nn::Linear(4, 4));
+  }
+  torch::nn::Module& module() override { return *net_; }
+  torch::Tensor training_step(const strata::Batch& b) override {
+    auto h = emb_(b.input);
+    const auto mask = use_gate_(b);  // bool [B]
+    if (mask.any().item<bool>()) h = h + gate_ * mask.to(h.scalar_type()).view({-1, 1, 1});
+    return torch::nn::functional::cross_entropy(head_(h).view({-1, 16}), b.target.view(-1));
+  }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+ private:
+  std::function<torch::Tensor(const strata::Batch&)> use_gate_;
+  std::shared_ptr<torch::nn::Module> net_;
+  torch::nn::Embedding emb_{nullptr};
+  torch::nn::Linear head_{nullptr};
+  torch::Tensor gate_;
+};
+
+/// Data-dependent: the gate acts on samples starting with a token divisible by 4.
+torch::Tensor gate_by_data(const strata::Batch& b) { return b.input.select(1, 0) % 4 == 0; }
+
+TEST(StrategyUnusedParameterTest, ErrorNamesTheParameterIdenticallyOnEveryRank) {
+  for (const std::string name : {"ddp", "oss", "sdp"}) {
+    for (bool idle : {false, true}) {
+      std::mutex mu;
+      std::vector<std::string> errors;
+      strata::run_thread_world(2, [&](strata::Comm& comm) {
+        // Without `idle`, only rank 1 leaves `gate` out: the ranks disagree,
+        // and still every rank must raise (nobody may hang in the next step).
+        const bool use = comm.rank() == 0;
+        Gated module([use](const strata::Batch& b) { return torch::full({b.input.size(0)}, use); }, idle);
+        strata::testing::ToyData data;
+        try {
+          strata::Trainer(options_for(2, 1, 0.0, 3), from_registry(name)(comm)).fit(module, data);
+        } catch (const c10::Error& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(e.what_without_backtrace());
+        }
+      }, std::chrono::seconds(5));
+      const std::string what = name + (idle ? " (idle params)" : " (gate unused on rank 1)");
+      ASSERT_EQ(errors.size(), 2u) << what << ": every rank must raise";
+      EXPECT_EQ(errors[0], errors[1]) << what << ": ranks must raise the same error";
+      for (const auto& e : errors) {
+        EXPECT_NE(e.find(name + ": "), std::string::npos) << what << ": " << e;
+        EXPECT_NE(e.find("gate on 1 of 2 rank(s)"), std::string::npos) << what << ": " << e;
+        if (idle) {
+          EXPECT_NE(e.find("idle.weight on 2 of 2 rank(s), idle.bias on 2 of 2 rank(s)"), std::string::npos)
+              << what << ": " << e;
+        }
+        EXPECT_NE(e.find("find_unused_parameters"), std::string::npos) << what << ": " << e;
+        EXPECT_EQ(e.find('\n'), std::string::npos) << what << ": one line: " << e;
+      }
+    }
+  }
+}
+
+TEST(StrategyUnusedParameterTest, WithTheFlagMatchesSingleProcess) {
+  const int64_t steps = 6;
+  // The data must make the case interesting: steps where the ranks disagree on
+  // `gate` and steps where no rank uses it.
+  for (int world : {2, 3}) {
+    strata::testing::ToyData data;
+    int mixed = 0, nobody = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      int users = 0;
+      for (int r = 0; r < world; ++r) {
+        users += gate_by_data(data.train_batch(s, 2, {r, world})).any().item<bool>();
+      }
+      mixed += users > 0 && users < world;
+      nobody += users == 0;
+    }
+    ASSERT_GT(mixed, 0) << "world " << world;
+    ASSERT_GT(nobody, 0) << "world " << world;
+  }
+  auto train = [&](int64_t batch) {
+    return [batch, steps](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      Gated module(gate_by_data, /*idle=*/true);
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 1, 0.0, steps), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  strata::StrategyConfig flag;
+  flag.find_unused_parameters = true;
+  for (int world : {2, 3}) {
+    const auto reference = run_ranks("single", 1, from_registry("single"), train(2 * world));
+    for (const std::string name : {"ddp", "oss", "sdp"}) {
+      expect_close(reference, run_ranks(name, world, from_registry(name, flag), train(2)), 1e-5,
+                   name + " world " + std::to_string(world));
+    }
+  }
+}
+
+TEST(StrategyUnusedParameterTest, UsedInAnEarlierMicroBatchIsNotUnused) {
+  // Accumulating over two micro-batches, `gate` takes part in the first only
+  // (under no_sync): it has a gradient, so no error, and it is reduced.
+  auto train = [](int64_t batch) {
+    return [batch](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      auto calls = std::make_shared<int64_t>(0);
+      Gated module([calls](const strata::Batch& b) {
+        return torch::full({b.input.size(0)}, (*calls)++ % 2 == 0);
+      }, /*idle=*/false);
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 2, 0.0, 3), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  const auto reference = run_ranks("single", 1, from_registry("single"), train(4));
+  for (const std::string name : {"ddp", "oss", "sdp"}) {
+    expect_close(reference, run_ranks(name, 2, from_registry(name), train(2)), 1e-5, name);
+  }
+}
+
 /// fp32 language model plus a float64 parameter (its loss term depends on the
 /// data only, so its parity can be checked at float64 precision).
 class MixedDtype : public strata::TrainingModule {
