@@ -13,6 +13,12 @@ DDPStrategy::DDPStrategy(Comm comm, DDPOptions options)
 }
 
 void DDPStrategy::setup(TrainingModule& module) {
+  // Idempotent: a second fit (same or another module) rebuilds everything.
+  // Work a failed step left in flight is waited for (PendingWork's destructor,
+  // bounded by the process group's timeout) before its buffers are dropped.
+  in_flight_.clear();
+  deferred_.clear();
+  bucket_buffers_.clear();
   Strategy::setup(module);
   broadcast_module_state(comm(), module.module());
 

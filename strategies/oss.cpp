@@ -17,6 +17,9 @@ int64_t OSSStrategy::round_numel() const {
 }
 
 void OSSStrategy::setup(TrainingModule& module) {
+  // Idempotent: a second fit (same or another module) rebuilds the layout,
+  // the flat buffers and the hooks; pieces come back with setup_optimizer().
+  optimizer_pieces_.clear();
   Strategy::setup(module);
   // Before any collective: every rank has the same parameters, so every rank
   // fails here alike and none waits in the broadcast.

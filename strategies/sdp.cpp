@@ -5,6 +5,9 @@ namespace strata {
 SDPStrategy::SDPStrategy(Comm comm, ShardOptions options) : OSSStrategy(std::move(comm), options) {}
 
 void SDPStrategy::setup_gradients() {
+  // A second setup: sends a failed step left behind are waited for (see
+  // PendingWork) and dropped with the old buckets.
+  in_flight_.clear();
   shard_grad_ = torch::zeros({layout_.shard_numel()}, flat_params_.options());
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb() * 1024 * 1024);
   // Buckets walk params in reverse registration order, the same order as the

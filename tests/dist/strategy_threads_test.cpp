@@ -337,6 +337,40 @@ void expect_close(const std::vector<Params>& want, const std::vector<Params>& go
   }
 }
 
+/// Three fits with one strategy object: the module twice (the second with
+/// accumulation and clipping), then a fresh module.
+std::vector<Params> three_fits(strata::Comm& comm, std::shared_ptr<strata::Strategy> strategy,
+                               int64_t batch) {
+  (void)comm;
+  auto first = make_module();
+  auto second = make_module();
+  strata::testing::ToyData data;
+  strata::Trainer(options_for(batch, 1, 0.0, 3), strategy).fit(first, data);
+  strata::Trainer(options_for(batch, 2, 0.5, 2), strategy).fit(first, data);
+  strata::Trainer(options_for(batch, 1, 0.0, 2), strategy).fit(second, data);
+  return {snapshot(first.module()), snapshot(second.module())};
+}
+
+TEST(StrategyRepeatedFitTest, SecondFitWithTheSameStrategyMatchesSingleProcess) {
+  for (int world : {2, 3}) {
+    const auto reference = run_ranks("single", 1, [](strata::Comm& c) {
+      return std::make_shared<strata::SingleDeviceStrategy>(c);
+    }, [&](strata::Comm& c, auto s) { return three_fits(c, s, 2 * world); });
+    for (const std::string name : {"ddp", "oss", "sdp"}) {
+      const auto got = run_ranks(name, world, from_registry(name),
+                                 [](strata::Comm& c, auto s) { return three_fits(c, s, 2); });
+      expect_close(reference, got, 1e-5, name + " world " + std::to_string(world));
+    }
+  }
+  // single: one strategy object for three fits == a fresh one per fit.
+  const auto shared = run_ranks("single", 1, from_registry("single"),
+                                [](strata::Comm& c, auto s) { return three_fits(c, s, 4); });
+  const auto fresh = run_ranks("single", 1, from_registry("single"), [](strata::Comm& c, auto) {
+    return three_fits(c, std::make_shared<strata::SingleDeviceStrategy>(c), 4);
+  });
+  expect_close(fresh, shared, 0.0, "single");
+}
+
 /// A small language model over ToyData with parameters that take no part in
 /// some losses: `gate` only where `use_gate(sample)` says so (no sample: not
 /// in the graph at all); `idle` (a Linear: a weight-decayed 2-D weight and a

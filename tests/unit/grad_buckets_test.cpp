@@ -169,4 +169,30 @@ TEST(GradReadinessTest, ConcurrentMarkReadyLaunchesEveryBucketOnceInOrder) {
   EXPECT_EQ(overlaps.load(), 0);
 }
 
+TEST(DDPStrategyTest, SecondSetupRebuildsTheBucketsInsteadOfAppending) {
+  class Net : public strata::TrainingModule {
+   public:
+    torch::nn::Module& module() override { return *chain_.net; }
+    torch::Tensor training_step(const strata::Batch&) override { return chain_.loss(); }
+    strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+   private:
+    Chain chain_;
+  };
+  Net first, second;
+  strata::DDPStrategy ddp(strata::Comm(), strata::DDPOptions().bucket_cap_mb(0));
+  ddp.setup(first);
+  ddp.setup(first);
+  ddp.setup(second);
+  const auto text = ddp.describe();
+  EXPECT_NE(text.find("(6 gradients, one all-reduce each)"), std::string::npos) << text;
+  // A step on the module set up last: its gradients land in the live buckets.
+  ddp.backward(second.training_step({}));
+  ddp.reduce_gradients();
+  for (const auto& p : second.module().parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0);
+  }
+}
+
 }  // namespace
