@@ -66,7 +66,7 @@ std::vector<Field> fields() {
       {"bucket-cap-mb", 2, &C::bucket_cap_mb,
        "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
       {"find-unused-parameters", 2, &C::find_unused_parameters,
-       "DDP: allow parameters that get no gradient", true},
+       "ddp/oss/sdp: a parameter without a gradient counts as zero (else an error)", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
       {"max-steps", 3, &C::max_steps, "optimizer steps"},
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
