@@ -41,7 +41,6 @@ class GradSync {
   void install(const std::vector<torch::Tensor>& params, std::vector<std::string> names,
                std::vector<std::vector<size_t>> buckets, std::function<void(size_t)> launch,
                std::function<bool()> active);
-  bool installed() const { return readiness_ != nullptr; }
   const GradReadiness& readiness() const;
 
   /// A synchronised backward starts with every parameter pending again.
