@@ -113,7 +113,7 @@ std::vector<Field> fields() {
       {"bucket-cap-mb", 2, &C::bucket_cap_mb,
        "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
       {"find-unused-parameters", 2, &C::find_unused_parameters,
-       "DDP: allow parameters that get no gradient", true},
+       "ddp/oss/sdp: a parameter without a gradient counts as zero (else an error)", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "

@@ -6,35 +6,19 @@
 namespace strata {
 
 DDPStrategy::DDPStrategy(Comm comm, DDPOptions options)
-    : Strategy(std::move(comm)), options_(options) {
+    : Strategy(std::move(comm)), options_(options), grad_sync_(options.find_unused_parameters()) {
   TORCH_CHECK_VALUE(options_.bucket_cap_mb() >= 0,
                     "DDPStrategy: bucket_cap_mb must be >= 0 (0: one all-reduce per gradient), got ",
                     options_.bucket_cap_mb());
 }
 
-void broadcast_module_state(Comm& comm, torch::nn::Module& module) {
-  if (comm.size() == 1) return;
-  torch::NoGradGuard no_grad;
-  // Sync point: every replica must start from rank 0's weights, or the ranks
-  // would train different models from the first step on.
-  std::vector<PendingWork> works;
-  for (auto& p : module.parameters()) works.push_back(comm.broadcast_async(p, /*root=*/0));
-  for (auto& b : module.buffers()) works.push_back(comm.broadcast_async(b, /*root=*/0));
-  for (auto& w : works) w.wait();
-}
-
-std::string unused_parameters_message(const std::string& strategy,
-                                      const std::vector<std::string>& names) {
-  std::ostringstream out;
-  out << strategy << ": parameter(s) ";
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
-  out << " received no gradient in this step; every trainable parameter must take part in "
-         "the loss, or set find_unused_parameters=true (ddp), or freeze it "
-         "(requires_grad=false) before setup";
-  return out.str();
-}
-
 void DDPStrategy::setup(TrainingModule& module) {
+  // Idempotent: a second fit (same or another module) rebuilds everything.
+  // Work a failed step left in flight is waited for (PendingWork's destructor,
+  // bounded by the process group's timeout) before its buffers are dropped.
+  in_flight_.clear();
+  deferred_.clear();
+  bucket_buffers_.clear();
   Strategy::setup(module);
   broadcast_module_state(comm(), module.module());
 
@@ -43,6 +27,7 @@ void DDPStrategy::setup(TrainingModule& module) {
   auto buckets = assign_buckets(params(), std::max<int64_t>(cap, 1));
   // Gradients become views into one flat buffer per bucket, so the all-reduce
   // needs no copy in or out, and AccumulateGrad adds into the bucket in place.
+  // A bucket holds one dtype (assign_buckets), so its buffer takes any member's.
   for (const auto& bucket : buckets) {
     int64_t numel = 0;
     for (size_t p : bucket) numel += params()[p].numel();
@@ -55,9 +40,8 @@ void DDPStrategy::setup(TrainingModule& module) {
     }
     bucket_buffers_.push_back(buffer);
   }
-  readiness_ = std::make_unique<GradReadiness>(params(), std::move(buckets),
-                                               [this](size_t b) { launch_bucket(b); });
-  readiness_->install_hooks([this] { return require_sync(); });
+  grad_sync_.install(params(), param_names(), std::move(buckets),
+                     [this](size_t b) { launch_bucket(b); }, [this] { return require_sync(); });
 }
 
 void DDPStrategy::launch_bucket(size_t bucket) {
@@ -78,27 +62,28 @@ void DDPStrategy::start_all_reduce(size_t bucket) {
   in_flight_.push_back(comm().all_reduce_async(buffer));
 }
 
-void DDPStrategy::backward(const torch::Tensor& loss) {
-  if (require_sync()) readiness_->reset();
-  loss.backward();
-}
+void DDPStrategy::backward(const torch::Tensor& loss) { grad_sync_.backward(loss, require_sync()); }
 
 void DDPStrategy::reduce_gradients() {
-  std::vector<std::string> unused;
-  if (!readiness_->all_launched()) {
-    for (size_t p : readiness_->unready_params()) unused.push_back(param_names()[p]);
-    // Launch the rest even when this is an error, so every rank issues the
-    // same collectives; all ranks then raise the same error (same graph).
-    readiness_->launch_remaining();
-  }
+  // Buckets whose hooks never completed (unused parameters, no_sync) go now,
+  // so every rank issues the same all-reduces whatever its graph was.
+  grad_sync_.launch_remaining();
   for (size_t bucket : deferred_) start_all_reduce(bucket);
   deferred_.clear();
   // Sync point: the optimizer may only read gradients once every bucket's
   // all-reduce has completed.
   for (auto& work : in_flight_) work.wait();
   in_flight_.clear();
-  TORCH_CHECK(unused.empty() || options_.find_unused_parameters(),
-              unused_parameters_message("DDPStrategy", unused));
+  grad_sync_.resolve_unused(comm(), name());
+}
+
+void DDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
+  // Parameters no rank used (find_unused_parameters) are skipped, as torch
+  // skips a parameter without a gradient (see grad_sync.h).
+  std::vector<torch::Tensor> unused;
+  for (size_t k : grad_sync_.unused_everywhere()) unused.push_back(params()[k]);
+  HiddenGrads hidden(std::move(unused));
+  optimizer.step();
 }
 
 void DDPStrategy::zero_grad(torch::optim::Optimizer&) {

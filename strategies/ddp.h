@@ -2,14 +2,15 @@
 // DDPStrategy ("ddp"): data parallel with a full replica on every rank.
 //
 // Sharded: nothing. Communicated per step: every gradient once, all-reduced
-// (2Ψ bytes per rank in the ring model) in buckets of bucket_cap_mb, in
-// reverse registration order, launched from gradient hooks while backward is
-// still running. Gradients live as views into the buckets (no second copy).
-// Setup broadcasts rank 0's parameters and buffers.
+// (2Ψ bytes per rank in the ring model) in buckets of bucket_cap_mb (one dtype
+// per bucket), in reverse registration order, launched from gradient hooks
+// while backward is still running. Gradients live as views into the buckets
+// (no second copy). Setup broadcasts rank 0's parameters and buffers.
+// Parameters without a gradient: see grad_sync.h.
 //
 // Example:
 //   auto ddp = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().bucket_cap_mb(25));
-#include "strategies/grad_buckets.h"
+#include "strategies/grad_sync.h"
 #include "strategies/strategy.h"
 
 #include <memory>
@@ -21,8 +22,8 @@ struct DDPOptions {
   /// Bucket size; torch's default is 25 MiB. 0: no bucketing, one all-reduce
   /// per gradient (the naive baseline the bucketed design is measured against).
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
-  /// Tolerate parameters that get no gradient (their buckets are reduced after
-  /// backward); otherwise such a parameter is an error naming it.
+  /// Tolerate parameters that get no gradient (see grad_sync.h); otherwise
+  /// such a parameter is an error naming it.
   TORCH_ARG(bool, find_unused_parameters) = false;
   /// true: all-reduce from the gradient hooks, overlapped with backward.
   /// false: all-reduce every bucket after backward (for comparison).
@@ -37,6 +38,7 @@ class DDPStrategy : public Strategy {
   void setup(TrainingModule& module) override;
   void backward(const torch::Tensor& loss) override;
   void reduce_gradients() override;
+  void optimizer_step(torch::optim::Optimizer& optimizer) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   std::string describe() const override;
 
@@ -47,17 +49,10 @@ class DDPStrategy : public Strategy {
   void start_all_reduce(size_t bucket);
 
   DDPOptions options_;
+  GradSync grad_sync_;
   std::vector<torch::Tensor> bucket_buffers_;
-  std::unique_ptr<GradReadiness> readiness_;
   std::vector<PendingWork> in_flight_;
   std::vector<size_t> deferred_;  // ready buckets held back when !overlap_comm
 };
-
-/// Broadcasts rank 0's parameters and buffers to every rank (identical start).
-void broadcast_module_state(Comm& comm, torch::nn::Module& module);
-
-/// "DDPStrategy: parameter(s) a.b, c.d received no gradient ..." error text.
-std::string unused_parameters_message(const std::string& strategy,
-                                      const std::vector<std::string>& names);
 
 }  // namespace strata

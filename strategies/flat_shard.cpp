@@ -1,5 +1,7 @@
 #include "strategies/flat_shard.h"
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
 
 namespace strata {
@@ -49,6 +51,46 @@ std::string FlatLayout::describe(const std::vector<std::string>& names) const {
     }
   }
   return out.str();
+}
+
+void check_one_dtype(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
+                     const std::string& owner) {
+  TORCH_CHECK(params.size() == names.size(), "check_one_dtype: ", params.size(), " parameters but ",
+              names.size(), " names");
+  // Groups in order of first appearance: "Float on cpu (3: a, b, c)".
+  struct Group {
+    torch::ScalarType dtype;
+    torch::Device device;
+    std::vector<std::string> names;
+  };
+  std::vector<Group> groups;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& p = params[k];
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return g.dtype == p.scalar_type() && g.device == p.device();
+    });
+    if (it == groups.end()) {
+      groups.push_back({p.scalar_type(), p.device(), {}});
+      it = std::prev(groups.end());
+    }
+    it->names.push_back(names[k]);
+  }
+  if (groups.size() <= 1) return;
+  std::ostringstream out;
+  out << owner << ": flat sharding keeps all trainable parameters in one buffer, so they need one "
+      << "dtype and device, got";
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& group = groups[g];
+    out << (g == 0 ? " " : "; ") << group.dtype << " on " << group.device << " ("
+        << group.names.size() << ": ";
+    const size_t shown = std::min<size_t>(group.names.size(), 4);
+    for (size_t i = 0; i < shown; ++i) out << (i ? ", " : "") << group.names[i];
+    if (shown < group.names.size()) out << ", ...";
+    out << ")";
+  }
+  out << "; cast the module to one dtype before fit (mixed precision keeps fp32 parameters: "
+         "TrainerOptions::precision), or use ddp, whose buckets are per dtype";
+  TORCH_CHECK(false, out.str());
 }
 
 torch::Tensor flatten_into_buffer(const std::vector<torch::Tensor>& params, const FlatLayout& layout) {

@@ -51,6 +51,11 @@ class FlatLayout {
   std::vector<size_t> flat_order_;   // param indices in flat order
 };
 
+/// Fails, naming the parameters of each dtype, unless all `params` share one
+/// dtype and device: a flat buffer has one. `owner` prefixes the message.
+void check_one_dtype(const std::vector<torch::Tensor>& params, const std::vector<std::string>& names,
+                     const std::string& owner);
+
 /// Makes every parameter a view into one new flat buffer (layout order) and
 /// returns the buffer; values are preserved, autograd identity too.
 torch::Tensor flatten_into_buffer(const std::vector<torch::Tensor>& params, const FlatLayout& layout);

@@ -1,5 +1,6 @@
 #pragma once
-// Gradient bucketing shared by DDP and SDP.
+// Gradient bucketing shared by DDP and SDP (OSS uses GradReadiness only to
+// learn which parameters got a gradient; see grad_sync.h).
 //
 // assign_buckets() groups parameters, in REVERSE registration order (the order
 // backward produces their gradients), into buckets of at most cap bytes.
@@ -10,56 +11,85 @@
 // see hooks fire in different orders.
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace strata {
 
 /// Buckets as lists of indices into `params`; a parameter larger than the cap
-/// gets a bucket of its own. cap_bytes must be > 0.
+/// gets a bucket of its own; a bucket never mixes dtypes or devices. Buckets
+/// are ordered by their first member, latest-registered first (with one dtype:
+/// consecutive runs of the reverse order). cap_bytes must be > 0.
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<torch::Tensor>& params,
                                                 int64_t cap_bytes);
 
 class GradReadiness {
  public:
-  /// `launch(k)` is called (from the autograd thread) when bucket k may start.
+  /// `launch(k)` is called when bucket k may start: from whichever autograd
+  /// thread completed it (or from launch_remaining()), never two at a time,
+  /// and without this object's lock held (it may block on communication).
   GradReadiness(std::vector<torch::Tensor> params, std::vector<std::vector<size_t>> buckets,
                 std::function<void(size_t)> launch);
   /// The hooks stay on the autograd nodes; they become no-ops once this dies.
-  ~GradReadiness() { *alive_ = false; }
+  ~GradReadiness() { alive_->store(false); }
   GradReadiness(const GradReadiness&) = delete;
   GradReadiness& operator=(const GradReadiness&) = delete;
 
   /// Registers the hooks; `active()` is read on every hook (false under
-  /// no_sync() or when launching after backward is wanted).
+  /// no_sync() or when launching after backward is wanted). An inactive hook
+  /// still records that its parameter was used (see unused_params()).
   void install_hooks(std::function<bool()> active);
+
+  // Every member below is thread-safe: autograd may run AccumulateGrad
+  // post-hooks on several threads at once (one per device).
 
   /// Starts a synchronised backward: every parameter pending again.
   void reset();
+  /// The parameter's gradient is final for this backward: launches, in order,
+  /// every bucket that became launchable (buckets 0..k all ready).
   void mark_ready(size_t param_index);
-  /// Launches, in order, every bucket not launched yet.
+  /// Records a gradient that is not final yet (a no_sync backward).
+  void mark_used(size_t param_index);
+  /// Launches, in order, every bucket not launched yet. Call after backward
+  /// has returned (no hook running).
   void launch_remaining();
   /// Parameters that never became ready since reset().
   std::vector<size_t> unready_params() const;
-  bool all_launched() const { return next_bucket_ == buckets_.size(); }
+  /// Parameters that got no gradient in any backward (synchronised or not)
+  /// since clear_used() or construction.
+  std::vector<size_t> unused_params() const;
+  void clear_used();
+  bool all_launched() const;
   const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
   /// Bucket index of each parameter.
   size_t bucket_of(size_t param_index) const { return bucket_of_[param_index]; }
 
  private:
+  /// With mutex_ held by `lock`: launches buckets in order while the next is
+  /// complete (or every one, when `all`); see the .cpp for the protocol.
+  void launch_in_order(std::unique_lock<std::mutex>& lock, bool all);
+
+  // Fixed at construction (read without the lock).
   std::vector<torch::Tensor> params_;
   std::vector<std::vector<size_t>> buckets_;
   std::function<void(size_t)> launch_;
   std::vector<size_t> bucket_of_;
+
+  mutable std::mutex mutex_;      // guards everything below
   std::vector<size_t> pending_;   // per bucket: params not ready yet
-  std::vector<bool> ready_;       // per param
-  size_t next_bucket_ = 0;        // buckets [0, next_bucket_) are launched
+  std::vector<bool> ready_;       // per param, since reset()
+  std::vector<bool> used_;        // per param, since clear_used()
+  size_t next_bucket_ = 0;        // buckets [0, next_bucket_) are launched (or launching)
+  bool launching_ = false;        // a thread is inside launch_in_order()'s loop
+
   // The AccumulateGrad nodes must stay alive, or autograd would create new ones
   // without our hooks.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 
 }  // namespace strata

@@ -1,14 +1,12 @@
 #include "strategies/oss.h"
 
-#include "strategies/ddp.h"
-
 #include <sstream>
 #include <unordered_map>
 
 namespace strata {
 
 OSSStrategy::OSSStrategy(Comm comm, ShardOptions options)
-    : Strategy(std::move(comm)), options_(options) {
+    : Strategy(std::move(comm)), options_(options), grad_sync_(options.find_unused_parameters()) {
   TORCH_CHECK_VALUE(options_.bucket_cap_mb() > 0, "bucket_cap_mb must be > 0 (got ",
                     options_.bucket_cap_mb(), ")");
 }
@@ -19,7 +17,13 @@ int64_t OSSStrategy::round_numel() const {
 }
 
 void OSSStrategy::setup(TrainingModule& module) {
+  // Idempotent: a second fit (same or another module) rebuilds the layout,
+  // the flat buffers and the hooks; pieces come back with setup_optimizer().
+  optimizer_pieces_.clear();
   Strategy::setup(module);
+  // Before any collective: every rank has the same parameters, so every rank
+  // fails here alike and none waits in the broadcast.
+  check_one_dtype(params(), param_names(), name());
   broadcast_module_state(comm(), module.module());
   layout_ = FlatLayout(params(), world_size());
   flat_params_ = flatten_into_buffer(params(), layout_);
@@ -34,7 +38,14 @@ void OSSStrategy::setup_gradients() {
     const auto& p = params()[k];
     p.mutable_grad() = flat_grads_.narrow(0, layout_.offset_of(k), p.numel()).view(p.sizes());
   }
+  // Hooks only to learn which parameters got a gradient (one bucket, nothing
+  // to launch: OSS reduces after backward).
+  std::vector<size_t> all(params().size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = all.size() - 1 - k;
+  grad_sync_.install(params(), param_names(), {all}, [](size_t) {}, [this] { return require_sync(); });
 }
+
+void OSSStrategy::backward(const torch::Tensor& loss) { grad_sync_.backward(loss, require_sync()); }
 
 torch::Tensor OSSStrategy::owned_grad() const {
   return flat_grads_.narrow(0, layout_.shard_begin(rank()), layout_.shard_numel());
@@ -50,6 +61,7 @@ std::unique_ptr<torch::optim::Optimizer> OSSStrategy::setup_optimizer(
   const int64_t begin = layout_.shard_begin(rank());
   auto grad_shard = owned_grad();
   std::vector<torch::optim::OptimizerParamGroup> local;
+  optimizer_pieces_.clear();
   for (auto& group : groups) {
     std::vector<torch::Tensor> shard_params;
     for (const auto& p : group.params()) {
@@ -62,6 +74,7 @@ std::unique_ptr<torch::optim::Optimizer> OSSStrategy::setup_optimizer(
         auto view = flat_params_.narrow(0, piece.flat_offset, piece.numel);
         view.mutable_grad() = grad_shard.narrow(0, piece.flat_offset - begin, piece.numel);
         shard_params.push_back(view);
+        optimizer_pieces_.emplace_back(it->second, view);
       }
     }
     if (shard_params.empty()) continue;
@@ -83,13 +96,26 @@ void OSSStrategy::check_trainable_unchanged() const {
 void OSSStrategy::reduce_gradients() {
   check_trainable_unchanged();
   // Sync point: after backward every rank holds full local gradients; each
-  // owner needs the sum of its shard over ranks before stepping.
+  // owner needs the sum of its shard over ranks before stepping. A parameter
+  // a rank did not use holds zeros there (zero_grad), i.e. counts as zero.
   sharded_reduce_scatter(comm(), flat_grads_, layout_, round_numel());
   owned_grad().div_(world_size());
+  grad_sync_.resolve_unused(comm(), name());
 }
 
 void OSSStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
-  optimizer.step();
+  {
+    // Pieces of parameters no rank used (find_unused_parameters) are skipped,
+    // as torch skips a parameter without a gradient (see grad_sync.h).
+    std::vector<torch::Tensor> unused;
+    for (size_t k : grad_sync_.unused_everywhere()) {
+      for (const auto& [index, view] : optimizer_pieces_) {
+        if (index == k) unused.push_back(view);
+      }
+    }
+    HiddenGrads hidden(std::move(unused));
+    optimizer.step();
+  }
   // Sync point: each rank updated only its shard; all-gather so every replica
   // runs the next forward with the same, fully updated parameters.
   sharded_all_gather(comm(), flat_params_, layout_, round_numel());

@@ -10,9 +10,14 @@
 //
 // The inner optimizer sees 1-D pieces, not whole tensors: exact for every
 // element-wise optimizer (SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS is not
-// supported.
+// supported. All trainable parameters must share one dtype (one flat buffer).
+// Parameters without a gradient: see grad_sync.h.
 #include "strategies/flat_shard.h"
+#include "strategies/grad_sync.h"
 #include "strategies/strategy.h"
+
+#include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -20,6 +25,9 @@ struct ShardOptions {
   /// OSS: caps the transient buffers of the reduce-scatter / all-gather rounds.
   /// SDP: also the gradient bucket size.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  /// Tolerate parameters that get no gradient (see grad_sync.h); otherwise
+  /// such a parameter is an error naming it.
+  TORCH_ARG(bool, find_unused_parameters) = false;
 };
 
 class OSSStrategy : public Strategy {
@@ -31,6 +39,7 @@ class OSSStrategy : public Strategy {
   std::unique_ptr<torch::optim::Optimizer> setup_optimizer(
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const OptimizerFactory& factory) override;
+  void backward(const torch::Tensor& loss) override;
   void reduce_gradients() override;
   void optimizer_step(torch::optim::Optimizer& optimizer) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
@@ -41,6 +50,7 @@ class OSSStrategy : public Strategy {
 
  protected:
   /// Gradients live here: OSS keeps full flat gradients (param grads are views).
+  /// Installs grad_sync_'s hooks.
   virtual void setup_gradients();
   /// This rank's reduced gradient shard (shard_numel elements).
   virtual torch::Tensor owned_grad() const;
@@ -52,9 +62,14 @@ class OSSStrategy : public Strategy {
   void check_trainable_unchanged() const;
 
   ShardOptions options_;
+  GradSync grad_sync_;
   FlatLayout layout_;
   torch::Tensor flat_params_;
   torch::Tensor flat_grads_;
+
+ private:
+  /// What the inner optimizer holds: (parameter index, 1-D view of its piece).
+  std::vector<std::pair<size_t, torch::Tensor>> optimizer_pieces_;
 };
 
 }  // namespace strata

@@ -81,14 +81,18 @@ void register_builtin_strategies(StrategyRegistry& registry) {
   registry.add(
       "oss",
       [](Comm comm, const StrategyConfig& c) {
-        return std::make_unique<OSSStrategy>(comm, ShardOptions().bucket_cap_mb(c.bucket_cap_mb));
+        return std::make_unique<OSSStrategy>(comm, ShardOptions()
+                                                       .bucket_cap_mb(c.bucket_cap_mb)
+                                                       .find_unused_parameters(c.find_unused_parameters));
       },
       "ZeRO-1: optimizer state sharded; grads reduce-scattered after backward");
   registry.add_alias("zero1", "oss");
   registry.add(
       "sdp",
       [](Comm comm, const StrategyConfig& c) {
-        return std::make_unique<SDPStrategy>(comm, ShardOptions().bucket_cap_mb(c.bucket_cap_mb));
+        return std::make_unique<SDPStrategy>(comm, ShardOptions()
+                                                       .bucket_cap_mb(c.bucket_cap_mb)
+                                                       .find_unused_parameters(c.find_unused_parameters));
       },
       "ZeRO-2: optimizer state and grads sharded; grads reduced to owners during backward");
   registry.add_alias("zero2", "sdp");

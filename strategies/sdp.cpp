@@ -1,31 +1,26 @@
 #include "strategies/sdp.h"
 
-#include "strategies/ddp.h"
-
 namespace strata {
 
 SDPStrategy::SDPStrategy(Comm comm, ShardOptions options) : OSSStrategy(std::move(comm), options) {}
 
 void SDPStrategy::setup_gradients() {
+  // A second setup: sends a failed step left behind are waited for (see
+  // PendingWork) and dropped with the old buckets.
+  in_flight_.clear();
   shard_grad_ = torch::zeros({layout_.shard_numel()}, flat_params_.options());
   const auto cap = static_cast<int64_t>(options_.bucket_cap_mb() * 1024 * 1024);
   // Buckets walk params in reverse registration order, the same order as the
   // flat layout, so each bucket is one contiguous flat range.
-  readiness_ = std::make_unique<GradReadiness>(params(), assign_buckets(params(), cap),
-                                               [this](size_t b) { launch_bucket(b); });
-  readiness_->install_hooks([this] { return require_sync(); });
-}
-
-void SDPStrategy::backward(const torch::Tensor& loss) {
-  if (require_sync()) readiness_->reset();
-  loss.backward();
+  grad_sync_.install(params(), param_names(), assign_buckets(params(), cap),
+                     [this](size_t b) { launch_bucket(b); }, [this] { return require_sync(); });
 }
 
 void SDPStrategy::launch_bucket(size_t bucket) {
   // Bound memory: wait for the oldest send before starting another.
   while (in_flight_.size() >= kMaxBucketsInFlight) finish_oldest();
 
-  const auto& members = readiness_->buckets()[bucket];
+  const auto& members = grad_sync_.readiness().buckets()[bucket];
   int64_t begin = layout_.offset_of(members.front());
   int64_t end = begin;
   for (size_t k : members) {
@@ -41,7 +36,7 @@ void SDPStrategy::launch_bucket(size_t bucket) {
     if (p.grad().defined()) {
       slot.copy_(p.grad().view(-1));
     } else {
-      slot.zero_();  // an unused parameter contributes nothing (the error follows)
+      slot.zero_();  // a parameter this rank did not use counts as zero (grad_sync.h)
     }
     // Freed as soon as it is in the send buffer: non-owners never keep it, and
     // the owner receives the reduced sum into its shard.
@@ -76,17 +71,13 @@ void SDPStrategy::finish_oldest() {
 
 void SDPStrategy::reduce_gradients() {
   check_trainable_unchanged();
-  std::vector<std::string> unused;
-  if (!readiness_->all_launched()) {
-    for (size_t p : readiness_->unready_params()) unused.push_back(param_names()[p]);
-    // Send what remains (missing gradients count as zero) so every rank issues
-    // the same collectives before all of them raise the same error.
-    readiness_->launch_remaining();
-  }
+  // Buckets whose hooks never completed (unused parameters, no_sync) go now,
+  // so every rank issues the same reduces whatever its graph was.
+  grad_sync_.launch_remaining();
   // Sync point: the owner may step only when every bucket touching its shard
   // has arrived.
   while (!in_flight_.empty()) finish_oldest();
-  TORCH_CHECK(unused.empty(), unused_parameters_message("SDPStrategy", unused));
+  grad_sync_.resolve_unused(comm(), name());
 }
 
 void SDPStrategy::zero_grad(torch::optim::Optimizer&) {

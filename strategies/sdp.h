@@ -9,7 +9,6 @@
 // freed, so a rank holds its owned gradient shard plus at most
 // kMaxBucketsInFlight buckets. Model state per rank with fp32 AdamW:
 // 4Ψ' params + 12Ψ'/N (grads + state).
-#include "strategies/grad_buckets.h"
 #include "strategies/oss.h"
 
 #include <deque>
@@ -26,7 +25,6 @@ class SDPStrategy : public OSSStrategy {
   SDPStrategy(Comm comm, ShardOptions options = {});
   std::string name() const override { return "sdp"; }
 
-  void backward(const torch::Tensor& loss) override;
   void reduce_gradients() override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
 
@@ -44,7 +42,6 @@ class SDPStrategy : public OSSStrategy {
   void finish_oldest();
 
   torch::Tensor shard_grad_;
-  std::unique_ptr<GradReadiness> readiness_;
   std::deque<BucketSend> in_flight_;
 };
 

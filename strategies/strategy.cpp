@@ -127,6 +127,17 @@ std::string Strategy::describe() const {
   return out.str();
 }
 
+void broadcast_module_state(Comm& comm, torch::nn::Module& module) {
+  if (comm.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  // Sync point: every replica must start from rank 0's weights, or the ranks
+  // would train different models from the first step on.
+  std::vector<PendingWork> works;
+  for (auto& p : module.parameters()) works.push_back(comm.broadcast_async(p, /*root=*/0));
+  for (auto& b : module.buffers()) works.push_back(comm.broadcast_async(b, /*root=*/0));
+  for (auto& w : works) w.wait();
+}
+
 int64_t unique_storage_bytes(const std::vector<torch::Tensor>& tensors) {
   std::unordered_set<const void*> seen;
   int64_t total = 0;

@@ -68,8 +68,11 @@ class Strategy {
   /// there and the Trainer moves each batch there.
   const torch::Device& device() const { return comm_.device(); }
 
-  /// Called once before training: wrap, shard or register hooks. The base
+  /// Called at the start of every fit: wrap, shard or register hooks. The base
   /// moves the module to device() and remembers its trainable parameters.
+  /// Idempotent: a later call (another fit, the same or another module)
+  /// rebuilds every piece of state; hooks installed on an earlier module
+  /// become no-ops.
   virtual void setup(TrainingModule& module);
 
   /// Builds the optimizer; the base hands every group to the factory.
@@ -135,6 +138,10 @@ class Strategy {
   std::vector<std::string> param_names_;
   bool require_sync_ = true;
 };
+
+/// Broadcasts rank 0's parameters and buffers to every rank (identical start
+/// for the data-parallel strategies); nothing on a world of one.
+void broadcast_module_state(Comm& comm, torch::nn::Module& module);
 
 /// Sum of nbytes over the unique storages behind `tensors` (views of one
 /// buffer are counted once).

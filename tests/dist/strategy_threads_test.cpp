@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <mutex>
 
@@ -361,4 +362,306 @@ TEST(StrategyErrorTest, SingleStrategyRefusesSeveralRanks) {
   });
   EXPECT_EQ(errors, 2);
 }
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Trustworthy strategies: a second fit with the same strategy, one rule for
+// unused parameters (ddp/oss/sdp), mixed dtypes. Own namespace so helpers added
+// above by others cannot collide.
+namespace {
+namespace trust {
+
+using Params = std::vector<torch::Tensor>;
+using MakeStrategy = std::function<std::shared_ptr<strata::Strategy>(strata::Comm&)>;
+
+Params snapshot(torch::nn::Module& module) {
+  Params out;
+  for (const auto& p : module.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+MakeStrategy from_registry(const std::string& name, strata::StrategyConfig config = {}) {
+  return [name, config](strata::Comm& comm) -> std::shared_ptr<strata::Strategy> {
+    strata::StrategyRegistry registry;
+    strata::register_builtin_strategies(registry);
+    return registry.create(name, comm, config);
+  };
+}
+
+/// Runs `train(comm, strategy)` on `world` thread-ranks; every rank must end
+/// with bit-identical results; returns rank 0's.
+std::vector<Params> run_ranks(const std::string& what, int world, const MakeStrategy& make,
+                              const std::function<std::vector<Params>(strata::Comm&, std::shared_ptr<strata::Strategy>)>& train) {
+  std::mutex mu;
+  std::vector<std::vector<Params>> per_rank(world);
+  strata::run_thread_world(world, [&](strata::Comm& comm) {
+    auto out = train(comm, make(comm));
+    std::lock_guard<std::mutex> lock(mu);
+    per_rank[comm.rank()] = std::move(out);
+  }, std::chrono::seconds(30));
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(per_rank[r].size(), per_rank[0].size());
+    for (size_t m = 0; m < per_rank[0].size() && m < per_rank[r].size(); ++m) {
+      for (size_t i = 0; i < per_rank[0][m].size(); ++i) {
+        EXPECT_TRUE(torch::equal(per_rank[0][m][i], per_rank[r][m][i]))
+            << what << ": rank " << r << " differs from rank 0: model " << m << " param " << i;
+      }
+    }
+  }
+  return per_rank[0];
+}
+
+/// Every parameter within `tol` of the reference; float64 parameters within
+/// 1e-12 (the tests keep their values independent of float32 ones).
+void expect_close(const std::vector<Params>& want, const std::vector<Params>& got, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t m = 0; m < want.size(); ++m) {
+    ASSERT_EQ(want[m].size(), got[m].size()) << what;
+    for (size_t i = 0; i < want[m].size(); ++i) {
+      const bool f64 = want[m][i].scalar_type() == torch::kFloat64;
+      const double diff = (want[m][i] - got[m][i]).abs().max().item<double>();
+      EXPECT_LE(diff, f64 ? std::min(tol, 1e-12) : tol)
+          << what << ": model " << m << " param " << i << " (" << want[m][i].scalar_type() << ")";
+    }
+  }
+}
+
+/// Three fits with one strategy object: the module twice (the second with
+/// accumulation and clipping), then a fresh module.
+std::vector<Params> three_fits(strata::Comm& comm, std::shared_ptr<strata::Strategy> strategy,
+                               int64_t batch) {
+  (void)comm;
+  auto first = make_module();
+  auto second = make_module();
+  strata::testing::ToyData data;
+  strata::Trainer(options_for(batch, 1, 0.0, 3), strategy).fit(first, data);
+  strata::Trainer(options_for(batch, 2, 0.5, 2), strategy).fit(first, data);
+  strata::Trainer(options_for(batch, 1, 0.0, 2), strategy).fit(second, data);
+  return {snapshot(first.module()), snapshot(second.module())};
+}
+
+TEST(StrategyRepeatedFitTest, SecondFitWithTheSameStrategyMatchesSingleProcess) {
+  for (int world : {2, 3}) {
+    const auto reference = run_ranks("single", 1, [](strata::Comm& c) {
+      return std::make_shared<strata::SingleDeviceStrategy>(c);
+    }, [&](strata::Comm& c, auto s) { return three_fits(c, s, 2 * world); });
+    for (const std::string name : {"ddp", "oss", "sdp"}) {
+      const auto got = run_ranks(name, world, from_registry(name),
+                                 [](strata::Comm& c, auto s) { return three_fits(c, s, 2); });
+      expect_close(reference, got, 1e-5, name + " world " + std::to_string(world));
+    }
+  }
+  // single: one strategy object for three fits == a fresh one per fit.
+  const auto shared = run_ranks("single", 1, from_registry("single"),
+                                [](strata::Comm& c, auto s) { return three_fits(c, s, 4); });
+  const auto fresh = run_ranks("single", 1, from_registry("single"), [](strata::Comm& c, auto) {
+    return three_fits(c, std::make_shared<strata::SingleDeviceStrategy>(c), 4);
+  });
+  expect_close(fresh, shared, 0.0, "single");
+}
+
+/// A small language model over ToyData with parameters that take no part in
+/// some losses: `gate` only where `use_gate(sample)` says so (no sample: not
+/// in the graph at all); `idle` (a Linear: a weight-decayed 2-D weight and a
+/// bias) never, when present. Per sample, so splitting a batch over ranks
+/// changes nothing.
+class Gated : public strata::TrainingModule {
+ public:
+  Gated(std::function<torch::Tensor(const strata::Batch&)> use_gate, bool idle)
+      : use_gate_(std::move(use_gate)), net_(std::make_shared<torch::nn::Module>()) {
+    static std::mutex init_mutex;  // see make_module()
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(5);
+    emb_ = net_->register_module("emb", torch::nn::Embedding(16, 8));
+    gate_ = net_->register_parameter("gate", torch::randn({8}));
+    head_ = net_->register_module("head", torch::nn::Linear(8, 16));
+    if (idle) net_->register_module("idle", torch::nn::Linear(4, 4));
+  }
+  torch::nn::Module& module() override { return *net_; }
+  torch::Tensor training_step(const strata::Batch& b) override {
+    auto h = emb_(b.input);
+    const auto mask = use_gate_(b);  // bool [B]
+    if (mask.any().item<bool>()) h = h + gate_ * mask.to(h.scalar_type()).view({-1, 1, 1});
+    return torch::nn::functional::cross_entropy(head_(h).view({-1, 16}), b.target.view(-1));
+  }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+ private:
+  std::function<torch::Tensor(const strata::Batch&)> use_gate_;
+  std::shared_ptr<torch::nn::Module> net_;
+  torch::nn::Embedding emb_{nullptr};
+  torch::nn::Linear head_{nullptr};
+  torch::Tensor gate_;
+};
+
+/// Data-dependent: the gate acts on samples starting with a token divisible by 4.
+torch::Tensor gate_by_data(const strata::Batch& b) { return b.input.select(1, 0) % 4 == 0; }
+
+TEST(StrategyUnusedParameterTest, ErrorNamesTheParameterIdenticallyOnEveryRank) {
+  for (const std::string name : {"ddp", "oss", "sdp"}) {
+    for (bool idle : {false, true}) {
+      std::mutex mu;
+      std::vector<std::string> errors;
+      strata::run_thread_world(2, [&](strata::Comm& comm) {
+        // Without `idle`, only rank 1 leaves `gate` out: the ranks disagree,
+        // and still every rank must raise (nobody may hang in the next step).
+        const bool use = comm.rank() == 0;
+        Gated module([use](const strata::Batch& b) { return torch::full({b.input.size(0)}, use); }, idle);
+        strata::testing::ToyData data;
+        try {
+          strata::Trainer(options_for(2, 1, 0.0, 3), from_registry(name)(comm)).fit(module, data);
+        } catch (const c10::Error& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(e.what_without_backtrace());
+        }
+      }, std::chrono::seconds(5));
+      const std::string what = name + (idle ? " (idle params)" : " (gate unused on rank 1)");
+      ASSERT_EQ(errors.size(), 2u) << what << ": every rank must raise";
+      EXPECT_EQ(errors[0], errors[1]) << what << ": ranks must raise the same error";
+      for (const auto& e : errors) {
+        EXPECT_NE(e.find(name + ": "), std::string::npos) << what << ": " << e;
+        EXPECT_NE(e.find("gate on 1 of 2 rank(s)"), std::string::npos) << what << ": " << e;
+        if (idle) {
+          EXPECT_NE(e.find("idle.weight on 2 of 2 rank(s), idle.bias on 2 of 2 rank(s)"), std::string::npos)
+              << what << ": " << e;
+        }
+        EXPECT_NE(e.find("find_unused_parameters"), std::string::npos) << what << ": " << e;
+        EXPECT_EQ(e.find('\n'), std::string::npos) << what << ": one line: " << e;
+      }
+    }
+  }
+}
+
+TEST(StrategyUnusedParameterTest, WithTheFlagMatchesSingleProcess) {
+  const int64_t steps = 6;
+  // The data must make the case interesting: steps where the ranks disagree on
+  // `gate` and steps where no rank uses it.
+  for (int world : {2, 3}) {
+    strata::testing::ToyData data;
+    int mixed = 0, nobody = 0;
+    for (int64_t s = 0; s < steps; ++s) {
+      int users = 0;
+      for (int r = 0; r < world; ++r) {
+        users += gate_by_data(data.train_batch(s, 2, {r, world})).any().item<bool>();
+      }
+      mixed += users > 0 && users < world;
+      nobody += users == 0;
+    }
+    ASSERT_GT(mixed, 0) << "world " << world;
+    ASSERT_GT(nobody, 0) << "world " << world;
+  }
+  auto train = [&](int64_t batch) {
+    return [batch, steps](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      Gated module(gate_by_data, /*idle=*/true);
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 1, 0.0, steps), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  strata::StrategyConfig flag;
+  flag.find_unused_parameters = true;
+  for (int world : {2, 3}) {
+    const auto reference = run_ranks("single", 1, from_registry("single"), train(2 * world));
+    for (const std::string name : {"ddp", "oss", "sdp"}) {
+      expect_close(reference, run_ranks(name, world, from_registry(name, flag), train(2)), 1e-5,
+                   name + " world " + std::to_string(world));
+    }
+  }
+}
+
+TEST(StrategyUnusedParameterTest, UsedInAnEarlierMicroBatchIsNotUnused) {
+  // Accumulating over two micro-batches, `gate` takes part in the first only
+  // (under no_sync): it has a gradient, so no error, and it is reduced.
+  auto train = [](int64_t batch) {
+    return [batch](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      auto calls = std::make_shared<int64_t>(0);
+      Gated module([calls](const strata::Batch& b) {
+        return torch::full({b.input.size(0)}, (*calls)++ % 2 == 0);
+      }, /*idle=*/false);
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 2, 0.0, 3), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  const auto reference = run_ranks("single", 1, from_registry("single"), train(4));
+  for (const std::string name : {"ddp", "oss", "sdp"}) {
+    expect_close(reference, run_ranks(name, 2, from_registry(name), train(2)), 1e-5, name);
+  }
+}
+
+/// fp32 language model plus a float64 parameter (its loss term depends on the
+/// data only, so its parity can be checked at float64 precision).
+class MixedDtype : public strata::TrainingModule {
+ public:
+  MixedDtype() : net_(std::make_shared<torch::nn::Module>()) {
+    static std::mutex init_mutex;  // see make_module()
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(3);
+    emb_ = net_->register_module("emb", torch::nn::Embedding(16, 8));
+    // Registered between the float32 layers, so buckets interleave dtypes.
+    auto aux = net_->register_module("aux", std::make_shared<torch::nn::Module>());
+    offset_ = aux->register_parameter("offset", torch::randn({8}, torch::kFloat64));
+    head_ = net_->register_module("head", torch::nn::Linear(8, 16));
+  }
+  torch::nn::Module& module() override { return *net_; }
+  torch::Tensor training_step(const strata::Batch& b) override {
+    auto ce = torch::nn::functional::cross_entropy(head_(emb_(b.input)).view({-1, 16}), b.target.view(-1));
+    auto fit = (b.input.to(torch::kFloat64) / 16.0 - offset_).pow(2).mean();
+    return ce.to(torch::kFloat64) + fit;
+  }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> net_;
+  torch::nn::Embedding emb_{nullptr};
+  torch::nn::Linear head_{nullptr};
+  torch::Tensor offset_;
+};
+
+TEST(StrategyMixedDtypeTest, DdpBucketsNeverMixDtypesAndMatchSingleProcess) {
+  auto train = [](int64_t batch) {
+    return [batch](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+      MixedDtype module;
+      strata::testing::ToyData data;
+      strata::Trainer(options_for(batch, 1, 0.5, 4), s).fit(module, data);
+      return std::vector<Params>{snapshot(module.module())};
+    };
+  };
+  const auto reference = run_ranks("single", 1, from_registry("single"), train(4));
+  // 25 MiB: one bucket per dtype; 0.0006 MiB: buckets float32 (head), float64
+  // (aux.offset), float32 (emb); 0: one parameter per bucket.
+  for (double cap : {25.0, 0.0006, 0.0}) {
+    const auto got = run_ranks("ddp", 2, [cap](strata::Comm& c) {
+      return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(cap));
+    }, train(2));
+    expect_close(reference, got, 1e-5, "ddp cap " + std::to_string(cap) + " MiB");
+  }
+}
+
+TEST(StrategyMixedDtypeTest, ShardedStrategiesRefuseMixedDtypesNamingThem) {
+  for (const std::string name : {"oss", "sdp"}) {
+    std::mutex mu;
+    std::vector<std::string> errors;
+    strata::run_thread_world(2, [&](strata::Comm& comm) {
+      MixedDtype module;
+      strata::testing::ToyData data;
+      try {
+        strata::Trainer(options_for(2, 1, 0.0, 2), from_registry(name)(comm)).fit(module, data);
+      } catch (const c10::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what_without_backtrace());
+      }
+    }, std::chrono::seconds(5));
+    ASSERT_EQ(errors.size(), 2u) << name << ": every rank must raise";
+    for (const auto& e : errors) {
+      for (const char* part : {"offset", "Double", "emb.weight", "Float"}) {
+        EXPECT_NE(e.find(part), std::string::npos) << name << ": '" << part << "' missing in: " << e;
+      }
+      EXPECT_EQ(e.find('\n'), std::string::npos) << name << ": one line: " << e;
+    }
+  }
+}
+
+}  // namespace trust
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +28,21 @@ TEST(AssignBucketsTest, ReverseRegistrationOrderWithinTheCap) {
   EXPECT_EQ(strata::assign_buckets(params, 1 << 20), (Buckets{{3, 2, 1, 0}}));
   const auto msg = strata::testing::what_of([&] { strata::assign_buckets(params, 0); });
   EXPECT_NE(msg.find("got 0"), std::string::npos) << msg;
+}
+
+TEST(AssignBucketsTest, NeverMixesDtypesAndKeepsReverseOrder) {
+  // fp32 (4 bytes) and fp64 (8 bytes) parameters interleaved, as torch DDP
+  // does: one open bucket per dtype, and buckets ordered by the position of
+  // their first (latest-registered) parameter, so ranks agree on the order.
+  std::vector<torch::Tensor> params = {torch::zeros({10}), torch::zeros({10}, torch::kFloat64),
+                                       torch::zeros({10}), torch::zeros({10}, torch::kFloat64),
+                                       torch::zeros({10})};
+  EXPECT_EQ(strata::assign_buckets(params, 1 << 20), (Buckets{{4, 2, 0}, {3, 1}}));
+  // 80-byte cap: fp32 buckets hold two params, fp64 buckets one.
+  EXPECT_EQ(strata::assign_buckets(params, 80), (Buckets{{4, 2}, {3}, {1}, {0}}));
+  for (const auto& bucket : strata::assign_buckets(params, 80)) {
+    for (size_t p : bucket) EXPECT_EQ(params[p].scalar_type(), params[bucket.front()].scalar_type());
+  }
 }
 
 struct Chain {
@@ -106,6 +123,76 @@ TEST(DDPStrategyTest, BucketCapZeroIsOneAllReducePerGradient) {
   const auto text = ddp.describe();
   EXPECT_NE(text.find("no bucketing (6 gradients, one all-reduce each)"), std::string::npos) << text;
   EXPECT_THROW(strata::DDPStrategy(strata::Comm(), strata::DDPOptions().bucket_cap_mb(-1)), c10::Error);
+}
+
+TEST(GradReadinessTest, ConcurrentMarkReadyLaunchesEveryBucketOnceInOrder) {
+  // Autograd may run AccumulateGrad post-hooks on several threads (one per
+  // device). Hammer mark_ready from 8 threads released together, many rounds:
+  // every bucket must launch exactly once per round, in bucket order, and
+  // never two launches at a time.
+  constexpr size_t kParams = 4096;
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 40;
+  std::vector<torch::Tensor> params;
+  for (size_t i = 0; i < kParams; ++i) params.push_back(torch::zeros({int64_t(1 + i % 3)}));
+  // 1-4 parameters per bucket; neighbours (marked by different threads) share one.
+  const auto buckets = strata::assign_buckets(params, 16);
+  ASSERT_GT(buckets.size(), kParams / 4);
+  std::vector<size_t> launched;  // written only inside launch
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  strata::GradReadiness readiness(params, buckets, [&](size_t b) {
+    if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
+    launched.push_back(b);
+    if (b % 64 == 0) std::this_thread::yield();  // widen the window for a racing launcher
+    inside.fetch_sub(1);
+  });
+  for (int round = 0; round < kRounds; ++round) {
+    readiness.reset();
+    launched.clear();
+    std::atomic<int> waiting{kThreads};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        waiting.fetch_sub(1);
+        while (waiting.load() > 0) std::this_thread::yield();  // start together
+        // Thread t marks params t, t+8, ... in reverse (backward's) order.
+        for (size_t i = static_cast<size_t>(t); i < kParams; i += kThreads) readiness.mark_ready(kParams - 1 - i);
+      });
+    }
+    for (auto& th : threads) th.join();
+    ASSERT_EQ(launched.size(), buckets.size()) << "round " << round;
+    for (size_t k = 0; k < launched.size(); ++k) ASSERT_EQ(launched[k], k) << "round " << round;
+    ASSERT_TRUE(readiness.all_launched()) << "round " << round;
+    ASSERT_TRUE(readiness.unready_params().empty()) << "round " << round;
+  }
+  EXPECT_EQ(overlaps.load(), 0);
+}
+
+TEST(DDPStrategyTest, SecondSetupRebuildsTheBucketsInsteadOfAppending) {
+  class Net : public strata::TrainingModule {
+   public:
+    torch::nn::Module& module() override { return *chain_.net; }
+    torch::Tensor training_step(const strata::Batch&) override { return chain_.loss(); }
+    strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+   private:
+    Chain chain_;
+  };
+  Net first, second;
+  strata::DDPStrategy ddp(strata::Comm(), strata::DDPOptions().bucket_cap_mb(0));
+  ddp.setup(first);
+  ddp.setup(first);
+  ddp.setup(second);
+  const auto text = ddp.describe();
+  EXPECT_NE(text.find("(6 gradients, one all-reduce each)"), std::string::npos) << text;
+  // A step on the module set up last: its gradients land in the live buckets.
+  ddp.backward(second.training_step({}));
+  ddp.reduce_gradients();
+  for (const auto& p : second.module().parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0);
+  }
 }
 
 }  // namespace
