@@ -77,6 +77,17 @@ class Strategy {
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const OptimizerFactory& factory);
 
+  /// The module's training step as this strategy runs it (Lightning's
+  /// Strategy.training_step): the base calls module.training_step(batch);
+  /// FSDP gathers the root unit's parameters around it.
+  virtual torch::Tensor training_step(TrainingModule& module, const Batch& batch) {
+    return module.training_step(batch);
+  }
+  /// Same for validation (called under torch::NoGradGuard).
+  virtual ValidationStep validation_step(TrainingModule& module, const Batch& batch) {
+    return module.validation_step(batch);
+  }
+
   /// The base runs loss.backward().
   virtual void backward(const torch::Tensor& loss);
 

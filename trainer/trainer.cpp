@@ -179,7 +179,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     torch::Tensor loss;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      loss = module.training_step(batch);
+      loss = strategy_->training_step(module, batch);
     }
     loss_sum += loss.item<double>();
     tokens += batch.input.numel();
@@ -226,7 +226,7 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
     ValidationStep out;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      out = module.validation_step(to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
+      out = strategy_->validation_step(module, to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
     }
     loss_sum += out.loss_sum;
     tokens += static_cast<double>(out.tokens);
