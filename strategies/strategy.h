@@ -88,6 +88,13 @@ class Strategy {
     return module.validation_step(batch);
   }
 
+  /// RAII: while the returned handle lives, the module's parameters hold
+  /// their full values on this rank (checkpoints, export, evaluation outside
+  /// the step). A collective where parameters are sharded (FSDP gathers
+  /// them): every rank must call it. With `writeback`, values written to the
+  /// parameters meanwhile are kept. The base holds them anyway: nullptr.
+  virtual std::shared_ptr<void> full_params(bool writeback = false) { return nullptr; }
+
   /// The base runs loss.backward().
   virtual void backward(const torch::Tensor& loss);
 

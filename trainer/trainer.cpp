@@ -89,6 +89,7 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
                                           adamw_factory(options_));
   if (!options_.resume_from().empty()) {
     CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+    const auto full = strategy_->full_params(/*writeback=*/true);  // FSDP: load into full parameters, keep them
     step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
                             strategy_->rank()).step;
     each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
@@ -272,6 +273,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
   CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded()};
+  const auto full = strategy_->full_params();  // FSDP: the model file holds full parameters
   strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
   each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
 }

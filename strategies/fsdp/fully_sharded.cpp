@@ -277,6 +277,10 @@ FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   return FullParams(this, writeback);
 }
 
+std::shared_ptr<void> FSDPStrategy::full_params(bool writeback) {
+  return std::make_shared<FullParams>(summon_full_params(writeback));
+}
+
 FSDPStrategy::FullParams::~FullParams() {
   if (strategy_ == nullptr) return;
   if (writeback_) {
@@ -287,7 +291,7 @@ FSDPStrategy::FullParams::~FullParams() {
 
 std::string FSDPStrategy::describe() const {
   std::ostringstream out;
-  out << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
+  out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
       << shard_world_ << " of " << world_size() << " rank(s), reshard_after_forward "
       << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
       << ", wrap policy " << to_string(options_.wrap_policy()) << "; " << num_wrap_units_

@@ -71,6 +71,8 @@ class FSDPStrategy : public Strategy {
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const override;
   bool optimizer_sharded() const override { return shard_world_ > 1; }
+  /// summon_full_params(writeback), type-erased for the Trainer.
+  std::shared_ptr<void> full_params(bool writeback = false) override;
   std::string describe() const override;
 
   const FSDPOptions& options() const { return options_; }
