@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <unistd.h>
 
 namespace {
 using strata::FSDPOptions;
@@ -198,6 +200,52 @@ TEST(FsdpParityTest, ValidationMatchesSingleProcess) {
   const auto got = train_fsdp(gpt_nano(), options.batch_size(2), run);
   ASSERT_TRUE(reference.result.val_loss && got[0].result.val_loss);
   EXPECT_NEAR(*got[0].result.val_loss, *reference.result.val_loss, 1e-5);
+}
+
+/// At step 3: records the module's FLOPs estimate, saves a checkpoint, stops.
+class SaveAndStopAtThree : public strata::Callback {
+ public:
+  explicit SaveAndStopAtThree(std::string dir) : dir_(std::move(dir)) {}
+  std::string name() const override { return "SaveAndStopAtThree"; }
+  void on_train_batch_end(strata::Trainer& t, strata::TrainingModule& m, const strata::StepMetrics& metrics) override {
+    flops_per_token = m.flops_per_token();
+    if (metrics.step != 3) return;
+    t.save_checkpoint(dir_);
+    t.request_stop("test");
+  }
+  double flops_per_token = 0.0;
+
+ private:
+  std::string dir_;
+};
+
+TEST(FsdpCheckpointTest, ResumeReproducesTheUninterruptedRun) {
+  const auto dir = std::filesystem::temp_directory_path() / ("strata-fsdp-ckpt-" + std::to_string(::getpid()));
+  const auto options = fsdp_test_options(2, 1, 0.0, 6);
+  const auto straight = train_fsdp(gpt_nano(), options, FsdpRun{});
+  std::vector<std::shared_ptr<SaveAndStopAtThree>> savers;
+  for (int r = 0; r < 2; ++r) savers.push_back(std::make_shared<SaveAndStopAtThree>(dir.string()));
+  FsdpRun first;
+  first.callbacks = [&](int rank) { return std::vector<std::shared_ptr<strata::Callback>>{savers[rank]}; };
+  train_fsdp(gpt_nano(), options, first);
+  // The model file holds full parameters, not the 0-element resharded ones.
+  torch::serialize::InputArchive model;
+  model.load_from((dir / "model.pt").string());
+  torch::Tensor wte;
+  model.read("param/wte.weight", wte);
+  EXPECT_EQ(wte.sizes(), (std::vector<int64_t>{16, 48}));
+  // The model's size (FLOPs estimate, parameter count) does not shrink with its shards.
+  for (const auto& saver : savers) EXPECT_EQ(saver->flops_per_token, gpt_nano()()->flops_per_token());
+
+  const ModuleFactory other_init = [] {
+    torch::manual_seed(99);  // everything must come from the checkpoint
+    return std::make_unique<strata::recipes::GPTModule>(
+        strata::recipes::gpt_preset("gpt-nano").vocab_size(16).block_size(8).bias(false));
+  };
+  const auto resumed = train_fsdp(other_init, strata::TrainerOptions(options).resume_from(dir.string()), FsdpRun{});
+  EXPECT_EQ(resumed[0].result.steps, 6);
+  EXPECT_LE(max_param_diff(straight[0].params, resumed[0].params), 1e-6);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(FsdpOptionsTest, SummonedParametersAreKeptOnlyWithWriteback) {

@@ -25,6 +25,7 @@ struct Case {
   c10::optional<bool> reshard_after_forward;
   strata::WrapPolicy wrap = strata::WrapPolicy::kBlock;
   bool tie = true;
+  bool limit_all_gathers = true;
 };
 
 Case make_case(ShardingStrategy sharding, int world, int64_t accum = 1, double clip = 0.0) {
@@ -40,7 +41,8 @@ std::string label(const Case& c) {
   return strata::to_string(c.sharding) + " world=" + std::to_string(c.world) + " accum=" +
          std::to_string(c.accum) + " clip=" + std::to_string(c.clip) + " reshard_after_forward=" +
          (c.reshard_after_forward ? std::to_string(*c.reshard_after_forward) : "default") +
-         " wrap=" + strata::to_string(c.wrap) + " tie=" + std::to_string(c.tie);
+         " wrap=" + strata::to_string(c.wrap) + " tie=" + std::to_string(c.tie) +
+         " limit_all_gathers=" + std::to_string(c.limit_all_gathers);
 }
 
 /// Six AdamW steps: parameters within 1e-5 of single-process training on the
@@ -53,7 +55,7 @@ void expect_parity(const Case& c) {
   const auto reference = train_single(make, fsdp_test_options(per_rank_batch * c.world, c.accum, c.clip, steps));
   FsdpRun run;
   run.world = c.world;
-  run.options = FSDPOptions().sharding_strategy(c.sharding).wrap_policy(c.wrap);
+  run.options = FSDPOptions().sharding_strategy(c.sharding).wrap_policy(c.wrap).limit_all_gathers(c.limit_all_gathers);
   run.options.reshard_after_forward(c.reshard_after_forward);
   const auto got = train_fsdp(make, fsdp_test_options(per_rank_batch, c.accum, c.clip, steps), run);
   EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-5);
@@ -72,6 +74,9 @@ TEST(FsdpParityTest, ShardGradOpAndNoShardMatchSingleProcess) {
     expect_parity(make_case(ShardingStrategy::kShardGradOp, world));
     expect_parity(make_case(ShardingStrategy::kNoShard, world));
   }
+  auto unlimited = make_case(ShardingStrategy::kShardGradOp, 3);
+  unlimited.limit_all_gathers = false;  // prefetches every next unit
+  expect_parity(unlimited);
 }
 
 TEST(FsdpParityTest, FullShardWithoutReshardAfterForwardMatches) {
@@ -152,6 +157,46 @@ TEST(FsdpParityTest, UnitSmallerThanTheWorldIsPaddedAndMatches) {
   EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-5);
   // The scale really moved (its gradient is not lost in the padding).
   EXPECT_GT((got[0].params[1] - torch::tensor({1.0f, 0.0f})).abs().max().item<double>(), 1e-4);
+}
+
+/// embed -> unit 0: y = x * a (its parameter b is never used) -> head.
+class UnusedParameterModule : public strata::TrainingModule {
+ public:
+  UnusedParameterModule() : net_(std::make_shared<torch::nn::Module>()) {
+    embed_ = net_->register_module("embed", torch::nn::Embedding(16, 4));
+    unit_ = net_->register_module("unit", std::make_shared<torch::nn::Module>());
+    a_ = unit_->register_parameter("a", torch::ones({4}));
+    unit_->register_parameter("b", torch::ones({4}));
+    head_ = net_->register_module("head", torch::nn::Linear(4, 16));
+  }
+  torch::nn::Module& module() override { return *net_; }
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_units() override { return {unit_}; }
+  torch::Tensor training_step(const strata::Batch& b) override {
+    auto x = run_unit(0, embed_(b.input), [a = a_](const torch::Tensor& t) { return t * a; });
+    return torch::nn::functional::cross_entropy(head_(x).reshape({-1, 16}), b.target.reshape({-1}));
+  }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> net_, unit_;
+  torch::nn::Embedding embed_{nullptr};
+  torch::Tensor a_;
+  torch::nn::Linear head_{nullptr};
+};
+
+TEST(FsdpParityTest, ParameterWithoutGradientCountsAsZero) {
+  // The unit's post-backward never fires from the hooks (b gets no gradient);
+  // reduce_gradients() reduces it (and the root queued behind it) instead.
+  // b is 1-D: AdamW without weight decay leaves it unchanged on a zero
+  // gradient, as single-process training (which skips it) does.
+  const ModuleFactory make = [] {
+    torch::manual_seed(6);
+    return std::make_unique<UnusedParameterModule>();
+  };
+  const auto reference = train_single(make, fsdp_test_options(4, 1, 0.0, 4));
+  FsdpRun run;
+  const auto got = train_fsdp(make, fsdp_test_options(2, 1, 0.0, 4), run);
+  EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-5);
 }
 
 // ---- FSDP(checkpoint(block)) ---------------------------------------------
