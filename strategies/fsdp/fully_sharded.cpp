@@ -106,13 +106,16 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   const int index = index_of_unit_[unit];
   if (index < 0) return forward(x);
   FlatParam& flat = *units_[index];
+  // Called during backward: an activation checkpoint installed outside FSDP
+  // recomputes the unit, and the unit's own backward follows at once.
+  const bool recompute = in_backward_;
   gather(flat);
-  prefetch(index + 1);  // overlaps the next unit's all-gather with this unit's forward
+  if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
   auto out = forward(x);
   const bool grad = torch::GradMode::is_enabled();
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
   // Without grad no backward will come for this unit: always free it.
-  if (!grad || reshard_after_forward_) flat.reshard();
+  if (!grad || (reshard_after_forward_ && !recompute)) flat.reshard();
   return out;
 }
 
@@ -164,6 +167,11 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   readiness_->reset();
   if (root_ != nullptr) root_->prepare_grads();
   prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
+  struct InBackward {
+    bool& flag;
+    explicit InBackward(bool& f) : flag(f) { flag = true; }
+    ~InBackward() { flag = false; }
+  } in_backward(in_backward_);
   loss.backward();
 }
 

@@ -27,7 +27,9 @@
 // (GradReadiness, one bucket per unit) start the reduce-scatter; the
 // strategy's training_step gathers the root. Install FSDP after activation
 // checkpointing (FSDP(checkpoint(block))): FSDP's runner is then outermost
-// and the recompute finds the unit gathered.
+// and the recompute finds the unit gathered. Installed the other way round
+// (checkpoint(FSDP(block))) it works too, at one more all-gather per unit:
+// the recompute gathers the unit, whose pre-backward then finds it gathered.
 //
 // Limits: a unit's output is a view made by that Function; modifying it in
 // place raises torch's "view created inside a custom Function" error (clone
@@ -144,6 +146,7 @@ class FSDPStrategy : public Strategy {
   std::unique_ptr<GradReadiness> readiness_;
   std::deque<Reduction> in_flight_;
   bool sync_backward_ = true;
+  bool in_backward_ = false;  // inside backward(): a unit run now is a recompute
   int max_units_gathered_ = 0;
 };
 

@@ -201,6 +201,20 @@ TEST(FsdpParityTest, ParameterWithoutGradientCountsAsZero) {
 
 // ---- FSDP(checkpoint(block)) ---------------------------------------------
 
+/// Applies activation checkpointing when fit starts (after the strategy's
+/// setup installed its runner): checkpointing is then the outer layer.
+class CheckpointAtFitStart : public strata::Callback {
+ public:
+  explicit CheckpointAtFitStart(int64_t every_n) : every_n_(every_n) {}
+  std::string name() const override { return "CheckpointAtFitStart"; }
+  void on_fit_start(strata::Trainer&, strata::TrainingModule& m) override {
+    strata::apply_activation_checkpointing(m, strata::ActivationCheckpointOptions().every_n(every_n_));
+  }
+
+ private:
+  int64_t every_n_;
+};
+
 void expect_checkpointing_changes_nothing(const std::string& model, const ModuleFactory& make) {
   const auto options = fsdp_test_options(2, 1, 0.0, 4).lr(1e-2).min_lr(1e-3).warmup_steps(1);
   FsdpRun plain;
@@ -215,6 +229,20 @@ void expect_checkpointing_changes_nothing(const std::string& model, const Module
     const auto got = train_fsdp(make, options, checkpointed);
     EXPECT_LE(max_param_diff(reference[0].params, got[0].params), 1e-6);
     EXPECT_LE(got[0].max_units_gathered, strata::FSDPStrategy::kMaxUnitsGathered);
+    // checkpoint(FSDP(block)): applied after the strategy's setup, so the
+    // recompute in backward runs FSDP's runner.
+    FsdpRun outside;
+    outside.callbacks = [every_n](int) {
+      return std::vector<std::shared_ptr<strata::Callback>>{std::make_shared<CheckpointAtFitStart>(every_n)};
+    };
+    const auto got_outside = train_fsdp(make, options, outside);
+    EXPECT_LE(max_param_diff(reference[0].params, got_outside[0].params), 1e-6) << "checkpoint outside FSDP";
+    EXPECT_LE(got_outside[0].max_units_gathered, strata::FSDPStrategy::kMaxUnitsGathered);
+    // Gathered as often as without checkpointing: the recompute's gather
+    // serves the unit's backward too (no reshard, no prefetch in between).
+    const auto all_gather = [](const Trained& t) { return t.result.comm_bytes[strata::CollectiveKind::kAllGather]; };
+    EXPECT_EQ(all_gather(got_outside[0]), all_gather(reference[0]));
+    EXPECT_EQ(all_gather(got[0]), all_gather(reference[0]));
   }
 }
 
