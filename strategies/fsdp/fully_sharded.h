@@ -28,8 +28,9 @@
 // strategy's training_step gathers the root. Install FSDP after activation
 // checkpointing (FSDP(checkpoint(block))): FSDP's runner is then outermost
 // and the recompute finds the unit gathered. Installed the other way round
-// (checkpoint(FSDP(block))) it works too, at one more all-gather per unit:
-// the recompute gathers the unit, whose pre-backward then finds it gathered.
+// (checkpoint(FSDP(block))) it works too, with as many all-gathers: the
+// recompute (FSDP's runner, called during backward) gathers the unit and
+// keeps it for the unit's backward that follows at once.
 //
 // Limits: a unit's output is a view made by that Function; modifying it in
 // place raises torch's "view created inside a custom Function" error (clone
