@@ -92,6 +92,7 @@ GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
   if (!o.tie_weights()) {
     lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
   }
+  for (const auto& p : parameters()) num_params_ += p.numel();
   // GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled
   // by 1/sqrt(2 * n_layer).
   torch::NoGradGuard no_grad;
@@ -130,10 +131,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_u
 }
 
 int64_t GPTImpl::num_params(bool non_embedding) const {
-  int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
-  if (non_embedding) n -= wpe_->weight.numel();
-  return n;
+  return non_embedding ? num_params_ - options_.block_size() * options_.n_embd() : num_params_;
 }
 
 GPTModule::GPTModule(const GPTOptions& options) : model_(options) {}

@@ -77,6 +77,8 @@ class GPTImpl : public torch::nn::Module {
   const GPTOptions& options() const { return options_; }
   std::vector<Block>& blocks() { return blocks_; }
   /// Parameter count; nanoGPT excludes position embeddings for FLOP counting.
+  /// Counted at construction: under FSDP the parameters hold 0 elements
+  /// between units' runs, but the model keeps its size.
   int64_t num_params(bool non_embedding = false) const;
 
  private:
@@ -86,6 +88,7 @@ class GPTImpl : public torch::nn::Module {
   std::vector<Block> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear lm_head_{nullptr};  // null when tied to wte
+  int64_t num_params_ = 0;               // all parameters, at construction
 };
 TORCH_MODULE(GPT);
 

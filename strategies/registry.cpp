@@ -1,6 +1,7 @@
 #include "strategies/registry.h"
 
 #include "strategies/ddp.h"
+#include "strategies/fsdp/fully_sharded.h"
 #include "strategies/oss.h"
 #include "strategies/sdp.h"
 #include "strategies/single_device.h"
@@ -96,6 +97,12 @@ void register_builtin_strategies(StrategyRegistry& registry) {
       },
       "ZeRO-2: optimizer state and grads sharded; grads reduced to owners during backward");
   registry.add_alias("zero2", "sdp");
+  registry.add(
+      "fsdp",
+      [](Comm comm, const StrategyConfig&) { return std::make_unique<FSDPStrategy>(comm); },
+      "ZeRO-3: params, grads and optimizer state sharded per wrap unit; all-gather before "
+      "forward and backward, grads reduce-scattered during backward");
+  registry.add_alias("zero3", "fsdp");
 }
 
 }  // namespace strata

@@ -80,6 +80,24 @@ class Strategy {
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const OptimizerFactory& factory);
 
+  /// The module's training step as this strategy runs it (Lightning's
+  /// Strategy.training_step): the base calls module.training_step(batch);
+  /// FSDP gathers the root unit's parameters around it.
+  virtual torch::Tensor training_step(TrainingModule& module, const Batch& batch) {
+    return module.training_step(batch);
+  }
+  /// Same for validation (called under torch::NoGradGuard).
+  virtual ValidationStep validation_step(TrainingModule& module, const Batch& batch) {
+    return module.validation_step(batch);
+  }
+
+  /// RAII: while the returned handle lives, the module's parameters hold
+  /// their full values on this rank (checkpoints, export, evaluation outside
+  /// the step). A collective where parameters are sharded (FSDP gathers
+  /// them): every rank must call it. With `writeback`, values written to the
+  /// parameters meanwhile are kept. The base holds them anyway: nullptr.
+  virtual std::shared_ptr<void> full_params(bool writeback = false) { return nullptr; }
+
   /// The base runs loss.backward().
   virtual void backward(const torch::Tensor& loss);
 

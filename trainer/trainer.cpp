@@ -116,6 +116,7 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   if (!options_.resume_from().empty()) {
     CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
                             options_.optimizer()};
+    const auto full = strategy_->full_params(/*writeback=*/true);  // FSDP: load into full parameters, keep them
     step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
                             strategy_->rank()).step;
     each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
@@ -206,7 +207,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     torch::Tensor loss;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      loss = module.training_step(batch);
+      loss = strategy_->training_step(module, batch);
     }
     loss_sum += loss.item<double>();
     tokens += batch.input.numel();
@@ -253,7 +254,7 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
     ValidationStep out;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      out = module.validation_step(to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
+      out = strategy_->validation_step(module, to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
     }
     loss_sum += out.loss_sum;
     tokens += static_cast<double>(out.tokens);
@@ -300,6 +301,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
   CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
                       options_.optimizer()};
+  const auto full = strategy_->full_params();  // FSDP: the model file holds full parameters
   strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
   each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
 }

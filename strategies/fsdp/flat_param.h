@@ -1,0 +1,122 @@
+#pragma once
+// FlatParam: one FSDP unit's parameters as a ZeRO-3 flat parameter.
+//
+// The unit's trainable parameters are laid end to end (FlatLayout), padded to
+// a multiple of the shard group size N and cut into N equal shards. This rank
+// keeps only its shard: `shard()` (a 1-D tensor the optimizer steps, through
+// per-parameter views) and `shard_grad()` (same size). The module's parameters
+// stay the module's own leaf tensors (so AccumulateGrad nodes, their hooks and
+// the module's structure never change); only their data moves:
+//  - gathered: each parameter's data is its view of a padded full buffer the
+//    shards were all-gathered into;
+//  - resharded: each parameter's data is a 0-element tensor with the same
+//    number of dimensions, and the full buffer's storage is freed IN PLACE
+//    (its bytes set to 0), not dropped.
+// Why in place: backward nodes keep views of a parameter's data, not only the
+// parameter (a Linear saves weight.t() for the input gradient). Replacing the
+// parameter's data and dropping the buffer would leave those views holding the
+// whole old buffer until backward: nothing freed between forward and backward.
+// Freeing the one storage everyone views, and re-gathering into that same
+// storage before the unit's backward, frees the memory and lets the saved
+// views see the re-gathered values (FSDP1's _free_storage / _alloc_storage).
+// The parameters' own version counters are untouched (set_data keeps them),
+// so saved parameters unpack without "modified by an inplace operation".
+//
+// With a shard group of one (no_shard, or a world of one) the shard IS the
+// full flat parameter: the parameters are permanently views of it and their
+// gradients permanently views of shard_grad(); gather and reshard do nothing.
+#include "strategies/comm.h"
+#include "strategies/flat_shard.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class FlatParam {
+ public:
+  /// `params`: the unit's trainable parameters (the module's leaves, with
+  /// their current full values, one dtype); `shard_world` ranks share the
+  /// unit and this rank is `shard_rank`. The parameters are left gathered.
+  FlatParam(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
+            int shard_world, int shard_rank);
+  FlatParam(const FlatParam&) = delete;
+  FlatParam& operator=(const FlatParam&) = delete;
+
+  const std::string& name() const { return name_; }
+  const FlatLayout& layout() const { return layout_; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  const std::vector<std::string>& param_names() const { return names_; }
+  /// False when the shard group has one rank (the shard is the whole unit).
+  bool sharded() const { return layout_.world_size() > 1; }
+  int64_t numel() const { return layout_.unpadded_numel(); }
+
+  /// This rank's shard [shard_numel] and its gradient (the reduced mean).
+  const torch::Tensor& shard() const { return shard_; }
+  const torch::Tensor& shard_grad() const { return shard_grad_; }
+  /// The optimizer's views: one 1-D piece of shard() per parameter part in
+  /// this rank's shard, each with the matching piece of shard_grad() as grad.
+  /// pieces()[j] belongs to params()[piece_params()[j]].
+  const std::vector<torch::Tensor>& pieces() const { return pieces_; }
+  const std::vector<size_t>& piece_params() const { return piece_params_; }
+
+  // ---- parameters ----
+  /// Full values materialised (a gather finished and no reshard since).
+  bool gathered() const { return state_ == State::kGathered; }
+  /// Memory for the full values is held (gathered, or a gather in flight).
+  bool holds_full() const { return state_ != State::kSharded; }
+  /// Allocates the full buffer and starts all-gathering the shards into it.
+  /// No-op unless resharded.
+  void start_gather(Comm& comm);
+  /// Finishes the gather (starting it first if needed) and points the
+  /// parameters at their views of the full buffer. No-op when gathered.
+  void finish_gather(Comm& comm);
+  /// Copies this rank's part of the gathered full values into the shard, so
+  /// that writes to the parameters while gathered survive reshard(). Needs
+  /// the parameters gathered; no-op when the shard group is one rank.
+  void write_back();
+  /// Parameters -> 0-element data; the full buffer's storage is freed. Waits
+  /// for a gather in flight first. No-op when the shard group is one rank.
+  void reshard();
+
+  // ---- gradients ----
+  /// Full (padded) gradient buffer of zeros with each parameter's grad set to
+  /// its view, so AccumulateGrad adds in place. Kept if already there
+  /// (gradient accumulation under no_sync). Needs the parameters gathered.
+  void prepare_grads();
+  /// The full gradient buffer, undefined when none is held.
+  const torch::Tensor& full_grad() const { return full_grad_; }
+  /// Drops the full gradient buffer and the parameters' grads (sharded only;
+  /// in a group of one the full gradient is the shard gradient and stays).
+  void release_full_grad();
+  /// Bytes of parameter / gradient memory this rank holds for the unit now.
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const;
+
+ private:
+  enum class State { kSharded, kGathering, kGathered };
+  void point_params_at_full();
+  /// Parameter k's view (its shape) of a padded flat buffer.
+  torch::Tensor full_view(const torch::Tensor& flat, size_t k) const;
+
+  std::string name_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  FlatLayout layout_;
+  int shard_rank_ = 0;
+  State state_ = State::kGathered;
+  torch::Tensor full_;        // padded full values; storage freed when resharded
+  size_t full_nbytes_ = 0;
+  torch::Tensor shard_;
+  torch::Tensor shard_grad_;
+  torch::Tensor full_grad_;
+  std::vector<torch::Tensor> empty_;  // per param: 0-element data of its dim
+  std::vector<torch::Tensor> pieces_;
+  std::vector<size_t> piece_params_;
+  PendingWork gather_work_;
+};
+
+}  // namespace strata

@@ -1,0 +1,317 @@
+#include "strategies/fsdp/fully_sharded.h"
+
+#include "strategies/ddp.h"
+#include "strategies/fsdp/pre_backward.h"
+
+#include <sstream>
+#include <unordered_map>
+
+namespace strata {
+
+FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
+    : Strategy(std::move(comm)),
+      options_(std::move(options)),
+      reshard_after_forward_(resolve_reshard_after_forward(options_)) {}
+
+void FSDPStrategy::setup(TrainingModule& module) {
+  TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
+  set_up_ = true;
+  Strategy::setup(module);
+  // Every rank cuts its shards from rank 0's values.
+  broadcast_module_state(comm(), module.module());
+  const bool no_shard = options_.sharding_strategy() == ShardingStrategy::kNoShard;
+  shard_world_ = no_shard ? 1 : world_size();
+  shard_rank_ = no_shard ? 0 : rank();
+
+  const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
+  auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {
+    std::vector<torch::Tensor> ps;
+    std::vector<std::string> names;
+    for (size_t k : members) {
+      ps.push_back(params()[k]);
+      names.push_back(param_names()[k]);
+    }
+    return std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_);
+  };
+  // -1: the unit runs unwrapped (no trainable parameters, or wrap policy none).
+  index_of_unit_.assign(module.wrap_units().size(), -1);
+  for (size_t u = 0; u < assignment.units.size(); ++u) {
+    if (assignment.units[u].empty()) continue;
+    index_of_unit_[u] = static_cast<int>(units_.size());
+    units_.push_back(make_unit(assignment.unit_names[u], assignment.units[u]));
+  }
+  num_wrap_units_ = static_cast<int>(units_.size());
+  if (!assignment.root.empty()) {
+    units_.push_back(make_unit("root", assignment.root));
+    root_ = units_.back().get();
+  }
+
+  // One readiness bucket per unit, in the order backward finishes them: the
+  // last wrap unit first, the root (embeddings, used first in forward) last.
+  std::vector<torch::Tensor> hooked;
+  std::vector<std::vector<size_t>> buckets;
+  auto add_bucket = [&](int index) {
+    unit_of_bucket_.push_back(index);
+    buckets.emplace_back();
+    for (const auto& p : units_[index]->params()) {
+      buckets.back().push_back(hooked.size());
+      hooked.push_back(p);
+    }
+  };
+  for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
+  if (root_ != nullptr) add_bucket(num_wrap_units_);
+  readiness_ = std::make_unique<GradReadiness>(hooked, buckets, [this](size_t b) { post_backward(b); });
+  // Before the first reshard: each AccumulateGrad node records its
+  // parameter's shape when created, and must record the full one.
+  readiness_->install_hooks([] { return true; });
+  for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
+  module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
+    return run_unit(unit, x, forward);
+  });
+}
+
+std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
+    std::vector<torch::optim::OptimizerParamGroup> groups, const OptimizerFactory& factory) {
+  // Each parameter's pieces (1-D views of this rank's shards) go to the group
+  // the parameter was in, so per-parameter choices such as weight decay
+  // survive flattening. Exact for element-wise optimizers (SGD, Adam(W), ...).
+  std::unordered_map<const void*, std::vector<torch::Tensor>> pieces_of;
+  for (const auto& unit : units_) {
+    for (size_t j = 0; j < unit->pieces().size(); ++j) {
+      const auto& p = unit->params()[unit->piece_params()[j]];
+      pieces_of[p.unsafeGetTensorImpl()].push_back(unit->pieces()[j]);
+    }
+  }
+  std::unordered_map<const void*, bool> trainable;
+  for (const auto& p : params()) trainable[p.unsafeGetTensorImpl()] = true;
+  std::vector<torch::optim::OptimizerParamGroup> local;
+  for (auto& group : groups) {
+    std::vector<torch::Tensor> shard_params;
+    for (const auto& p : group.params()) {
+      TORCH_CHECK(trainable.count(p.unsafeGetTensorImpl()) == 1, name(),
+                  ": the optimizer was given a parameter that is not trainable in the module");
+      auto it = pieces_of.find(p.unsafeGetTensorImpl());
+      if (it == pieces_of.end()) continue;  // wholly in other ranks' shards
+      shard_params.insert(shard_params.end(), it->second.begin(), it->second.end());
+      pieces_of.erase(it);  // a tensor listed twice is stepped once
+    }
+    if (!shard_params.empty()) local.emplace_back(std::move(shard_params), group.options().clone());
+  }
+  return factory(std::move(local));
+}
+
+torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
+  TORCH_CHECK(unit < static_cast<int64_t>(index_of_unit_.size()), name(), ": the module ran unit ",
+              unit, " but named ", index_of_unit_.size(), " wrap units at setup");
+  const int index = index_of_unit_[unit];
+  if (index < 0) return forward(x);
+  FlatParam& flat = *units_[index];
+  // Called during backward: an activation checkpoint installed outside FSDP
+  // recomputes the unit, and the unit's own backward follows at once.
+  const bool recompute = in_backward_;
+  gather(flat);
+  if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
+  auto out = forward(x);
+  const bool grad = torch::GradMode::is_enabled();
+  if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
+  // Without grad no backward will come for this unit: always free it.
+  if (!grad || (reshard_after_forward_ && !recompute)) flat.reshard();
+  return out;
+}
+
+void FSDPStrategy::begin_forward() {
+  // The root's parameters (embeddings, final norm, head) are used before the
+  // first unit and after the last one; gather them for the whole micro-batch.
+  if (root_ != nullptr) root_->finish_gather(comm());
+  prefetch(0);
+}
+
+torch::Tensor FSDPStrategy::training_step(TrainingModule& module, const Batch& batch) {
+  begin_forward();
+  auto loss = module.training_step(batch);
+  if (!torch::GradMode::is_enabled()) reshard_all();
+  return loss;
+}
+
+ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch& batch) {
+  begin_forward();
+  auto out = module.validation_step(batch);
+  reshard_all();
+  return out;
+}
+
+void FSDPStrategy::gather(FlatParam& unit) {
+  unit.finish_gather(comm());
+  max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
+}
+
+void FSDPStrategy::prefetch(int index) {
+  if (index < 0 || index >= num_wrap_units_) return;
+  FlatParam& unit = *units_[index];
+  if (!unit.sharded() || unit.holds_full()) return;
+  // Decided from state every rank has alike (never from whether a collective
+  // has finished), so every rank issues the same all-gathers in the same order.
+  if (options_.limit_all_gathers() && wrap_units_holding_full() >= kMaxUnitsGathered) return;
+  unit.start_gather(comm());
+  max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
+}
+
+int FSDPStrategy::wrap_units_holding_full() const {
+  int n = 0;
+  for (int i = 0; i < num_wrap_units_; ++i) n += units_[i]->sharded() && units_[i]->holds_full();
+  return n;
+}
+
+void FSDPStrategy::backward(const torch::Tensor& loss) {
+  sync_backward_ = require_sync();
+  readiness_->reset();
+  if (root_ != nullptr) root_->prepare_grads();
+  prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
+  struct InBackward {
+    bool& flag;
+    explicit InBackward(bool& f) : flag(f) { flag = true; }
+    ~InBackward() { flag = false; }
+  } in_backward(in_backward_);
+  loss.backward();
+}
+
+void FSDPStrategy::pre_backward(int index) {
+  // Runs on the autograd thread when the gradient w.r.t. unit `index`'s
+  // output is complete, before any of the unit's backward nodes.
+  FlatParam& unit = *units_[index];
+  gather(unit);  // Sync point: the unit's backward reads its full parameters
+  prefetch(index - 1);
+  unit.prepare_grads();
+}
+
+void FSDPStrategy::post_backward(size_t bucket) {
+  // Called from the AccumulateGrad post-hook of the unit's last parameter
+  // (GradReadiness, in bucket order), or from reduce_gradients() for a unit
+  // whose parameters did not all get a gradient.
+  FlatParam& unit = *units_[unit_of_bucket_[bucket]];
+  // A unit whose backward never started still takes part with zeros: every
+  // rank must issue the same collectives.
+  unit.prepare_grads();
+  if (sync_backward_) launch_reduction(unit);
+  unit.reshard();
+}
+
+void FSDPStrategy::launch_reduction(FlatParam& unit) {
+  if (!unit.sharded() && world_size() == 1) return;  // the local gradient is the gradient
+  // Bound memory: each reduction in flight holds a full gradient.
+  while (in_flight_.size() >= kMaxReductionsInFlight) finish_oldest_reduction();
+  Reduction r;
+  r.unit = &unit;
+  if (unit.sharded()) {
+    r.input = unit.full_grad();
+    r.output = torch::empty_like(unit.shard_grad());
+    unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
+    // Async: the rest of backward runs while this unit's gradient is reduced.
+    r.work = comm().reduce_scatter_async(r.output, r.input);
+  } else {
+    r.output = unit.shard_grad();  // no_shard: the full gradient, reduced in place
+    r.work = comm().all_reduce_async(r.output);
+  }
+  in_flight_.push_back(std::move(r));
+}
+
+void FSDPStrategy::finish_oldest_reduction() {
+  Reduction r = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  // Sync point: the shard gradient may only be read once the sum has arrived.
+  r.work.wait();
+  torch::NoGradGuard no_grad;
+  if (r.unit->sharded()) {
+    // Added, not copied: gradients accumulate over synchronised backwards.
+    r.unit->shard_grad().add_(r.output.div_(world_size()));
+  } else {
+    r.output.div_(world_size());
+  }
+}
+
+void FSDPStrategy::reduce_gradients() {
+  // Units whose parameters did not all get a gradient are reduced now, in
+  // bucket order, counting the missing gradients as zero.
+  if (!readiness_->all_launched()) readiness_->launch_remaining();
+  // Sync point: the optimizer steps the shards only after every reduction
+  // into them has arrived.
+  while (!in_flight_.empty()) finish_oldest_reduction();
+}
+
+void FSDPStrategy::reshard_all() {
+  for (auto& unit : units_) unit->reshard();
+}
+
+void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
+  while (!in_flight_.empty()) finish_oldest_reduction();
+  // Nothing should be gathered here; if something is (a forward without
+  // backward), free it so the next forward gathers the updated shards.
+  reshard_all();
+  optimizer.step();
+}
+
+void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
+  for (auto& unit : units_) {
+    unit->release_full_grad();
+    unit->shard_grad().zero_();
+  }
+}
+
+std::vector<torch::Tensor> FSDPStrategy::local_grads_for_norm() const {
+  // Shard gradients, padding included: padding gradients are zero.
+  std::vector<torch::Tensor> grads;
+  for (const auto& unit : units_) grads.push_back(unit->shard_grad());
+  return grads;
+}
+
+ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {
+  ModelStateBytes bytes;
+  std::vector<torch::Tensor> frozen;  // parameters FSDP does not manage: held whole
+  for (const auto& p : module().module().parameters()) {
+    if (!p.requires_grad()) frozen.push_back(p);
+  }
+  bytes.params = unique_storage_bytes(frozen);
+  for (const auto& unit : units_) {
+    bytes.params += unit->param_bytes();
+    bytes.grads += unit->grad_bytes();
+  }
+  bytes.optimizer = optimizer_state_bytes(optimizer);
+  return bytes;
+}
+
+FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
+  // Sync point: every rank gathers every unit, in unit order.
+  for (auto& unit : units_) unit->finish_gather(comm());
+  return FullParams(this, writeback);
+}
+
+std::shared_ptr<void> FSDPStrategy::full_params(bool writeback) {
+  return std::make_shared<FullParams>(summon_full_params(writeback));
+}
+
+FSDPStrategy::FullParams::~FullParams() {
+  if (strategy_ == nullptr) return;
+  if (writeback_) {
+    for (auto& unit : strategy_->units_) unit->write_back();
+  }
+  strategy_->reshard_all();
+}
+
+std::string FSDPStrategy::describe() const {
+  std::ostringstream out;
+  out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
+      << shard_world_ << " of " << world_size() << " rank(s), reshard_after_forward "
+      << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
+      << ", wrap policy " << to_string(options_.wrap_policy()) << "; " << num_wrap_units_
+      << " wrap unit(s)" << (root_ != nullptr ? " + root" : "");
+  for (const auto& unit : units_) {
+    const auto& l = unit->layout();
+    out << "\n  " << unit->name() << ": " << l.unpadded_numel() << " elements in "
+        << unit->params().size() << " parameter(s), shard " << l.shard_numel() << " (padding "
+        << l.padded_numel() - l.unpadded_numel() << ")";
+  }
+  out << "\n  max wrap units gathered at once so far: " << max_units_gathered_;
+  return out.str();
+}
+
+}  // namespace strata

@@ -1,0 +1,154 @@
+#pragma once
+// FSDPStrategy ("fsdp", alias "zero3"): fully sharded data parallel (ZeRO-3).
+//
+// Sharded: parameters, gradients and optimizer state. Each wrap unit (wrap.h:
+// GPT's blocks, plus a root unit for the parameters in no block) is one
+// FlatParam (flat_param.h); every rank keeps a 1/N shard of each. Per step:
+//  - forward: a unit's shards are all-gathered just before it runs (the next
+//    unit's gather is prefetched while it runs) and freed after it;
+//  - backward: when the gradient reaches a unit's output, its shards are
+//    all-gathered again (prefetching the unit backward reaches next); when
+//    its last parameter gradient is accumulated, the unit's full gradient is
+//    reduce-scattered (mean over ranks) into this rank's shard gradient and
+//    the full parameters and gradient are freed;
+//  - the optimizer steps only this rank's shards.
+// Communicated per step: all-gather before forward and before backward (2Ψ)
+// and reduce-scatter of gradients (Ψ): 3Ψ, against DDP's 2Ψ. The root unit
+// is gathered once per micro-batch and kept until its gradients are reduced
+// (its parameters are used both first and last), so it costs 2Ψ_root.
+// Model state per rank with fp32 AdamW: 16Ψ'/N (+ padding) between steps,
+// plus at most two units' full parameters and gradients while running
+// (limit_all_gathers) and the root's.
+//
+// How it hooks in without module hooks (docs/design.md, "FSDP without module
+// hooks"): a unit runner (the unit seam) gathers / reshards around each unit
+// and wraps its output in an autograd Function whose backward does the
+// pre-backward gather; post-hooks on the parameters' AccumulateGrad nodes
+// (GradReadiness, one bucket per unit) start the reduce-scatter; the
+// strategy's training_step gathers the root. Install FSDP after activation
+// checkpointing (FSDP(checkpoint(block))): FSDP's runner is then outermost
+// and the recompute finds the unit gathered. Installed the other way round
+// (checkpoint(FSDP(block))) it works too, with as many all-gathers: the
+// recompute (FSDP's runner, called during backward) gathers the unit and
+// keeps it for the unit's backward that follows at once.
+//
+// Limits: a unit's output is a view made by that Function; modifying it in
+// place raises torch's "view created inside a custom Function" error (clone
+// it first). After setup() the module's parameters hold 0 elements except
+// while a unit runs: read them through summon_full_params(). Parameters that
+// get no gradient count as zero (no error). Under no_sync() each unit keeps
+// its full gradient locally (no reduce-scatter) until the synchronised
+// backward, as torch's FSDP does: more memory, less communication.
+#include "strategies/fsdp/flat_param.h"
+#include "strategies/fsdp/options.h"
+#include "strategies/grad_buckets.h"
+#include "strategies/strategy.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+class FSDPStrategy : public Strategy {
+ public:
+  /// limit_all_gathers: wrap units holding full parameters at once.
+  static constexpr int kMaxUnitsGathered = 2;
+  /// Reduce-scatters in flight before the autograd thread waits for the
+  /// oldest: bounds the full gradients held while overlapping with backward.
+  static constexpr size_t kMaxReductionsInFlight = 2;
+
+  FSDPStrategy(Comm comm, FSDPOptions options = {});
+  std::string name() const override { return "fsdp"; }
+
+  void setup(TrainingModule& module) override;
+  std::unique_ptr<torch::optim::Optimizer> setup_optimizer(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const OptimizerFactory& factory) override;
+  torch::Tensor training_step(TrainingModule& module, const Batch& batch) override;
+  ValidationStep validation_step(TrainingModule& module, const Batch& batch) override;
+  void backward(const torch::Tensor& loss) override;
+  void reduce_gradients() override;
+  void optimizer_step(torch::optim::Optimizer& optimizer) override;
+  void zero_grad(torch::optim::Optimizer& optimizer) override;
+  ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const override;
+  bool optimizer_sharded() const override { return shard_world_ > 1; }
+  /// summon_full_params(writeback), type-erased for the Trainer.
+  std::shared_ptr<void> full_params(bool writeback = false) override;
+  std::string describe() const override;
+
+  const FSDPOptions& options() const { return options_; }
+  /// reshard_after_forward as resolved from the options.
+  bool reshard_after_forward() const { return reshard_after_forward_; }
+  /// The most wrap units (the root not counted: it is gathered all step)
+  /// that held full parameters at the same time during training so far.
+  int max_units_gathered() const { return max_units_gathered_; }
+  /// The flat parameters: wrap units in forward order, then the root (if it
+  /// has parameters).
+  const std::vector<std::unique_ptr<FlatParam>>& flat_params() const { return units_; }
+  const FlatParam* root() const { return root_; }
+
+  /// RAII from summon_full_params(): reshards every unit when destroyed.
+  class FullParams {
+   public:
+    FullParams(FSDPStrategy* strategy, bool writeback) : strategy_(strategy), writeback_(writeback) {}
+    FullParams(FullParams&& other) noexcept : strategy_(other.strategy_), writeback_(other.writeback_) {
+      other.strategy_ = nullptr;
+    }
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+    FullParams& operator=(FullParams&&) = delete;
+    ~FullParams();
+
+   private:
+    FSDPStrategy* strategy_;
+    bool writeback_;
+  };
+  /// Gathers every unit's full parameters into the module (a collective:
+  /// every rank must call it) until the returned guard dies: for evaluation,
+  /// export, checkpoints, tests. Writes to the parameters are kept only with
+  /// `writeback` (each rank keeps its own shard's part of what it wrote, so
+  /// every rank must write the same values, e.g. load the same checkpoint).
+  FullParams summon_full_params(bool writeback = false);
+
+ protected:
+  std::vector<torch::Tensor> local_grads_for_norm() const override;
+  bool grads_sharded() const override { return shard_world_ > 1; }
+
+ private:
+  struct Reduction {
+    FlatParam* unit = nullptr;
+    torch::Tensor input;   // the full gradient (kept alive until the collective ends)
+    torch::Tensor output;  // reduce-scatter: this rank's part; all-reduce: the gradient itself
+    PendingWork work;
+  };
+  torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
+  void begin_forward();
+  void gather(FlatParam& unit);
+  void prefetch(int index);
+  void pre_backward(int index);
+  void post_backward(size_t bucket);
+  void launch_reduction(FlatParam& unit);
+  void finish_oldest_reduction();
+  void reshard_all();
+  int wrap_units_holding_full() const;
+
+  FSDPOptions options_;
+  bool reshard_after_forward_ = true;
+  int shard_world_ = 1;
+  int shard_rank_ = 0;
+  bool set_up_ = false;
+  std::vector<std::unique_ptr<FlatParam>> units_;  // wrap units in forward order, then root
+  int num_wrap_units_ = 0;                         // units_[0, num_wrap_units_) are wrap units
+  FlatParam* root_ = nullptr;
+  std::vector<int> index_of_unit_;                 // module unit -> units_ index, -1: no params
+  std::vector<int> unit_of_bucket_;                // GradReadiness bucket -> units_ index
+  std::unique_ptr<GradReadiness> readiness_;
+  std::deque<Reduction> in_flight_;
+  bool sync_backward_ = true;
+  bool in_backward_ = false;  // inside backward(): a unit run now is a recompute
+  int max_units_gathered_ = 0;
+};
+
+}  // namespace strata

@@ -1,0 +1,32 @@
+#include "strategies/fsdp/options.h"
+
+namespace strata {
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  if (name == "full_shard") return ShardingStrategy::kFullShard;
+  if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
+  if (name == "no_shard") return ShardingStrategy::kNoShard;
+  TORCH_CHECK_VALUE(false, "unknown FSDP sharding strategy '", name,
+                    "'; available: full_shard, shard_grad_op, no_shard");
+}
+
+std::string to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::kFullShard: return "full_shard";
+    case ShardingStrategy::kShardGradOp: return "shard_grad_op";
+    case ShardingStrategy::kNoShard: return "no_shard";
+  }
+  return "unknown";
+}
+
+bool resolve_reshard_after_forward(const FSDPOptions& options) {
+  const auto strategy = options.sharding_strategy();
+  const auto& requested = options.reshard_after_forward();
+  TORCH_CHECK_VALUE(!(requested && *requested && strategy != ShardingStrategy::kFullShard),
+                    "FSDPOptions: reshard_after_forward=true contradicts sharding_strategy=",
+                    to_string(strategy), " (only full_shard frees parameters after forward; "
+                    "leave reshard_after_forward unset or use full_shard)");
+  return requested ? *requested : strategy == ShardingStrategy::kFullShard;
+}
+
+}  // namespace strata

@@ -1,0 +1,39 @@
+#pragma once
+// FSDPOptions: how FSDPStrategy shards (torch.distributed.fsdp's knobs that
+// strata implements).
+#include "strategies/fsdp/wrap.h"
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace strata {
+
+enum class ShardingStrategy {
+  kFullShard,    ///< params, grads, optimizer state sharded; reshard after forward
+  kShardGradOp,  ///< as full_shard, but a unit stays gathered from its forward to its backward
+  kNoShard,      ///< nothing sharded; gradients all-reduced (DDP through the FSDP machinery)
+};
+
+/// "full_shard", "shard_grad_op", "no_shard"; anything else is an error listing them.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+std::string to_string(ShardingStrategy strategy);
+
+struct FSDPOptions {
+  TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
+  /// Free a unit's full parameters after its forward (gather them again for
+  /// its backward). Unset: the sharding strategy's own choice (full_shard:
+  /// true; shard_grad_op, no_shard: false). true contradicts shard_grad_op
+  /// and no_shard (an error); full_shard + false behaves as shard_grad_op.
+  TORCH_ARG(c10::optional<bool>, reshard_after_forward) = c10::nullopt;
+  /// At most two wrap units hold full parameters at once (the running one and
+  /// the prefetched one): a prefetch that would exceed that is skipped.
+  TORCH_ARG(bool, limit_all_gathers) = true;
+  TORCH_ARG(WrapPolicy, wrap_policy) = WrapPolicy::kBlock;
+};
+
+/// reshard_after_forward as the options resolve it; errors (naming the
+/// values) for contradictory options.
+bool resolve_reshard_after_forward(const FSDPOptions& options);
+
+}  // namespace strata
