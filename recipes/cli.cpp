@@ -68,6 +68,10 @@ std::vector<StrategyOption> strategy_options() {
       {"bucket-cap-mb", distributed, distributed_text},
       {"find-unused-parameters", distributed, distributed_text},
       {"overlap-comm", {"ddp"}, "ddp only"},
+      {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
   };
 }
 
@@ -115,6 +119,15 @@ std::vector<Field> fields() {
       {"find-unused-parameters", 2, &C::find_unused_parameters,
        "ddp/oss/sdp: a parameter without a gradient counts as zero (else an error)", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
+      {"sharding-strategy", 2, &C::sharding_strategy,
+       "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "
+       "from forward to backward), no_shard (DDP-like)"},
+      {"reshard-after-forward", 2, &C::reshard_after_forward,
+       "fsdp: free a unit's full parameters after its forward: auto (the sharding strategy's), "
+       "true, false"},
+      {"limit-all-gathers", 2, &C::limit_all_gathers,
+       "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
+      {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
@@ -261,6 +274,15 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty()) error = choice("precision", c.precision, precision_names());
   if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
   if (error.empty()) error = choice("optimizer", c.optimizer, optimizer_names());
+  if (error.empty()) {
+    error = choice("sharding strategy", c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard"});
+  }
+  if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
+  if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
+  if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard") {
+    error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
+            " (which keeps units gathered until their backward); use full_shard or leave it auto";
+  }
   for (const auto& [key, where] : given) {
     if (!error.empty()) break;
     if (const auto option = unused_by(key, c.strategy)) {

@@ -35,6 +35,10 @@ struct RunConfig {
   double bucket_cap_mb = 25.0;
   bool find_unused_parameters = false;
   bool overlap_comm = true;
+  std::string sharding_strategy = "full_shard";  ///< fsdp: full_shard, shard_grad_op, no_shard
+  std::string reshard_after_forward = "auto";    ///< fsdp: auto (the sharding strategy's), true, false
+  bool limit_all_gathers = true;                 ///< fsdp: at most 2 units gathered at once
+  std::string wrap_policy = "block";             ///< fsdp: block (each block a unit) or none
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
   // optimisation
   int64_t max_steps = 2500;

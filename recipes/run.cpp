@@ -194,7 +194,7 @@ int run_gpt(int argc, char** argv) {
                       " set by the launcher; omit --nnodes when joining an existing world");
     TORCH_CHECK_VALUE(config.strategy != "single" || (env ? env->world_size : config.nproc * config.nnodes) == 1,
                       "strategy 'single' runs one process but --nproc is ", config.nproc,
-                      "; use ddp, oss or sdp for several ranks");
+                      "; use ddp, oss, sdp or fsdp for several ranks");
     // Every local rank must find its device: check the highest LOCAL_RANK now.
     resolve_device(config.device, env ? env->local_rank : config.nproc - 1);
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
@@ -272,6 +272,10 @@ int run_gpt(int argc, char** argv) {
     strategy_config.bucket_cap_mb = config.bucket_cap_mb;
     strategy_config.find_unused_parameters = config.find_unused_parameters;
     strategy_config.overlap_comm = config.overlap_comm;
+    strategy_config.sharding_strategy = config.sharding_strategy;
+    strategy_config.reshard_after_forward = config.reshard_after_forward;
+    strategy_config.limit_all_gathers = config.limit_all_gathers;
+    strategy_config.wrap_policy = config.wrap_policy;
     std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
 
     auto throughput = std::make_shared<Throughput>();
@@ -310,8 +314,13 @@ int run_gpt(int argc, char** argv) {
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
     FitResult result = trainer.fit(module, *data);
 
+    if (!config.dump_params.empty()) {
+      // A collective on every rank: FSDP gathers its shards into the full
+      // parameters for as long as `full` lives.
+      const auto full = strategy->full_params();
+      if (is_zero) dump_params(config.dump_params, module.module());
+    }
     if (is_zero) {
-      if (!config.dump_params.empty()) dump_params(config.dump_params, module.module());
       auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA

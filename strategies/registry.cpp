@@ -99,7 +99,18 @@ void register_builtin_strategies(StrategyRegistry& registry) {
   registry.add_alias("zero2", "sdp");
   registry.add(
       "fsdp",
-      [](Comm comm, const StrategyConfig&) { return std::make_unique<FSDPStrategy>(comm); },
+      [](Comm comm, const StrategyConfig& c) {
+        TORCH_CHECK_VALUE(c.reshard_after_forward == "auto" || c.reshard_after_forward == "true" ||
+                              c.reshard_after_forward == "false",
+                          "unknown reshard_after_forward '", c.reshard_after_forward,
+                          "'; allowed: auto, true, false");
+        FSDPOptions options;
+        options.sharding_strategy(parse_sharding_strategy(c.sharding_strategy))
+            .limit_all_gathers(c.limit_all_gathers)
+            .wrap_policy(parse_wrap_policy(c.wrap_policy));
+        if (c.reshard_after_forward != "auto") options.reshard_after_forward(c.reshard_after_forward == "true");
+        return std::make_unique<FSDPStrategy>(comm, options);
+      },
       "ZeRO-3: params, grads and optimizer state sharded per wrap unit; all-gather before "
       "forward and backward, grads reduce-scattered during backward");
   registry.add_alias("zero3", "fsdp");

@@ -180,8 +180,8 @@ TEST(FsdpOptimizerTest, WeightDecayChoiceSurvivesFlattening) {
     fsdp.setup(module);
     const strata::TrainerOptions options;
     // After setup, as the Trainer does: groups are built from resharded parameters.
-    auto optimizer = fsdp.setup_optimizer(strata::make_adamw_groups(module.module(), options),
-                                          strata::adamw_factory(options));
+    auto optimizer = fsdp.setup_optimizer(strata::make_optimizer_groups(module.module(), options),
+                                          strata::optimizer_factory(options));
     auto counts = torch::zeros({2}, torch::kInt64);
     for (const auto& group : optimizer->param_groups()) {
       const double wd = static_cast<const torch::optim::AdamWOptions&>(group.options()).weight_decay();

@@ -54,6 +54,7 @@ struct TrainRun {
   double lr_scale = 1.0;  ///< multiplies the lr (and min-lr): for the control test only
   int64_t activation_checkpointing = 0;  ///< --activation-checkpointing
   double dropout = 0.0;
+  std::string extra = "";  ///< more flags (e.g. fsdp's), part of the run's identity
 };
 
 // SGD's learning rate for the gradient-scale runs: large enough that a 2x
@@ -75,7 +76,8 @@ Trained train(const TrainRun& r) {
   const std::string tag = r.strategy + "-n" + std::to_string(r.nproc) + "-b" + std::to_string(r.batch) +
                           "-a" + std::to_string(r.accum) + "-c" + std::to_string(r.clip) + "-" + r.precision +
                           "-" + r.optimizer + "-x" + std::to_string(r.lr_scale) + "-ac" +
-                          std::to_string(r.activation_checkpointing) + "-d" + std::to_string(r.dropout);
+                          std::to_string(r.activation_checkpointing) + "-d" + std::to_string(r.dropout) +
+                          (r.extra.empty() ? "" : "-" + std::to_string(std::hash<std::string>{}(r.extra)));
   const fs::path out = scratch() / tag;
   const fs::path dump = scratch() / (tag + ".pt");
   const Trained trained{dump, out / "metrics.csv"};
@@ -100,7 +102,7 @@ Trained train(const TrainRun& r) {
        << " --precision " << r.precision << " --threads-per-rank 1 --limit-val-batches 1"
        << " --progress-bar false --output-dir " << out.string() << " --dump-params " << dump.string()
        << " --comm-timeout 60 --activation-checkpointing " << r.activation_checkpointing
-       << " --dropout " << r.dropout;
+       << " --dropout " << r.dropout << " " << r.extra;
   auto run = run_gpt_binary(args.str());
   EXPECT_EQ(run.exit_code, 0) << args.str() << "\n" << run.output;
   return trained;
@@ -109,7 +111,7 @@ Trained train(const TrainRun& r) {
 std::string label(const TrainRun& r) {
   std::ostringstream out;
   out << "strategy=" << r.strategy << " nproc=" << r.nproc << " accum=" << r.accum << " clip=" << r.clip
-      << " precision=" << r.precision << " optimizer=" << r.optimizer;
+      << " precision=" << r.precision << " optimizer=" << r.optimizer << " " << r.extra;
   return out.str();
 }
 
@@ -119,6 +121,7 @@ TrainRun single_reference(const TrainRun& ranks) {
   single.strategy = "single";
   single.nproc = 1;
   single.batch = ranks.batch * ranks.nproc;
+  single.extra = "";  // strategy-specific flags: single takes none
   return single;
 }
 
@@ -176,11 +179,11 @@ void expect_gradient_scale_parity(const TrainRun& ranks) {
   }
 }
 
-/// ddp, oss and sdp at `nproc` ranks, without and with accumulation; the two
-/// single-process references are shared by the three strategies.
+/// ddp, oss, sdp and fsdp at `nproc` ranks, without and with accumulation;
+/// the two single-process references are shared by the four strategies.
 void expect_gradient_scale_parity_at(int nproc) {
   for (int64_t accum : {1, 2}) {
-    for (const std::string strategy : {"ddp", "oss", "sdp"}) {
+    for (const std::string strategy : {"ddp", "oss", "sdp", "fsdp"}) {
       expect_gradient_scale_parity({strategy, nproc, 2, accum, 0.0, "32", "sgd"});
     }
   }
@@ -271,6 +274,25 @@ TEST(SdpParityTest, MatchesSingleProcessAfterTenSteps) {
   }
 }
 
+TEST(FsdpParityTest, MatchesSingleProcessAfterTenSteps) {
+  // gpt-nano's lm_head is tied to the token embedding: the root unit holds it.
+  for (int n : {2, 3, 4}) {
+    expect_parity({"fsdp", n, 2, 1, 0.0, "32"}, 1e-5);
+    expect_parity({"zero3", n, 2, 2, 0.05, "32"}, 1e-5);  // accumulation + clipping
+  }
+  for (const std::string extra : {"--sharding-strategy shard_grad_op", "--sharding-strategy no_shard",
+                                  "--reshard-after-forward false", "--limit-all-gathers false",
+                                  "--wrap-policy none"}) {
+    TrainRun run{"fsdp", 3, 2, 2, 0.05, "32"};
+    run.extra = extra;
+    expect_parity(run, 1e-5);
+  }
+}
+
+TEST(FsdpParityTest, MatchesSingleProcessUnderBf16Mixed) {
+  expect_parity({"fsdp", 2, 2, 1, 0.0, "bf16-mixed"}, 5e-3);
+}
+
 TEST(ShardedMemoryTest, PeakTensorBytesFallWithWorldSize) {
   // gpt-mini on short sequences: model state dominates, so the per-rank peak
   // must shrink as N grows. A 1 MiB bucket cap keeps the reduce-scatter /
@@ -278,12 +300,13 @@ TEST(ShardedMemoryTest, PeakTensorBytesFallWithWorldSize) {
   // 25 MiB cap is next to a large model; at 25 MiB they would hold this 11 MB
   // model's gradients twice over at every N and hide the trend.
   std::map<std::string, std::vector<int64_t>> peak;
-  for (const std::string strategy : {"oss", "sdp"}) {
+  for (const std::string strategy : {"oss", "sdp", "fsdp"}) {
     for (int n : {1, 2, 4}) {
       const fs::path out = scratch() / ("mem-" + strategy + std::to_string(n));
       auto run = run_gpt_binary("--preset gpt-mini --data addition --max-steps 3 --batch-size 4 --strategy " +
                                 strategy + " --nproc " + std::to_string(n) +
-                                " --threads-per-rank 1 --limit-val-batches 0 --progress-bar false --bucket-cap-mb 1 --output-dir " +
+                                " --threads-per-rank 1 --limit-val-batches 0 --progress-bar false" +
+                                (strategy == "fsdp" ? "" : " --bucket-cap-mb 1") + " --output-dir " +
                                 out.string());
       ASSERT_EQ(run.exit_code, 0) << run.output;
       std::ifstream in(out / "summary.json");

@@ -219,6 +219,27 @@ TEST(CliTest, ActivationCheckpointingPolicy) {
                {"'-1'", "--activation-checkpointing", ">= 0 (0: off, n: every n-th block)"});
 }
 
+TEST(CliTest, FsdpOptions) {
+  auto fsdp = parse({"--strategy", "fsdp", "--nproc", "2", "--sharding-strategy", "shard_grad_op",
+                     "--limit-all-gathers", "false", "--wrap-policy", "none"});
+  ASSERT_TRUE(fsdp.config.has_value()) << fsdp.message;
+  EXPECT_EQ(fsdp.config->sharding_strategy, "shard_grad_op");
+  EXPECT_FALSE(fsdp.config->limit_all_gathers);
+  EXPECT_EQ(fsdp.config->wrap_policy, "none");
+  EXPECT_EQ(fsdp.config->reshard_after_forward, "auto");
+  EXPECT_TRUE(parse({"--strategy", "zero3", "--nproc", "2", "--reshard-after-forward", "false"}).config);
+  expect_error({"--strategy", "fsdp", "--sharding-strategy", "hybrid"},
+               {"unknown sharding strategy 'hybrid'", "full_shard, shard_grad_op, no_shard"});
+  expect_error({"--strategy", "fsdp", "--reshard-after-forward", "yes"}, {"'yes'", "auto, true, false"});
+  expect_error({"--strategy", "fsdp", "--wrap-policy", "layer"}, {"'layer'", "block, none"});
+  expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reshard-after-forward", "true"},
+               {"--reshard-after-forward true contradicts --sharding-strategy no_shard"});
+  // FSDP's options given to another strategy would be ignored: bad input.
+  expect_error({"--strategy", "ddp", "--sharding-strategy", "no_shard"},
+               {"--sharding-strategy does not apply to strategy 'ddp'", "fsdp (zero3) only"});
+  expect_error({"--wrap-policy", "none"}, {"--wrap-policy does not apply to strategy 'single'"});
+}
+
 TEST(CliTest, UnknownChoicesListTheAlternatives) {
   expect_error({"--preset", "gpt-huge"}, {"unknown preset 'gpt-huge'", "gpt-nano", "gpt-micro"});
   expect_error({"--strategy", "zero9"}, {"unknown strategy 'zero9'", "ddp", "zero3"});
