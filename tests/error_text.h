@@ -21,3 +21,7 @@ inline std::string what_of(const std::function<void()>& fn) {
 }
 
 }  // namespace strata::testing
+
+/// EXPECT that `haystack` (a string) contains `needle`, printing it if not.
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)

@@ -3,10 +3,11 @@
 // launcher), c10d's TCPStore hosted by rank 0 (SLURM, mpirun, several nodes),
 // and torchrun's agent store (every rank a client, keys under a prefix).
 // Errors name the store, the rank and the world size; nothing hangs.
-#include "tests/error_text.h"
 #include "core/net.h"
 #include "strategies/comm.h"
 #include "strategies/process_group.h"
+#include "tests/error_text.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -21,6 +22,7 @@
 #include <vector>
 
 namespace {
+using strata::testing::TempDir;
 
 namespace fs = std::filesystem;
 using strata::Comm;
@@ -28,26 +30,6 @@ using strata::ProcessGroupOptions;
 using strata::testing::what_of;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
-
-/// A fresh directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "strata-pg-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 /// A c10d TCPStore server on 127.0.0.1 and a free port, like torchrun's agent
 /// (or anything else that holds the port).

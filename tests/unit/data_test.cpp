@@ -2,6 +2,7 @@
 // .bin tokens, make_data, determinism, the sharding contract, and one-line
 // errors that name the offending value.
 #include "recipes/data.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -16,31 +17,9 @@
 
 namespace strata::recipes {
 namespace {
+using strata::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-/// A fresh temp directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("strata_data_test_" + std::string(info->test_suite_name()) + "_" + info->name() +
-             "_" + std::to_string(std::random_device{}()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);

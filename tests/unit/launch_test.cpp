@@ -1,8 +1,9 @@
 // Launch: environment parsing (torchrun incl. its agent store, SLURM, Open
 // MPI, strata's own launcher), spawning and stopping ranks.
-#include "tests/error_text.h"
 #include "launch/environment.h"
 #include "launch/launcher.h"
+#include "tests/error_text.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,7 @@
 #include <thread>
 
 namespace {
+using strata::testing::TempDir;
 
 namespace fs = std::filesystem;
 using strata::dist_env_from;
@@ -29,26 +31,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 using strata::testing::what_of;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
-
-/// A fresh directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "strata-launch-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);

@@ -1,7 +1,7 @@
 // core/net: the one address lookup (resolve, free port, the local address
 // that routes to a host).
-#include "tests/error_text.h"
 #include "core/net.h"
+#include "tests/error_text.h"
 
 #include <gtest/gtest.h>
 
@@ -14,9 +14,6 @@
 namespace {
 
 using strata::testing::what_of;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
 
 TEST(NetTest, ResolvesNumericAndNamedHosts) {
   const auto v4 = strata::resolve_host("127.0.0.1", 1234);
