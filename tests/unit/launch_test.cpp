@@ -4,6 +4,7 @@
 #include "launch/launcher.h"
 #include "tests/error_text.h"
 #include "tests/temp_dir.h"
+#include "tests/scoped_env.h"
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include <thread>
 
 namespace {
+using strata::testing::ScopedEnv;
 using strata::testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -38,26 +40,6 @@ std::string read_file(const fs::path& p) {
   s << in.rdbuf();
   return s.str();
 }
-
-/// Sets an environment variable for the scope, restoring the old value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // --- dist_env_from -----------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 // creation that needs no GPU to check. (Its call site, create_nccl_group, is
 // compiled against the CUDA headers by the cuda_support_compiles test.)
 #include "core/cuda_support.h"
+#include "tests/scoped_env.h"
 
 #include <gtest/gtest.h>
 
@@ -10,30 +11,7 @@
 #include <string>
 
 namespace {
-
-/// Sets (or unsets, with nullptr) an environment variable for the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using strata::testing::ScopedEnv;
 
 TEST(NcclTimeoutTest, AsyncErrorHandlingIsSwitchedOnUnlessTheUserChose) {
   {
