@@ -141,9 +141,8 @@ c10::intrusive_ptr<c10d::Store> create_store(const ProcessGroupOptions& o) {
 
 namespace {
 
-/// create_process_group after the store: checks the world size and connects.
-c10::intrusive_ptr<c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<c10d::Store>& store,
-                                                     const ProcessGroupOptions& options) {
+/// Errors in the options themselves, found before any store is opened.
+void check_world_options(const ProcessGroupOptions& options) {
   const int rank = options.rank();
   const int world_size = options.world_size();
   const std::string& backend = options.backend();
@@ -154,6 +153,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<c1
               backend, "'; allowed values: 'gloo', 'nccl'");
   TORCH_CHECK(backend != "nccl" || built_with_cuda(),
               "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
+}
+
+/// create_process_group after the store: checks the world size and connects.
+c10::intrusive_ptr<c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const ProcessGroupOptions& options) {
+  const int rank = options.rank();
+  const int world_size = options.world_size();
+  const std::string& backend = options.backend();
 
   // Rendezvous check: a rank launched with a different WORLD_SIZE would
   // otherwise hang in the mesh until the timeout, or worse, connect to the
@@ -182,10 +189,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<c1
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOptions& options) {
+  check_world_options(options);
   return connect_world(create_store(options), options);
 }
 
 Comm create_world_comm(const ProcessGroupOptions& options, torch::Device device) {
+  check_world_options(options);
   auto store = create_store(options);
   auto group = connect_world(store, options);
   return Comm(group, device,
