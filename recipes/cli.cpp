@@ -121,7 +121,8 @@ std::vector<Field> fields() {
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
       {"sharding-strategy", 2, &C::sharding_strategy,
        "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "
-       "from forward to backward), no_shard (DDP-like)"},
+       "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard inside a node of "
+       "--nproc / LOCAL_WORLD_SIZE ranks, replicated across nodes)"},
       {"reshard-after-forward", 2, &C::reshard_after_forward,
        "fsdp: free a unit's full parameters after its forward: auto (the sharding strategy's), "
        "true, false"},
@@ -275,11 +276,12 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
   if (error.empty()) error = choice("optimizer", c.optimizer, optimizer_names());
   if (error.empty()) {
-    error = choice("sharding strategy", c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard"});
+    error = choice("sharding strategy", c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
   }
   if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
   if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
-  if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard") {
+  if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
+      c.sharding_strategy != "hybrid_shard") {
     error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
             " (which keeps units gathered until their backward); use full_shard or leave it auto";
   }

@@ -16,6 +16,7 @@
 #include "recipes/gpt.h"
 #include "recipes/output_dir.h"
 #include "strategies/activation_checkpoint.h"
+#include "strategies/fsdp/hybrid.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -200,6 +201,13 @@ int run_gpt(int argc, char** argv) {
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
     model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
     trainer_options(config);
+    // hybrid_shard's nodes must tile the world; known here from the launcher's
+    // variables, or from --nproc (ranks per node) x --nnodes when self-launching.
+    if (registry.contains(config.strategy) && registry.resolve(config.strategy) == "fsdp" &&
+        config.sharding_strategy == "hybrid_shard") {
+      check_hybrid_node_size(env ? env->local_world_size : config.nproc,
+                             env ? env->world_size : config.nproc * config.nnodes);
+    }
     // Last in phase 1, and only where rank 0's outputs will be written (the
     // launcher, or rank 0 itself): an output directory that cannot be created
     // is bad input, reported before any rank starts.
@@ -236,18 +244,18 @@ int run_gpt(int argc, char** argv) {
     }
     Comm comm(device);
     if (env) {
-      comm = Comm(create_process_group(
-                      ProcessGroupOptions(env->rank, env->world_size)
-                          .master_addr(env->master_addr)
-                          .master_port(env->master_port)
-                          .store_file(env->store_file)
-                          .agent_store(env->agent_store)
-                          .store_prefix(env->store_prefix)
-                          .gloo_interfaces(env->gloo_interfaces)
-                          .backend(backend_for(device))
-                          .timeout(std::chrono::milliseconds(
-                              static_cast<int64_t>(config.comm_timeout_s * 1000)))),
-                  device);
+      // A Comm that can split into subgroups (FSDP's hybrid_shard).
+      comm = create_world_comm(ProcessGroupOptions(env->rank, env->world_size)
+                                   .master_addr(env->master_addr)
+                                   .master_port(env->master_port)
+                                   .store_file(env->store_file)
+                                   .agent_store(env->agent_store)
+                                   .store_prefix(env->store_prefix)
+                                   .gloo_interfaces(env->gloo_interfaces)
+                                   .backend(backend_for(device))
+                                   .timeout(std::chrono::milliseconds(
+                                       static_cast<int64_t>(config.comm_timeout_s * 1000))),
+                               device);
     }
     const bool is_zero = comm.rank() == 0;
     const fs::path out_dir(config.output_dir);
@@ -276,6 +284,7 @@ int run_gpt(int argc, char** argv) {
     strategy_config.reshard_after_forward = config.reshard_after_forward;
     strategy_config.limit_all_gathers = config.limit_all_gathers;
     strategy_config.wrap_policy = config.wrap_policy;
+    strategy_config.local_world_size = env ? env->local_world_size : 1;
     std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
 
     auto throughput = std::make_shared<Throughput>();

@@ -103,6 +103,12 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device d
               " and size ", size_);
 }
 
+Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device device,
+           SubgroupFactory make_subgroup)
+    : Comm(std::move(process_group), device) {
+  make_subgroup_ = std::move(make_subgroup);
+}
+
 void Comm::count(CollectiveKind kind, int64_t bytes) {
   const auto k = static_cast<int>(kind);
   counters_->sent[k].fetch_add(bytes, std::memory_order_relaxed);

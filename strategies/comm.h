@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -72,6 +73,13 @@ class PendingWork {
   std::function<void()> on_complete_;
 };
 
+/// Builds the process group of one subgroup (Comm::split). `key`: the same on
+/// every member and unique in the world (it prefixes the group's rendezvous
+/// keys in the world's store); `rank` / `size`: this rank's place in the
+/// subgroup. Every member calls it; it blocks until all have connected.
+using SubgroupFactory = std::function<c10::intrusive_ptr<c10d::ProcessGroup>(
+    const std::string& key, int rank, int size)>;
+
 class Comm {
  public:
   /// A world of one on `device`: rank 0, size 1, every collective is the identity.
@@ -80,6 +88,10 @@ class Comm {
   /// NCCL groups take CUDA tensors only; Gloo takes CPU tensors).
   explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group,
                 torch::Device device = torch::kCPU);
+  /// As above, and able to split() into subgroups made by `make_subgroup`
+  /// (process_group.h: subgroup_factory over the world's store).
+  Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device device,
+       SubgroupFactory make_subgroup);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -114,6 +126,16 @@ class Comm {
 
   void barrier();
 
+  /// Whether split() can build subgroups of more than one rank.
+  bool can_split() const { return static_cast<bool>(make_subgroup_); }
+  /// Partitions this Comm's ranks into `groups` (each rank in exactly one; a
+  /// group's order gives its members' subgroup ranks) and returns the Comm of
+  /// the group holding this rank. Collective: every rank calls it with the same
+  /// `name` and `groups`, and all ranks make their splits in the same order
+  /// (the split's sequence number is part of the rendezvous key). The result
+  /// shares this Comm's byte counters: subgroup traffic counts with the rest.
+  Comm split(const std::string& name, const std::vector<std::vector<int>>& groups) const;
+
   /// Byte counters shared by all copies of this Comm.
   CommBytes bytes() const;
   void reset_bytes();
@@ -131,6 +153,9 @@ class Comm {
   int size_ = 1;
   torch::Device device_ = torch::kCPU;
   std::shared_ptr<Counters> counters_;
+  SubgroupFactory make_subgroup_;
+  std::string key_ = "strata/split";        // this group's rendezvous key; subgroups extend it
+  std::shared_ptr<int> splits_ = std::make_shared<int>(0);  // splits made so far, shared by copies
 };
 
 }  // namespace strata

@@ -139,7 +139,10 @@ c10::intrusive_ptr<c10d::Store> create_store(const ProcessGroupOptions& o) {
   return store;
 }
 
-c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOptions& options) {
+namespace {
+
+/// Errors in the options themselves, found before any store is opened.
+void check_world_options(const ProcessGroupOptions& options) {
   const int rank = options.rank();
   const int world_size = options.world_size();
   const std::string& backend = options.backend();
@@ -150,8 +153,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOp
               backend, "'; allowed values: 'gloo', 'nccl'");
   TORCH_CHECK(backend != "nccl" || built_with_cuda(),
               "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
+}
 
-  c10::intrusive_ptr<c10d::Store> store = create_store(options);
+/// create_process_group after the store: checks the world size and connects.
+c10::intrusive_ptr<c10d::ProcessGroup> connect_world(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const ProcessGroupOptions& options) {
+  const int rank = options.rank();
+  const int world_size = options.world_size();
+  const std::string& backend = options.backend();
 
   // Rendezvous check: a rank launched with a different WORLD_SIZE would
   // otherwise hang in the mesh until the timeout, or worse, connect to the
@@ -175,6 +184,35 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOp
   if (backend == "nccl") return create_nccl_group(store, rank, world_size, options.timeout());
   return create_gloo_group(store, rank, world_size, options.timeout(), options.master_addr(),
                            options.gloo_interfaces());
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOptions& options) {
+  check_world_options(options);
+  return connect_world(create_store(options), options);
+}
+
+Comm create_world_comm(const ProcessGroupOptions& options, torch::Device device) {
+  check_world_options(options);
+  auto store = create_store(options);
+  auto group = connect_world(store, options);
+  return Comm(group, device,
+              subgroup_factory(store, options.backend(), options.timeout(), options.master_addr(),
+                               options.gloo_interfaces()));
+}
+
+SubgroupFactory subgroup_factory(const c10::intrusive_ptr<c10d::Store>& store, const std::string& backend,
+                                 std::chrono::milliseconds timeout, const std::string& master_addr,
+                                 const std::string& interfaces) {
+  TORCH_CHECK(store, "subgroup_factory: store is null");
+  return [store, backend, timeout, master_addr, interfaces](const std::string& key, int rank, int size) {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(key, store);
+    // Why no world-size check as for the world: the members and their count
+    // come from Comm::split's partition, which every rank computed alike.
+    if (backend == "nccl") return create_nccl_group(prefixed, rank, size, timeout);
+    return create_gloo_group(prefixed, rank, size, timeout, master_addr, interfaces);
+  };
 }
 
 }  // namespace strata

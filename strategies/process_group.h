@@ -64,6 +64,20 @@ c10::intrusive_ptr<c10d::Store> create_store(const ProcessGroupOptions& options)
 /// whose WORLD_SIZE disagrees with rank 0's).
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const ProcessGroupOptions& options);
 
+/// create_process_group, wrapped in a Comm on `device` that can split() into
+/// subgroups over the same store (subgroup_factory with the options' backend,
+/// timeout and addresses). What recipes hand to strategies.
+Comm create_world_comm(const ProcessGroupOptions& options, torch::Device device);
+
+/// Subgroups of the world that met in `store`: each is a new process group
+/// (Gloo, or NCCL for backend "nccl") over a c10d::PrefixStore of `store`
+/// under the subgroup's key, so its rendezvous keys never meet the world's or
+/// another subgroup's. LibTorch 1.13's C++ API has no new_group(); this is
+/// what torch.distributed.new_group does underneath.
+SubgroupFactory subgroup_factory(const c10::intrusive_ptr<c10d::Store>& store, const std::string& backend,
+                                 std::chrono::milliseconds timeout, const std::string& master_addr = "127.0.0.1",
+                                 const std::string& interfaces = "");
+
 /// A Gloo group over an existing store (tests: ranks as threads on a HashStore).
 /// Gloo's sockets bind to the interfaces named in `interfaces` (comma-separated,
 /// torch's GLOO_SOCKET_IFNAME) or else to this machine's address that routes

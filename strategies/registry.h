@@ -18,10 +18,13 @@ struct StrategyConfig {
   double bucket_cap_mb = 25.0;          ///< DDP/SDP gradient bucket size
   bool find_unused_parameters = false;  ///< ddp/oss/sdp: tolerate params with no grad (grad_sync.h)
   bool overlap_comm = true;             ///< DDP: all-reduce from grad hooks (false: after backward)
-  std::string sharding_strategy = "full_shard";  ///< FSDP: full_shard, shard_grad_op, no_shard
+  std::string sharding_strategy = "full_shard";  ///< FSDP: full_shard, shard_grad_op, no_shard, hybrid_shard
   std::string reshard_after_forward = "auto";    ///< FSDP: auto, true, false
   bool limit_all_gathers = true;                 ///< FSDP: at most 2 units gathered at once
   std::string wrap_policy = "block";             ///< FSDP: block, none
+  /// Ranks per node (LOCAL_WORLD_SIZE); FSDP hybrid_shard shards inside a
+  /// node. 0: unknown (hybrid_shard then refuses to start).
+  int local_world_size = 0;
 };
 
 class StrategyRegistry {

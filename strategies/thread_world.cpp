@@ -29,7 +29,10 @@ void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
         // Scoped so the group is destroyed inside the thread: its destructor
         // waits for the group's pending work, and a rank that threw closes its
         // connections, which makes its peers' collectives fail fast.
-        Comm comm(create_gloo_group(store, rank, world_size, timeout));
+        // With a subgroup factory over the same HashStore, so strategies can
+        // split the world (FSDP's hybrid_shard) as in a launched job.
+        Comm comm(create_gloo_group(store, rank, world_size, timeout), torch::kCPU,
+                  subgroup_factory(store, "gloo", timeout));
         fn(comm);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex);

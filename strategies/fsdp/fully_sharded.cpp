@@ -1,6 +1,7 @@
 #include "strategies/fsdp/fully_sharded.h"
 
 #include "strategies/ddp.h"
+#include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
 
 #include <sstream>
@@ -11,7 +12,11 @@ namespace strata {
 FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
     : Strategy(std::move(comm)),
       options_(std::move(options)),
-      reshard_after_forward_(resolve_reshard_after_forward(options_)) {}
+      reshard_after_forward_(resolve_reshard_after_forward(options_)) {
+  // hybrid_shard's node size is checked now, before any collective.
+  if (options_.sharding_strategy() == ShardingStrategy::kHybridShard)
+    check_hybrid_node_size(options_.node_size(), world_size());
+}
 
 void FSDPStrategy::setup(TrainingModule& module) {
   TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
@@ -19,9 +24,12 @@ void FSDPStrategy::setup(TrainingModule& module) {
   Strategy::setup(module);
   // Every rank cuts its shards from rank 0's values.
   broadcast_module_state(comm(), module.module());
-  const bool no_shard = options_.sharding_strategy() == ShardingStrategy::kNoShard;
-  shard_world_ = no_shard ? 1 : world_size();
-  shard_rank_ = no_shard ? 0 : rank();
+  // Collective (hybrid_shard makes subgroups): every rank is here, in setup.
+  FsdpGroups groups = make_fsdp_groups(comm(), options_);
+  shard_comm_ = groups.shard;
+  replicate_comm_ = groups.replicate;
+  shard_world_ = shard_comm_.size();
+  shard_rank_ = shard_comm_.rank();
 
   const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
   auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {
@@ -122,7 +130,7 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
 void FSDPStrategy::begin_forward() {
   // The root's parameters (embeddings, final norm, head) are used before the
   // first unit and after the last one; gather them for the whole micro-batch.
-  if (root_ != nullptr) root_->finish_gather(comm());
+  if (root_ != nullptr) root_->finish_gather(shard_comm_);
   prefetch(0);
 }
 
@@ -141,7 +149,7 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
 }
 
 void FSDPStrategy::gather(FlatParam& unit) {
-  unit.finish_gather(comm());
+  unit.finish_gather(shard_comm_);
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
@@ -152,7 +160,7 @@ void FSDPStrategy::prefetch(int index) {
   // Decided from state every rank has alike (never from whether a collective
   // has finished), so every rank issues the same all-gathers in the same order.
   if (options_.limit_all_gathers() && wrap_units_holding_full() >= kMaxUnitsGathered) return;
-  unit.start_gather(comm());
+  unit.start_gather(shard_comm_);
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
@@ -207,10 +215,10 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
     r.output = torch::empty_like(unit.shard_grad());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
-    r.work = comm().reduce_scatter_async(r.output, r.input);
+    r.work = shard_comm_.reduce_scatter_async(r.output, r.input);
   } else {
     r.output = unit.shard_grad();  // no_shard: the full gradient, reduced in place
-    r.work = comm().all_reduce_async(r.output);
+    r.work = replicate_comm_.all_reduce_async(r.output);
   }
   in_flight_.push_back(std::move(r));
 }
@@ -221,6 +229,12 @@ void FSDPStrategy::finish_oldest_reduction() {
   // Sync point: the shard gradient may only be read once the sum has arrived.
   r.work.wait();
   torch::NoGradGuard no_grad;
+  if (r.unit->sharded() && replicate_comm_.size() > 1) {
+    // hybrid_shard: the node's sum of this shard, summed again over the ranks
+    // holding the same shard on the other nodes. Sync point: it reads the
+    // reduce-scatter's result (waited above) and the add below reads its own.
+    replicate_comm_.all_reduce(r.output);
+  }
   if (r.unit->sharded()) {
     // Added, not copied: gradients accumulate over synchronised backwards.
     r.unit->shard_grad().add_(r.output.div_(world_size()));
@@ -258,6 +272,13 @@ void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
 }
 
 std::vector<torch::Tensor> FSDPStrategy::local_grads_for_norm() const {
+  // hybrid_shard: the other nodes hold copies of node 0's shards; only node 0
+  // contributes, so the world's sum counts each element once.
+  if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
+  return grads_to_clip();
+}
+
+std::vector<torch::Tensor> FSDPStrategy::grads_to_clip() const {
   // Shard gradients, padding included: padding gradients are zero.
   std::vector<torch::Tensor> grads;
   for (const auto& unit : units_) grads.push_back(unit->shard_grad());
@@ -281,7 +302,7 @@ ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& o
 
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
-  for (auto& unit : units_) unit->finish_gather(comm());
+  for (auto& unit : units_) unit->finish_gather(shard_comm_);
   return FullParams(this, writeback);
 }
 
@@ -300,7 +321,8 @@ FSDPStrategy::FullParams::~FullParams() {
 std::string FSDPStrategy::describe() const {
   std::ostringstream out;
   out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
-      << shard_world_ << " of " << world_size() << " rank(s), reshard_after_forward "
+      << shard_world_ << " of " << world_size() << " rank(s), replicated " << replicate_comm_.size()
+      << "x, reshard_after_forward "
       << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
       << ", wrap policy " << to_string(options_.wrap_policy()) << "; " << num_wrap_units_
       << " wrap unit(s)" << (root_ != nullptr ? " + root" : "");

@@ -114,6 +114,7 @@ class FSDPStrategy : public Strategy {
 
  protected:
   std::vector<torch::Tensor> local_grads_for_norm() const override;
+  std::vector<torch::Tensor> grads_to_clip() const override;
   bool grads_sharded() const override { return shard_world_ > 1; }
 
  private:
@@ -136,6 +137,8 @@ class FSDPStrategy : public Strategy {
 
   FSDPOptions options_;
   bool reshard_after_forward_ = true;
+  Comm shard_comm_;      // all-gathers and reduce-scatters (hybrid.h: FsdpGroups)
+  Comm replicate_comm_;  // all-reduces the shard gradients (no_shard: full ones)
   int shard_world_ = 1;
   int shard_rank_ = 0;
   bool set_up_ = false;

@@ -6,8 +6,9 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   if (name == "full_shard") return ShardingStrategy::kFullShard;
   if (name == "shard_grad_op") return ShardingStrategy::kShardGradOp;
   if (name == "no_shard") return ShardingStrategy::kNoShard;
+  if (name == "hybrid_shard") return ShardingStrategy::kHybridShard;
   TORCH_CHECK_VALUE(false, "unknown FSDP sharding strategy '", name,
-                    "'; available: full_shard, shard_grad_op, no_shard");
+                    "'; available: full_shard, shard_grad_op, no_shard, hybrid_shard");
 }
 
 std::string to_string(ShardingStrategy strategy) {
@@ -15,6 +16,7 @@ std::string to_string(ShardingStrategy strategy) {
     case ShardingStrategy::kFullShard: return "full_shard";
     case ShardingStrategy::kShardGradOp: return "shard_grad_op";
     case ShardingStrategy::kNoShard: return "no_shard";
+    case ShardingStrategy::kHybridShard: return "hybrid_shard";
   }
   return "unknown";
 }
@@ -22,11 +24,13 @@ std::string to_string(ShardingStrategy strategy) {
 bool resolve_reshard_after_forward(const FSDPOptions& options) {
   const auto strategy = options.sharding_strategy();
   const auto& requested = options.reshard_after_forward();
-  TORCH_CHECK_VALUE(!(requested && *requested && strategy != ShardingStrategy::kFullShard),
+  const bool frees_after_forward =
+      strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;
+  TORCH_CHECK_VALUE(!(requested && *requested && !frees_after_forward),
                     "FSDPOptions: reshard_after_forward=true contradicts sharding_strategy=",
-                    to_string(strategy), " (only full_shard frees parameters after forward; "
-                    "leave reshard_after_forward unset or use full_shard)");
-  return requested ? *requested : strategy == ShardingStrategy::kFullShard;
+                    to_string(strategy), " (only full_shard and hybrid_shard free parameters after "
+                    "forward; leave reshard_after_forward unset or use full_shard)");
+  return requested ? *requested : frees_after_forward;
 }
 
 }  // namespace strata

@@ -13,9 +13,10 @@ enum class ShardingStrategy {
   kFullShard,    ///< params, grads, optimizer state sharded; reshard after forward
   kShardGradOp,  ///< as full_shard, but a unit stays gathered from its forward to its backward
   kNoShard,      ///< nothing sharded; gradients all-reduced (DDP through the FSDP machinery)
+  kHybridShard,  ///< full_shard inside a node of node_size ranks, replicated across nodes (hybrid.h)
 };
 
-/// "full_shard", "shard_grad_op", "no_shard"; anything else is an error listing them.
+/// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; anything else is an error listing them.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
 
@@ -23,13 +24,18 @@ struct FSDPOptions {
   TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   /// Free a unit's full parameters after its forward (gather them again for
   /// its backward). Unset: the sharding strategy's own choice (full_shard:
-  /// true; shard_grad_op, no_shard: false). true contradicts shard_grad_op
-  /// and no_shard (an error); full_shard + false behaves as shard_grad_op.
+  /// and hybrid_shard: true; shard_grad_op, no_shard: false). true contradicts
+  /// shard_grad_op and no_shard (an error); full_shard + false behaves as
+  /// shard_grad_op (hybrid_shard + false: the same inside each node).
   TORCH_ARG(c10::optional<bool>, reshard_after_forward) = c10::nullopt;
   /// At most two wrap units hold full parameters at once (the running one and
   /// the prefetched one): a prefetch that would exceed that is skipped.
   TORCH_ARG(bool, limit_all_gathers) = true;
   TORCH_ARG(WrapPolicy, wrap_policy) = WrapPolicy::kBlock;
+  /// hybrid_shard only: ranks per node (LOCAL_WORLD_SIZE); consecutive global
+  /// ranks form a node. Must divide the world size; 0 (unset) is an error
+  /// with hybrid_shard.
+  TORCH_ARG(int, node_size) = 0;
 };
 
 /// reshard_after_forward as the options resolve it; errors (naming the

@@ -284,16 +284,16 @@ TEST(FsdpOptionsTest, ContradictionsAndUnknownNamesAreErrorsNamingTheValues) {
     EXPECT_NE(msg.find("shard_grad_op"), std::string::npos) << msg;
   }
   EXPECT_NO_THROW(FSDPStrategy(strata::Comm(), FSDPOptions().reshard_after_forward(false)));
-  for (const auto& name : {"full_shard", "shard_grad_op", "no_shard"}) {
+  for (const auto& name : {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}) {
     EXPECT_EQ(strata::to_string(strata::parse_sharding_strategy(name)), name);
   }
   try {
-    strata::parse_sharding_strategy("hybrid_shard");
+    strata::parse_sharding_strategy("hybrid");
     FAIL();
   } catch (const c10::Error& e) {
     const std::string msg = e.what_without_backtrace();
-    EXPECT_NE(msg.find("'hybrid_shard'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("full_shard, shard_grad_op, no_shard"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'hybrid'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("full_shard, shard_grad_op, no_shard, hybrid_shard"), std::string::npos) << msg;
   }
   EXPECT_EQ(strata::parse_wrap_policy("none"), strata::WrapPolicy::kNone);
   EXPECT_THROW(strata::parse_wrap_policy("size"), c10::Error);

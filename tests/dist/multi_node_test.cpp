@@ -5,6 +5,8 @@
 // this test creates and always removes.
 //
 // Checks: ddp and sdp train to exactly the losses of one node with 4 ranks;
+// fsdp hybrid_shard (shard groups inside each namespace, replicate groups
+// across the link) trains to full_shard-on-one-node's losses within 1e-5;
 // Gloo listens on the node's veth address (the hostname resolves to 127.0.0.1
 // here, unreachable from the other node); cutting the link mid-training stops
 // every rank on both sides within --comm-timeout + 10 s, each launcher naming
@@ -269,6 +271,41 @@ TEST(TwoNodeTest, CuttingTheLinkStopsEveryRankWithinTheTimeout) {
             << ")\n";
   // Nothing left running inside either namespace.
   for (int n = 0; n < 2; ++n) EXPECT_EQ(net->pids(n), "") << "processes left in node " << n;
+}
+
+TEST(TwoNodeTest, FsdpHybridShardAcrossTwoNamespacesMatchesFullShardOnOneNode) {
+  // hybrid_shard over two real nodes: the shard groups (one per namespace) and
+  // the replicate groups (across the veth link) are subgroups whose Gloo
+  // sockets must bind to the node's veth address, as the world's do. Same
+  // global batch as full_shard on one node of 4 ranks; only the order of the
+  // gradient sums differs, so the losses agree to fp32 rounding.
+  MAKE_NETWORK_OR_SKIP(net);
+  const fs::path one = scratch() / "hybrid-one-node";
+  auto reference_flags = train_flags("fsdp", one, 6, 30);
+  const auto reference = run_gpt_binary(TwoNodeNetwork::join(reference_flags) + " --nproc 4");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+
+  const fs::path two = scratch() / "hybrid-two-nodes";
+  std::unique_ptr<Process> nodes[2];
+  for (int n = 0; n < 2; ++n) {
+    auto flags = train_flags("fsdp", two, 6, 30);
+    flags.insert(flags.end(), {"--sharding-strategy", "hybrid_shard"});
+    nodes[n] = start_node(*net, n, flags, "hybrid");
+  }
+  for (int n = 0; n < 2; ++n) {
+    const auto code = nodes[n]->wait_for(120s);
+    ASSERT_TRUE(code.has_value()) << "node " << n << " still running after 120 s:\n" << nodes[n]->output();
+    EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
+  }
+  EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
+      << nodes[0]->output();
+  const auto expected = losses_of(one / "metrics.csv");
+  const auto got = losses_of(two / "metrics.csv");
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(std::stod(got[i]), std::stod(expected[i]), 1e-5 * std::abs(std::stod(expected[i]))) << "row " << i;
+  }
 }
 
 }  // namespace

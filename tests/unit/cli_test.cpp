@@ -240,6 +240,14 @@ TEST(CliTest, FsdpOptions) {
   expect_error({"--wrap-policy", "none"}, {"--wrap-policy does not apply to strategy 'single'"});
 }
 
+TEST(CliTest, HybridShardIsAShardingStrategy) {
+  auto hybrid = parse({"--strategy", "fsdp", "--nproc", "2", "--nnodes", "2", "--master-port", "29999",
+                       "--sharding-strategy", "hybrid_shard", "--reshard-after-forward", "true"});
+  ASSERT_TRUE(hybrid.config.has_value()) << hybrid.message;
+  EXPECT_EQ(hybrid.config->sharding_strategy, "hybrid_shard");
+  expect_error({"--strategy", "fsdp", "--sharding-strategy", "hybrid"}, {"hybrid_shard"});
+}
+
 TEST(CliTest, UnknownChoicesListTheAlternatives) {
   expect_error({"--preset", "gpt-huge"}, {"unknown preset 'gpt-huge'", "gpt-nano", "gpt-micro"});
   expect_error({"--strategy", "zero9"}, {"unknown strategy 'zero9'", "ddp", "zero3"});
