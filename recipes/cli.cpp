@@ -66,7 +66,8 @@ std::vector<StrategyOption> strategy_options() {
   const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
   return {
       {"bucket-cap-mb", distributed, distributed_text},
-      {"find-unused-parameters", distributed, distributed_text},
+      {"find-unused-parameters", {"ddp", "oss", "zero1", "sdp", "zero2", "fsdp", "zero3"},
+       "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"},
       {"overlap-comm", {"ddp"}, "ddp only"},
       {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
@@ -117,7 +118,7 @@ std::vector<Field> fields() {
       {"bucket-cap-mb", 2, &C::bucket_cap_mb,
        "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
       {"find-unused-parameters", 2, &C::find_unused_parameters,
-       "ddp/oss/sdp: a parameter without a gradient counts as zero (else an error)", true},
+       "ddp/oss/sdp/fsdp: a parameter without a gradient counts as zero (else an error)", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
       {"sharding-strategy", 2, &C::sharding_strategy,
        "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "

@@ -107,7 +107,8 @@ void register_builtin_strategies(StrategyRegistry& registry) {
         FSDPOptions options;
         options.sharding_strategy(parse_sharding_strategy(c.sharding_strategy))
             .limit_all_gathers(c.limit_all_gathers)
-            .wrap_policy(parse_wrap_policy(c.wrap_policy));
+            .wrap_policy(parse_wrap_policy(c.wrap_policy))
+            .find_unused_parameters(c.find_unused_parameters);
         if (c.reshard_after_forward != "auto") options.reshard_after_forward(c.reshard_after_forward == "true");
         return std::make_unique<FSDPStrategy>(comm, options);
       },

@@ -16,7 +16,7 @@ namespace strata {
 /// Knobs a strategy factory may read; each strategy validates its own.
 struct StrategyConfig {
   double bucket_cap_mb = 25.0;          ///< DDP/SDP gradient bucket size
-  bool find_unused_parameters = false;  ///< ddp/oss/sdp: tolerate params with no grad (grad_sync.h)
+  bool find_unused_parameters = false;  ///< ddp/oss/sdp/fsdp: tolerate params with no grad (grad_sync.h)
   bool overlap_comm = true;             ///< DDP: all-reduce from grad hooks (false: after backward)
   std::string sharding_strategy = "full_shard";  ///< FSDP: full_shard, shard_grad_op, no_shard
   std::string reshard_after_forward = "auto";    ///< FSDP: auto, true, false

@@ -11,7 +11,8 @@ namespace strata {
 FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
     : Strategy(std::move(comm)),
       options_(std::move(options)),
-      reshard_after_forward_(resolve_reshard_after_forward(options_)) {}
+      reshard_after_forward_(resolve_reshard_after_forward(options_)),
+      grad_sync_(options_.find_unused_parameters()) {}
 
 void FSDPStrategy::setup(TrainingModule& module) {
   TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
@@ -49,21 +50,26 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // One readiness bucket per unit, in the order backward finishes them: the
   // last wrap unit first, the root (embeddings, used first in forward) last.
   std::vector<torch::Tensor> hooked;
+  std::vector<std::string> hooked_names;
   std::vector<std::vector<size_t>> buckets;
   auto add_bucket = [&](int index) {
     unit_of_bucket_.push_back(index);
     buckets.emplace_back();
-    for (const auto& p : units_[index]->params()) {
+    const auto& unit = *units_[index];
+    for (size_t k = 0; k < unit.params().size(); ++k) {
       buckets.back().push_back(hooked.size());
-      hooked.push_back(p);
+      hooked.push_back(unit.params()[k]);
+      hooked_names.push_back(unit.param_names()[k]);
+      hooked_param_.emplace_back(index, k);
     }
   };
   for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
   if (root_ != nullptr) add_bucket(num_wrap_units_);
-  readiness_ = std::make_unique<GradReadiness>(hooked, buckets, [this](size_t b) { post_backward(b); });
-  // Before the first reshard: each AccumulateGrad node records its
-  // parameter's shape when created, and must record the full one.
-  readiness_->install_hooks([] { return true; });
+  // Installs the hooks now, before the first reshard: each AccumulateGrad
+  // node records its parameter's shape when created, and must record the
+  // full one. Always active: under no_sync the hooks still free each unit.
+  grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
+                     [this](size_t b) { post_backward(b); }, [] { return true; });
   for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
@@ -164,7 +170,6 @@ int FSDPStrategy::wrap_units_holding_full() const {
 
 void FSDPStrategy::backward(const torch::Tensor& loss) {
   sync_backward_ = require_sync();
-  readiness_->reset();
   if (root_ != nullptr) root_->prepare_grads();
   prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
   struct InBackward {
@@ -172,7 +177,9 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
     explicit InBackward(bool& f) : flag(f) { flag = true; }
     ~InBackward() { flag = false; }
   } in_backward(in_backward_);
-  loss.backward();
+  // Every backward resets readiness (not only synchronised ones): under
+  // no_sync the hooks still free each unit's full parameters.
+  grad_sync_.backward(loss, /*require_sync=*/true);
 }
 
 void FSDPStrategy::pre_backward(int index) {
@@ -231,11 +238,30 @@ void FSDPStrategy::finish_oldest_reduction() {
 
 void FSDPStrategy::reduce_gradients() {
   // Units whose parameters did not all get a gradient are reduced now, in
-  // bucket order, counting the missing gradients as zero.
-  if (!readiness_->all_launched()) readiness_->launch_remaining();
+  // bucket order, with the missing gradients as zeros: every rank issues the
+  // same collectives whether or not its parameters were used.
+  grad_sync_.launch_remaining();
   // Sync point: the optimizer steps the shards only after every reduction
   // into them has arrived.
   while (!in_flight_.empty()) finish_oldest_reduction();
+  // Sync point: ranks agree on parameters without a gradient (grad_sync.h):
+  // an error naming them on every rank, or, with find_unused_parameters, the
+  // list of those no rank used, for optimizer_step to hide.
+  grad_sync_.resolve_unused(comm(), name());
+}
+
+std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
+  // The optimizer steps per-parameter pieces of the shards: hiding a
+  // parameter's pieces makes torch skip it, as it skips a .grad == None.
+  std::vector<torch::Tensor> hidden;
+  for (size_t k : grad_sync_.unused_everywhere()) {
+    const auto& [index, param] = hooked_param_[k];
+    const auto& unit = *units_[index];
+    for (size_t j = 0; j < unit.pieces().size(); ++j) {
+      if (unit.piece_params()[j] == param) hidden.push_back(unit.pieces()[j]);
+    }
+  }
+  return hidden;
 }
 
 void FSDPStrategy::reshard_all() {
@@ -247,6 +273,7 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
   reshard_all();
+  HiddenGrads hide(pieces_unused_everywhere());
   optimizer.step();
 }
 

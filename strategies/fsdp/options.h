@@ -30,6 +30,11 @@ struct FSDPOptions {
   /// the prefetched one): a prefetch that would exceed that is skipped.
   TORCH_ARG(bool, limit_all_gathers) = true;
   TORCH_ARG(WrapPolicy, wrap_policy) = WrapPolicy::kBlock;
+  /// The unused-parameter rule of ddp/oss/sdp (grad_sync.h): false, a
+  /// parameter with no gradient in a step is an error naming it on every
+  /// rank; true, it counts as zero, and one that NO rank used is skipped by
+  /// the optimizer for that step (as torch skips .grad == None).
+  TORCH_ARG(bool, find_unused_parameters) = false;
 };
 
 /// reshard_after_forward as the options resolve it; errors (naming the

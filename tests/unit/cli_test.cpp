@@ -155,7 +155,8 @@ TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
                {"--overlap-comm", "strategy 'zero2'", "ddp only"});
   expect_error({"--overlap-comm", "false"}, {"--overlap-comm", "strategy 'single'", "ddp only"});
   expect_error({"--find-unused-parameters"},
-               {"--find-unused-parameters", "strategy 'single'", "ddp, oss (zero1) and sdp (zero2)"});
+               {"--find-unused-parameters", "strategy 'single'",
+                "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"});
   expect_error({"--bucket-cap-mb", "0"}, {"--bucket-cap-mb", "strategy 'single'", "ddp, oss"});
   expect_error({"--bucket-cap-mb", "25", "--strategy", "single"}, {"--bucket-cap-mb", "'single'"});
   // Where they apply, they are accepted (aliases too).
@@ -165,7 +166,9 @@ TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
         {"--strategy", "oss", "--find-unused-parameters", "--bucket-cap-mb", "1"},
         {"--strategy", "zero1", "--bucket-cap-mb", "1"},
         {"--strategy", "sdp", "--find-unused-parameters=true"},
-        {"--strategy", "zero2", "--bucket-cap-mb", "2"}}) {
+        {"--strategy", "zero2", "--bucket-cap-mb", "2"},
+        {"--strategy", "fsdp", "--find-unused-parameters"},
+        {"--strategy", "zero3", "--find-unused-parameters=true"}}) {
     const ParseResult result = parse(ok);
     EXPECT_TRUE(result.config.has_value()) << ok[1] << ": " << result.message;
   }
