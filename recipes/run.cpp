@@ -23,6 +23,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -324,6 +325,10 @@ int run_gpt(int argc, char** argv) {
       auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
+      for (const auto& [key, value] : strategy->report()) {  // rank 0's
+        const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
+        summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);
+      }
       write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
       int64_t peak = 0;
       for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);

@@ -3,7 +3,6 @@
 #include "strategies/ddp.h"
 #include "strategies/fsdp/pre_backward.h"
 
-#include <sstream>
 #include <unordered_map>
 
 namespace strata {
@@ -322,23 +321,6 @@ FSDPStrategy::FullParams::~FullParams() {
     for (auto& unit : strategy_->units_) unit->write_back();
   }
   strategy_->reshard_all();
-}
-
-std::string FSDPStrategy::describe() const {
-  std::ostringstream out;
-  out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
-      << shard_world_ << " of " << world_size() << " rank(s), reshard_after_forward "
-      << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
-      << ", wrap policy " << to_string(options_.wrap_policy()) << "; " << num_wrap_units_
-      << " wrap unit(s)" << (root_ != nullptr ? " + root" : "");
-  for (const auto& unit : units_) {
-    const auto& l = unit->layout();
-    out << "\n  " << unit->name() << ": " << l.unpadded_numel() << " elements in "
-        << unit->params().size() << " parameter(s), shard " << l.shard_numel() << " (padding "
-        << l.padded_numel() - l.unpadded_numel() << ")";
-  }
-  out << "\n  max wrap units gathered at once so far: " << max_units_gathered_;
-  return out.str();
 }
 
 }  // namespace strata

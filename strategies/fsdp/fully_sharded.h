@@ -78,6 +78,8 @@ class FSDPStrategy : public Strategy {
   /// summon_full_params(writeback), type-erased for the Trainer.
   std::shared_ptr<void> full_params(bool writeback = false) override;
   std::string describe() const override;
+  /// {"max_units_gathered": max_units_gathered()}.
+  std::map<std::string, double> report() const override;
 
   const FSDPOptions& options() const { return options_; }
   /// reshard_after_forward as resolved from the options.
