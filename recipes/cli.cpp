@@ -73,6 +73,7 @@ std::vector<StrategyOption> strategy_options() {
       {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
   };
 }
 
@@ -129,6 +130,9 @@ std::vector<Field> fields() {
       {"limit-all-gathers", 2, &C::limit_all_gathers,
        "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
       {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},
+      {"reduce-dtype", 2, &C::reduce_dtype,
+       "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
+       "with --precision bf16-mixed units are all-gathered in bf16"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
@@ -280,6 +284,7 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   }
   if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
   if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
+  if (error.empty()) error = choice("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
   if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard") {
     error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
             " (which keeps units gathered until their backward); use full_shard or leave it auto";

@@ -277,6 +277,9 @@ int run_gpt(int argc, char** argv) {
     strategy_config.reshard_after_forward = config.reshard_after_forward;
     strategy_config.limit_all_gathers = config.limit_all_gathers;
     strategy_config.wrap_policy = config.wrap_policy;
+    // fsdp: bf16-mixed gathers units in bf16 (fp32 master shards stay).
+    strategy_config.param_dtype = parse_precision(config.precision) == Precision::kBf16Mixed ? "bf16" : "fp32";
+    strategy_config.reduce_dtype = config.reduce_dtype;
     std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
 
     auto throughput = std::make_shared<Throughput>();

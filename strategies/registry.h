@@ -22,6 +22,8 @@ struct StrategyConfig {
   std::string reshard_after_forward = "auto";    ///< FSDP: auto, true, false
   bool limit_all_gathers = true;                 ///< FSDP: at most 2 units gathered at once
   std::string wrap_policy = "block";             ///< FSDP: block, none
+  std::string param_dtype = "fp32";              ///< FSDP: all-gather dtype, fp32 or bf16 (bf16-mixed)
+  std::string reduce_dtype = "fp32";             ///< FSDP: gradient reduction dtype, fp32 or bf16
 };
 
 class StrategyRegistry {

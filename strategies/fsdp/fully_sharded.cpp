@@ -69,6 +69,7 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // full one. Always active: under no_sync the hooks still free each unit.
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
                      [this](size_t b) { post_backward(b); }, [] { return true; });
+  for (auto& unit : units_) unit->set_gather_dtype(options_.param_dtype());
   for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
@@ -208,14 +209,19 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
   while (in_flight_.size() >= kMaxReductionsInFlight) finish_oldest_reduction();
   Reduction r;
   r.unit = &unit;
+  // reduce_dtype (mixed precision): the gradient is cast for the wire (bf16:
+  // half the bytes) and the sum upcast into the fp32 shard gradient.
+  const auto dtype = options_.reduce_dtype().value_or(unit.shard_grad().scalar_type());
+  torch::NoGradGuard no_grad;
   if (unit.sharded()) {
-    r.input = unit.full_grad();
-    r.output = torch::empty_like(unit.shard_grad());
+    r.input = unit.full_grad().to(dtype);  // no copy when the dtype is the same
+    r.output = torch::empty(unit.shard_grad().sizes(), r.input.options());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
     r.work = comm().reduce_scatter_async(r.output, r.input);
   } else {
-    r.output = unit.shard_grad();  // no_shard: the full gradient, reduced in place
+    // no_shard: the full gradient, reduced in place (or in a cast copy)
+    r.output = unit.shard_grad().to(dtype);
     r.work = comm().all_reduce_async(r.output);
   }
   in_flight_.push_back(std::move(r));
@@ -227,11 +233,13 @@ void FSDPStrategy::finish_oldest_reduction() {
   // Sync point: the shard gradient may only be read once the sum has arrived.
   r.work.wait();
   torch::NoGradGuard no_grad;
+  // Divided after the upcast: a bf16 sum divided in fp32 loses no more.
+  auto mean = r.output.to(r.unit->shard_grad().scalar_type()).div_(world_size());
   if (r.unit->sharded()) {
     // Added, not copied: gradients accumulate over synchronised backwards.
-    r.unit->shard_grad().add_(r.output.div_(world_size()));
-  } else {
-    r.output.div_(world_size());
+    r.unit->shard_grad().add_(mean);
+  } else if (!mean.is_same(r.unit->shard_grad())) {
+    r.unit->shard_grad().copy_(mean);  // reduced in a cast copy
   }
 }
 
@@ -307,7 +315,8 @@ ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& o
 
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
-  for (auto& unit : units_) unit->finish_gather(comm());
+  // exact: the full-precision values even under param_dtype (export, checkpoints).
+  for (auto& unit : units_) unit->finish_gather(comm(), /*exact=*/true);
   return FullParams(this, writeback);
 }
 

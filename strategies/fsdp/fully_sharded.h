@@ -32,6 +32,13 @@
 // recompute (FSDP's runner, called during backward) gathers the unit and
 // keeps it for the unit's backward that follows at once.
 //
+// Mixed precision (FSDPOptions param_dtype / reduce_dtype, set by strata-gpt
+// from --precision bf16-mixed / --reduce-dtype): units are all-gathered in
+// bf16 (half the bytes) and upcast into fp32 full parameters (their values
+// bf16-rounded; the gathered memory stays fp32), gradients are reduced in
+// reduce_dtype and added to the fp32 shard gradients; the optimizer steps
+// fp32 shards. summon_full_params() always gathers the exact fp32 values.
+//
 // Limits: a unit's output is a view made by that Function; modifying it in
 // place raises torch's "view created inside a custom Function" error (clone
 // it first). After setup() the module's parameters hold 0 elements except

@@ -235,6 +235,12 @@ TEST(CliTest, FsdpOptions) {
                {"unknown sharding strategy 'hybrid'", "full_shard, shard_grad_op, no_shard"});
   expect_error({"--strategy", "fsdp", "--reshard-after-forward", "yes"}, {"'yes'", "auto, true, false"});
   expect_error({"--strategy", "fsdp", "--wrap-policy", "layer"}, {"'layer'", "block, none"});
+  auto reduce = parse({"--strategy", "fsdp", "--precision", "bf16-mixed", "--reduce-dtype", "bf16"});
+  ASSERT_TRUE(reduce.config.has_value()) << reduce.message;
+  EXPECT_EQ(reduce.config->reduce_dtype, "bf16");
+  EXPECT_EQ(fsdp.config->reduce_dtype, "fp32");
+  expect_error({"--strategy", "fsdp", "--reduce-dtype", "fp16"}, {"'fp16'", "fp32, bf16"});
+  expect_error({"--strategy", "ddp", "--reduce-dtype", "bf16"}, {"--reduce-dtype", "strategy 'ddp'", "fsdp (zero3) only"});
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reshard-after-forward", "true"},
                {"--reshard-after-forward true contradicts --sharding-strategy no_shard"});
   // FSDP's options given to another strategy would be ignored: bad input.
