@@ -285,6 +285,10 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
   if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
   if (error.empty()) error = choice("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
+  if (error.empty() && c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
+    error = "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard or "
+            "shard_grad_op), not no_shard";
+  }
   if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard") {
     error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
             " (which keeps units gathered until their backward); use full_shard or leave it auto";

@@ -12,7 +12,11 @@ std::string FSDPStrategy::describe() const {
       << shard_world_ << " of " << world_size() << " rank(s), reshard_after_forward "
       << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
       << ", wrap policy " << to_string(options_.wrap_policy()) << ", find_unused_parameters "
-      << options_.find_unused_parameters() << "; " << num_wrap_units_ << " wrap unit(s)"
+      << options_.find_unused_parameters() << ", all-gather dtype "
+      << (options_.param_dtype() ? c10::toString(*options_.param_dtype()) : "as the parameters")
+      << ", reduce dtype "
+      << (options_.reduce_dtype() ? c10::toString(*options_.reduce_dtype()) : "as the parameters") << "; "
+      << num_wrap_units_ << " wrap unit(s)"
       << (root_ != nullptr ? " + root" : "");
   int64_t shard_bytes = 0;  // this rank's shards, padding included
   for (const auto& unit : units_) {

@@ -90,4 +90,25 @@ TEST(FsdpMixedPrecisionTest, Bf16ReduceDtypeHalvesReduceScatterBytesAndStillTrai
   EXPECT_LE(max_param_diff(fp32.ranks[0].params, bf16.ranks[0].params), 5e-3);
 }
 
+TEST(FsdpMixedPrecisionTest, CommMovesBf16ThroughGlooBitExact) {
+  // Gloo has no bfloat16: Comm sends bf16 as fp16 bit patterns. The gather
+  // must return every rank's values bit for bit, and the reduce-scatter the
+  // bf16 sum (values chosen so that bf16 sums are exact).
+  strata::run_thread_world(3, [](strata::Comm& comm) {
+    const auto r = static_cast<double>(comm.rank());
+    auto mine = (torch::arange(4, torch::kFloat32) * 0.0625 + r + 1.0 / 3.0).to(torch::kBFloat16);
+    auto gathered = torch::empty({12}, mine.options());
+    comm.all_gather_into(gathered, mine);
+    for (int k = 0; k < 3; ++k) {
+      auto want = (torch::arange(4, torch::kFloat32) * 0.0625 + k + 1.0 / 3.0).to(torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(gathered.narrow(0, 4 * k, 4), want)) << "rank " << comm.rank() << " chunk " << k;
+    }
+    auto input = torch::full({6}, r + 1.0, torch::kBFloat16);
+    auto output = torch::empty({2}, input.options());
+    comm.reduce_scatter(output, input);
+    EXPECT_EQ(output.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(output, torch::full({2}, 6.0, torch::kBFloat16))) << output;
+  }, std::chrono::seconds(10));
+}
+
 }  // namespace

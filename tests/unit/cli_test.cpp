@@ -240,6 +240,8 @@ TEST(CliTest, FsdpOptions) {
   EXPECT_EQ(reduce.config->reduce_dtype, "bf16");
   EXPECT_EQ(fsdp.config->reduce_dtype, "fp32");
   expect_error({"--strategy", "fsdp", "--reduce-dtype", "fp16"}, {"'fp16'", "fp32, bf16"});
+  expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reduce-dtype", "bf16"},
+               {"--reduce-dtype bf16 needs sharded gradients", "not no_shard"});
   expect_error({"--strategy", "ddp", "--reduce-dtype", "bf16"}, {"--reduce-dtype", "strategy 'ddp'", "fsdp (zero3) only"});
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reshard-after-forward", "true"},
                {"--reshard-after-forward true contradicts --sharding-strategy no_shard"});
