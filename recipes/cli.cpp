@@ -66,12 +66,14 @@ std::vector<StrategyOption> strategy_options() {
   const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
   return {
       {"bucket-cap-mb", distributed, distributed_text},
-      {"find-unused-parameters", distributed, distributed_text},
+      {"find-unused-parameters", {"ddp", "oss", "zero1", "sdp", "zero2", "fsdp", "zero3"},
+       "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"},
       {"overlap-comm", {"ddp"}, "ddp only"},
       {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
   };
 }
 
@@ -117,7 +119,7 @@ std::vector<Field> fields() {
       {"bucket-cap-mb", 2, &C::bucket_cap_mb,
        "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
       {"find-unused-parameters", 2, &C::find_unused_parameters,
-       "ddp/oss/sdp: a parameter without a gradient counts as zero (else an error)", true},
+       "ddp/oss/sdp/fsdp: a parameter without a gradient counts as zero (else an error)", true},
       {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
       {"sharding-strategy", 2, &C::sharding_strategy,
        "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "
@@ -129,6 +131,9 @@ std::vector<Field> fields() {
       {"limit-all-gathers", 2, &C::limit_all_gathers,
        "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
       {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},
+      {"reduce-dtype", 2, &C::reduce_dtype,
+       "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
+       "with --precision bf16-mixed units are all-gathered in bf16"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
@@ -280,6 +285,11 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   }
   if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
   if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
+  if (error.empty()) error = choice("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
+  if (error.empty() && c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
+    error = "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, "
+            "shard_grad_op or hybrid_shard), not no_shard";
+  }
   if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
       c.sharding_strategy != "hybrid_shard") {
     error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +

@@ -39,6 +39,7 @@ struct RunConfig {
   std::string reshard_after_forward = "auto";    ///< fsdp: auto (the sharding strategy's), true, false
   bool limit_all_gathers = true;                 ///< fsdp: at most 2 units gathered at once
   std::string wrap_policy = "block";             ///< fsdp: block (each block a unit) or none
+  std::string reduce_dtype = "fp32";             ///< fsdp: gradient reduce-scatter dtype, fp32 or bf16
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
   // optimisation
   int64_t max_steps = 2500;

@@ -24,6 +24,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -285,6 +286,9 @@ int run_gpt(int argc, char** argv) {
     strategy_config.limit_all_gathers = config.limit_all_gathers;
     strategy_config.wrap_policy = config.wrap_policy;
     strategy_config.local_world_size = env ? env->local_world_size : 1;
+    // fsdp: bf16-mixed gathers units in bf16 (fp32 master shards stay).
+    strategy_config.param_dtype = parse_precision(config.precision) == Precision::kBf16Mixed ? "bf16" : "fp32";
+    strategy_config.reduce_dtype = config.reduce_dtype;
     std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
 
     auto throughput = std::make_shared<Throughput>();
@@ -333,6 +337,10 @@ int run_gpt(int argc, char** argv) {
       auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
+      for (const auto& [key, value] : strategy->report()) {  // rank 0's
+        const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
+        summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);
+      }
       write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
       int64_t peak = 0;
       for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);

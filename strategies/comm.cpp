@@ -34,6 +34,14 @@ void check_root(int root, int size, const char* op) {
 // both natively, so only Gloo takes the emulated paths.
 bool needs_emulation(const c10d::ProcessGroup& pg) { return pg.getBackendName() == "gloo"; }
 
+// Gloo (LibTorch 1.13) has no bfloat16 type. The emulated all-gather and
+// reduce-scatter move bytes only (the reduce-scatter sums locally, in the
+// tensor's own dtype), so bf16 travels as fp16 bit patterns: same size, the
+// bits unchanged. Other dtypes as they are.
+at::Tensor on_the_wire(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+}
+
 }  // namespace
 
 const char* collective_name(CollectiveKind kind) {
@@ -213,8 +221,8 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   // result lands in place; rank r's chunk is [r*n, (r+1)*n).
   std::vector<std::vector<at::Tensor>> outputs(1);
   outputs[0].reserve(size_);
-  for (int r = 0; r < size_; ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
-  std::vector<at::Tensor> inputs{flat_in};
+  for (int r = 0; r < size_; ++r) outputs[0].push_back(on_the_wire(flat_out.narrow(0, r * n, n)));
+  std::vector<at::Tensor> inputs{on_the_wire(flat_in)};
   return PendingWork(pg_->allgather(outputs, inputs));
 }
 
@@ -248,7 +256,9 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
   at::Tensor received = torch::empty_like(flat_in);
   std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
-  auto work = pg_->alltoall_base(received, flat_in, equal_splits, equal_splits);
+  auto received_wire = on_the_wire(received);
+  auto sent_wire = on_the_wire(flat_in);
+  auto work = pg_->alltoall_base(received_wire, sent_wire, equal_splits, equal_splits);
   const int64_t world = size_;
   // Why in on_complete: `received` is filled by the process group's worker
   // thread; the local sum may only read it after the all-to-all has finished.

@@ -1,5 +1,5 @@
 #pragma once
-// GradSync: what every data-parallel strategy (ddp, oss, sdp) does around
+// GradSync: what every data-parallel strategy (ddp, oss, sdp, fsdp) does around
 // backward, in one place: gradient hooks (GradReadiness) and the rule for
 // parameters that get no gradient.
 //

@@ -108,7 +108,16 @@ void register_builtin_strategies(StrategyRegistry& registry) {
         options.sharding_strategy(parse_sharding_strategy(c.sharding_strategy))
             .limit_all_gathers(c.limit_all_gathers)
             .wrap_policy(parse_wrap_policy(c.wrap_policy))
-            .node_size(c.local_world_size);
+            .node_size(c.local_world_size)
+            .find_unused_parameters(c.find_unused_parameters);
+        // fp32: no cast (the parameters' own dtype, full precision).
+        auto dtype = [](const std::string& what, const std::string& name) -> c10::optional<torch::ScalarType> {
+          if (name == "fp32") return c10::nullopt;
+          TORCH_CHECK_VALUE(name == "bf16", "unknown FSDP ", what, " '", name, "'; allowed: fp32, bf16");
+          return torch::kBFloat16;
+        };
+        options.param_dtype(dtype("param_dtype", c.param_dtype))
+            .reduce_dtype(dtype("reduce_dtype", c.reduce_dtype));
         if (c.reshard_after_forward != "auto") options.reshard_after_forward(c.reshard_after_forward == "true");
         return std::make_unique<FSDPStrategy>(comm, options);
       },

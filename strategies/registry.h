@@ -16,7 +16,7 @@ namespace strata {
 /// Knobs a strategy factory may read; each strategy validates its own.
 struct StrategyConfig {
   double bucket_cap_mb = 25.0;          ///< DDP/SDP gradient bucket size
-  bool find_unused_parameters = false;  ///< ddp/oss/sdp: tolerate params with no grad (grad_sync.h)
+  bool find_unused_parameters = false;  ///< ddp/oss/sdp/fsdp: tolerate params with no grad (grad_sync.h)
   bool overlap_comm = true;             ///< DDP: all-reduce from grad hooks (false: after backward)
   std::string sharding_strategy = "full_shard";  ///< FSDP: full_shard, shard_grad_op, no_shard, hybrid_shard
   std::string reshard_after_forward = "auto";    ///< FSDP: auto, true, false
@@ -25,6 +25,8 @@ struct StrategyConfig {
   /// Ranks per node (LOCAL_WORLD_SIZE); FSDP hybrid_shard shards inside a
   /// node. 0: unknown (hybrid_shard then refuses to start).
   int local_world_size = 0;
+  std::string param_dtype = "fp32";              ///< FSDP: all-gather dtype, fp32 or bf16 (bf16-mixed)
+  std::string reduce_dtype = "fp32";             ///< FSDP: gradient reduction dtype, fp32 or bf16
 };
 
 class StrategyRegistry {

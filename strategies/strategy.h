@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,6 +134,10 @@ class Strategy {
 
   /// A one-paragraph description of the partition / buckets, printed at start.
   virtual std::string describe() const;
+
+  /// Strategy-specific numbers for summary.json (name -> value), merged into
+  /// it by strata-gpt; none by default (fsdp: max_units_gathered).
+  virtual std::map<std::string, double> report() const { return {}; }
 
  protected:
   /// Gradients this rank contributes to the global norm, each element of the

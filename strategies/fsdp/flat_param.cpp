@@ -88,20 +88,34 @@ void FlatParam::point_params_at_full() {
   }
 }
 
-void FlatParam::start_gather(Comm& comm) {
+void FlatParam::start_gather(Comm& comm, bool exact) {
   if (!sharded() || state_ != State::kSharded) return;
   allocate_storage(full_, full_nbytes_);
   // Async: the caller may run other work (a unit's forward or backward) while
   // this unit's shards arrive; finish_gather() waits before anyone reads them.
-  gather_work_ = comm.all_gather_into_async(full_, shard_);
+  if (!exact && gather_dtype_ && *gather_dtype_ != shard_.scalar_type()) {
+    torch::NoGradGuard no_grad;
+    // Kept as members: the collective reads / writes them until it is done.
+    wire_in_ = shard_.to(*gather_dtype_);
+    wire_out_ = torch::empty({layout_.padded_numel()}, wire_in_.options());
+    gather_work_ = comm.all_gather_into_async(wire_out_, wire_in_);
+  } else {
+    gather_work_ = comm.all_gather_into_async(full_, shard_);
+  }
   state_ = State::kGathering;
 }
 
-void FlatParam::finish_gather(Comm& comm) {
+void FlatParam::finish_gather(Comm& comm, bool exact) {
   if (state_ == State::kGathered) return;
-  if (state_ == State::kSharded) start_gather(comm);
+  if (state_ == State::kSharded) start_gather(comm, exact);
   // Sync point: the unit's forward (or backward) reads every rank's shard.
   gather_work_.wait();
+  if (wire_out_.defined()) {
+    torch::NoGradGuard no_grad;
+    full_.copy_(wire_out_);  // upcast: the values are the shards rounded to gather_dtype
+    wire_in_ = torch::Tensor();
+    wire_out_ = torch::Tensor();
+  }
   point_params_at_full();
   state_ = State::kGathered;
 }
@@ -118,6 +132,8 @@ void FlatParam::reshard() {
   // Sync point: a gather in flight still writes into the full buffer; its
   // storage may only be freed once the collective is done with it.
   if (state_ == State::kGathering) gather_work_.wait();
+  wire_in_ = torch::Tensor();
+  wire_out_ = torch::Tensor();
   for (size_t k = 0; k < params_.size(); ++k) params_[k].set_data(empty_[k]);
   free_storage(full_);
   state_ = State::kSharded;

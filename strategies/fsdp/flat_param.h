@@ -67,12 +67,19 @@ class FlatParam {
   bool gathered() const { return state_ == State::kGathered; }
   /// Memory for the full values is held (gathered, or a gather in flight).
   bool holds_full() const { return state_ != State::kSharded; }
+  /// Mixed precision (FSDPOptions::param_dtype): gathers send the shard cast
+  /// to `dtype` (bf16: half the all-gather bytes); the gathered values are
+  /// then upcast into the full buffer (the module's parameters keep their
+  /// dtype: autograd, hooks and the fp32 shard are untouched). nullopt or
+  /// the shard's dtype: gather as is.
+  void set_gather_dtype(c10::optional<torch::ScalarType> dtype) { gather_dtype_ = dtype; }
   /// Allocates the full buffer and starts all-gathering the shards into it.
-  /// No-op unless resharded.
-  void start_gather(Comm& comm);
+  /// No-op unless resharded. exact: in the shard's own dtype regardless of
+  /// set_gather_dtype (summon_full_params, checkpoints).
+  void start_gather(Comm& comm, bool exact = false);
   /// Finishes the gather (starting it first if needed) and points the
   /// parameters at their views of the full buffer. No-op when gathered.
-  void finish_gather(Comm& comm);
+  void finish_gather(Comm& comm, bool exact = false);
   /// Copies this rank's part of the gathered full values into the shard, so
   /// that writes to the parameters while gathered survive reshard(). Needs
   /// the parameters gathered; no-op when the shard group is one rank.
@@ -117,6 +124,8 @@ class FlatParam {
   std::vector<torch::Tensor> pieces_;
   std::vector<size_t> piece_params_;
   PendingWork gather_work_;
+  c10::optional<torch::ScalarType> gather_dtype_;
+  torch::Tensor wire_in_, wire_out_;  // a low-precision gather's send / receive buffers
 };
 
 }  // namespace strata

@@ -4,7 +4,6 @@
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
 
-#include <sstream>
 #include <unordered_map>
 
 namespace strata {
@@ -12,7 +11,8 @@ namespace strata {
 FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
     : Strategy(std::move(comm)),
       options_(std::move(options)),
-      reshard_after_forward_(resolve_reshard_after_forward(options_)) {
+      reshard_after_forward_(resolve_reshard_after_forward(options_)),
+      grad_sync_(options_.find_unused_parameters()) {
   // hybrid_shard's node size is checked now, before any collective.
   if (options_.sharding_strategy() == ShardingStrategy::kHybridShard)
     check_hybrid_node_size(options_.node_size(), world_size());
@@ -57,21 +57,27 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // One readiness bucket per unit, in the order backward finishes them: the
   // last wrap unit first, the root (embeddings, used first in forward) last.
   std::vector<torch::Tensor> hooked;
+  std::vector<std::string> hooked_names;
   std::vector<std::vector<size_t>> buckets;
   auto add_bucket = [&](int index) {
     unit_of_bucket_.push_back(index);
     buckets.emplace_back();
-    for (const auto& p : units_[index]->params()) {
+    const auto& unit = *units_[index];
+    for (size_t k = 0; k < unit.params().size(); ++k) {
       buckets.back().push_back(hooked.size());
-      hooked.push_back(p);
+      hooked.push_back(unit.params()[k]);
+      hooked_names.push_back(unit.param_names()[k]);
+      hooked_param_.emplace_back(index, k);
     }
   };
   for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
   if (root_ != nullptr) add_bucket(num_wrap_units_);
-  readiness_ = std::make_unique<GradReadiness>(hooked, buckets, [this](size_t b) { post_backward(b); });
-  // Before the first reshard: each AccumulateGrad node records its
-  // parameter's shape when created, and must record the full one.
-  readiness_->install_hooks([] { return true; });
+  // Installs the hooks now, before the first reshard: each AccumulateGrad
+  // node records its parameter's shape when created, and must record the
+  // full one. Always active: under no_sync the hooks still free each unit.
+  grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
+                     [this](size_t b) { post_backward(b); }, [] { return true; });
+  for (auto& unit : units_) unit->set_gather_dtype(options_.param_dtype());
   for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
@@ -172,7 +178,6 @@ int FSDPStrategy::wrap_units_holding_full() const {
 
 void FSDPStrategy::backward(const torch::Tensor& loss) {
   sync_backward_ = require_sync();
-  readiness_->reset();
   if (root_ != nullptr) root_->prepare_grads();
   prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
   struct InBackward {
@@ -180,7 +185,9 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
     explicit InBackward(bool& f) : flag(f) { flag = true; }
     ~InBackward() { flag = false; }
   } in_backward(in_backward_);
-  loss.backward();
+  // Every backward resets readiness (not only synchronised ones): under
+  // no_sync the hooks still free each unit's full parameters.
+  grad_sync_.backward(loss, /*require_sync=*/true);
 }
 
 void FSDPStrategy::pre_backward(int index) {
@@ -210,14 +217,19 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
   while (in_flight_.size() >= kMaxReductionsInFlight) finish_oldest_reduction();
   Reduction r;
   r.unit = &unit;
+  // reduce_dtype (mixed precision): the gradient is cast for the wire (bf16:
+  // half the bytes) and the sum upcast into the fp32 shard gradient.
+  const auto dtype = options_.reduce_dtype().value_or(unit.shard_grad().scalar_type());
+  torch::NoGradGuard no_grad;
   if (unit.sharded()) {
-    r.input = unit.full_grad();
-    r.output = torch::empty_like(unit.shard_grad());
+    r.input = unit.full_grad().to(dtype);  // no copy when the dtype is the same
+    r.output = torch::empty(unit.shard_grad().sizes(), r.input.options());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
     r.work = shard_comm_.reduce_scatter_async(r.output, r.input);
   } else {
-    r.output = unit.shard_grad();  // no_shard: the full gradient, reduced in place
+    // no_shard: the full gradient, reduced in place (or in a cast copy)
+    r.output = unit.shard_grad().to(dtype);
     r.work = replicate_comm_.all_reduce_async(r.output);
   }
   in_flight_.push_back(std::move(r));
@@ -229,27 +241,51 @@ void FSDPStrategy::finish_oldest_reduction() {
   // Sync point: the shard gradient may only be read once the sum has arrived.
   r.work.wait();
   torch::NoGradGuard no_grad;
+  // Upcast first (no copy when the reduction ran in the shard's dtype).
+  auto sum = r.output.to(r.unit->shard_grad().scalar_type());
   if (r.unit->sharded() && replicate_comm_.size() > 1) {
     // hybrid_shard: the node's sum of this shard, summed again over the ranks
-    // holding the same shard on the other nodes. Sync point: it reads the
-    // reduce-scatter's result (waited above) and the add below reads its own.
-    replicate_comm_.all_reduce(r.output);
+    // holding the same shard on the other nodes, in the shard gradient's dtype
+    // (Gloo cannot sum bf16). Sync point: it reads the reduce-scatter's result
+    // (waited above) and the add below reads its own.
+    replicate_comm_.all_reduce(sum);
   }
+  // Divided after the upcast: a bf16 sum divided in fp32 loses no more.
+  auto mean = sum.div_(world_size());
   if (r.unit->sharded()) {
     // Added, not copied: gradients accumulate over synchronised backwards.
-    r.unit->shard_grad().add_(r.output.div_(world_size()));
-  } else {
-    r.output.div_(world_size());
+    r.unit->shard_grad().add_(mean);
+  } else if (!mean.is_same(r.unit->shard_grad())) {
+    r.unit->shard_grad().copy_(mean);  // reduced in a cast copy
   }
 }
 
 void FSDPStrategy::reduce_gradients() {
   // Units whose parameters did not all get a gradient are reduced now, in
-  // bucket order, counting the missing gradients as zero.
-  if (!readiness_->all_launched()) readiness_->launch_remaining();
+  // bucket order, with the missing gradients as zeros: every rank issues the
+  // same collectives whether or not its parameters were used.
+  grad_sync_.launch_remaining();
   // Sync point: the optimizer steps the shards only after every reduction
   // into them has arrived.
   while (!in_flight_.empty()) finish_oldest_reduction();
+  // Sync point: ranks agree on parameters without a gradient (grad_sync.h):
+  // an error naming them on every rank, or, with find_unused_parameters, the
+  // list of those no rank used, for optimizer_step to hide.
+  grad_sync_.resolve_unused(comm(), name());
+}
+
+std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
+  // The optimizer steps per-parameter pieces of the shards: hiding a
+  // parameter's pieces makes torch skip it, as it skips a .grad == None.
+  std::vector<torch::Tensor> hidden;
+  for (size_t k : grad_sync_.unused_everywhere()) {
+    const auto& [index, param] = hooked_param_[k];
+    const auto& unit = *units_[index];
+    for (size_t j = 0; j < unit.pieces().size(); ++j) {
+      if (unit.piece_params()[j] == param) hidden.push_back(unit.pieces()[j]);
+    }
+  }
+  return hidden;
 }
 
 void FSDPStrategy::reshard_all() {
@@ -261,6 +297,7 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
   reshard_all();
+  HiddenGrads hide(pieces_unused_everywhere());
   optimizer.step();
 }
 
@@ -302,7 +339,8 @@ ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& o
 
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
-  for (auto& unit : units_) unit->finish_gather(shard_comm_);
+  // exact: the full-precision values even under param_dtype (export, checkpoints).
+  for (auto& unit : units_) unit->finish_gather(shard_comm_, /*exact=*/true);
   return FullParams(this, writeback);
 }
 
@@ -316,24 +354,6 @@ FSDPStrategy::FullParams::~FullParams() {
     for (auto& unit : strategy_->units_) unit->write_back();
   }
   strategy_->reshard_all();
-}
-
-std::string FSDPStrategy::describe() const {
-  std::ostringstream out;
-  out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
-      << shard_world_ << " of " << world_size() << " rank(s), replicated " << replicate_comm_.size()
-      << "x, reshard_after_forward "
-      << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
-      << ", wrap policy " << to_string(options_.wrap_policy()) << "; " << num_wrap_units_
-      << " wrap unit(s)" << (root_ != nullptr ? " + root" : "");
-  for (const auto& unit : units_) {
-    const auto& l = unit->layout();
-    out << "\n  " << unit->name() << ": " << l.unpadded_numel() << " elements in "
-        << unit->params().size() << " parameter(s), shard " << l.shard_numel() << " (padding "
-        << l.padded_numel() - l.unpadded_numel() << ")";
-  }
-  out << "\n  max wrap units gathered at once so far: " << max_units_gathered_;
-  return out.str();
 }
 
 }  // namespace strata

@@ -32,16 +32,24 @@
 // recompute (FSDP's runner, called during backward) gathers the unit and
 // keeps it for the unit's backward that follows at once.
 //
+// Mixed precision (FSDPOptions param_dtype / reduce_dtype, set by strata-gpt
+// from --precision bf16-mixed / --reduce-dtype): units are all-gathered in
+// bf16 (half the bytes) and upcast into fp32 full parameters (their values
+// bf16-rounded; the gathered memory stays fp32), gradients are reduced in
+// reduce_dtype and added to the fp32 shard gradients; the optimizer steps
+// fp32 shards. summon_full_params() always gathers the exact fp32 values.
+//
 // Limits: a unit's output is a view made by that Function; modifying it in
 // place raises torch's "view created inside a custom Function" error (clone
 // it first). After setup() the module's parameters hold 0 elements except
 // while a unit runs: read them through summon_full_params(). Parameters that
-// get no gradient count as zero (no error). Under no_sync() each unit keeps
+// get no gradient follow ddp's rule (grad_sync.h): an error naming them on
+// every rank, unless find_unused_parameters. Under no_sync() each unit keeps
 // its full gradient locally (no reduce-scatter) until the synchronised
 // backward, as torch's FSDP does: more memory, less communication.
 #include "strategies/fsdp/flat_param.h"
 #include "strategies/fsdp/options.h"
-#include "strategies/grad_buckets.h"
+#include "strategies/grad_sync.h"
 #include "strategies/strategy.h"
 
 #include <deque>
@@ -77,6 +85,8 @@ class FSDPStrategy : public Strategy {
   /// summon_full_params(writeback), type-erased for the Trainer.
   std::shared_ptr<void> full_params(bool writeback = false) override;
   std::string describe() const override;
+  /// {"max_units_gathered": max_units_gathered()}.
+  std::map<std::string, double> report() const override;
 
   const FSDPOptions& options() const { return options_; }
   /// reshard_after_forward as resolved from the options.
@@ -134,6 +144,7 @@ class FSDPStrategy : public Strategy {
   void finish_oldest_reduction();
   void reshard_all();
   int wrap_units_holding_full() const;
+  std::vector<torch::Tensor> pieces_unused_everywhere() const;
 
   FSDPOptions options_;
   bool reshard_after_forward_ = true;
@@ -147,7 +158,8 @@ class FSDPStrategy : public Strategy {
   FlatParam* root_ = nullptr;
   std::vector<int> index_of_unit_;                 // module unit -> units_ index, -1: no params
   std::vector<int> unit_of_bucket_;                // GradReadiness bucket -> units_ index
-  std::unique_ptr<GradReadiness> readiness_;
+  GradSync grad_sync_;                             // hooks + the unused-parameter rule
+  std::vector<std::pair<int, size_t>> hooked_param_;  // GradSync param -> (units_ index, its param)
   std::deque<Reduction> in_flight_;
   bool sync_backward_ = true;
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute

@@ -23,6 +23,10 @@ std::string to_string(ShardingStrategy strategy) {
 
 bool resolve_reshard_after_forward(const FSDPOptions& options) {
   const auto strategy = options.sharding_strategy();
+  // no_shard all-reduces, and Gloo (LibTorch 1.13) cannot sum bf16.
+  TORCH_CHECK_VALUE(!(options.reduce_dtype() && strategy == ShardingStrategy::kNoShard),
+                    "FSDPOptions: reduce_dtype=", *options.reduce_dtype(), " needs sharded gradients "
+                    "(full_shard or shard_grad_op), not sharding_strategy=no_shard");
   const auto& requested = options.reshard_after_forward();
   const bool frees_after_forward =
       strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;

@@ -36,6 +36,20 @@ struct FSDPOptions {
   /// ranks form a node. Must divide the world size; 0 (unset) is an error
   /// with hybrid_shard.
   TORCH_ARG(int, node_size) = 0;
+  /// The unused-parameter rule of ddp/oss/sdp (grad_sync.h): false, a
+  /// parameter with no gradient in a step is an error naming it on every
+  /// rank; true, it counts as zero, and one that NO rank used is skipped by
+  /// the optimizer for that step (as torch skips .grad == None).
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Mixed precision, in the style of torch's MixedPrecision. param_dtype:
+  /// the dtype units are all-gathered in (bf16: half the all-gather bytes);
+  /// the shards, their gradients and the optimizer stay in the parameters'
+  /// dtype (fp32 master weights). Unset: gather in the parameters' dtype.
+  TORCH_ARG(c10::optional<torch::ScalarType>, param_dtype) = c10::nullopt;
+  /// The dtype gradients are reduce-scattered (all-reduced: no_shard) in;
+  /// the result is added to the fp32 shard gradient. Unset: the parameters'
+  /// dtype (fp32 reduction even when param_dtype is bf16).
+  TORCH_ARG(c10::optional<torch::ScalarType>, reduce_dtype) = c10::nullopt;
 };
 
 /// reshard_after_forward as the options resolve it; errors (naming the

@@ -13,6 +13,10 @@
 #include <filesystem>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+#include <sstream>
+
 namespace {
 using strata::FSDPOptions;
 using strata::FSDPStrategy;
@@ -343,6 +347,43 @@ TEST(FsdpErrorTest, RankFailingAroundAUnitGatherEndsEveryRankNotAHang) {
     EXPECT_LT(elapsed, 2.0 * timeout.count()) << "rank 0 waited " << elapsed << " s";
     std::cout << "[ fsdp failure ] " << (inside ? "inside" : "outside") << ": every rank ended after "
               << elapsed << " s; rank 0: " << errors[0].substr(0, errors[0].find('\n')) << "\n";
+  }
+}
+
+TEST(FsdpReportTest, DescribeListsEveryUnitWithItsShardAndThePerRankModelState) {
+  // gpt_nano at world 3: every unit's elements, padding to a multiple of 3
+  // and the per-rank shard, then AdamW's 16 bytes per shard element.
+  const auto units = nano_unit_numels();
+  std::vector<std::string> text(3);
+  std::vector<std::map<std::string, double>> reports(3);
+  std::vector<std::unique_ptr<strata::TrainingModule>> modules;
+  for (int r = 0; r < 3; ++r) modules.push_back(gpt_nano()());
+  strata::run_thread_world(3, [&](strata::Comm& comm) {
+    auto fsdp = std::make_shared<FSDPStrategy>(comm);
+    fsdp->setup(*modules[comm.rank()]);
+    text[comm.rank()] = fsdp->describe();
+    reports[comm.rank()] = fsdp->report();
+  }, std::chrono::seconds(30));
+  std::cout << "[ fsdp describe ] " << text[0] << "\n";
+  int64_t shard_total = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t shard = ceil_div(units[u], 3);
+    shard_total += shard;
+    const std::string line = ": " + std::to_string(units[u]) + " parameter elements in ";
+    EXPECT_NE(text[0].find(line), std::string::npos) << "unit " << u << ": " << text[0];
+    const std::string tail = ", padding " + std::to_string(3 * shard - units[u]) + ", shard " +
+                             std::to_string(shard) + " per rank";
+    EXPECT_NE(text[0].find(tail), std::string::npos) << "unit " << u << ": " << text[0];
+  }
+  EXPECT_NE(text[0].find("\n  unit root: "), std::string::npos) << text[0];
+  EXPECT_EQ(std::count(text[0].begin(), text[0].end(), '\n'), static_cast<long>(units.size()) + 2) << text[0];
+  std::ostringstream total;
+  total << "(total " << 16 * shard_total / (1024.0 * 1024.0) << " MiB)";
+  EXPECT_NE(text[0].find("per-rank model state with AdamW: "), std::string::npos) << text[0];
+  EXPECT_NE(text[0].find(total.str()), std::string::npos) << total.str() << "\n" << text[0];
+  for (const auto& report : reports) {
+    ASSERT_EQ(report.count("max_units_gathered"), 1u);
+    EXPECT_EQ(report.at("max_units_gathered"), 0.0);  // nothing has run yet
   }
 }
 

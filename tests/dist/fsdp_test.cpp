@@ -159,14 +159,14 @@ TEST(FsdpParityTest, UnitSmallerThanTheWorldIsPaddedAndMatches) {
   EXPECT_GT((got[0].params[1] - torch::tensor({1.0f, 0.0f})).abs().max().item<double>(), 1e-4);
 }
 
-/// embed -> unit 0: y = x * a (its parameter b is never used) -> head.
+/// embed -> unit 0: y = x * a (its parameter b, 2-D, is never used) -> head.
 class UnusedParameterModule : public strata::TrainingModule {
  public:
   UnusedParameterModule() : net_(std::make_shared<torch::nn::Module>()) {
     embed_ = net_->register_module("embed", torch::nn::Embedding(16, 4));
     unit_ = net_->register_module("unit", std::make_shared<torch::nn::Module>());
     a_ = unit_->register_parameter("a", torch::ones({4}));
-    unit_->register_parameter("b", torch::ones({4}));
+    unit_->register_parameter("b", torch::ones({4, 4}));  // 2-D: AdamW decays it when stepped
     head_ = net_->register_module("head", torch::nn::Linear(4, 16));
   }
   torch::nn::Module& module() override { return *net_; }
@@ -184,19 +184,39 @@ class UnusedParameterModule : public strata::TrainingModule {
   torch::nn::Linear head_{nullptr};
 };
 
-TEST(FsdpParityTest, ParameterWithoutGradientCountsAsZero) {
-  // The unit's post-backward never fires from the hooks (b gets no gradient);
-  // reduce_gradients() reduces it (and the root queued behind it) instead.
-  // b is 1-D: AdamW without weight decay leaves it unchanged on a zero
-  // gradient, as single-process training (which skips it) does.
+TEST(FsdpParityTest, ParameterWithoutGradientIsAnErrorNamingIt) {
+  // b is in unit 0 and gets no gradient: the unit's post-backward never fires
+  // from the hooks; reduce_gradients() reduces it (and the root queued behind
+  // it), then the ranks agree that b had no gradient anywhere.
   const ModuleFactory make = [] {
     torch::manual_seed(6);
     return std::make_unique<UnusedParameterModule>();
   };
-  const auto reference = train_single(make, fsdp_test_options(4, 1, 0.0, 4));
   FsdpRun run;
-  const auto got = train_fsdp(make, fsdp_test_options(2, 1, 0.0, 4), run);
-  EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-5);
+  try {
+    train_fsdp(make, fsdp_test_options(2, 1, 0.0, 4), run);
+    ADD_FAILURE() << "expected an error naming unit.b";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("fsdp: 1 parameter(s) received no gradient in this step: unit.b on 2 of 2 rank(s)"),
+              std::string::npos) << what;
+  }
+}
+
+TEST(FsdpParityTest, ParameterWithoutGradientWithFindUnusedParametersMatchesSingleProcess) {
+  // b is 2-D, so in AdamW's decayed group: single-process training skips it
+  // (no .grad), so FSDP must hide its shard pieces from AdamW, or b decays
+  // (by about lr * weight_decay = 1e-3 per step here).
+  const ModuleFactory make = [] {
+    torch::manual_seed(6);
+    return std::make_unique<UnusedParameterModule>();
+  };
+  const auto options = fsdp_test_options(2, 1, 0.0, 4).lr(1e-2);
+  const auto reference = train_single(make, fsdp_test_options(4, 1, 0.0, 4).lr(1e-2));
+  FsdpRun run;
+  run.options.find_unused_parameters(true);
+  const auto got = train_fsdp(make, options, run);
+  EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-6);
 }
 
 // ---- FSDP(checkpoint(block)) ---------------------------------------------

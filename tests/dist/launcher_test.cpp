@@ -162,4 +162,24 @@ TEST(BadInputTest, LauncherVariablesAreInputToo) {
     EXPECT_FALSE(fs::exists(out)) << c.env;
   }
 }
+TEST(LauncherTest, FsdpSummaryReportsMaxUnitsGatheredAndDescribesUnits) {
+  const auto out = scratch() / "fsdp";
+  auto run = run_gpt_binary("--strategy fsdp --nproc 2 --max-steps 3" + kQuick + "--output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("\n  unit root: "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("per-rank model state with AdamW"), std::string::npos) << run.output;
+  std::ifstream in(out / "summary.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string key = "\"max_units_gathered\": ";
+  const auto at = text.str().find(key);
+  ASSERT_NE(at, std::string::npos) << text.str();
+  const double gathered = std::stod(text.str().substr(at + key.size()));
+  EXPECT_EQ(text.str().find(key + "2.0"), std::string::npos) << "a count: " << text.str();
+  // limit_all_gathers: at most the running unit and the prefetched one; and
+  // gpt-nano has more than one block, so a prefetch did happen.
+  EXPECT_LE(gathered, 2.0) << text.str();
+  EXPECT_GE(gathered, 1.0) << text.str();
+}
+
 }  // namespace

@@ -499,7 +499,7 @@ class Gated : public strata::TrainingModule {
 torch::Tensor gate_by_data(const strata::Batch& b) { return b.input.select(1, 0) % 4 == 0; }
 
 TEST(StrategyUnusedParameterTest, ErrorNamesTheParameterIdenticallyOnEveryRank) {
-  for (const std::string name : {"ddp", "oss", "sdp"}) {
+  for (const std::string name : {"ddp", "oss", "sdp", "fsdp"}) {
     for (bool idle : {false, true}) {
       std::mutex mu;
       std::vector<std::string> errors;
@@ -556,6 +556,7 @@ TEST(StrategyUnusedParameterTest, WithTheFlagMatchesSingleProcess) {
       Gated module(gate_by_data, /*idle=*/true);
       strata::testing::ToyData data;
       strata::Trainer(options_for(batch, 1, 0.0, steps), s).fit(module, data);
+      const auto full = s->full_params();  // fsdp: gathers the shards (others: nothing to do)
       return std::vector<Params>{snapshot(module.module())};
     };
   };
@@ -563,7 +564,7 @@ TEST(StrategyUnusedParameterTest, WithTheFlagMatchesSingleProcess) {
   flag.find_unused_parameters = true;
   for (int world : {2, 3}) {
     const auto reference = run_ranks("single", 1, from_registry("single"), train(2 * world));
-    for (const std::string name : {"ddp", "oss", "sdp"}) {
+    for (const std::string name : {"ddp", "oss", "sdp", "fsdp"}) {
       expect_close(reference, run_ranks(name, world, from_registry(name, flag), train(2)), 1e-5,
                    name + " world " + std::to_string(world));
     }

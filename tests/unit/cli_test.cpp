@@ -155,7 +155,8 @@ TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
                {"--overlap-comm", "strategy 'zero2'", "ddp only"});
   expect_error({"--overlap-comm", "false"}, {"--overlap-comm", "strategy 'single'", "ddp only"});
   expect_error({"--find-unused-parameters"},
-               {"--find-unused-parameters", "strategy 'single'", "ddp, oss (zero1) and sdp (zero2)"});
+               {"--find-unused-parameters", "strategy 'single'",
+                "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"});
   expect_error({"--bucket-cap-mb", "0"}, {"--bucket-cap-mb", "strategy 'single'", "ddp, oss"});
   expect_error({"--bucket-cap-mb", "25", "--strategy", "single"}, {"--bucket-cap-mb", "'single'"});
   // Where they apply, they are accepted (aliases too).
@@ -165,7 +166,9 @@ TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
         {"--strategy", "oss", "--find-unused-parameters", "--bucket-cap-mb", "1"},
         {"--strategy", "zero1", "--bucket-cap-mb", "1"},
         {"--strategy", "sdp", "--find-unused-parameters=true"},
-        {"--strategy", "zero2", "--bucket-cap-mb", "2"}}) {
+        {"--strategy", "zero2", "--bucket-cap-mb", "2"},
+        {"--strategy", "fsdp", "--find-unused-parameters"},
+        {"--strategy", "zero3", "--find-unused-parameters=true"}}) {
     const ParseResult result = parse(ok);
     EXPECT_TRUE(result.config.has_value()) << ok[1] << ": " << result.message;
   }
@@ -232,6 +235,14 @@ TEST(CliTest, FsdpOptions) {
                {"unknown sharding strategy 'hybrid'", "full_shard, shard_grad_op, no_shard"});
   expect_error({"--strategy", "fsdp", "--reshard-after-forward", "yes"}, {"'yes'", "auto, true, false"});
   expect_error({"--strategy", "fsdp", "--wrap-policy", "layer"}, {"'layer'", "block, none"});
+  auto reduce = parse({"--strategy", "fsdp", "--precision", "bf16-mixed", "--reduce-dtype", "bf16"});
+  ASSERT_TRUE(reduce.config.has_value()) << reduce.message;
+  EXPECT_EQ(reduce.config->reduce_dtype, "bf16");
+  EXPECT_EQ(fsdp.config->reduce_dtype, "fp32");
+  expect_error({"--strategy", "fsdp", "--reduce-dtype", "fp16"}, {"'fp16'", "fp32, bf16"});
+  expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reduce-dtype", "bf16"},
+               {"--reduce-dtype bf16 needs sharded gradients", "not no_shard"});
+  expect_error({"--strategy", "ddp", "--reduce-dtype", "bf16"}, {"--reduce-dtype", "strategy 'ddp'", "fsdp (zero3) only"});
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reshard-after-forward", "true"},
                {"--reshard-after-forward true contradicts --sharding-strategy no_shard"});
   // FSDP's options given to another strategy would be ignored: bad input.

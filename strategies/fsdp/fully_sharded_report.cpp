@@ -1,0 +1,44 @@
+// FSDPStrategy's reporting: describe() (printed at start by strata-gpt) and
+// report() (merged into summary.json). Kept apart from the sharding logic.
+#include "strategies/fsdp/fully_sharded.h"
+
+#include <sstream>
+
+namespace strata {
+
+std::string FSDPStrategy::describe() const {
+  std::ostringstream out;
+  out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
+      << shard_world_ << " of " << world_size() << " rank(s), replicated " << replicate_comm_.size()
+      << "x, reshard_after_forward "
+      << reshard_after_forward_ << ", limit_all_gathers " << options_.limit_all_gathers()
+      << ", wrap policy " << to_string(options_.wrap_policy()) << ", find_unused_parameters "
+      << options_.find_unused_parameters() << ", all-gather dtype "
+      << (options_.param_dtype() ? c10::toString(*options_.param_dtype()) : "as the parameters")
+      << ", reduce dtype "
+      << (options_.reduce_dtype() ? c10::toString(*options_.reduce_dtype()) : "as the parameters") << "; "
+      << num_wrap_units_ << " wrap unit(s)"
+      << (root_ != nullptr ? " + root" : "");
+  int64_t shard_bytes = 0;  // this rank's shards, padding included
+  for (const auto& unit : units_) {
+    const auto& l = unit->layout();
+    out << "\n  unit " << unit->name() << ": " << l.unpadded_numel() << " parameter elements in "
+        << unit->params().size() << " tensor(s), padding " << l.padded_numel() - l.unpadded_numel()
+        << ", shard " << l.shard_numel() << " per rank";
+    shard_bytes += l.shard_numel() * static_cast<int64_t>(unit->shard().element_size());
+  }
+  // Between steps each rank holds its shards, their gradients, and (AdamW)
+  // two optimizer states per element; a unit's full parameters and gradient
+  // exist only while it runs.
+  const double mib = 1024.0 * 1024.0;
+  out << "\n  per-rank model state with AdamW: params " << shard_bytes / mib << " MiB, grads "
+      << shard_bytes / mib << " MiB, optimizer " << 2 * shard_bytes / mib << " MiB (total "
+      << 4 * shard_bytes / mib << " MiB)";
+  return out.str();
+}
+
+std::map<std::string, double> FSDPStrategy::report() const {
+  return {{"max_units_gathered", static_cast<double>(max_units_gathered_)}};
+}
+
+}  // namespace strata
