@@ -33,9 +33,10 @@ struct Run {
   std::shared_ptr<StepRecorder> rank0;
 };
 
-Run run_bf16_mixed(FSDPOptions options, int64_t steps) {
+Run run_bf16_mixed(FSDPOptions options, int64_t steps, int world = 2) {
   auto recorder = std::make_shared<StepRecorder>();
   FsdpRun run;
+  run.world = world;
   run.options = options;
   run.callbacks = [&](int rank) {
     std::vector<std::shared_ptr<strata::Callback>> out;
@@ -87,6 +88,28 @@ TEST(FsdpMixedPrecisionTest, Bf16ReduceDtypeHalvesReduceScatterBytesAndStillTrai
             << " " << losses.back() << "\n";
   EXPECT_LT(losses.back(), losses.front());
   // Close to the fp32 reduction (bf16 sums of two ranks' gradients).
+  EXPECT_LE(max_param_diff(fp32.ranks[0].params, bf16.ranks[0].params), 5e-3);
+}
+
+TEST(FsdpMixedPrecisionTest, HybridShardReducesInBf16InsideTheNodeAndInFp32AcrossNodes) {
+  // World 4 as 2 nodes of 2: the reduce-scatter inside the node runs in bf16
+  // (half the bytes), the replicate all-reduce on the upcast fp32 shard
+  // gradient (Gloo cannot sum bf16); training matches the fp32 reduction.
+  const int64_t steps = 6;
+  const auto hybrid = FSDPOptions()
+                          .sharding_strategy(strata::ShardingStrategy::kHybridShard)
+                          .node_size(2)
+                          .param_dtype(torch::kBFloat16);
+  auto bf16_options = hybrid;
+  bf16_options.reduce_dtype(torch::kBFloat16);
+  const auto fp32 = run_bf16_mixed(hybrid, steps, 4);
+  const auto bf16 = run_bf16_mixed(bf16_options, steps, 4);
+  const int64_t rs32 = fp32.rank0->sent(CollectiveKind::kReduceScatter);
+  const int64_t rs16 = bf16.rank0->sent(CollectiveKind::kReduceScatter);
+  ASSERT_GT(rs32, 0);
+  EXPECT_EQ(2 * rs16, rs32);
+  EXPECT_EQ(bf16.rank0->sent(CollectiveKind::kAllReduce), fp32.rank0->sent(CollectiveKind::kAllReduce));
+  EXPECT_LT(bf16.rank0->losses.back(), bf16.rank0->losses.front());
   EXPECT_LE(max_param_diff(fp32.ranks[0].params, bf16.ranks[0].params), 5e-3);
 }
 
