@@ -39,6 +39,9 @@ void check_output_dir(const std::string& dir) {
   for (auto it = missing.rbegin(); it != missing.rend() && failure.empty(); ++it) {
     if (::mkdir(it->c_str(), 0777) == 0) {
       created.push_back(*it);
+    } else if (errno == EEXIST && fs::is_directory(*it, ec)) {
+      // Another process created it meanwhile (e.g. a second launcher on a
+      // shared filesystem): usable, and not ours to remove.
     } else {
       failure = "cannot create '" + it->string() + "': " + std::strerror(errno);
     }
@@ -55,7 +58,10 @@ void check_output_dir(const std::string& dir) {
       ::unlink(probe.c_str());
     }
   }
-  undo();
+  // On success the directories stay: the run writes into them next. Removing
+  // them would race with another launcher checking the same path (--nnodes on
+  // one machine or a shared filesystem), whose mkdir may be inside one of them.
+  if (!failure.empty()) undo();
   TORCH_CHECK_VALUE(failure.empty(), "cannot use --output-dir '", dir, "': ", failure);
 }
 

@@ -8,9 +8,11 @@ namespace strata::recipes {
 /// Throws c10::ValueError, one line naming `dir` and the reason, unless `dir`
 /// is an existing directory this process can create files in, or can be
 /// created (with its missing parents). Checks by doing: it creates the missing
-/// directories and a probe file, then removes exactly what it created, so it
-/// leaves nothing behind either way and believes the filesystem, not mode bits
-/// (root passes every permission check, /proc refuses anyway).
+/// directories and a probe file (removed), so it believes the filesystem, not
+/// mode bits (root passes every permission check, /proc refuses anyway). On
+/// success the directories stay (the run writes there next); on failure it
+/// removes exactly the directories it created, leaving nothing behind. Safe
+/// when several processes check the same path at once.
 void check_output_dir(const std::string& dir);
 
 }  // namespace strata::recipes

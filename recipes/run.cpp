@@ -210,9 +210,10 @@ int run_gpt(int argc, char** argv) {
                              env ? env->world_size : config.nproc * config.nnodes);
     }
     // Last in phase 1, and only where rank 0's outputs will be written (the
-    // launcher, or rank 0 itself): an output directory that cannot be created
-    // is bad input, reported before any rank starts.
-    if (!env || env->rank == 0) check_output_dir(config.output_dir);
+    // launcher of node 0, or rank 0 itself): an output directory that cannot
+    // be created is bad input, reported before any rank starts. Other nodes'
+    // launchers write nothing there.
+    if (env ? env->rank == 0 : config.node_rank == 0) check_output_dir(config.output_dir);
   } catch (const c10::Error& e) {
     // A rank that finds its input bad tells its launcher why (else the
     // launcher could only report "no error message").

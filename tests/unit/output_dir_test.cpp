@@ -11,6 +11,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 namespace fs = std::filesystem;
@@ -34,15 +37,33 @@ class OutputDirTest : public ::testing::Test {
   fs::path root_;
 };
 
-TEST_F(OutputDirTest, CreatableOrWritableDirectoryPassesAndNothingIsLeft) {
+TEST_F(OutputDirTest, CreatableOrWritableDirectoryPassesAndLeavesOnlyTheDirectory) {
   EXPECT_NO_THROW(check_output_dir((root_ / "a/b/c").string()));
   EXPECT_NO_THROW(check_output_dir((root_ / "a/b/c/").string()));
-  EXPECT_EQ(entries(), 0u) << "the check must remove the directories it created";
+  EXPECT_TRUE(fs::is_directory(root_ / "a/b/c"));
+  EXPECT_EQ(entries(), 3u) << "the directories stay for the run; no probe file is left";
+  fs::remove_all(root_ / "a");
   fs::create_directories(root_ / "existing");
   { std::ofstream(root_ / "existing/keep.txt") << "x"; }
   EXPECT_NO_THROW(check_output_dir((root_ / "existing").string()));
   EXPECT_EQ(entries(), 2u) << "an existing directory keeps exactly what it had";
   EXPECT_TRUE(fs::exists(root_ / "existing/keep.txt"));
+}
+
+TEST_F(OutputDirTest, ConcurrentChecksOfOneNewPathAllPass) {
+  // Two launchers on a shared filesystem (e.g. --nnodes on one machine)
+  // may check the same new directory at once: a mkdir that loses the race
+  // finds it existing, which is fine, not "cannot create".
+  for (int round = 0; round < 20; ++round) {
+    const std::string dir = (root_ / ("run" + std::to_string(round)) / "out").string();
+    std::vector<std::string> errors(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] { errors[t] = what_of([&] { check_output_dir(dir); }); });
+    }
+    for (auto& thread : threads) thread.join();
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(errors[t], "<no exception>") << "round " << round << " thread " << t;
+  }
 }
 
 TEST_F(OutputDirTest, UncreatablePathNamesThePathAndWhy) {
