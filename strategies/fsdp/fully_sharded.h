@@ -94,9 +94,6 @@ class FSDPStrategy : public Strategy {
   /// The most wrap units (the root not counted: it is gathered all step)
   /// that held full parameters at the same time during training so far.
   int max_units_gathered() const { return max_units_gathered_; }
-  /// The flat parameters: wrap units in forward order, then the root (if it
-  /// has parameters).
-  const std::vector<std::unique_ptr<FlatParam>>& flat_params() const { return units_; }
   const FlatParam* root() const { return root_; }
 
   /// RAII from summon_full_params(): reshards every unit when destroyed.

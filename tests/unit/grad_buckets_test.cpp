@@ -107,17 +107,19 @@ TEST(GradReadinessTest, AnUnreadyBucketHoldsBackTheLaterOnes) {
   EXPECT_EQ(launched, (std::vector<size_t>{0, 1, 2, 3, 4}));
 }
 
-TEST(DDPStrategyTest, BucketCapZeroIsOneAllReducePerGradient) {
-  class Net : public strata::TrainingModule {
-   public:
-    torch::nn::Module& module() override { return *chain_.net; }
-    torch::Tensor training_step(const strata::Batch&) override { return chain_.loss(); }
-    strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
+/// Chain as a TrainingModule, for strategies' setup().
+class ChainModule : public strata::TrainingModule {
+ public:
+  torch::nn::Module& module() override { return *chain_.net; }
+  torch::Tensor training_step(const strata::Batch&) override { return chain_.loss(); }
+  strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
 
-   private:
-    Chain chain_;
-  };
-  Net net;
+ private:
+  Chain chain_;
+};
+
+TEST(DDPStrategyTest, BucketCapZeroIsOneAllReducePerGradient) {
+  ChainModule net;
   strata::DDPStrategy ddp(strata::Comm(), strata::DDPOptions().bucket_cap_mb(0));
   ddp.setup(net);
   const auto text = ddp.describe();
@@ -170,16 +172,7 @@ TEST(GradReadinessTest, ConcurrentMarkReadyLaunchesEveryBucketOnceInOrder) {
 }
 
 TEST(DDPStrategyTest, SecondSetupRebuildsTheBucketsInsteadOfAppending) {
-  class Net : public strata::TrainingModule {
-   public:
-    torch::nn::Module& module() override { return *chain_.net; }
-    torch::Tensor training_step(const strata::Batch&) override { return chain_.loss(); }
-    strata::ValidationStep validation_step(const strata::Batch&) override { return {}; }
-
-   private:
-    Chain chain_;
-  };
-  Net first, second;
+  ChainModule first, second;
   strata::DDPStrategy ddp(strata::Comm(), strata::DDPOptions().bucket_cap_mb(0));
   ddp.setup(first);
   ddp.setup(first);
