@@ -74,6 +74,8 @@ std::vector<StrategyOption> strategy_options() {
       {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"offload", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"offload-dir", {"fsdp", "zero3"}, "fsdp (zero3) only"},
   };
 }
 
@@ -134,6 +136,12 @@ std::vector<Field> fields() {
       {"reduce-dtype", 2, &C::reduce_dtype,
        "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
        "with --precision bf16-mixed units are all-gathered in bf16"},
+      {"offload", 2, &C::offload,
+       "fsdp: where sharded params, grads and optimizer state live between uses, the optimizer "
+       "step streaming them: none, cpu (pinned host memory; CUDA devices only), disk (an unnamed "
+       "file in --offload-dir, gone when the run ends)"},
+      {"offload-dir", 2, &C::offload_dir,
+       "fsdp --offload disk: an existing directory for the offload file (default: --output-dir)"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
@@ -289,6 +297,18 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty() && c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
     error = "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, "
             "shard_grad_op or hybrid_shard), not no_shard";
+  }
+  if (error.empty()) error = choice("offload", c.offload, {"none", "cpu", "disk"});
+  if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
+    error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
+  }
+  if (error.empty() && c.offload != "none" && c.sharding_strategy == "no_shard") {
+    error = "--offload " + c.offload + " needs sharded parameters; --sharding-strategy no_shard keeps every "
+            "parameter whole on every rank (use full_shard, shard_grad_op or hybrid_shard)";
+  }
+  if (error.empty() && c.offload != "none" && (c.checkpoint_every > 0 || !c.resume.empty())) {
+    error = "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
+            "checkpoints of offloaded state are not supported";
   }
   if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
       c.sharding_strategy != "hybrid_shard") {

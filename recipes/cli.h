@@ -40,6 +40,8 @@ struct RunConfig {
   bool limit_all_gathers = true;                 ///< fsdp: at most 2 units gathered at once
   std::string wrap_policy = "block";             ///< fsdp: block (each block a unit) or none
   std::string reduce_dtype = "fp32";             ///< fsdp: gradient reduce-scatter dtype, fp32 or bf16
+  std::string offload = "none";                  ///< fsdp: none, cpu (pinned host; CUDA only), disk
+  std::string offload_dir;                       ///< fsdp --offload disk: the file's directory ("": --output-dir)
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
   // optimisation
   int64_t max_steps = 2500;

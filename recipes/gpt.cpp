@@ -43,6 +43,17 @@ void validate(const GPTOptions& o) {
                     o.dropout(), ")");
 }
 
+int64_t count_parameters(const GPTOptions& o) {
+  const int64_t c = o.n_embd();
+  const int64_t b = o.bias() ? 1 : 0;
+  // Per block: two LayerNorms (weight + bias each), c_attn, attn.c_proj, c_fc, c_proj.
+  const int64_t block = 2 * 2 * c + (3 * c * c + b * 3 * c) + (c * c + b * c) + (4 * c * c + b * 4 * c) +
+                        (4 * c * c + b * c);
+  const int64_t embeddings = o.vocab_size() * c + o.block_size() * c;
+  const int64_t head = o.tie_weights() ? 0 : o.vocab_size() * c;
+  return embeddings + o.n_layer() * block + 2 * c + head;
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(o.n_head()) {
   c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));

@@ -41,6 +41,10 @@ std::vector<std::string> gpt_preset_names();
 /// non-positive sizes.
 void validate(const GPTOptions& options);
 
+/// The parameters a GPT with these options has, counted from the options
+/// (before building it): for planning memory and disk space.
+int64_t count_parameters(const GPTOptions& options);
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTOptions& options);

@@ -17,6 +17,8 @@
 #include "recipes/output_dir.h"
 #include "strategies/activation_checkpoint.h"
 #include "strategies/fsdp/hybrid.h"
+#include "strategies/fsdp/options.h"
+#include "strategies/offload_tier.h"
 #include "strategies/process_group.h"
 #include "strategies/registry.h"
 
@@ -119,6 +121,36 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   return j;
 }
 
+/// --offload-dir, or the output directory when it is not given.
+std::string offload_dir_of(const RunConfig& config) {
+  return config.offload_dir.empty() ? config.output_dir : config.offload_dir;
+}
+
+/// Exit-2 errors for a disk-offload directory that is missing, not writable,
+/// or too small for the offloaded state of `local_ranks` ranks each holding
+/// 1/shard_group of the model (fp32 shard, its gradient, AdamW's two moments;
+/// at most one element of padding per rank and unit). When the directory is
+/// the output directory, which may not exist yet, the space is checked where
+/// it will be created (check_output_dir checks that it can be).
+void check_offload_dir(const RunConfig& config, const GPTOptions& model, int shard_group, int local_ranks) {
+  fs::path dir = offload_dir_of(config);
+  if (config.offload_dir.empty()) {
+    std::error_code ec;
+    dir = fs::absolute(dir, ec);
+    while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  } else {
+    const auto problem = disk_tier_problem(dir.string());
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+  }
+  const int64_t units = model.n_layer() + 1;
+  const int64_t per_rank = 4 * 4 * ((count_parameters(model) + shard_group - 1) / shard_group + units);
+  const int64_t needed = per_rank * local_ranks;
+  const int64_t free = free_bytes_at(dir.string());
+  TORCH_CHECK_VALUE(free >= needed, "cannot use --offload-dir '", offload_dir_of(config), "': it has ",
+                    format_bytes(free), " free, but the offloaded state of ", local_ranks, " rank(s) needs ",
+                    format_bytes(needed));
+}
+
 void dump_params(const std::string& path, torch::nn::Module& module) {
   torch::serialize::OutputArchive archive;
   for (const auto& item : module.named_parameters()) archive.write(item.key(), item.value());
@@ -209,6 +241,24 @@ int run_gpt(int argc, char** argv) {
       check_hybrid_node_size(env ? env->local_world_size : config.nproc,
                              env ? env->world_size : config.nproc * config.nnodes);
     }
+    if (registry.contains(config.strategy) && registry.resolve(config.strategy) == "fsdp" &&
+        config.offload != "none") {
+      const int local_ranks = env ? env->local_world_size : config.nproc;
+      const int world = env ? env->world_size : config.nproc * config.nnodes;
+      const bool hybrid = config.sharding_strategy == "hybrid_shard";
+      const auto device = resolve_device(config.device, env ? env->local_rank : 0);
+      const auto options = FSDPOptions()
+                               .offload(parse_offload(config.offload))
+                               .offload_dir(offload_dir_of(config))
+                               .sharding_strategy(parse_sharding_strategy(config.sharding_strategy));
+      check_offload_options(options, device, hybrid ? local_ranks : world);
+      // Once per machine (its launcher, or its local rank 0, which the other
+      // ranks cannot overtake: setup's collectives wait for it): the
+      // directory must take the offload files of this machine's ranks.
+      if (config.offload == "disk" && (!env || env->local_rank == 0)) {
+        check_offload_dir(config, *model_options, hybrid ? local_ranks : world, local_ranks);
+      }
+    }
     // Last in phase 1, and only where rank 0's outputs will be written (the
     // launcher of node 0, or rank 0 itself): an output directory that cannot
     // be created is bad input, reported before any rank starts. Other nodes'
@@ -290,6 +340,8 @@ int run_gpt(int argc, char** argv) {
     // fsdp: bf16-mixed gathers units in bf16 (fp32 master shards stay).
     strategy_config.param_dtype = parse_precision(config.precision) == Precision::kBf16Mixed ? "bf16" : "fp32";
     strategy_config.reduce_dtype = config.reduce_dtype;
+    strategy_config.offload = config.offload;
+    strategy_config.offload_dir = offload_dir_of(config);
     std::shared_ptr<Strategy> strategy = registry.create(config.strategy, comm, strategy_config);
 
     auto throughput = std::make_shared<Throughput>();

@@ -117,7 +117,9 @@ void register_builtin_strategies(StrategyRegistry& registry) {
           return torch::kBFloat16;
         };
         options.param_dtype(dtype("param_dtype", c.param_dtype))
-            .reduce_dtype(dtype("reduce_dtype", c.reduce_dtype));
+            .reduce_dtype(dtype("reduce_dtype", c.reduce_dtype))
+            .offload(parse_offload(c.offload))
+            .offload_dir(c.offload_dir);
         if (c.reshard_after_forward != "auto") options.reshard_after_forward(c.reshard_after_forward == "true");
         return std::make_unique<FSDPStrategy>(comm, options);
       },

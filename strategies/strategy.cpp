@@ -62,8 +62,7 @@ double Strategy::clip_grad_norm(double max_norm) {
   // One norm per tensor (no copy of the gradients), squared and summed in
   // float64 so the sharded and single-process totals agree far better than
   // the parity tolerance; torch's clip_grad_norm_ also combines per-tensor norms.
-  std::vector<torch::Tensor> norms;
-  for (const auto& g : local_grads_for_norm()) norms.push_back(g.detach().norm());
+  const std::vector<torch::Tensor> norms = local_grad_norms();
   auto sq = norms.empty() ? torch::zeros({1}, torch::TensorOptions(torch::kFloat64).device(device()))
                           : torch::stack(norms).to(torch::kFloat64).pow(2).sum().reshape({1});
   if (grads_sharded()) {
@@ -75,11 +74,19 @@ double Strategy::clip_grad_norm(double max_norm) {
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_'s formula, so single-process parity holds.
     const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      for (auto& g : grads_to_clip()) g.mul_(coef);
-    }
+    if (coef < 1.0) scale_grads(coef);
   }
   return norm;
+}
+
+std::vector<torch::Tensor> Strategy::local_grad_norms() const {
+  std::vector<torch::Tensor> norms;
+  for (const auto& g : local_grads_for_norm()) norms.push_back(g.detach().norm());
+  return norms;
+}
+
+void Strategy::scale_grads(double coef) {
+  for (auto& g : grads_to_clip()) g.mul_(coef);
 }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }

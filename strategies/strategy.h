@@ -146,6 +146,13 @@ class Strategy {
   /// Gradients the clip coefficient must scale on this rank.
   virtual std::vector<torch::Tensor> grads_to_clip() const;
   virtual bool grads_sharded() const { return false; }
+  /// 2-norms (0-dim tensors) of this rank's contributions: the base takes
+  /// them from local_grads_for_norm(); FSDP from its shard gradients, which
+  /// may be offloaded (their norms were taken when they were written).
+  virtual std::vector<torch::Tensor> local_grad_norms() const;
+  /// Multiplies this rank's gradients by `coef` (clipping): the base scales
+  /// grads_to_clip() in place; offloaded FSDP gradients when next read.
+  virtual void scale_grads(double coef);
 
   TrainingModule& module() const;
   /// Trainable parameters in registration order (fixed at setup()).

@@ -2,6 +2,8 @@
 
 #include <c10/core/StorageImpl.h>
 
+#include <cstring>
+
 namespace strata {
 
 namespace {
@@ -39,6 +41,7 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   TORCH_CHECK(shard_rank >= 0 && shard_rank < shard_world, "FlatParam ", name_, ": shard rank ",
               shard_rank, " outside the shard group of ", shard_world);
   torch::NoGradGuard no_grad;
+  dtype_ = params_.front().scalar_type();
   const auto options = params_.front().options().requires_grad(false);
   full_ = torch::zeros({layout_.padded_numel()}, options);
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -91,16 +94,18 @@ void FlatParam::point_params_at_full() {
 void FlatParam::start_gather(Comm& comm, bool exact) {
   if (!sharded() || state_ != State::kSharded) return;
   allocate_storage(full_, full_nbytes_);
+  const torch::Tensor shard = load_shard();
   // Async: the caller may run other work (a unit's forward or backward) while
   // this unit's shards arrive; finish_gather() waits before anyone reads them.
-  if (!exact && gather_dtype_ && *gather_dtype_ != shard_.scalar_type()) {
+  // The buffers sent are kept as members: the collective reads them until done.
+  if (!exact && gather_dtype_ && *gather_dtype_ != dtype_) {
     torch::NoGradGuard no_grad;
-    // Kept as members: the collective reads / writes them until it is done.
-    wire_in_ = shard_.to(*gather_dtype_);
+    wire_in_ = shard.to(*gather_dtype_);
     wire_out_ = torch::empty({layout_.padded_numel()}, wire_in_.options());
     gather_work_ = comm.all_gather_into_async(wire_out_, wire_in_);
   } else {
-    gather_work_ = comm.all_gather_into_async(full_, shard_);
+    sending_ = shard;
+    gather_work_ = comm.all_gather_into_async(full_, sending_);
   }
   state_ = State::kGathering;
 }
@@ -116,6 +121,7 @@ void FlatParam::finish_gather(Comm& comm, bool exact) {
     wire_in_ = torch::Tensor();
     wire_out_ = torch::Tensor();
   }
+  sending_ = torch::Tensor();
   point_params_at_full();
   state_ = State::kGathered;
 }
@@ -124,7 +130,12 @@ void FlatParam::write_back() {
   if (!sharded()) return;  // the parameters are views of the shard itself
   TORCH_CHECK(gathered(), "FlatParam ", name_, ": write_back() needs the parameters gathered");
   torch::NoGradGuard no_grad;
-  shard_.copy_(full_.narrow(0, layout_.shard_begin(shard_rank_), layout_.shard_numel()));
+  const auto mine = full_.narrow(0, layout_.shard_begin(shard_rank_), layout_.shard_numel());
+  if (offloaded()) {
+    tier_->write(shard_region_, 0, mine.to(torch::kCPU));  // a contiguous range of the full buffer
+  } else {
+    shard_.copy_(mine);
+  }
 }
 
 void FlatParam::reshard() {
@@ -134,6 +145,7 @@ void FlatParam::reshard() {
   if (state_ == State::kGathering) gather_work_.wait();
   wire_in_ = torch::Tensor();
   wire_out_ = torch::Tensor();
+  sending_ = torch::Tensor();
   for (size_t k = 0; k < params_.size(); ++k) params_[k].set_data(empty_[k]);
   free_storage(full_);
   state_ = State::kSharded;
@@ -152,6 +164,91 @@ void FlatParam::release_full_grad() {
   if (!sharded()) return;
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   full_grad_ = torch::Tensor();
+}
+
+torch::Tensor FlatParam::load_shard() const {
+  if (!offloaded()) return shard_;
+  // The tier holds host bytes; a CUDA unit copies them over after the read.
+  auto shard = torch::empty({layout_.shard_numel()}, full_.options().device(torch::kCPU));
+  tier_->read(shard_region_, 0, shard);
+  return shard.to(full_.device());
+}
+
+void FlatParam::accumulate_shard_grad(const torch::Tensor& grad) {
+  TORCH_CHECK(grad.numel() == layout_.shard_numel() && grad.scalar_type() == dtype_, "FlatParam ", name_,
+              ": a shard gradient has ", layout_.shard_numel(), " elements of ", dtype_, ", got ",
+              grad.numel(), " of ", grad.scalar_type());
+  torch::NoGradGuard no_grad;
+  if (!offloaded()) {
+    shard_grad_.add_(grad);
+    return;
+  }
+  // Read-modify-write through the tier; the first gradient of a step is
+  // written as is (the tier's copy counts as zeros after zero_shard_grad()).
+  const torch::Tensor host = grad.to(torch::kCPU).contiguous();
+  torch::Tensor sum = host;
+  if (!grad_zero_) {
+    sum = torch::empty_like(host);
+    read_shard_grad(0, sum);
+    if (grad_scale_ != 1.0) sum.mul_(grad_scale_);  // a clip not yet applied (clip runs after the last backward)
+    sum.add_(host);
+  }
+  tier_->write(grad_region_, 0, sum);
+  grad_zero_ = false;
+  grad_scale_ = 1.0;
+  grad_norm_ = sum.norm();  // as clip_grad_norm would take it from a resident shard gradient
+}
+
+torch::Tensor FlatParam::shard_grad_norm() const {
+  if (!offloaded()) return shard_grad_.norm();
+  if (grad_zero_) return torch::zeros({}, full_.options());
+  return (grad_norm_ * grad_scale_).to(full_.device());
+}
+
+void FlatParam::scale_shard_grad(double coef) {
+  torch::NoGradGuard no_grad;
+  if (offloaded()) {
+    grad_scale_ *= coef;
+  } else {
+    shard_grad_.mul_(coef);
+  }
+}
+
+void FlatParam::zero_shard_grad() {
+  if (offloaded()) {
+    grad_zero_ = true;
+    grad_scale_ = 1.0;
+    grad_norm_ = torch::Tensor();
+  } else {
+    shard_grad_.zero_();
+  }
+}
+
+void FlatParam::read_shard_grad(int64_t offset, const torch::Tensor& dst) const {
+  TORCH_CHECK(offloaded(), "FlatParam ", name_, ": read_shard_grad() is for offloaded shards");
+  if (grad_zero_) {
+    TORCH_CHECK(dst.is_contiguous() && dst.device().is_cpu(), "read_shard_grad needs a contiguous CPU tensor");
+    std::memset(dst.data_ptr(), 0, dst.nbytes());
+    return;
+  }
+  tier_->read(grad_region_, offset * static_cast<int64_t>(c10::elementSize(dtype_)), dst);
+}
+
+void FlatParam::offload(OffloadTier& tier) {
+  TORCH_CHECK(sharded(), "FlatParam ", name_, ": offload needs a sharded unit (a shard group of ", layout_.world_size(),
+              " holds the whole unit)");
+  TORCH_CHECK(!holds_full() && !offloaded() && !full_grad_.defined(), "FlatParam ", name_,
+              ": offload() needs the unit resharded, without gradients, and not yet offloaded");
+  const int64_t nbytes = layout_.shard_numel() * static_cast<int64_t>(c10::elementSize(dtype_));
+  shard_region_ = tier.allocate(nbytes);
+  grad_region_ = tier.allocate(nbytes);
+  tier.write(shard_region_, 0, shard_.to(torch::kCPU));
+  tier_ = &tier;
+  grad_zero_ = true;
+  // From here on the shard lives in the tier only.
+  pieces_.clear();
+  shard_ = torch::Tensor();
+  shard_grad_ = torch::Tensor();
 }
 
 int64_t FlatParam::param_bytes() const {

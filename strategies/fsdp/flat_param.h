@@ -25,8 +25,15 @@
 // With a shard group of one (no_shard, or a world of one) the shard IS the
 // full flat parameter: the parameters are permanently views of it and their
 // gradients permanently views of shard_grad(); gather and reshard do nothing.
+//
+// Offloaded (offload(), FSDP's --offload): the shard and its gradient live in
+// an OffloadTier between uses instead of in memory. A gather reads the shard
+// from the tier just before sending it; reduced gradients are added into the
+// tier's copy; the optimizer (fsdp/offload.h) streams both through its
+// staging buffers. shard(), shard_grad() and pieces() are then empty.
 #include "strategies/comm.h"
 #include "strategies/flat_shard.h"
+#include "strategies/offload_tier.h"
 
 #include <torch/torch.h>
 
@@ -53,7 +60,10 @@ class FlatParam {
   bool sharded() const { return layout_.world_size() > 1; }
   int64_t numel() const { return layout_.unpadded_numel(); }
 
-  /// This rank's shard [shard_numel] and its gradient (the reduced mean).
+  /// The parameters' dtype (the shard's, the gradients').
+  torch::ScalarType dtype() const { return dtype_; }
+  /// This rank's shard [shard_numel] and its gradient (the reduced mean);
+  /// undefined when offloaded.
   const torch::Tensor& shard() const { return shard_; }
   const torch::Tensor& shard_grad() const { return shard_grad_; }
   /// The optimizer's views: one 1-D piece of shard() per parameter part in
@@ -98,9 +108,33 @@ class FlatParam {
   /// Drops the full gradient buffer and the parameters' grads (sharded only;
   /// in a group of one the full gradient is the shard gradient and stays).
   void release_full_grad();
+  /// Adds a reduced gradient (this rank's part, [shard_numel]) to the shard
+  /// gradient: gradients accumulate over synchronised backwards.
+  void accumulate_shard_grad(const torch::Tensor& grad);
+  /// The shard gradient's 2-norm (0-dim, its dtype), for clipping.
+  torch::Tensor shard_grad_norm() const;
+  /// Multiplies the shard gradient by `coef` (offloaded: when next read).
+  void scale_shard_grad(double coef);
+  void zero_shard_grad();
   /// Bytes of parameter / gradient memory this rank holds for the unit now.
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
+
+  // ---- offload ----
+  /// Moves the shard and its gradient into `tier` (which must outlive this
+  /// FlatParam) and frees them here. Needs a sharded unit, resharded.
+  void offload(OffloadTier& tier);
+  bool offloaded() const { return tier_ != nullptr; }
+  OffloadTier* tier() const { return tier_; }
+  const OffloadTier::Region& shard_region() const { return shard_region_; }
+  int shard_rank() const { return shard_rank_; }
+  /// Reads shard-gradient elements [offset, offset + dst.numel()) into `dst`
+  /// (zeros after zero_shard_grad()), WITHOUT the pending clip scale: apply
+  /// pending_grad_scale() to it. Offloaded only. Plain I/O, no tensor ops:
+  /// the optimizer's I/O thread calls it while the main thread computes.
+  void read_shard_grad(int64_t offset, const torch::Tensor& dst) const;
+  /// The clip coefficient read_shard_grad() has not applied (1: none).
+  double pending_grad_scale() const { return grad_scale_; }
 
  private:
   enum class State { kSharded, kGathering, kGathered };
@@ -108,7 +142,11 @@ class FlatParam {
   /// Parameter k's view (its shape) of a padded flat buffer.
   torch::Tensor full_view(const torch::Tensor& flat, size_t k) const;
 
+  /// The shard's values: shard_, or a fresh copy read from the tier.
+  torch::Tensor load_shard() const;
+
   std::string name_;
+  torch::ScalarType dtype_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;
@@ -126,6 +164,13 @@ class FlatParam {
   PendingWork gather_work_;
   c10::optional<torch::ScalarType> gather_dtype_;
   torch::Tensor wire_in_, wire_out_;  // a low-precision gather's send / receive buffers
+  torch::Tensor sending_;             // an offloaded shard read for a gather in flight
+  // Offloaded state (offload()).
+  OffloadTier* tier_ = nullptr;
+  OffloadTier::Region shard_region_, grad_region_;
+  bool grad_zero_ = true;             // the tier's gradient is all zeros (not yet written)
+  torch::Tensor grad_norm_;           // norm of the tier's gradient as last written
+  double grad_scale_ = 1.0;           // clip coefficient not yet applied to the tier's gradient
 };
 
 }  // namespace strata

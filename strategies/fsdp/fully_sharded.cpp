@@ -5,6 +5,7 @@
 #include "strategies/fsdp/pre_backward.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace strata {
 
@@ -16,6 +17,9 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
   // hybrid_shard's node size is checked now, before any collective.
   if (options_.sharding_strategy() == ShardingStrategy::kHybridShard)
     check_hybrid_node_size(options_.node_size(), world_size());
+  check_offload_options(options_, device(),
+                        options_.sharding_strategy() == ShardingStrategy::kHybridShard ? options_.node_size()
+                                                                                       : world_size());
 }
 
 void FSDPStrategy::setup(TrainingModule& module) {
@@ -79,6 +83,10 @@ void FSDPStrategy::setup(TrainingModule& module) {
                      [this](size_t b) { post_backward(b); }, [] { return true; });
   for (auto& unit : units_) unit->set_gather_dtype(options_.param_dtype());
   for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
+  if (options_.offload() != OffloadKind::kNone) {
+    tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
+    for (auto& unit : units_) unit->offload(*tier_);  // and from here on, not even those in memory
+  }
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
   });
@@ -86,6 +94,16 @@ void FSDPStrategy::setup(TrainingModule& module) {
 
 std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
     std::vector<torch::optim::OptimizerParamGroup> groups, const OptimizerFactory& factory) {
+  if (tier_ != nullptr) {
+    // The state lives in the tier: the step is streamed from there (offload.h),
+    // per parameter piece, with the groups' options.
+    std::vector<FlatParam*> units;
+    for (auto& unit : units_) units.push_back(unit.get());
+    auto optimizer = std::make_unique<OffloadedOptimizer>(std::move(groups), std::move(units), *tier_,
+                                                          options_.offload_chunk_numel());
+    offloaded_optimizer_ = optimizer.get();
+    return optimizer;
+  }
   // Each parameter's pieces (1-D views of this rank's shards) go to the group
   // the parameter was in, so per-parameter choices such as weight decay
   // survive flattening. Exact for element-wise optimizers (SGD, Adam(W), ...).
@@ -219,11 +237,11 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
   r.unit = &unit;
   // reduce_dtype (mixed precision): the gradient is cast for the wire (bf16:
   // half the bytes) and the sum upcast into the fp32 shard gradient.
-  const auto dtype = options_.reduce_dtype().value_or(unit.shard_grad().scalar_type());
+  const auto dtype = options_.reduce_dtype().value_or(unit.dtype());
   torch::NoGradGuard no_grad;
   if (unit.sharded()) {
     r.input = unit.full_grad().to(dtype);  // no copy when the dtype is the same
-    r.output = torch::empty(unit.shard_grad().sizes(), r.input.options());
+    r.output = torch::empty({unit.layout().shard_numel()}, r.input.options());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
     r.work = shard_comm_.reduce_scatter_async(r.output, r.input);
@@ -242,7 +260,7 @@ void FSDPStrategy::finish_oldest_reduction() {
   r.work.wait();
   torch::NoGradGuard no_grad;
   // Upcast first (no copy when the reduction ran in the shard's dtype).
-  auto sum = r.output.to(r.unit->shard_grad().scalar_type());
+  auto sum = r.output.to(r.unit->dtype());
   if (r.unit->sharded() && replicate_comm_.size() > 1) {
     // hybrid_shard: the node's sum of this shard, summed again over the ranks
     // holding the same shard on the other nodes, in the shard gradient's dtype
@@ -253,8 +271,9 @@ void FSDPStrategy::finish_oldest_reduction() {
   // Divided after the upcast: a bf16 sum divided in fp32 loses no more.
   auto mean = sum.div_(world_size());
   if (r.unit->sharded()) {
-    // Added, not copied: gradients accumulate over synchronised backwards.
-    r.unit->shard_grad().add_(mean);
+    // Added, not copied: gradients accumulate over synchronised backwards
+    // (offloaded: into the tier's copy).
+    r.unit->accumulate_shard_grad(mean);
   } else if (!mean.is_same(r.unit->shard_grad())) {
     r.unit->shard_grad().copy_(mean);  // reduced in a cast copy
   }
@@ -297,6 +316,17 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
   reshard_all();
+  if (offloaded_optimizer_ != nullptr) {
+    TORCH_CHECK(&optimizer == offloaded_optimizer_, name(), ": with offload, step the optimizer setup_optimizer() made");
+    std::unordered_set<const void*> skipped;
+    for (size_t k : grad_sync_.unused_everywhere()) {
+      const auto& [index, param] = hooked_param_[k];
+      skipped.insert(units_[index]->params()[param].unsafeGetTensorImpl());
+    }
+    offloaded_optimizer_->set_skipped(std::move(skipped));
+    optimizer.step();
+    return;
+  }
   HiddenGrads hide(pieces_unused_everywhere());
   optimizer.step();
 }
@@ -304,22 +334,22 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
 void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
   for (auto& unit : units_) {
     unit->release_full_grad();
-    unit->shard_grad().zero_();
+    unit->zero_shard_grad();
   }
 }
 
-std::vector<torch::Tensor> FSDPStrategy::local_grads_for_norm() const {
+std::vector<torch::Tensor> FSDPStrategy::local_grad_norms() const {
   // hybrid_shard: the other nodes hold copies of node 0's shards; only node 0
   // contributes, so the world's sum counts each element once.
   if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
-  return grads_to_clip();
+  // Shard gradients, padding included: padding gradients are zero.
+  std::vector<torch::Tensor> norms;
+  for (const auto& unit : units_) norms.push_back(unit->shard_grad_norm());
+  return norms;
 }
 
-std::vector<torch::Tensor> FSDPStrategy::grads_to_clip() const {
-  // Shard gradients, padding included: padding gradients are zero.
-  std::vector<torch::Tensor> grads;
-  for (const auto& unit : units_) grads.push_back(unit->shard_grad());
-  return grads;
+void FSDPStrategy::scale_grads(double coef) {
+  for (auto& unit : units_) unit->scale_shard_grad(coef);
 }
 
 ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {

@@ -47,7 +47,14 @@
 // every rank, unless find_unused_parameters. Under no_sync() each unit keeps
 // its full gradient locally (no reduce-scatter) until the synchronised
 // backward, as torch's FSDP does: more memory, less communication.
+//
+// Offload (FSDPOptions::offload, fsdp/offload.h): every unit's shard, shard
+// gradient and optimizer state live in an OffloadTier (disk files or pinned
+// host memory) between uses; a gather reads the shard just before sending
+// it, reduced gradients are added into the tier, and the optimizer step is
+// streamed through a bounded staging buffer (OffloadedOptimizer).
 #include "strategies/fsdp/flat_param.h"
+#include "strategies/fsdp/offload.h"
 #include "strategies/fsdp/options.h"
 #include "strategies/grad_sync.h"
 #include "strategies/strategy.h"
@@ -120,8 +127,8 @@ class FSDPStrategy : public Strategy {
   FullParams summon_full_params(bool writeback = false);
 
  protected:
-  std::vector<torch::Tensor> local_grads_for_norm() const override;
-  std::vector<torch::Tensor> grads_to_clip() const override;
+  std::vector<torch::Tensor> local_grad_norms() const override;
+  void scale_grads(double coef) override;
   bool grads_sharded() const override { return shard_world_ > 1; }
 
  private:
@@ -161,6 +168,8 @@ class FSDPStrategy : public Strategy {
   bool sync_backward_ = true;
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute
   int max_units_gathered_ = 0;
+  std::unique_ptr<OffloadTier> tier_;                  // offload: holds every unit's state
+  OffloadedOptimizer* offloaded_optimizer_ = nullptr;  // offload: owned by the caller of setup_optimizer
 };
 
 }  // namespace strata

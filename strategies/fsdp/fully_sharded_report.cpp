@@ -25,7 +25,7 @@ std::string FSDPStrategy::describe() const {
     out << "\n  unit " << unit->name() << ": " << l.unpadded_numel() << " parameter elements in "
         << unit->params().size() << " tensor(s), padding " << l.padded_numel() - l.unpadded_numel()
         << ", shard " << l.shard_numel() << " per rank";
-    shard_bytes += l.shard_numel() * static_cast<int64_t>(unit->shard().element_size());
+    shard_bytes += l.shard_numel() * static_cast<int64_t>(c10::elementSize(unit->dtype()));
   }
   // Between steps each rank holds its shards, their gradients, and (AdamW)
   // two optimizer states per element; a unit's full parameters and gradient
@@ -34,11 +34,30 @@ std::string FSDPStrategy::describe() const {
   out << "\n  per-rank model state with AdamW: params " << shard_bytes / mib << " MiB, grads "
       << shard_bytes / mib << " MiB, optimizer " << 2 * shard_bytes / mib << " MiB (total "
       << 4 * shard_bytes / mib << " MiB)";
+  if (tier_ != nullptr) {
+    out << "\n  offload " << to_string(options_.offload()) << ": shards, their gradients"
+        << (offloaded_optimizer_ != nullptr && offloaded_optimizer_->state_bytes() > 0 ? " and optimizer state" : "")
+        << " in " << tier_->describe() << ", " << tier_->bytes() / mib << " MiB on this rank";
+    if (offloaded_optimizer_ != nullptr) {
+      out << "; optimizer step streamed in chunks of " << offloaded_optimizer_->chunk_numel() << " elements ("
+          << offloaded_optimizer_->staging_bytes() / mib << " MiB of staging)";
+    }
+  }
   return out.str();
 }
 
 std::map<std::string, double> FSDPStrategy::report() const {
-  return {{"max_units_gathered", static_cast<double>(max_units_gathered_)}};
+  std::map<std::string, double> numbers{{"max_units_gathered", static_cast<double>(max_units_gathered_)}};
+  if (tier_ != nullptr) {
+    // This rank's offloaded bytes and the I/O through them so far.
+    const auto io = tier_->stats();
+    numbers["offload_bytes"] = static_cast<double>(tier_->bytes());
+    numbers["offload_read_bytes"] = static_cast<double>(io.bytes_read);
+    numbers["offload_write_bytes"] = static_cast<double>(io.bytes_written);
+    numbers["offload_io_s"] = io.seconds;
+    if (offloaded_optimizer_ != nullptr) numbers["offload_staging_bytes"] = static_cast<double>(offloaded_optimizer_->staging_bytes());
+  }
+  return numbers;
 }
 
 }  // namespace strata

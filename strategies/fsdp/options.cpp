@@ -21,6 +21,39 @@ std::string to_string(ShardingStrategy strategy) {
   return "unknown";
 }
 
+OffloadKind parse_offload(const std::string& name) {
+  if (name == "none") return OffloadKind::kNone;
+  if (name == "cpu") return OffloadKind::kCpu;
+  if (name == "disk") return OffloadKind::kDisk;
+  TORCH_CHECK_VALUE(false, "unknown offload '", name, "'; available: none, cpu, disk");
+}
+
+std::string to_string(OffloadKind kind) {
+  switch (kind) {
+    case OffloadKind::kNone: return "none";
+    case OffloadKind::kCpu: return "cpu";
+    case OffloadKind::kDisk: return "disk";
+  }
+  return "unknown";
+}
+
+void check_offload_options(const FSDPOptions& options, const torch::Device& device, int shard_group_size) {
+  const auto kind = options.offload();
+  if (kind == OffloadKind::kNone) return;
+  TORCH_CHECK_VALUE(!(kind == OffloadKind::kCpu && !device.is_cuda()),
+                    "--offload cpu moves state off a CUDA device into pinned host memory, but the device is ",
+                    device, ", whose state is already in host memory; use --offload disk to move it out of memory");
+  TORCH_CHECK_VALUE(!(kind == OffloadKind::kDisk && options.offload_dir().empty()),
+                    "--offload disk needs an --offload-dir");
+  TORCH_CHECK_VALUE(options.sharding_strategy() != ShardingStrategy::kNoShard,
+                    "--offload ", to_string(kind), " needs sharded parameters; --sharding-strategy no_shard keeps "
+                    "every parameter whole on every rank (use full_shard, shard_grad_op or hybrid_shard)");
+  TORCH_CHECK_VALUE(shard_group_size > 1, "--offload ", to_string(kind),
+                    " needs sharded parameters: at least 2 ranks per shard group (got ", shard_group_size, ")");
+  TORCH_CHECK_VALUE(options.offload_chunk_numel() > 0, "offload_chunk_numel must be > 0 (got ",
+                    options.offload_chunk_numel(), ")");
+}
+
 bool resolve_reshard_after_forward(const FSDPOptions& options) {
   const auto strategy = options.sharding_strategy();
   // no_shard all-reduces, and Gloo (LibTorch 1.13) cannot sum bf16.

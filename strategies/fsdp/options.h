@@ -16,6 +16,15 @@ enum class ShardingStrategy {
   kHybridShard,  ///< full_shard inside a node of node_size ranks, replicated across nodes (hybrid.h)
 };
 
+/// Where the sharded state (fp32 shard, its gradient, optimizer state) lives
+/// between uses: memory (none), pinned host memory beside a CUDA device
+/// (cpu), or files in FSDPOptions::offload_dir (disk). See fsdp/offload.h.
+enum class OffloadKind { kNone, kCpu, kDisk };
+
+/// "none", "cpu", "disk"; anything else is an error listing them.
+OffloadKind parse_offload(const std::string& name);
+std::string to_string(OffloadKind kind);
+
 /// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; anything else is an error listing them.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 std::string to_string(ShardingStrategy strategy);
@@ -50,7 +59,23 @@ struct FSDPOptions {
   /// the result is added to the fp32 shard gradient. Unset: the parameters'
   /// dtype (fp32 reduction even when param_dtype is bf16).
   TORCH_ARG(c10::optional<torch::ScalarType>, reduce_dtype) = c10::nullopt;
+  /// Offload (ZeRO-Offload / ZeRO-Infinity): between uses, each unit's shard,
+  /// its gradient and the optimizer state live in the tier, and the
+  /// optimizer step streams them through a bounded staging buffer. Needs
+  /// sharded units (not no_shard, at least 2 ranks per shard group).
+  TORCH_ARG(OffloadKind, offload) = OffloadKind::kNone;
+  /// disk: the directory holding the (unnamed) offload file; must exist.
+  TORCH_ARG(std::string, offload_dir) = "";
+  /// Elements per staged chunk of the streamed optimizer step: it holds two
+  /// chunks of parameters, gradients and both AdamW moments (8 x 4 bytes per
+  /// element with fp32 state: 8 MiB at the default, 1 MiB per transfer).
+  TORCH_ARG(int64_t, offload_chunk_numel) = int64_t{1} << 18;
 };
+
+/// Errors (naming the values) for offload options that cannot work: cpu
+/// offload on a non-CUDA device, disk offload without a directory, offload
+/// with no_shard or a shard group of one rank (`shard_group_size`).
+void check_offload_options(const FSDPOptions& options, const torch::Device& device, int shard_group_size);
 
 /// reshard_after_forward as the options resolve it; errors (naming the
 /// values) for contradictory options.

@@ -1,0 +1,215 @@
+#include "strategies/fsdp/offload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+namespace strata {
+
+namespace {
+int64_t element_bytes(const FlatParam& unit) { return static_cast<int64_t>(c10::elementSize(unit.dtype())); }
+}  // namespace
+
+OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                       std::vector<FlatParam*> units, OffloadTier& tier, int64_t chunk_numel)
+    : torch::optim::Optimizer(std::move(groups), std::make_unique<torch::optim::AdamWOptions>()),
+      units_(std::move(units)),
+      tier_(tier) {
+  TORCH_CHECK(chunk_numel > 0, "OffloadedOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
+  // One kind of update for every group: AdamW (with torch's defaults for
+  // amsgrad = false) or plain SGD, the two the Trainer builds.
+  std::unordered_map<const void*, size_t> group_of;
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    auto& options = param_groups()[g].options();
+    if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      TORCH_CHECK(sgd->momentum() == 0.0 && sgd->dampening() == 0.0 && !sgd->nesterov(),
+                  "offload steps SGD without momentum only (got momentum ", sgd->momentum(), ")");
+      adamw_ = false;
+    } else {
+      auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options);
+      TORCH_CHECK(adamw != nullptr && !adamw->amsgrad(),
+                  "offload steps AdamW (without amsgrad) or SGD; got another optimizer's options");
+      TORCH_CHECK(adamw_ || g == 0, "offload: parameter groups mix AdamW and SGD");
+    }
+    for (const auto& p : param_groups()[g].params()) group_of[p.unsafeGetTensorImpl()] = g;
+  }
+  int64_t largest = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    FlatParam& unit = *units_[u];
+    TORCH_CHECK(unit.offloaded(), "OffloadedOptimizer: unit ", unit.name(), " is not offloaded");
+    const int64_t numel = unit.layout().shard_numel();
+    largest = std::max(largest, numel);
+    if (adamw_) {
+      // Zero-filled, like torch's lazily created exp_avg / exp_avg_sq.
+      exp_avg_.push_back(tier_.allocate(numel * element_bytes(unit)));
+      exp_avg_sq_.push_back(tier_.allocate(numel * element_bytes(unit)));
+      state_bytes_ += 2 * numel * element_bytes(unit);
+    }
+    const int64_t shard_begin = unit.layout().shard_begin(unit.shard_rank());
+    for (const auto& piece : unit.layout().pieces(unit.shard_rank())) {
+      const void* param = unit.params()[piece.param_index].unsafeGetTensorImpl();
+      auto it = group_of.find(param);
+      if (it == group_of.end()) continue;  // not given to the optimizer: never stepped
+      pieces_.push_back({u, piece.flat_offset - shard_begin, piece.numel, it->second, param});
+    }
+  }
+  chunk_numel_ = std::max<int64_t>(1, std::min(chunk_numel, largest));
+}
+
+int64_t OffloadedOptimizer::staging_bytes() const {
+  // Two sets of {param, grad} (+ AdamW's two moments).
+  return 2 * (adamw_ ? 4 : 2) * chunk_numel_ * static_cast<int64_t>(c10::elementSize(units_.front()->dtype()));
+}
+
+void OffloadedOptimizer::read_chunk(const Chunk& chunk, const Staging& b) const {
+  const FlatParam& unit = *units_[chunk.unit];
+  const int64_t at = chunk.begin * element_bytes(unit);
+  tier_.read(unit.shard_region(), at, b.param);
+  unit.read_shard_grad(chunk.begin, b.grad);
+  if (adamw_) {
+    tier_.read(exp_avg_[chunk.unit], at, b.exp_avg);
+    tier_.read(exp_avg_sq_[chunk.unit], at, b.exp_avg_sq);
+  }
+}
+
+void OffloadedOptimizer::write_chunk(const Chunk& chunk, const Staging& b) const {
+  const FlatParam& unit = *units_[chunk.unit];
+  const int64_t at = chunk.begin * element_bytes(unit);
+  tier_.write(unit.shard_region(), at, b.param);
+  if (adamw_) {
+    tier_.write(exp_avg_[chunk.unit], at, b.exp_avg);
+    tier_.write(exp_avg_sq_[chunk.unit], at, b.exp_avg_sq);
+  }
+}
+
+void OffloadedOptimizer::step_chunk(const Chunk& chunk, const Staging& b,
+                                    const std::vector<size_t>& active) const {
+  const double grad_scale = units_[chunk.unit]->pending_grad_scale();
+  // Clipping scaled a resident gradient in place before the step; the same
+  // multiplication, on the same values, here.
+  if (grad_scale != 1.0) b.grad.mul_(grad_scale);
+  for (size_t i : active) {
+    const Piece& piece = pieces_[i];
+    const int64_t begin = std::max(piece.begin, chunk.begin);
+    const int64_t end = std::min(piece.begin + piece.numel, chunk.begin + chunk.numel);
+    if (begin >= end) continue;
+    auto p = b.param.narrow(0, begin - chunk.begin, end - begin);
+    auto g = b.grad.narrow(0, begin - chunk.begin, end - begin);
+    const auto& options = param_groups()[piece.group].options();
+    if (!adamw_) {
+      // torch::optim::SGD (no momentum): d_p = g + wd * p; p -= lr * d_p.
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+      auto d_p = o.weight_decay() != 0 ? g.add(p, o.weight_decay()) : g;
+      p.add_(d_p, -1 * o.lr());
+      continue;
+    }
+    // torch::optim::AdamW::step (LibTorch 1.13), operation by operation.
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(options);
+    auto m = b.exp_avg.narrow(0, begin - chunk.begin, end - begin);
+    auto v = b.exp_avg_sq.narrow(0, begin - chunk.begin, end - begin);
+    if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+    const double beta1 = std::get<0>(o.betas());
+    const double beta2 = std::get<1>(o.betas());
+    const double bias_correction1 = 1 - std::pow(beta1, piece.step);
+    const double bias_correction2 = 1 - std::pow(beta2, piece.step);
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    auto denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
+    p.addcdiv_(m, denom, -(o.lr() / bias_correction1));
+  }
+}
+
+torch::Tensor OffloadedOptimizer::step(LossClosure closure) {
+  TORCH_CHECK(closure == nullptr, "OffloadedOptimizer::step takes no closure");
+  torch::NoGradGuard no_grad;
+  // Which pieces step now; each advances its own count, as torch's
+  // per-parameter state does (a skipped parameter keeps its count).
+  std::vector<std::vector<size_t>> active(units_.size());
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (skipped_.count(pieces_[i].param) == 1) continue;
+    ++pieces_[i].step;
+    active[pieces_[i].unit].push_back(i);
+  }
+  std::vector<Chunk> chunks;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (active[u].empty()) continue;  // nothing of this unit steps: no I/O for it
+    const int64_t numel = units_[u]->layout().shard_numel();
+    for (int64_t begin = 0; begin < numel; begin += chunk_numel_) {
+      chunks.push_back({u, begin, std::min(chunk_numel_, numel - begin)});
+    }
+  }
+  if (chunks.empty()) return {};
+
+  // Two staging sets, allocated for the step and freed after it.
+  const auto options = torch::TensorOptions().dtype(units_.front()->dtype());
+  auto make = [&] {
+    Staging s;
+    s.param = torch::empty({chunk_numel_}, options);
+    s.grad = torch::empty({chunk_numel_}, options);
+    if (adamw_) {
+      s.exp_avg = torch::empty({chunk_numel_}, options);
+      s.exp_avg_sq = torch::empty({chunk_numel_}, options);
+    }
+    return s;
+  };
+  const Staging sets[2] = {make(), make()};
+  auto view = [&](int k, int64_t n) {
+    const Staging& s = sets[k];
+    Staging v;
+    v.param = s.param.narrow(0, 0, n);
+    v.grad = s.grad.narrow(0, 0, n);
+    if (adamw_) {
+      v.exp_avg = s.exp_avg.narrow(0, 0, n);
+      v.exp_avg_sq = s.exp_avg_sq.narrow(0, 0, n);
+    }
+    return v;
+  };
+
+  // Every queued task refers to the staging sets and chunks on this stack:
+  // on any exit, an error included, wait for all of them first.
+  std::vector<std::future<void>> queued;
+  struct WaitAll {
+    std::vector<std::future<void>>& futures;
+    ~WaitAll() {
+      for (auto& f : futures) {
+        if (f.valid()) f.wait();
+      }
+    }
+  } wait_all{queued};
+  auto submit = [&](std::function<void()> task) {
+    queued.push_back(io_.submit(std::move(task)));
+    return queued.size() - 1;
+  };
+  size_t next_read = submit([&, b = view(0, chunks[0].numel)] { read_chunk(chunks[0], b); });
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Staging current = view(static_cast<int>(i % 2), chunks[i].numel);
+    // Sync point: chunk i's bytes must be in its staging set before the step reads them.
+    queued[next_read].get();
+    if (i + 1 < chunks.size()) {
+      // The other set was last used by chunk i-1, whose write was queued
+      // before this read: the FIFO I/O thread finishes that write first.
+      next_read = submit([&, b = view(static_cast<int>((i + 1) % 2), chunks[i + 1].numel), c = chunks[i + 1]] {
+        read_chunk(c, b);
+      });
+    }
+    step_chunk(chunks[i], current, active[chunks[i].unit]);
+    submit([&, b = current, c = chunks[i]] { write_chunk(c, b); });
+  }
+  // Sync point: the next gather reads the updated shards from the tier.
+  for (auto& f : queued) {
+    if (f.valid()) f.get();  // rethrows an I/O error
+  }
+  return {};
+}
+
+void OffloadedOptimizer::save(torch::serialize::OutputArchive&) const {
+  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
+              "--offload to checkpoint");
+}
+
+void OffloadedOptimizer::load(torch::serialize::InputArchive&) {
+  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
+              "--offload to resume");
+}
+
+}  // namespace strata

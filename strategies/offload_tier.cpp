@@ -1,0 +1,214 @@
+#include "strategies/offload_tier.h"
+
+#include "core/cuda_support.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+namespace strata {
+
+namespace {
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+/// An unnamed file in `dir`: O_TMPFILE, else a named one unlinked at once.
+/// Returns the descriptor, or -1 with errno set.
+int open_unnamed_file(const std::string& dir) {
+#ifdef O_TMPFILE
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  // EISDIR / EOPNOTSUPP: the kernel or filesystem lacks O_TMPFILE; fall back.
+  if (errno != EISDIR && errno != EOPNOTSUPP) return -1;
+#endif
+  std::string path = dir + "/.strata-offload-XXXXXX";
+  int fd2 = ::mkostemp(path.data(), O_CLOEXEC);
+  if (fd2 < 0) return -1;
+  ::unlink(path.c_str());  // gone from the directory now; the space stays ours until close
+  return fd2;
+}
+
+class DiskTier final : public OffloadTier {
+ public:
+  explicit DiskTier(std::string dir) : dir_(std::move(dir)) {
+    const auto problem = disk_tier_problem(dir_);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+    fd_ = open_unnamed_file(dir_);
+    TORCH_CHECK(fd_ >= 0, "cannot use --offload-dir '", dir_, "': ", errno_text(errno));
+  }
+  ~DiskTier() override {
+    if (fd_ >= 0) ::close(fd_);  // the unnamed file's space is released here
+  }
+
+  Region allocate(int64_t nbytes) override {
+    TORCH_CHECK(nbytes >= 0, "OffloadTier: cannot allocate ", nbytes, " bytes");
+    Region region{static_cast<int64_t>(offsets_.size()), nbytes};
+    offsets_.push_back(bytes_);
+    if (nbytes > 0) {
+      // Reserve now: a disk too small fails here, at setup, naming the directory.
+      const int error = ::posix_fallocate(fd_, bytes_, nbytes);
+      TORCH_CHECK(error == 0, "cannot use --offload-dir '", dir_, "': reserving ", bytes_ + nbytes,
+                  " bytes of offloaded state failed: ", errno_text(error));
+    }
+    bytes_ += nbytes;
+    return region;
+  }
+
+  std::string describe() const override { return "disk (" + dir_ + ", unnamed file)"; }
+
+ protected:
+  void read_bytes(const Region& region, int64_t byte_offset, void* dst, int64_t nbytes) override {
+    transfer(region, byte_offset, nbytes, [&](int64_t done, int64_t at) {
+      return ::pread(fd_, static_cast<char*>(dst) + done, nbytes - done, at);
+    }, "read");
+  }
+  void write_bytes(const Region& region, int64_t byte_offset, const void* src, int64_t nbytes) override {
+    transfer(region, byte_offset, nbytes, [&](int64_t done, int64_t at) {
+      return ::pwrite(fd_, static_cast<const char*>(src) + done, nbytes - done, at);
+    }, "write");
+  }
+
+ private:
+  template <typename Io>
+  void transfer(const Region& region, int64_t byte_offset, int64_t nbytes, Io&& io, const char* what) {
+    const int64_t base = offsets_.at(region.id) + byte_offset;
+    int64_t done = 0;
+    while (done < nbytes) {
+      const ssize_t n = io(done, base + done);
+      if (n < 0 && errno == EINTR) continue;
+      TORCH_CHECK(n > 0, "offload ", what, " of ", nbytes, " bytes at ", base + done, " in '", dir_,
+                  "' failed: ", n < 0 ? errno_text(errno) : std::string("end of file"));
+      done += n;
+    }
+  }
+
+  std::string dir_;
+  int fd_ = -1;
+  std::vector<int64_t> offsets_;  // per region: its first byte in the file
+};
+
+class HostTier final : public OffloadTier {
+ public:
+  HostTier() {
+    TORCH_CHECK_VALUE(built_with_cuda(),
+                      "--offload cpu keeps state in pinned host memory beside a CUDA device, but this "
+                      "LibTorch has no CUDA; use --offload disk");
+  }
+  Region allocate(int64_t nbytes) override {
+    Region region{static_cast<int64_t>(buffers_.size()), nbytes};
+    // Pinned: copies between it and the device can be asynchronous.
+    buffers_.push_back(torch::zeros({nbytes}, torch::kUInt8).pin_memory());
+    bytes_ += nbytes;
+    return region;
+  }
+  std::string describe() const override { return "pinned host memory"; }
+
+ protected:
+  void read_bytes(const Region& region, int64_t byte_offset, void* dst, int64_t nbytes) override {
+    std::memcpy(dst, buffers_.at(region.id).data_ptr<uint8_t>() + byte_offset, nbytes);
+  }
+  void write_bytes(const Region& region, int64_t byte_offset, const void* src, int64_t nbytes) override {
+    std::memcpy(buffers_.at(region.id).data_ptr<uint8_t>() + byte_offset, src, nbytes);
+  }
+
+ private:
+  std::vector<torch::Tensor> buffers_;
+};
+
+}  // namespace
+
+void OffloadTier::check_range(const Region& region, int64_t byte_offset, const torch::Tensor& t,
+                              const char* what) const {
+  TORCH_CHECK(t.is_contiguous() && t.device().is_cpu(), "OffloadTier::", what,
+              " needs a contiguous CPU tensor (got ", t.device(), ", contiguous ", t.is_contiguous(), ")");
+  const int64_t nbytes = static_cast<int64_t>(t.nbytes());
+  TORCH_CHECK(region.id >= 0 && byte_offset >= 0 && byte_offset + nbytes <= region.nbytes, "OffloadTier::",
+              what, ": bytes [", byte_offset, ", ", byte_offset + nbytes, ") outside region ", region.id,
+              " of ", region.nbytes, " bytes");
+}
+
+void OffloadTier::read(const Region& region, int64_t byte_offset, const torch::Tensor& dst) {
+  check_range(region, byte_offset, dst, "read");
+  const auto start = std::chrono::steady_clock::now();
+  read_bytes(region, byte_offset, dst.data_ptr(), static_cast<int64_t>(dst.nbytes()));
+  nanoseconds_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  bytes_read_ += static_cast<int64_t>(dst.nbytes());
+}
+
+void OffloadTier::write(const Region& region, int64_t byte_offset, const torch::Tensor& src) {
+  check_range(region, byte_offset, src, "write");
+  const auto start = std::chrono::steady_clock::now();
+  write_bytes(region, byte_offset, src.data_ptr(), static_cast<int64_t>(src.nbytes()));
+  nanoseconds_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  bytes_written_ += static_cast<int64_t>(src.nbytes());
+}
+
+OffloadIoStats OffloadTier::stats() const {
+  return {bytes_read_.load(), bytes_written_.load(), static_cast<double>(nanoseconds_.load()) * 1e-9};
+}
+
+std::unique_ptr<OffloadTier> make_disk_tier(const std::string& dir) { return std::make_unique<DiskTier>(dir); }
+
+std::unique_ptr<OffloadTier> make_host_tier() { return std::make_unique<HostTier>(); }
+
+std::string disk_tier_problem(const std::string& dir) {
+  const std::string prefix = "cannot use --offload-dir '" + dir + "': ";
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return prefix + errno_text(errno);
+  if (!S_ISDIR(st.st_mode)) return prefix + "not a directory";
+  // Creating is the only honest test of writability (access() says yes to root).
+  const int fd = open_unnamed_file(dir);
+  if (fd < 0) return prefix + errno_text(errno);
+  ::close(fd);
+  return "";
+}
+
+int64_t free_bytes_at(const std::string& dir) {
+  struct statvfs vfs {};
+  TORCH_CHECK(::statvfs(dir.c_str(), &vfs) == 0, "cannot use --offload-dir '", dir, "': ", errno_text(errno));
+  return static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+}
+
+IoQueue::IoQueue() : worker_([this] { run(); }) {}
+
+IoQueue::~IoQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  ready_.notify_one();
+  worker_.join();
+}
+
+std::future<void> IoQueue::submit(std::function<void()> task) {
+  std::packaged_task<void()> packaged(std::move(task));
+  auto future = packaged.get_future();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(packaged));
+  }
+  ready_.notify_one();
+  return future;
+}
+
+void IoQueue::run() {
+  for (;;) {
+    std::packaged_task<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, and everything queued has run
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();  // an exception is stored in the task's future
+  }
+}
+
+}  // namespace strata
