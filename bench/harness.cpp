@@ -131,6 +131,35 @@ Suite memory_suite() {
   return s;
 }
 
+Suite fsdp_suite() {
+  Suite s{"fsdp",
+          "gpt-mini, 2 ranks x 1 thread, the same global batch: ddp (the reference), oss, sdp, fsdp, "
+          "and fsdp with activation checkpointing of every block (ac), --precision bf16-mixed (units "
+          "all-gathered in bf16, fp32 shards and reduce-scatter), and --offload disk (shards, grads "
+          "and AdamW state in an unnamed file in the case's output directory, the step streamed "
+          "through 8 MiB of staging). comm/step is rank 0's bytes sent (ddp ~2Ψ, fsdp ~3Ψ, fsdp "
+          "bf16 ~2Ψ, Ψ = fp32 parameter bytes); the model state of offloaded fsdp is what stays "
+          "in memory. vs ref: ÷ ddp.",
+          {}};
+  BenchCase ddp = make_case("fsdp", "gpt-mini", "ddp-2x1", "ddp", 2, 1);
+  s.cases.push_back(ddp);
+  auto add = [&](const std::string& variant, const std::string& strategy, std::vector<std::string> extra,
+                 const std::string& precision = "32") {
+    BenchCase c = make_case("fsdp", "gpt-mini", variant, strategy, 2, 1);
+    c.extra = std::move(extra);
+    c.precision = precision;
+    c.reference = ddp.name;
+    s.cases.push_back(c);
+  };
+  add("oss-2x1", "oss", {});
+  add("sdp-2x1", "sdp", {});
+  add("fsdp-2x1", "fsdp", {});
+  add("fsdp-ac-2x1", "fsdp", {"--activation-checkpointing", "1"});
+  add("fsdp-bf16-2x1", "fsdp", {}, "bf16-mixed");
+  add("fsdp-offload-disk-2x1", "fsdp", {"--offload", "disk"});
+  return s;
+}
+
 Suite smoke_suite() {
   Suite s{"smoke",
           "CI regression gate: gpt-nano, block 64, batch 8 per rank, a few steps, 1 thread per "
@@ -240,7 +269,7 @@ int64_t max_over_ranks(const nlohmann::json& per_rank, const std::function<int64
 
 }  // namespace
 
-std::vector<std::string> suite_names() { return {"single", "ddp", "zero", "memory", "smoke"}; }
+std::vector<std::string> suite_names() { return {"single", "ddp", "zero", "fsdp", "memory", "smoke"}; }
 
 std::vector<Suite> select_suites(const std::string& csv) {
   const auto names = suite_names();
@@ -254,6 +283,7 @@ std::vector<Suite> select_suites(const std::string& csv) {
     if (name == "single") out.push_back(single_suite());
     if (name == "ddp") out.push_back(ddp_suite());
     if (name == "zero") out.push_back(zero_suite());
+    if (name == "fsdp") out.push_back(fsdp_suite());
     if (name == "memory") out.push_back(memory_suite());
     if (name == "smoke") out.push_back(smoke_suite());
   }
@@ -417,6 +447,11 @@ int64_t peak_tensor_bytes_max(const nlohmann::json& summary) {
   return max_over_ranks(summary.at("peak_tensor_bytes"), [](const nlohmann::json& v) { return v.get<int64_t>(); });
 }
 
+int64_t peak_rss_bytes_max(const nlohmann::json& summary) {
+  if (!summary.contains("peak_rss_bytes")) return 0;
+  return max_over_ranks(summary.at("peak_rss_bytes"), [](const nlohmann::json& v) { return v.get<int64_t>(); });
+}
+
 int64_t model_state_bytes_max(const nlohmann::json& summary) {
   return max_over_ranks(summary.at("model_state_bytes"), [](const nlohmann::json& m) {
     return m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() + m.at("optimizer").get<int64_t>();
@@ -465,6 +500,7 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
     r.peak_tensor_bytes_min = first ? peak : std::min(r.peak_tensor_bytes_min, peak);
     r.model_state_bytes_max = first ? state : std::max(r.model_state_bytes_max, state);
     r.model_state_bytes_min = first ? state : std::min(r.model_state_bytes_min, state);
+    r.peak_rss_bytes_max = std::max(r.peak_rss_bytes_max, peak_rss_bytes_max(s));
   }
   r.tokens_per_s = compute_stats(tps);
   if (!median_step_tokens_per_s.empty()) r.median_step_tokens_per_s = compute_stats(median_step_tokens_per_s).median;

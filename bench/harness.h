@@ -148,6 +148,7 @@ struct CaseResult {
   int64_t model_state_bytes_max = 0;  ///< params+grads+optimizer, max over ranks, then max over runs
   int64_t peak_tensor_bytes_min = 0;  ///< max over ranks, then min over runs (== max unless runs disagree)
   int64_t model_state_bytes_min = 0;
+  int64_t peak_rss_bytes_max = 0;     ///< max over ranks and runs (0: not reported)
   double comm_bytes_per_step = 0.0;   ///< rank 0, all collectives, first run
   /// Rank 0's backward and gradient-sync wait per step (summary.json), median
   /// over runs; 0 when the summaries lack them.
@@ -158,6 +159,8 @@ struct CaseResult {
 /// Max over ranks of a summary's per-rank arrays.
 int64_t peak_tensor_bytes_max(const nlohmann::json& summary);
 int64_t model_state_bytes_max(const nlohmann::json& summary);
+/// Max over ranks of peak_rss_bytes (0 when the summary lacks it).
+int64_t peak_rss_bytes_max(const nlohmann::json& summary);
 
 /// Aggregates the runs of `c` (summaries in repeat order; at least one), with
 /// their median-step throughputs when known.

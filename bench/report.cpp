@@ -61,6 +61,7 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
       << c.precision << " | " << c.batch_size << " | " << tps << " | " << vs_tps << " | " << step_tps << " | "
       << fixed(100.0 * r.mfu, 1) << "% | " << fixed(r.peak_flops_per_rank / 1e9, 1) << " | "
       << flagged(r.peak_tensor_bytes_min, r.peak_tensor_bytes_max) << " | " << vs_peak << " | "
+      << (r.peak_rss_bytes_max > 0 ? format_mib(double(r.peak_rss_bytes_max)) : "–") << " | "
       << flagged(r.model_state_bytes_min, r.model_state_bytes_max) << " | " << state_vs_formula << " | "
       << format_mib(r.comm_bytes_per_step) << " | " << fixed(1e3 * r.backward_s_per_step, 1) << " | "
       << fixed(1e3 * r.grad_sync_s_per_step, 1) << " |\n";
@@ -88,9 +89,9 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
   for (const Suite& suite : suites) {
     out << "\n### " << suite.name << "\n\n" << suite.about << "\n\n"
         << "| case | strategy | ranks×threads | precision | batch/rank | tokens/s | vs ref | tokens/s @ median step "
-           "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | model state/rank | state/formula "
+           "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/formula "
            "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step |\n"
-        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchCase& c : suite.cases) {
       auto it = by_name.find(c.name);
       if (it == by_name.end()) continue;
