@@ -71,25 +71,32 @@ GradReadiness::GradReadiness(std::vector<torch::Tensor> params,
 }
 
 void GradReadiness::install_hooks(std::function<bool()> active) {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    TORCH_CHECK(acc, "parameter ", i, " has no gradient accumulator (is it a leaf requiring grad?)");
-    // Why a post-hook on AccumulateGrad and not a tensor hook: it fires after
-    // the gradient has been added into .grad, i.e. when it is final for this
-    // backward, which is when its bucket may be communicated.
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i, active, alive = alive_](const torch::autograd::variable_list& outputs,
-                                          const torch::autograd::variable_list&) {
-          if (!alive->load()) return outputs;  // a later setup() replaced this object
-          if (active()) {
-            mark_ready(i);
-          } else {
-            mark_used(i);
-          }
-          return outputs;
-        }));
-    accumulators_.push_back(std::move(acc));
-  }
+  active_ = std::move(active);
+  accumulators_.assign(params_.size(), nullptr);
+  for (size_t i = 0; i < params_.size(); ++i) rehook(i);
+}
+
+void GradReadiness::rehook(size_t i) {
+  auto acc = torch::autograd::impl::grad_accumulator(params_.at(i));
+  TORCH_CHECK(acc, "parameter ", i, " has no gradient accumulator (is it a leaf requiring grad?)");
+  if (acc == accumulators_[i]) return;
+  // Why a post-hook on AccumulateGrad and not a tensor hook: it fires after
+  // the gradient has been added into .grad, i.e. when it is final for this
+  // backward, which is when its bucket may be communicated.
+  acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [this, i, active = active_, alive = alive_](const torch::autograd::variable_list& outputs,
+                                                 const torch::autograd::variable_list&) {
+        if (!alive->load()) return outputs;  // a later setup() replaced this object
+        if (active()) {
+          mark_ready(i);
+        } else {
+          mark_used(i);
+        }
+        return outputs;
+      }));
+  // Kept so the weak reference in the parameter stays valid until its data
+  // changes again; an older accumulator lives as long as a graph uses it.
+  accumulators_[i] = std::move(acc);
 }
 
 void GradReadiness::reset() {

@@ -43,6 +43,12 @@ class GradReadiness {
   /// no_sync() or when launching after backward is wanted). An inactive hook
   /// still records that its parameter was used (see unused_params()).
   void install_hooks(std::function<bool()> active);
+  /// Hooks parameter i's CURRENT gradient accumulator if it is not the one
+  /// hooked last. Needed after the parameter's data changed dtype (FSDP
+  /// mixed precision gathers a unit in bf16): set_data() then drops the
+  /// accumulator, and the next graph gets a new one without the hook. Call
+  /// it before the parameter is used in the graph whose gradient must count.
+  void rehook(size_t i);
 
   // Every member below is thread-safe: autograd may run AccumulateGrad
   // post-hooks on several threads at once (one per device).
@@ -88,7 +94,8 @@ class GradReadiness {
 
   // The AccumulateGrad nodes must stay alive, or autograd would create new ones
   // without our hooks.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // per parameter: the last one hooked
+  std::function<bool()> active_;
   std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 

@@ -23,6 +23,11 @@ const GradReadiness& GradSync::readiness() const {
   return *readiness_;
 }
 
+void GradSync::rehook(size_t k) {
+  TORCH_CHECK(readiness_ != nullptr, "GradSync: setup() has not installed the gradient hooks");
+  readiness_->rehook(k);
+}
+
 void GradSync::backward(const torch::Tensor& loss, bool require_sync) {
   TORCH_CHECK(readiness_ != nullptr, "GradSync: backward() before setup()");
   if (require_sync) readiness_->reset();

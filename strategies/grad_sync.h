@@ -42,6 +42,8 @@ class GradSync {
                std::vector<std::vector<size_t>> buckets, std::function<void(size_t)> launch,
                std::function<bool()> active);
   const GradReadiness& readiness() const;
+  /// GradReadiness::rehook for parameter k (of install()'s list).
+  void rehook(size_t k);
 
   /// A synchronised backward starts with every parameter pending again.
   void backward(const torch::Tensor& loss, bool require_sync);

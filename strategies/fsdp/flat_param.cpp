@@ -84,17 +84,43 @@ torch::Tensor FlatParam::full_view(const torch::Tensor& flat, size_t k) const {
 }
 
 void FlatParam::point_params_at_full() {
+  const torch::Tensor& buffer = gathered_low_ ? low_ : full_;
   for (size_t k = 0; k < params_.size(); ++k) {
     // set_data: the parameter keeps its identity (autograd node, hooks,
-    // version counter, requires_grad) and takes the view's storage and shape.
-    params_[k].set_data(full_view(full_, k));
+    // version counter, requires_grad) and takes the view's storage, shape
+    // (and, gathered for compute in low precision, dtype).
+    params_[k].set_data(full_view(buffer, k));
   }
+}
+
+void FlatParam::set_compute_dtype(c10::optional<torch::ScalarType> dtype) {
+  TORCH_CHECK(state_ == State::kSharded || !sharded(), "FlatParam ", name_,
+              ": set the compute dtype while resharded");
+  if (!sharded() || !dtype || *dtype == dtype_) {
+    low_ = torch::Tensor();
+    return;
+  }
+  gather_dtype_ = c10::nullopt;
+  low_ = torch::empty({layout_.padded_numel()}, full_.options().dtype(*dtype));
+  low_nbytes_ = static_cast<size_t>(tensor_bytes(low_));
+  free_storage(low_);  // allocated (again) by each gather
 }
 
 void FlatParam::start_gather(Comm& comm, bool exact) {
   if (!sharded() || state_ != State::kSharded) return;
-  allocate_storage(full_, full_nbytes_);
   const torch::Tensor shard = load_shard();
+  if (!exact && low_.defined()) {
+    torch::NoGradGuard no_grad;
+    // Straight into the low-precision buffer the parameters will view.
+    gathered_low_ = true;
+    allocate_storage(low_, low_nbytes_);
+    wire_in_ = shard.to(low_.scalar_type());
+    gather_work_ = comm.all_gather_into_async(low_, wire_in_);
+    state_ = State::kGathering;
+    return;
+  }
+  gathered_low_ = false;
+  allocate_storage(full_, full_nbytes_);
   // Async: the caller may run other work (a unit's forward or backward) while
   // this unit's shards arrive; finish_gather() waits before anyone reads them.
   // The buffers sent are kept as members: the collective reads them until done.
@@ -111,6 +137,8 @@ void FlatParam::start_gather(Comm& comm, bool exact) {
 }
 
 void FlatParam::finish_gather(Comm& comm, bool exact) {
+  // An exact gather wanted while gathered for low-precision compute: gather again.
+  if (exact && gathered_low_ && state_ != State::kSharded) reshard();
   if (state_ == State::kGathered) return;
   if (state_ == State::kSharded) start_gather(comm, exact);
   // Sync point: the unit's forward (or backward) reads every rank's shard.
@@ -118,9 +146,9 @@ void FlatParam::finish_gather(Comm& comm, bool exact) {
   if (wire_out_.defined()) {
     torch::NoGradGuard no_grad;
     full_.copy_(wire_out_);  // upcast: the values are the shards rounded to gather_dtype
-    wire_in_ = torch::Tensor();
     wire_out_ = torch::Tensor();
   }
+  wire_in_ = torch::Tensor();
   sending_ = torch::Tensor();
   point_params_at_full();
   state_ = State::kGathered;
@@ -128,7 +156,8 @@ void FlatParam::finish_gather(Comm& comm, bool exact) {
 
 void FlatParam::write_back() {
   if (!sharded()) return;  // the parameters are views of the shard itself
-  TORCH_CHECK(gathered(), "FlatParam ", name_, ": write_back() needs the parameters gathered");
+  TORCH_CHECK(gathered() && !gathered_low_, "FlatParam ", name_,
+              ": write_back() needs the parameters gathered exactly (summon_full_params)");
   torch::NoGradGuard no_grad;
   const auto mine = full_.narrow(0, layout_.shard_begin(shard_rank_), layout_.shard_numel());
   if (offloaded()) {
@@ -147,7 +176,8 @@ void FlatParam::reshard() {
   wire_out_ = torch::Tensor();
   sending_ = torch::Tensor();
   for (size_t k = 0; k < params_.size(); ++k) params_[k].set_data(empty_[k]);
-  free_storage(full_);
+  free_storage(gathered_low_ ? low_ : full_);
+  gathered_low_ = false;
   state_ = State::kSharded;
 }
 
@@ -253,7 +283,8 @@ void FlatParam::offload(OffloadTier& tier) {
 
 int64_t FlatParam::param_bytes() const {
   if (!sharded()) return tensor_bytes(shard_);
-  return tensor_bytes(shard_) + (holds_full() ? static_cast<int64_t>(full_nbytes_) : 0);
+  const size_t held = gathered_low_ ? low_nbytes_ : full_nbytes_;
+  return tensor_bytes(shard_) + (holds_full() ? static_cast<int64_t>(held) : 0);
 }
 
 int64_t FlatParam::grad_bytes() const {

@@ -83,6 +83,17 @@ class FlatParam {
   /// dtype: autograd, hooks and the fp32 shard are untouched). nullopt or
   /// the shard's dtype: gather as is.
   void set_gather_dtype(c10::optional<torch::ScalarType> dtype) { gather_dtype_ = dtype; }
+  /// Mixed precision as torch's FSDP MixedPrecision(param_dtype): gathers
+  /// (other than exact ones) land in a padded buffer of `dtype` and the
+  /// parameters point at views of it, so they ARE `dtype` while gathered and
+  /// the unit computes in it; gradients still accumulate in the parameters'
+  /// own dtype (autograd casts them to the dtype the AccumulateGrad node was
+  /// made with). Half the gathered memory for bf16, and nothing for autocast
+  /// to cache a cast copy of. Overrides set_gather_dtype(). nullopt or the
+  /// shard's dtype: off.
+  void set_compute_dtype(c10::optional<torch::ScalarType> dtype);
+  /// The dtype the parameters have while gathered for compute.
+  torch::ScalarType compute_dtype() const { return low_.defined() ? low_.scalar_type() : dtype_; }
   /// Allocates the full buffer and starts all-gathering the shards into it.
   /// No-op unless resharded. exact: in the shard's own dtype regardless of
   /// set_gather_dtype (summon_full_params, checkpoints).
@@ -155,6 +166,9 @@ class FlatParam {
   State state_ = State::kGathered;
   torch::Tensor full_;        // padded full values; storage freed when resharded
   size_t full_nbytes_ = 0;
+  torch::Tensor low_;         // set_compute_dtype(): padded full values in that dtype; storage freed when resharded
+  size_t low_nbytes_ = 0;
+  bool gathered_low_ = false; // the gathered (or gathering) buffer is low_, not full_
   torch::Tensor shard_;
   torch::Tensor shard_grad_;
   torch::Tensor full_grad_;

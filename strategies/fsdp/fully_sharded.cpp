@@ -68,12 +68,14 @@ void FSDPStrategy::setup(TrainingModule& module) {
     buckets.emplace_back();
     const auto& unit = *units_[index];
     for (size_t k = 0; k < unit.params().size(); ++k) {
+      hooks_of_unit_[index].push_back(hooked.size());
       buckets.back().push_back(hooked.size());
       hooked.push_back(unit.params()[k]);
       hooked_names.push_back(unit.param_names()[k]);
       hooked_param_.emplace_back(index, k);
     }
   };
+  hooks_of_unit_.assign(units_.size(), {});
   for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
   if (root_ != nullptr) add_bucket(num_wrap_units_);
   // Installs the hooks now, before the first reshard: each AccumulateGrad
@@ -81,8 +83,14 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // full one. Always active: under no_sync the hooks still free each unit.
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
                      [this](size_t b) { post_backward(b); }, [] { return true; });
-  for (auto& unit : units_) unit->set_gather_dtype(options_.param_dtype());
   for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
+  // Mixed precision: wrap units compute in param_dtype (gathered straight
+  // into a buffer of it: half the memory, nothing for autocast to cache);
+  // the root, gathered for the whole step and holding the embeddings whose
+  // outputs start the fp32 residual stream, keeps fp32 values in memory and
+  // only travels in param_dtype.
+  for (int i = 0; i < num_wrap_units_; ++i) units_[i]->set_compute_dtype(options_.param_dtype());
+  if (root_ != nullptr) root_->set_gather_dtype(options_.param_dtype());
   if (options_.offload() != OffloadKind::kNone) {
     tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
     for (auto& unit : units_) unit->offload(*tier_);  // and from here on, not even those in memory
@@ -143,7 +151,12 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   const bool recompute = in_backward_;
   gather(flat);
   if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
-  auto out = forward(x);
+  // A unit computing in low precision (mixed precision) takes its input in
+  // that dtype, as torch's FSDP casts forward inputs, and hands its output
+  // back in the caller's dtype, so the stream between units keeps its own.
+  const auto compute = flat.compute_dtype();
+  const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
+  auto out = cast ? forward(x.to(compute)).to(x.scalar_type()) : forward(x);
   const bool grad = torch::GradMode::is_enabled();
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
   // Without grad no backward will come for this unit: always free it.
@@ -174,6 +187,14 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
 
 void FSDPStrategy::gather(FlatParam& unit) {
   unit.finish_gather(shard_comm_);
+  if (unit.compute_dtype() != unit.dtype()) {
+    // The parameters changed dtype (set_data), which drops their gradient
+    // accumulators: hook the new ones before the unit's graph uses them.
+    for (size_t i = 0; i < units_.size(); ++i) {
+      if (units_[i].get() != &unit) continue;
+      for (size_t k : hooks_of_unit_[i]) grad_sync_.rehook(k);
+    }
+  }
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 

@@ -164,6 +164,7 @@ class FSDPStrategy : public Strategy {
   std::vector<int> unit_of_bucket_;                // GradReadiness bucket -> units_ index
   GradSync grad_sync_;                             // hooks + the unused-parameter rule
   std::vector<std::pair<int, size_t>> hooked_param_;  // GradSync param -> (units_ index, its param)
+  std::vector<std::vector<size_t>> hooks_of_unit_;     // units_ index -> its GradSync params
   std::deque<Reduction> in_flight_;
   bool sync_backward_ = true;
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute

@@ -135,3 +135,39 @@ TEST(FsdpMixedPrecisionTest, CommMovesBf16ThroughGlooBitExact) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Peak tensor bytes (this process: both thread-ranks) of a few FSDP steps
+/// under bf16-mixed on a model whose parameters dwarf its activations.
+int64_t peak_bytes_of_bf16_mixed_run(c10::optional<torch::ScalarType> param_dtype) {
+  const ModuleFactory wide = [] {
+    torch::manual_seed(11);
+    return std::make_unique<strata::recipes::GPTModule>(
+        strata::recipes::gpt_preset("gpt-nano").n_layer(6).n_embd(96).vocab_size(16).block_size(8).bias(false));
+  };
+  FsdpRun run;
+  run.options.param_dtype(param_dtype);
+  strata::MemoryTracker memory;
+  train_fsdp(wide, fsdp_test_options(2, 1, 0.0, 2).precision(strata::Precision::kBf16Mixed), run);
+  return memory.peak_bytes();
+}
+
+}  // namespace
+
+TEST(FsdpMixedPrecisionTest, Bf16UnitsComputeInBf16WithoutAutocastCopiesOfEveryUnit) {
+  // Under CPU autocast a fp32 parameter is cast to bf16 for each matmul, and
+  // that copy lives until the op's backward (and in autocast's cache until
+  // the forward ends): with fp32 units, every unit's bf16 copy would be alive
+  // at the end of the forward, reshard or not. With param_dtype bf16 the
+  // units are gathered into bf16 buffers that the parameters view (FSDP frees
+  // them after forward and gathers them again for backward), so nothing else
+  // is cast: the peak must be lower by at least the bf16 copies of the units
+  // (6 blocks x 12 x 96^2 x 2 bytes x 2 ranks, ~2.6 MB) minus the two bf16
+  // units at most gathered at once.
+  const int64_t fp32 = peak_bytes_of_bf16_mixed_run(c10::nullopt);
+  const int64_t bf16 = peak_bytes_of_bf16_mixed_run(torch::kBFloat16);
+  std::cout << "[ fsdp bf16 ] peak tensor bytes, 2 thread-ranks: fp32 units " << fp32 << ", bf16 units " << bf16 << "\n";
+  const int64_t unit_bf16 = 12 * 96 * 96 * 2;
+  EXPECT_GE(fp32 - bf16, 2 * (6 - 2) * unit_bf16);
+}
