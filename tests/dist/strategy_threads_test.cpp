@@ -171,6 +171,7 @@ TEST(FusedAdamWStrategyTest, MatchesTorchAdamWOver100StepsUnderEveryStrategy) {
         for (const auto& p : module.module().parameters()) results[fused].push_back(p.detach().clone());
       }, std::chrono::seconds(120));
     }
+    ASSERT_FALSE(results[0].empty()) << strategy;
     ASSERT_EQ(results[0].size(), results[1].size()) << strategy;
     for (size_t i = 0; i < results[0].size(); ++i) {
       EXPECT_TRUE(torch::allclose(results[1][i], results[0][i], 1e-6, 1e-6))
