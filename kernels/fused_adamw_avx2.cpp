@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace strata {
@@ -51,6 +52,16 @@ inline __m256i bf16_bits(__m256 x) {
   __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
+}
+
+/// The same rule for one value. Not c10::BFloat16(float): an out-of-line copy
+/// of that inline constructor compiled here (with AVX2 enabled) could be the
+/// one the linker keeps for every other file too.
+inline uint16_t bf16_bits(float x) {
+  if (x != x) return 0x7fc0;
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7fffu) >> 16);
 }
 
 /// 16 bf16 values from two vectors of 8, in order.
@@ -96,7 +107,7 @@ void adamw_kernel_avx2(const AdamWScalars& scalars, float* param, const float* g
     std::memcpy(exp_avg + i, m, bytes);
     std::memcpy(exp_avg_sq + i, v, bytes);
     if (param_bf16 != nullptr) {
-      for (int64_t k = 0; k < count; ++k) param_bf16[i + k] = c10::BFloat16(p[k]);
+      for (int64_t k = 0; k < count; ++k) param_bf16[i + k].x = bf16_bits(p[k]);
     }
   }
 }
