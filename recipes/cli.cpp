@@ -150,6 +150,9 @@ std::vector<Field> fields() {
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
       {"optimizer", 3, &C::optimizer,
        "adamw (betas 0.9/0.95) or sgd (plain, no momentum); both decay >= 2-D weights only"},
+      {"fused-adamw", 3, &C::fused_adamw,
+       "adamw: one fused, vectorised pass per parameter (same math and state as "
+       "torch::optim::AdamW, which false selects)"},
       {"lr", 3, &C::lr, "peak learning rate"},
       {"min-lr", 3, &C::min_lr, "final learning rate of the decay"},
       {"warmup-steps", 3, &C::warmup_steps, "linear warm-up steps"},
@@ -321,6 +324,10 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
       error = where + (where.empty() ? "--" : "") + key + " does not apply to strategy '" +
               c.strategy + "' (it would be ignored); it is for " + option->applies_to;
     }
+  }
+  if (const auto it = given.find("fused-adamw"); error.empty() && it != given.end() && c.optimizer != "adamw") {
+    error = it->second + (it->second.empty() ? "--" : "") + "fused-adamw does not apply to optimizer '" +
+            c.optimizer + "' (it would be ignored); it is for adamw only";
   }
   auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
     if (!ok && error.empty()) {
@@ -510,6 +517,11 @@ std::string to_ini(const RunConfig& config) {
     if (const auto option = unused_by(f.key, config.strategy)) {
       out << "# " << f.key << " = " << value << "  (not used by strategy '" << config.strategy
           << "'; it is for " << option->applies_to << ")\n";
+      continue;
+    }
+    if (std::string(f.key) == "fused-adamw" && config.optimizer != "adamw") {
+      out << "# " << f.key << " = " << value << "  (not used by optimizer '" << config.optimizer
+          << "'; it is for adamw)\n";
       continue;
     }
     out << f.key << (value.empty() ? " =" : " = ") << value << '\n';

@@ -48,6 +48,7 @@ struct RunConfig {
   int64_t batch_size = 64;
   int64_t accumulate_grad_batches = 1;
   std::string optimizer = "adamw";  ///< adamw or sgd (plain, no momentum)
+  bool fused_adamw = true;          ///< adamw: FusedAdamW (one fused pass) instead of torch::optim::AdamW
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup_steps = 100;

@@ -183,6 +183,7 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .seed(c.seed)
       .precision(parse_precision(c.precision))
       .optimizer(c.optimizer)
+      .fused_adamw(c.fused_adamw)
       .lr(c.lr)
       .min_lr(std::min(c.min_lr, c.lr))
       .warmup_steps(c.warmup_steps)

@@ -1,5 +1,6 @@
 #include "trainer/trainer.h"
 
+#include "kernels/fused_adamw_optimizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/lr_schedule.h"
 
@@ -69,11 +70,15 @@ OptimizerFactory optimizer_factory(const TrainerOptions& options) {
   }
   check_optimizer_name(options.optimizer());
   return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
-    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::AdamW>(
-        std::move(groups), torch::optim::AdamWOptions(options.lr())
-                               .betas({options.beta1(), options.beta2()})
-                               .eps(options.eps())
-                               .weight_decay(options.weight_decay())));
+    const auto defaults = torch::optim::AdamWOptions(options.lr())
+                              .betas({options.beta1(), options.beta2()})
+                              .eps(options.eps())
+                              .weight_decay(options.weight_decay());
+    if (options.fused_adamw()) {
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<FusedAdamW>(std::move(groups), defaults));
+    }
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::AdamW>(std::move(groups), defaults));
   };
 }
 

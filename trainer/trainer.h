@@ -44,6 +44,10 @@ struct TrainerOptions {
   /// the gradient, so a gradient N times too large shows in the parameters,
   /// where Adam's per-element normalisation would hide it (parity tests).
   TORCH_ARG(std::string, optimizer) = "adamw";
+  /// "adamw" only: step with FusedAdamW (kernels/fused_adamw_optimizer.h: one
+  /// vectorised pass per parameter, the same math and state as
+  /// torch::optim::AdamW) instead of torch::optim::AdamW.
+  TORCH_ARG(bool, fused_adamw) = true;
   TORCH_ARG(double, lr) = 1e-3;
   TORCH_ARG(double, min_lr) = 1e-4;
   TORCH_ARG(int64_t, warmup_steps) = 0;
@@ -137,8 +141,8 @@ std::vector<std::string> optimizer_names();
 std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(
     torch::nn::Module& module, const TrainerOptions& options);
 
-/// options.optimizer() with the trainer's settings (AdamW: betas/eps); lr and
-/// weight decay come per group.
+/// options.optimizer() with the trainer's settings (AdamW: betas/eps; FusedAdamW
+/// when options.fused_adamw()); lr and weight decay come per group.
 OptimizerFactory optimizer_factory(const TrainerOptions& options);
 
 }  // namespace strata

@@ -4,6 +4,7 @@
 //   BM_AllReduce/bytes             in-place SUM all-reduce, 2 ranks as threads (Gloo)
 //   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (all-to-all + local sum)
 //   BM_AllGatherInto/bytes         Comm::all_gather_into (list all-gather into views)
+//   BM_AdamW*, BM_Copy*, BM_Memcpy  the optimizer step (adamw_bench.cpp)
 //
 // Collective sizes are the full flat buffer (what ZeRO shards); bytes_per_second
 // is that size per call, so the three compare as "time to sync S bytes". Each

@@ -410,4 +410,29 @@ TEST(CliTest, IniRoundTrips) {
   EXPECT_EQ(to_ini(*plain.config), to_ini(RunConfig{}));
 }
 
+TEST(CliTest, FusedAdamWFlagSelectsTheOptimizerAndOnlyAppliesToAdamW) {
+  EXPECT_TRUE(parse({}).config->fused_adamw);  // default: fused
+  const ParseResult off = parse({"--fused-adamw", "false"});
+  ASSERT_TRUE(off.config.has_value()) << off.message;
+  EXPECT_FALSE(off.config->fused_adamw);
+  expect_error({"--fused-adamw", "maybe"}, {"'maybe'", "--fused-adamw"});
+  // With sgd it would be ignored: an error naming both.
+  expect_error({"--optimizer", "sgd", "--fused-adamw", "false"},
+               {"--fused-adamw", "optimizer 'sgd'", "adamw only"});
+  // config.ini round-trips, and comments the key out for sgd (so the file stays valid).
+  RunConfig c;
+  c.fused_adamw = false;
+  TempFile file(to_ini(c));
+  const ParseResult again = parse({"--config", file.path()});
+  ASSERT_TRUE(again.config.has_value()) << again.message;
+  EXPECT_FALSE(again.config->fused_adamw);
+  c.optimizer = "sgd";
+  const std::string sgd_ini = to_ini(c);
+  EXPECT_NE(sgd_ini.find("# fused-adamw = false  (not used by optimizer 'sgd'"), std::string::npos) << sgd_ini;
+  TempFile sgd_file(sgd_ini);
+  const ParseResult sgd = parse({"--config", sgd_file.path()});
+  ASSERT_TRUE(sgd.config.has_value()) << sgd.message;
+  EXPECT_EQ(sgd.config->optimizer, "sgd");
+}
+
 }  // namespace

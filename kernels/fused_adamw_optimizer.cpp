@@ -1,0 +1,94 @@
+#include "kernels/fused_adamw_optimizer.h"
+
+#include "kernels/fused_adamw.h"
+
+#include <cmath>
+
+namespace strata {
+
+namespace {
+
+bool fp32_dense(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat &&
+         t.layout() == torch::kStrided && t.is_contiguous();
+}
+
+bool fusable(const torch::Tensor& p, const torch::Tensor& grad, const torch::optim::AdamWOptions& options) {
+  return !options.amsgrad() && fp32_dense(p) && fp32_dense(grad) && grad.numel() == p.numel();
+}
+
+/// torch::optim::AdamW::step's body for one parameter (LibTorch 1.13), for
+/// what the kernel cannot take. `state.step()` is already incremented.
+void reference_step(torch::Tensor& p, const torch::Tensor& grad, torch::optim::AdamWParamState& state,
+                    const torch::optim::AdamWOptions& options) {
+  auto& exp_avg = state.exp_avg();
+  auto& exp_avg_sq = state.exp_avg_sq();
+  auto& max_exp_avg_sq = state.max_exp_avg_sq();
+  const double beta1 = std::get<0>(options.betas());
+  const double beta2 = std::get<1>(options.betas());
+  const double bias_correction1 = 1 - std::pow(beta1, state.step());
+  const double bias_correction2 = 1 - std::pow(beta2, state.step());
+  exp_avg.mul_(beta1).add_(grad, 1 - beta1);
+  exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+  torch::Tensor denom;
+  if (options.amsgrad()) {
+    torch::max_out(max_exp_avg_sq, exp_avg_sq, max_exp_avg_sq);
+    denom = (max_exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
+  } else {
+    denom = (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
+  }
+  p.addcdiv_(exp_avg, denom, -options.lr() / bias_correction1);
+}
+
+}  // namespace
+
+torch::optim::AdamWParamState& FusedAdamW::state_of(const torch::Tensor& p,
+                                                    const torch::optim::AdamWOptions& options) {
+  // The key and the lazily created zero state are AdamW's, so save()/load()
+  // and optimizer_state_bytes() see the same state either class made.
+  const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  auto it = state_.find(key);
+  if (it == state_.end()) {
+    auto state = std::make_unique<torch::optim::AdamWParamState>();
+    state->step(0);
+    state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    if (options.amsgrad()) {
+      state->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    it = state_.emplace(key, std::move(state)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+torch::Tensor FusedAdamW::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      const auto& grad = p.grad();
+      TORCH_CHECK(!grad.is_sparse(), "AdamW does not support sparse gradients");
+      auto& state = state_of(p, options);
+      state.step(state.step() + 1);
+      if (fusable(p, grad, options) && fp32_dense(state.exp_avg()) && fp32_dense(state.exp_avg_sq()) &&
+          state.exp_avg().numel() == p.numel() && state.exp_avg_sq().numel() == p.numel()) {
+        fused_adamw_step(p, grad, state.exp_avg(), state.exp_avg_sq(),
+                         AdamWStepOptions::from(options, state.step()));
+        ++fused_steps_;
+      } else {
+        if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
+        reference_step(p, grad, state, options);
+        ++fallback_steps_;
+      }
+    }
+  }
+  return loss;
+}
+
+}  // namespace strata
