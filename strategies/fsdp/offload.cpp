@@ -1,5 +1,7 @@
 #include "strategies/fsdp/offload.h"
 
+#include "kernels/fused_adamw.h"
+
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
@@ -103,19 +105,12 @@ void OffloadedOptimizer::step_chunk(const Chunk& chunk, const Staging& b,
       p.add_(d_p, -1 * o.lr());
       continue;
     }
-    // torch::optim::AdamW::step (LibTorch 1.13), operation by operation.
+    // torch::optim::AdamW's update with the piece's own step count, in one
+    // fused pass (kernels/fused_adamw.h: the same fp32 roundings as torch's).
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(options);
     auto m = b.exp_avg.narrow(0, begin - chunk.begin, end - begin);
     auto v = b.exp_avg_sq.narrow(0, begin - chunk.begin, end - begin);
-    if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-    const double beta1 = std::get<0>(o.betas());
-    const double beta2 = std::get<1>(o.betas());
-    const double bias_correction1 = 1 - std::pow(beta1, piece.step);
-    const double bias_correction2 = 1 - std::pow(beta2, piece.step);
-    m.mul_(beta1).add_(g, 1 - beta1);
-    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
-    auto denom = (v.sqrt() / std::sqrt(bias_correction2)).add_(o.eps());
-    p.addcdiv_(m, denom, -(o.lr() / bias_correction1));
+    fused_adamw_step(p, g, m, v, AdamWStepOptions::from(o, piece.step));
   }
 }
 

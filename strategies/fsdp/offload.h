@@ -10,8 +10,8 @@
 // thread (IoQueue) writes chunk i-1 back and reads chunk i+1 in, so resident
 // memory does not grow with the model and the I/O overlaps the arithmetic.
 //
-// The update is torch::optim::AdamW's (or plain SGD's) exactly, operation by
-// operation, applied per parameter piece (the part of one parameter in this
+// The update is torch::optim::AdamW's (kernels/fused_adamw.h: one fused pass
+// with torch's fp32 roundings) or plain SGD's, applied per parameter piece (the part of one parameter in this
 // rank's shard): each piece keeps its own step count and its parameter's
 // group options (lr set by the Trainer each step, weight decay by group), as
 // torch keeps per-parameter state; a piece whose parameter no rank used is
