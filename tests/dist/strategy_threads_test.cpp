@@ -125,7 +125,13 @@ void expect_parity(const Case& c) {
   ASSERT_EQ(reference.size(), got.size());
   for (size_t i = 0; i < got.size(); ++i) {
     const double diff = (reference[i] - got[i]).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-5) << label(c) << " param " << i;
+    // 3e-5, not 1e-5: Adam's first step divides each gradient element by its
+    // own magnitude, so an element whose gradient is rounding noise moves by
+    // a noise-dependent fraction of lr. Measured with the per-parameter GPT
+    // init: h2.attn.c_proj.weight[23, 20] has gradient 8.7e-9 at step 1
+    // (mean |g| 7.5e-3) and ends 1.72e-5 apart at world 2. Scale errors are
+    // caught by GradientScaleTest (SGD), where 1e-5 still holds.
+    EXPECT_LE(diff, 3e-5) << label(c) << " param " << i;
   }
 }
 
