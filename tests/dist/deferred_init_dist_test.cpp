@@ -102,6 +102,7 @@ void expect_deferred_fsdp_parity(int world, const FsdpRun& run_in, bool tie) {
 }
 
 TEST(FsdpDeferredInitTest, TrainingMatchesSingleProcessAtTwoAndThreeRanks) {
+  // (Also untied, with activation checkpointing, and hybrid_shard at four.)
   for (int world : {2, 3}) expect_deferred_fsdp_parity(world, FsdpRun{}, /*tie=*/true);
   expect_deferred_fsdp_parity(2, FsdpRun{}, /*tie=*/false);
   // Activation checkpointing installed on the deferred module before setup,
@@ -111,6 +112,10 @@ TEST(FsdpDeferredInitTest, TrainingMatchesSingleProcessAtTwoAndThreeRanks) {
     strata::apply_activation_checkpointing(module, strata::ActivationCheckpointOptions());
   };
   expect_deferred_fsdp_parity(2, checkpointed, /*tie=*/true);
+  // hybrid_shard: shards inside each node of two, rank 0's values everywhere.
+  FsdpRun hybrid;
+  hybrid.options = FSDPOptions().sharding_strategy(strata::ShardingStrategy::kHybridShard).node_size(2);
+  expect_deferred_fsdp_parity(4, hybrid, /*tie=*/true);
 }
 
 TEST(FsdpDeferredInitTest, DeferredTrainsExactlyLikeEagerUnderFsdp) {

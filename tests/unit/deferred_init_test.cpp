@@ -8,6 +8,7 @@
 #include "strategies/single_device.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
+#include "trainer/memory.h"
 #include "trainer/trainer.h"
 
 #include <gtest/gtest.h>
@@ -120,6 +121,31 @@ TEST(DeferredInitTest, DeferredGptPlusInitEqualsEagerBitForBit) {
   expect_identical(expected, clone_params(deferred.module()));
   // And the eager values are not trivially equal (the init really ran).
   EXPECT_GT(expected.front().abs().sum().item<double>(), 0.0);
+}
+
+TEST(DeferredInitTest, DeferredBuildPeaksAtOneSubmoduleAndKeepsNothing) {
+  // Eight 64-wide blocks (~200 KB each), small embeddings: the whole model is
+  // eight times the largest submodule.
+  const auto options = strata::recipes::GPTOptions(8, 4, 64).vocab_size(64).block_size(16);
+  int64_t model_bytes = 0, largest_submodule = 0;
+  {
+    torch::manual_seed(1);
+    GPTModule eager(options);
+    for (const auto& p : eager.module().parameters()) model_bytes += p.nbytes();
+    for (const auto& child : eager.module().children()) {
+      int64_t bytes = 0;
+      for (const auto& p : child->parameters()) bytes += p.nbytes();
+      largest_submodule = std::max(largest_submodule, bytes);
+    }
+  }
+  strata::MemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  tracker.reset_peak();
+  torch::manual_seed(1);
+  GPTModule deferred(options, /*deferred=*/true);
+  EXPECT_EQ(tracker.current_bytes() - base, 0);  // every parameter on the meta device
+  EXPECT_LE(tracker.peak_bytes() - base, largest_submodule);
+  EXPECT_GT(model_bytes, 4 * largest_submodule);  // so building it whole would fail the bound
 }
 
 TEST(DeferredInitTest, InitialisationOrderAndPlaceDoNotMatter) {
