@@ -58,12 +58,14 @@ void move_materialized(torch::nn::Module& module, const torch::Device& device) {
   }
 }
 
-void materialize_parameters(TrainingModule& module, const torch::Device& device) {
+void materialize_parameters(TrainingModule& module, const torch::Device& device,
+                            const std::function<bool(const std::string&, const torch::Tensor&)>& which) {
   torch::NoGradGuard no_grad;
   std::unordered_set<const void*> done;
   for (const auto& item : module.module().named_parameters(/*recurse=*/true)) {
     const auto& p = item.value();
-    if (!is_deferred(p) || !done.insert(p.unsafeGetTensorImpl()).second) continue;
+    if (!is_deferred(p) || (which && !which(item.key(), p))) continue;
+    if (!done.insert(p.unsafeGetTensorImpl()).second) continue;
     replace_data(p, torch::empty(p.sizes(), p.options().device(device).requires_grad(false)));
     module.init_parameter(item.key(), p);
   }

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace strata {
@@ -46,8 +47,11 @@ void move_materialized(torch::nn::Module& module, const torch::Device& device);
 /// Gives every deferred parameter of `module` memory on `device` and
 /// initialises it (TrainingModule::init_parameter), one parameter at a time:
 /// the peak is the materialised model. A parameter registered under two names
-/// is initialised once, under its first.
-void materialize_parameters(TrainingModule& module, const torch::Device& device);
+/// is initialised once, under its first. `which` (optional): only the
+/// parameters it accepts (qualified name, tensor).
+void materialize_parameters(
+    TrainingModule& module, const torch::Device& device,
+    const std::function<bool(const std::string&, const torch::Tensor&)>& which = nullptr);
 
 /// The seed of one parameter's own generator: a mix of `seed` and a stable
 /// hash of its qualified `name`, so a parameter's initial values depend on

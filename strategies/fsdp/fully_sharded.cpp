@@ -1,5 +1,6 @@
 #include "strategies/fsdp/fully_sharded.h"
 
+#include "core/deferred_init.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
@@ -26,6 +27,11 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // Not Strategy::setup: a deferred module stays deferred (no memory) until
   // its units are built below, one at a time.
   attach(module);
+  // Frozen parameters are not sharded (held whole): materialised whole now,
+  // and broadcast with the rest of the module's state below.
+  materialize_parameters(module, device(), [](const std::string&, const torch::Tensor& p) {
+    return !p.requires_grad();
+  });
   // Every rank cuts its shards from rank 0's values (deferred parameters:
   // each unit's full buffer is broadcast once initialised, in make_unit).
   broadcast_module_state(comm(), module.module());

@@ -85,6 +85,27 @@ TEST(FsdpDeferredInitTest, EveryRankStartsFromRankZerosValuesWhateverItsSeed) {
   }
 }
 
+TEST(FsdpDeferredInitTest, FrozenParametersAreMaterialisedWhole) {
+  // FSDP shards only trainable parameters; a frozen deferred one is held
+  // whole, and must get memory and its (rank 0's) value too.
+  const auto expected = clone_params(*gpt_nano()());
+  auto freeze = [](int r) -> ModuleFactory {
+    return [r] {
+      auto module = gpt_nano_deferred(true, r == 0 ? 11 : 99)();
+      for (auto& item : module->module().named_parameters()) {
+        if (item.key() == "wpe.weight") item.value().set_requires_grad(false);
+      }
+      return module;
+    };
+  };
+  const auto got = summoned_after_setup(2, freeze);
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[r][i], expected[i])) << "rank " << r << " param " << i;
+    }
+  }
+}
+
 /// Six AdamW steps under FSDP with a deferred module: within 1e-5 of
 /// single-process training of the eager module, gradient norms too.
 void expect_deferred_fsdp_parity(int world, const FsdpRun& run_in, bool tie) {
