@@ -1,5 +1,9 @@
 #include "recipes/gpt.h"
 
+#include "core/deferred_init.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 #include <map>
 
@@ -80,33 +84,52 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
 }
 
-GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
+GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)
+    : options_(o), init_seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
   validate(o);
-  wte_ = register_module("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
-  wpe_ = register_module("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
-  drop_ = register_module("drop", torch::nn::Dropout(o.dropout()));
+  // Deferred: each submodule is built as usual (its default init consumes
+  // the default generator as in an eager build, so dropout streams match),
+  // then gives its memory back at once.
+  auto add = [this, deferred](const std::string& name, auto module) {
+    auto registered = register_module(name, std::move(module));
+    if (deferred) defer_parameters(*registered);
+    return registered;
+  };
+  wte_ = add("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
+  wpe_ = add("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
+  drop_ = add("drop", torch::nn::Dropout(o.dropout()));
   for (int64_t i = 0; i < o.n_layer(); ++i) {
-    blocks_.push_back(register_module("h" + std::to_string(i), Block(o)));
+    blocks_.push_back(add("h" + std::to_string(i), Block(o)));
   }
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
+  ln_f_ = add("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
   if (!o.tie_weights()) {
-    lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
+    lm_head_ = add("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
   }
   for (const auto& p : parameters()) num_params_ += p.numel();
-  // GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled
-  // by 1/sqrt(2 * n_layer).
+  if (deferred) return;
+  for (const auto& item : named_parameters()) init_parameter(item.key(), item.value());
+}
+
+void GPTImpl::init_parameter(const std::string& name, const torch::Tensor& p) const {
   torch::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
-    const auto& name = item.key();
-    auto& p = item.value();
-    if (name.find("ln_") != std::string::npos) continue;  // LayerNorm keeps 1 / 0
-    if (p.dim() == 1) {
-      p.zero_();
-    } else if (name.size() >= 13 && name.compare(name.size() - 13, 13, "c_proj.weight") == 0) {
-      p.normal_(0.0, 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer())));
+  auto ends_with = [&name](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (name.find("ln_") != std::string::npos) {
+    // LayerNorm: weight 1, bias 0 (torch's default, written here so a
+    // deferred build gets it too).
+    if (ends_with("weight")) {
+      p.fill_(1.0);
     } else {
-      p.normal_(0.0, 0.02);
+      p.zero_();
     }
+  } else if (p.dim() == 1) {
+    p.zero_();
+  } else {
+    const double stddev = ends_with("c_proj.weight")
+                           ? 0.02 / std::sqrt(2.0 * static_cast<double>(options_.n_layer()))
+                           : 0.02;
+    normal_init(p, 0.0, stddev, parameter_generator(init_seed_, name));
   }
 }
 
@@ -134,7 +157,11 @@ int64_t GPTImpl::num_params(bool non_embedding) const {
   return non_embedding ? num_params_ - options_.block_size() * options_.n_embd() : num_params_;
 }
 
-GPTModule::GPTModule(const GPTOptions& options) : model_(options) {}
+GPTModule::GPTModule(const GPTOptions& options, bool deferred) : model_(options, deferred) {}
+
+void GPTModule::init_parameter(const std::string& name, const torch::Tensor& param) {
+  model_->init_parameter(name, param);
+}
 
 torch::Tensor GPTModule::forward(const torch::Tensor& idx) {
   return model_->forward(idx, [this](int64_t unit, const torch::Tensor& x, const UnitFn& block) {

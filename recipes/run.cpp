@@ -272,7 +272,11 @@ int run_gpt(int argc, char** argv) {
     }
 
     torch::manual_seed(config.seed);
-    GPTModule module(*model_options);
+    // Deferred for every strategy (one code path): the parameters get memory
+    // in the strategy's setup, on its device, and the same values an eager
+    // build has; FSDP builds one unit at a time, so a model that only fits
+    // sharded starts at all. Sizes (num_params, FLOPs) count the logical model.
+    GPTModule module(*model_options, /*deferred=*/true);
     if (config.activation_checkpointing > 0) {
       // Before the strategy's setup, so a strategy that wraps units (FSDP)
       // installs its layer outside: FSDP(checkpoint(block)).

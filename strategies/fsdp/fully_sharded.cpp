@@ -1,8 +1,11 @@
 #include "strategies/fsdp/fully_sharded.h"
 
+#include "core/deferred_init.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
+
+#include <torch/csrc/autograd/variable.h>
 
 #include <unordered_map>
 
@@ -21,8 +24,16 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
 void FSDPStrategy::setup(TrainingModule& module) {
   TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
   set_up_ = true;
-  Strategy::setup(module);
-  // Every rank cuts its shards from rank 0's values.
+  // Not Strategy::setup: a deferred module stays deferred (no memory) until
+  // its units are built below, one at a time.
+  attach(module);
+  // Frozen parameters are not sharded (held whole): materialised whole now,
+  // and broadcast with the rest of the module's state below.
+  materialize_parameters(module, device(), [](const std::string&, const torch::Tensor& p) {
+    return !p.requires_grad();
+  });
+  // Every rank cuts its shards from rank 0's values (deferred parameters:
+  // each unit's full buffer is broadcast once initialised, in make_unit).
   broadcast_module_state(comm(), module.module());
   // Collective (hybrid_shard makes subgroups): every rank is here, in setup.
   FsdpGroups groups = make_fsdp_groups(comm(), options_);
@@ -32,6 +43,12 @@ void FSDPStrategy::setup(TrainingModule& module) {
   shard_rank_ = shard_comm_.rank();
 
   const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
+  // Each parameter's AccumulateGrad node, created while the unit is gathered
+  // and kept alive until grad_sync_ holds it: the node records its
+  // parameter's shape when created, and must record the full one.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // Built, initialised and resharded one at a time: with a deferred module no
+  // rank ever holds more than its shards so far plus one unit's full buffer.
   auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {
     std::vector<torch::Tensor> ps;
     std::vector<std::string> names;
@@ -39,7 +56,21 @@ void FSDPStrategy::setup(TrainingModule& module) {
       ps.push_back(params()[k]);
       names.push_back(param_names()[k]);
     }
-    return std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_);
+    DeferredParamInit deferred;
+    deferred.device = device();
+    deferred.fill = [&](const torch::Tensor& full) {
+      for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
+      // Sync point: every rank cuts its shard from rank 0's values, as
+      // broadcast_module_state guarantees for an eager module (the module's
+      // init is seeded alike on every rank, but a rank seeded differently
+      // must not train a different model).
+      torch::Tensor buffer = full;
+      if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
+    };
+    auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
+    for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
+    unit->reshard();
+    return unit;
   };
   // -1: the unit runs unwrapped (no trainable parameters, or wrap policy none).
   index_of_unit_.assign(module.wrap_units().size(), -1);
@@ -78,7 +109,7 @@ void FSDPStrategy::setup(TrainingModule& module) {
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
                      [this](size_t b) { post_backward(b); }, [] { return true; });
   for (auto& unit : units_) unit->set_gather_dtype(options_.param_dtype());
-  for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
+  // From here on each rank holds shards only (make_unit resharded each unit).
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
   });
