@@ -2,8 +2,10 @@
 # name the same folder or one below it (docs/design.md, "Layout"):
 #
 #   core  <-  launch, strategies  <-  trainer  <-  callbacks  <-  recipes, bench
+#   core  <-  kernels  <-  strategies, trainer, callbacks, recipes, bench
 #
-# (launch sits beside strategies: neither includes the other.) tests/ may
+# (launch sits beside strategies: neither includes the other; kernels, the
+# hand-written compute kernels, include core only.) tests/ may
 # include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
 # Exits non-zero listing every upward include.
 cmake_minimum_required(VERSION 3.18)
@@ -11,14 +13,15 @@ if(NOT ROOT)
   message(FATAL_ERROR "check_layers: pass -DROOT=<source dir>")
 endif()
 
-set(layers core launch strategies trainer callbacks recipes bench)
+set(layers core kernels launch strategies trainer callbacks recipes bench)
 set(allowed_core       core)
+set(allowed_kernels    core kernels)
 set(allowed_launch     core launch)
-set(allowed_strategies core strategies)
-set(allowed_trainer    core strategies trainer)
-set(allowed_callbacks  core strategies trainer callbacks)
-set(allowed_recipes    core launch strategies trainer callbacks recipes)
-set(allowed_bench      core launch strategies trainer callbacks recipes bench)
+set(allowed_strategies core kernels strategies)
+set(allowed_trainer    core kernels strategies trainer)
+set(allowed_callbacks  core kernels strategies trainer callbacks)
+set(allowed_recipes    core kernels launch strategies trainer callbacks recipes)
+set(allowed_bench      core kernels launch strategies trainer callbacks recipes bench)
 
 set(violations "")
 set(checked 0)
