@@ -200,7 +200,7 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   auto out = empty_bthd(B, H, T, D);
   auto lse = torch::empty({B, H, T}, torch::kFloat32);
-  if (q.numel() == 0) return {out.to(q.scalar_type()), lse};
+  if (q.numel() == 0) return {out.to(q.scalar_type()), lse, out};
   const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v);
   const int64_t Dp = round_up(D, 2 * kW), Tp = round_up(T, kBlockCols);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -279,7 +279,7 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
       }
     }
   });
-  return {q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type()), lse};
+  return {q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type()), lse, out};
 }
 
 AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const torch::Tensor& q_in,
@@ -292,16 +292,21 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
               out_in.sizes(), " must match q ", q_in.sizes());
   const auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  // dO and O may come in another dtype than q (autograd: fp32 grads of a bf16 output).
-  auto grad_out = rows_contiguous(grad_out_in.to(q.scalar_type()));
-  auto out = rows_contiguous(out_in.to(q.scalar_type()));
+  // dO and O may come in another dtype than q (the fp32 output of bf16 inputs,
+  // fp32 gradients of a bf16 output): read fp32 and bf16 as they are.
+  auto readable = [](const torch::Tensor& t) {
+    const bool ok = t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+    return rows_contiguous(ok ? t : t.to(at::kFloat));
+  };
+  auto grad_out = readable(grad_out_in);
+  auto out = readable(out_in);
   const auto lse_c = lse.to(torch::kFloat32).contiguous();
   TORCH_CHECK(lse_c.numel() == B * H * T, "causal attention backward: lse has ", lse_c.numel(),
               " elements, expected B·H·T = ", B * H * T);
   auto dq = empty_bthd(B, H, T, D), dk = empty_bthd(B, H, T, D), dv = empty_bthd(B, H, T, D);
   if (q.numel() > 0) {
     const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v), gv = view_of(grad_out),
-                   ov = view_of(out);
+                   ov = view_of(out);  // out: fp32 or q's dtype
     const int64_t Dp = round_up(D, 2 * kW), Tp = round_up(T, kBlockCols);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const bool dropout = dropout_p > 0.0;
@@ -408,7 +413,7 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
 
 namespace {
 
-/// The autograd node: saves q, k, v, the output and the logsumexp, plus the
+/// The autograd node: saves q, k, v, the fp32 output and the logsumexp, plus the
 /// dropout probability and seed from which the backward regenerates the mask.
 class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
  public:
@@ -416,7 +421,8 @@ class CausalAttentionFunction : public torch::autograd::Function<CausalAttention
                                const torch::Tensor& k, const torch::Tensor& v, double dropout_p,
                                int64_t seed) {
     auto result = causal_attention_forward(q, k, v, dropout_p, static_cast<uint64_t>(seed));
-    ctx->save_for_backward({q, k, v, result.out, result.lse});
+    // The fp32 output (for bf16 inputs a second, fp32 copy: B·T·C floats).
+    ctx->save_for_backward({q, k, v, result.out_fp32, result.lse});
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["seed"] = seed;
     return result.out;

@@ -27,6 +27,10 @@ namespace strata::kernels {
 struct AttentionForward {
   torch::Tensor out;  ///< [B, H, T, D], q's dtype
   torch::Tensor lse;  ///< [B, H, T] fp32: log of each row's softmax normaliser
+  /// `out` before rounding to q's dtype (the same tensor for fp32): what the
+  /// backward should get as `out`, since rowsum(dO ∘ O) from a bf16-rounded O
+  /// is off by O's rounding error times dO.
+  torch::Tensor out_fp32;
 };
 
 struct AttentionGrads {

@@ -35,7 +35,7 @@ struct Result {
 /// Fused kernels called directly (forward, then backward with `grad_out`).
 Result fused(const Inputs& in, double p, uint64_t seed) {
   auto fwd = kernels::causal_attention_forward(in.q, in.k, in.v, p, seed);
-  auto g = kernels::causal_attention_backward(in.grad_out, in.q, in.k, in.v, fwd.out, fwd.lse, p, seed);
+  auto g = kernels::causal_attention_backward(in.grad_out, in.q, in.k, in.v, fwd.out_fp32, fwd.lse, p, seed);
   return {fwd.out, g.dq, g.dk, g.dv};
 }
 
