@@ -134,6 +134,22 @@ uint32_t keep_threshold(double p) {
   return static_cast<uint32_t>(std::min(p * 4294967296.0, 4294967295.0));
 }
 
+/// Zero-filled fp32 scratch of one task, allocated as a tensor so that the
+/// CPU memory tracker (trainer/memory.h) counts it like the naive path's.
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) : tensor_(torch::zeros({n}, torch::kFloat32)), data_(tensor_.data_ptr<float>()), n_(n) {}
+  float* data() { return data_; }
+  float* begin() { return data_; }
+  float* end() { return data_ + n_; }
+  float& operator[](int64_t i) { return data_[i]; }
+
+ private:
+  torch::Tensor tensor_;
+  float* data_;
+  int64_t n_;
+};
+
 /// A [B, H, T, D] tensor's element (b, h, t, 0) read as fp32 rows: strides in
 /// elements, D contiguous.
 struct HeadView {
@@ -215,9 +231,9 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
   // fp32 scratch shared by all its row tiles, and tasks never write the same
   // output rows (no synchronisation inside the kernel).
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qs(Tp * Dp, 0.f), kt(D * Tp, 0.f), vs(Tp * Dp, 0.f), ks(Tp * Dp, 0.f);
-    std::vector<float> s(kBlockRows * kBlockCols), acc(kBlockRows * Dp);
-    std::vector<float> m(kBlockRows), l(kBlockRows);
+    Scratch qs(Tp * Dp), kt(D * Tp), vs(Tp * Dp), ks(Tp * Dp);
+    Scratch s(kBlockRows * kBlockCols), acc(kBlockRows * Dp);
+    Scratch m(kBlockRows), l(kBlockRows);
     for (int64_t bh = begin; bh < end; ++bh) {
       qv.rows_to(bh, T, D, scale, qs.data(), Dp);  // scaled once: S = (q·scale) kᵀ
       kv.rows_to(bh, T, D, 1.f, ks.data(), Dp);
@@ -322,10 +338,10 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
     // and dQ of a row tile over column tiles; within one head a single task
     // does both, so no two tasks ever add into the same gradient rows.
     at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> qs(Tp * Dp, 0.f), ks(Tp * Dp, 0.f), kt(D * Tp, 0.f), vs(Tp * Dp, 0.f),
-          vt(D * Tp, 0.f), dos(Tp * Dp, 0.f), os(Tp * Dp, 0.f), dqa(Tp * Dp, 0.f);
-      std::vector<float> delta(Tp);
-      std::vector<float> p(kBlockRows * kBlockCols), ds(kBlockRows * kBlockCols),
+      Scratch qs(Tp * Dp), ks(Tp * Dp), kt(D * Tp), vs(Tp * Dp),
+          vt(D * Tp), dos(Tp * Dp), os(Tp * Dp), dqa(Tp * Dp);
+      Scratch delta(Tp);
+      Scratch p(kBlockRows * kBlockCols), ds(kBlockRows * kBlockCols),
           pt(kBlockCols * kBlockRows), dkv(kBlockCols * Dp), dva(kBlockCols * Dp);
       std::vector<uint8_t> z(kBlockRows * kBlockCols);
       for (int64_t bh = begin; bh < end; ++bh) {
