@@ -59,10 +59,12 @@ inline v8f vexp(v8f x) {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/// Row-major C[M, N] (+)= A[M, K] · B[K, N]; N a multiple of 16 (callers pad).
-/// Register-blocked: ROWS rows × 16 columns of C stay in registers while K
-/// streams through (each B row chunk is loaded once for ROWS rows).
-template <int ROWS>
+/// Row-major C[M, N] (+)= op(A)[M, K] · B[K, N]; N a multiple of 16 (callers
+/// pad). op(A) is A [M, K] (lda between rows), or with TRANS_A the transpose
+/// of a stored [K, M] (lda between its rows), which spares the backward its
+/// tile transposes. Register-blocked: ROWS rows × 16 columns of C stay in
+/// registers while K streams through (each B chunk loaded once for ROWS rows).
+template <int ROWS, bool TRANS_A>
 void gemm_rows(int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                float* C, int64_t ldc, bool accumulate) {
   for (int64_t j = 0; j < N; j += 2 * kW) {
@@ -74,7 +76,7 @@ void gemm_rows(int64_t N, int64_t K, const float* A, int64_t lda, const float* B
     for (int64_t k = 0; k < K; ++k) {
       const v8f b0 = load(B + k * ldb + j), b1 = load(B + k * ldb + j + kW);
       for (int r = 0; r < ROWS; ++r) {
-        const v8f a = splat(A[r * lda + k]);
+        const v8f a = splat(TRANS_A ? A[k * lda + r] : A[r * lda + k]);
         acc[r][0] += a * b0;
         acc[r][1] += a * b1;
       }
@@ -86,19 +88,37 @@ void gemm_rows(int64_t N, int64_t K, const float* A, int64_t lda, const float* B
   }
 }
 
-void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-          int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+template <bool TRANS_A>
+void gemm_impl(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  // Row i of op(A) starts at A + i·lda, or at column i (A + i) when transposed.
+  auto a_at = [&](int64_t i) { return TRANS_A ? A + i : A + i * lda; };
+  constexpr int kRows = 6;  // 12 accumulators + 2 B chunks + 1 broadcast: 15 of 16 ymm registers
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4) gemm_rows<4>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
+  for (; i + kRows <= M; i += kRows) gemm_rows<kRows, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate);
   switch (M - i) {
-    case 3: gemm_rows<3>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
-    case 2: gemm_rows<2>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
-    case 1: gemm_rows<1>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+    case 5: gemm_rows<5, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+    case 4: gemm_rows<4, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+    case 3: gemm_rows<3, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+    case 2: gemm_rows<2, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+    case 1: gemm_rows<1, TRANS_A>(N, K, a_at(i), lda, B, ldb, C + i * ldc, ldc, accumulate); break;
     default: break;
   }
 }
 
-constexpr int64_t kBlockRows = 64;  // query rows per tile
+/// C[M, N] (+)= A[M, K] · B[K, N] (A row-major with lda).
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_impl<false>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+/// C[M, N] (+)= Aᵀ · B[K, N] with A stored [K, M] (lda between its rows).
+void gemm_tn(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+             int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  gemm_impl<true>(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+constexpr int64_t kBlockRows = 32;  // query rows per tile (smaller: less waste on the diagonal)
 constexpr int64_t kBlockCols = 64;  // key columns per tile: a 64×64 fp32 score tile is 16 KiB (L1)
 
 /// src [T, D] (leading dimension lds) transposed tile by tile: column tile
@@ -342,7 +362,7 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
           vt(D * Tp), dos(Tp * Dp), os(Tp * Dp), dqa(Tp * Dp);
       Scratch delta(Tp);
       Scratch p(kBlockRows * kBlockCols), ds(kBlockRows * kBlockCols),
-          pt(kBlockCols * kBlockRows), dkv(kBlockCols * Dp), dva(kBlockCols * Dp);
+          pd(kBlockRows * kBlockCols), dkv(kBlockCols * Dp), dva(kBlockCols * Dp);
       std::vector<uint8_t> z(kBlockRows * kBlockCols);
       for (int64_t bh = begin; bh < end; ++bh) {
         const int64_t b = bh / H, h = bh % H;
@@ -363,34 +383,37 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
         const float* lse_row = lse_data + bh * T;
         for (int64_t c0 = 0; c0 < T; c0 += kBlockCols) {
           const int64_t C = std::min(kBlockCols, T - c0);
-          const int64_t Cp = round_up(C, 2 * kW);
           std::fill(dkv.begin(), dkv.end(), 0.f);
           std::fill(dva.begin(), dva.end(), 0.f);
           // Only row tiles reaching the diagonal: rows < c0 see none of these columns.
           for (int64_t r0 = c0 / kBlockRows * kBlockRows; r0 < T; r0 += kBlockRows) {
             const int64_t R = std::min(kBlockRows, T - r0);
-            gemm(R, Cp, D, qs.data() + r0 * Dp, Dp, kt.data() + c0 * D, kBlockCols, p.data(), kBlockCols, false);
-            // P (recomputed from the logsumexp), then the dropped-out P into pt (transposed).
+            // Columns some row of this tile sees: on the diagonal fewer than C.
+            const int64_t Ce = round_up(std::min(C, r0 + R - c0), 2 * kW);
+            gemm(R, Ce, D, qs.data() + r0 * Dp, Dp, kt.data() + c0 * D, kBlockCols, p.data(), kBlockCols, false);
+            // P (recomputed from the logsumexp), and with dropout the dropped-out P.
             for (int64_t i = 0; i < R; ++i) {
               const int64_t row = r0 + i;
               float* pi = p.data() + i * kBlockCols;
               const int64_t valid = std::max<int64_t>(0, std::min(C, row + 1 - c0));
               const v8f vl = splat(lse_row[row]);
-              for (int64_t c = 0; c < Cp; c += kW) store(pi + c, vexp(load(pi + c) - vl));
-              std::fill(pi + valid, pi + Cp, 0.f);
+              for (int64_t c = 0; c < Ce; c += kW) store(pi + c, vexp(load(pi + c) - vl));
+              std::fill(pi + valid, pi + Ce, 0.f);
               uint8_t* zi = z.data() + i * kBlockCols;
               if (dropout) {
                 const uint64_t key = row_key(seed, bh, row);
                 for (int64_t c = 0; c < valid; ++c) zi[c] = keep(key, c0 + c, threshold);
               }
-              for (int64_t c = 0; c < Cp; ++c) {
-                pt[c * kBlockRows + i] = dropout ? (zi[c] && c < valid ? pi[c] * keep_scale : 0.f) : pi[c];
+              float* pdi = pd.data() + i * kBlockCols;  // the dropped-out P
+              if (dropout) {
+                for (int64_t c = 0; c < Ce; ++c) pdi[c] = c < valid && zi[c] ? pi[c] * keep_scale : 0.f;
               }
             }
             // dV += (dropped P)ᵀ dO
-            gemm(Cp, Dp, R, pt.data(), kBlockRows, dos.data() + r0 * Dp, Dp, dva.data(), Dp, true);
+            gemm_tn(Ce, Dp, R, dropout ? pd.data() : p.data(), kBlockCols, dos.data() + r0 * Dp, Dp,
+                    dva.data(), Dp, true);
             // dP (of the dropped P) = dO Vᵀ
-            gemm(R, Cp, D, dos.data() + r0 * Dp, Dp, vt.data() + c0 * D, kBlockCols, ds.data(), kBlockCols, false);
+            gemm(R, Ce, D, dos.data() + r0 * Dp, Dp, vt.data() + c0 * D, kBlockCols, ds.data(), kBlockCols, false);
             for (int64_t i = 0; i < R; ++i) {
               const int64_t row = r0 + i;
               const float* pi = p.data() + i * kBlockCols;
@@ -402,12 +425,11 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
               }
               // dS = P ∘ (dP - delta); P is 0 outside the valid columns.
               const v8f vd = splat(delta[row]);
-              for (int64_t c = 0; c < Cp; c += kW) store(dsi + c, load(pi + c) * (load(dsi + c) - vd));
-              for (int64_t c = 0; c < Cp; ++c) pt[c * kBlockRows + i] = dsi[c];
+              for (int64_t c = 0; c < Ce; c += kW) store(dsi + c, load(pi + c) * (load(dsi + c) - vd));
             }
             // dK += dSᵀ (q·scale); dQ += dS K (times scale at the end)
-            gemm(Cp, Dp, R, pt.data(), kBlockRows, qs.data() + r0 * Dp, Dp, dkv.data(), Dp, true);
-            gemm(R, Dp, Cp, ds.data(), kBlockCols, ks.data() + c0 * Dp, Dp, dqa.data() + r0 * Dp, Dp, true);
+            gemm_tn(Ce, Dp, R, ds.data(), kBlockCols, qs.data() + r0 * Dp, Dp, dkv.data(), Dp, true);
+            gemm(R, Dp, Ce, ds.data(), kBlockCols, ks.data() + c0 * Dp, Dp, dqa.data() + r0 * Dp, Dp, true);
           }
           for (int64_t c = 0; c < C; ++c) {
             const int64_t off = b * gsb + h * gsh + (c0 + c) * gst;

@@ -6,7 +6,7 @@
 //   BM_AllGatherInto/bytes         Comm::all_gather_into (list all-gather into views)
 //   BM_Attention/T/fused           causal attention core forward + backward, B 4, H 6,
 //                                  head 64 (gpt-mini's), fused (kernels/attention.h)
-//                                  or naive; 2 threads
+//                                  or naive; 2 threads (and 1)
 //   BM_AttentionMemory/T/fused     the same once under trainer/memory.h's tracker:
 //                                  counters saved_bytes (held from forward to backward)
 //                                  and peak_bytes (fwd + bwd peak above the inputs)
@@ -119,7 +119,7 @@ struct AttentionCase {
 
 void BM_Attention(benchmark::State& state) {
   const int saved_threads = at::get_num_threads();
-  at::set_num_threads(2);
+  at::set_num_threads(static_cast<int>(state.range(2)));
   AttentionCase c(state.range(0), state.range(1) != 0);
   c.step();  // warm-up
   for (auto _ : state) c.step();
@@ -159,8 +159,9 @@ BENCHMARK(BM_AllReduce)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(ben
 BENCHMARK(BM_ReduceScatterEmulated)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_AllGatherInto)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
-// Args: {T, fused (1) or naive (0)}.
-BENCHMARK(BM_Attention)->ArgsProduct({{128, 256, 512, 1024, 2048}, {0, 1}})->ArgNames({"T", "fused"})
+// Args: {T, fused (1) or naive (0), intra-op threads}.
+BENCHMARK(BM_Attention)->ArgsProduct({{128, 256, 512, 1024, 2048}, {0, 1}, {2, 1}})
+    ->ArgNames({"T", "fused", "threads"})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_AttentionMemory)->ArgsProduct({{1024}, {0, 1}})->ArgNames({"T", "fused"})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
