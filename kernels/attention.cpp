@@ -278,25 +278,29 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
               std::fill(si, si + Cp, 0.f);
               continue;
             }
+            v8f vmax = splat(m[i]);
+            int64_t c = 0;
+            for (; c + kW <= valid; c += kW) {
+              const v8f x = load(si + c);
+              vmax = x > vmax ? x : vmax;
+            }
             float mx = m[i];
-            for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, si[c]);
+            for (int w = 0; w < kW; ++w) mx = std::max(mx, vmax[w]);
+            for (; c < valid; ++c) mx = std::max(mx, si[c]);
             // Online softmax: rescale what was accumulated under the old max.
             const float alpha = std::exp(m[i] - mx);
             m[i] = mx;
             const v8f vmx = splat(mx);
             v8f vsum = splat(0.f);
-            for (int64_t c = 0; c < Cp; c += kW) {
-              v8f p = vexp(load(si + c) - vmx);
-              store(si + c, p);
-            }
+            for (c = 0; c < Cp; c += kW) store(si + c, vexp(load(si + c) - vmx));
             std::fill(si + valid, si + Cp, 0.f);
-            for (int64_t c = 0; c + kW <= Cp; c += kW) vsum += load(si + c);
+            for (c = 0; c < Cp; c += kW) vsum += load(si + c);
             float sum = 0.f;
             for (int w = 0; w < kW; ++w) sum += vsum[w];
             l[i] = l[i] * alpha + sum;  // the normaliser counts dropped entries too
             if (dropout) {
               const uint64_t key = row_key(seed, bh, row);
-              for (int64_t c = 0; c < valid; ++c) si[c] = keep(key, c0 + c, threshold) ? si[c] * keep_scale : 0.f;
+              for (c = 0; c < valid; ++c) si[c] = keep(key, c0 + c, threshold) ? si[c] * keep_scale : 0.f;
             }
             float* ai = acc.data() + i * Dp;
             const v8f va = splat(alpha);
