@@ -106,8 +106,8 @@ std::vector<Field> fields() {
       {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
       {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
       {"attention", 0, &C::attention,
-       "attention core: fused (tiled CPU kernel, O(T) activation memory per row) or naive "
-       "(B×H×T×T scores; the reference; also what CUDA runs)"},
+       "attention core: fused (tiled CPU kernel; keeps O(B·H·T) for backward instead of the "
+       "B×H×T×T scores) or naive (the reference; CUDA tensors always run it)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
       {"strategy", 2, &C::strategy, "distributed strategy"},

@@ -1,5 +1,7 @@
 #include "recipes/gpt.h"
 
+#include "kernels/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>

@@ -6,7 +6,6 @@
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
 #include "core/training_module.h"
-#include "kernels/attention.h"
 
 #include <torch/torch.h>
 
