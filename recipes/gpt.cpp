@@ -1,9 +1,11 @@
 #include "recipes/gpt.h"
 
 #include "core/deferred_init.h"
+#include "kernels/attention.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -35,6 +37,8 @@ GPTOptions gpt_preset(const std::string& name) {
   TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", gpt_preset_names()));
 }
 
+std::vector<std::string> attention_names() { return {"fused", "naive"}; }
+
 void validate(const GPTOptions& o) {
   TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.vocab_size() > 0 &&
                         o.block_size() > 0,
@@ -45,9 +49,13 @@ void validate(const GPTOptions& o) {
                     " is not divisible by n_head ", o.n_head());
   TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, "dropout must be in [0, 1) (got ",
                     o.dropout(), ")");
+  const auto names = attention_names();
+  TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), o.attention()) != names.end(),
+                    "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(o.n_head()) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
+    : n_head_(o.n_head()), fused_(o.attention() == "fused"), attn_dropout_p_(o.dropout()) {
   c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(o.dropout()));
@@ -61,12 +69,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
   auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  // Causal mask: position t attends to positions <= t only.
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
-  att = attn_dropout_(torch::softmax(att, -1));
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  torch::Tensor y;
+  if (fused_ && x.device().is_cpu()) {
+    // Dropout inside the kernel: one seed from the default generator per call.
+    y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
+  } else {
+    y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
   return resid_dropout_(c_proj_(y));
 }
 

@@ -28,7 +28,14 @@ struct GPTOptions {
   TORCH_ARG(bool, bias) = true;
   /// lm_head shares the token embedding matrix.
   TORCH_ARG(bool, tie_weights) = true;
+  /// The attention core: "fused" (kernels/attention.h: tiled, online softmax,
+  /// O(B·H·T) activation memory; CPU tensors) or "naive" (B×H×T×T scores kept
+  /// for backward; the reference, and what non-CPU tensors run).
+  TORCH_ARG(std::string, attention) = "fused";
 };
+
+/// The values GPTOptions::attention accepts: fused, naive.
+std::vector<std::string> attention_names();
 
 /// gpt-nano (3 layers, 3 heads, 48 wide), gpt-micro (4, 4, 128),
 /// gpt-mini (6, 6, 192), gpt2 (12, 12, 768; 124M), gpt2-medium (24, 16, 1024),
@@ -37,8 +44,8 @@ struct GPTOptions {
 GPTOptions gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
-/// Errors (one line, naming the values) for n_embd % n_head != 0 and
-/// non-positive sizes.
+/// Errors (one line, naming the values) for n_embd % n_head != 0,
+/// non-positive sizes and an unknown attention implementation.
 void validate(const GPTOptions& options);
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -48,6 +55,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_;
+  bool fused_;
+  double attn_dropout_p_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};
 };

@@ -134,6 +134,7 @@ GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t
   if (c.n_embd > 0) o.n_embd(c.n_embd);
   if (c.dropout >= 0) o.dropout(c.dropout);
   o.bias(c.bias);
+  o.attention(c.attention);
   o.vocab_size(vocab_size).block_size(block_size);
   validate(o);
   return o;
