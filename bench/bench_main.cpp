@@ -170,10 +170,10 @@ int main(int argc, char** argv) {
   int repeats = 0;
   po::options_description desc(
       "strata-bench: run strata-gpt over strategy/recipe suites and report throughput and memory\n"
-      "Suites: single, ddp, zero, fsdp, memory, smoke. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
+      "Suites: single, ddp, zero, fsdp, memory, smoke, attention. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
   desc.add_options()
       ("help,h", "show this help")
-      ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke")
+      ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke,attention")
       ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone, else 3)")
       ("gpt", po::value(&cli.gpt), "strata-gpt binary (default: next to strata-bench)")
       ("json", po::value(&cli.json_path), "write one JSON line per run to FILE")

@@ -267,9 +267,37 @@ int64_t max_over_ranks(const nlohmann::json& per_rank, const std::function<int64
   return best;
 }
 
+Suite attention_suite() {
+  Suite s{"attention",
+          "gpt-mini, one process x 2 threads, --attention naive vs fused (kernels/attention.h) at "
+          "block 256 and 1024, fp32 and bf16-mixed. vs ref: fused ÷ naive at the same block size "
+          "and precision (tokens/s; peak: tensor bytes).",
+          {}};
+  for (int64_t block : {256, 1024}) {
+    for (const char* precision : {"32", "bf16-mixed"}) {
+      const std::string tag = std::string(precision == std::string("32") ? "fp32" : "bf16") + "-t" +
+                              std::to_string(block);
+      BenchCase naive = make_case("attention", "gpt-mini", "naive-" + tag, "single", 1, 2);
+      BenchCase fused = make_case("attention", "gpt-mini", "fused-" + tag, "single", 1, 2);
+      for (BenchCase* c : {&naive, &fused}) {
+        c->precision = precision;
+        c->block_size = block;
+        c->batch_size = block == 256 ? 8 : 2;  // the same tokens per step
+        c->steps = 20;
+      }
+      naive.extra = {"--attention", "naive"};
+      fused.extra = {"--attention", "fused"};
+      fused.reference = naive.name;
+      s.cases.push_back(naive);
+      s.cases.push_back(fused);
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
-std::vector<std::string> suite_names() { return {"single", "ddp", "zero", "fsdp", "memory", "smoke"}; }
+std::vector<std::string> suite_names() { return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention"}; }
 
 std::vector<Suite> select_suites(const std::string& csv) {
   const auto names = suite_names();
@@ -286,6 +314,7 @@ std::vector<Suite> select_suites(const std::string& csv) {
     if (name == "fsdp") out.push_back(fsdp_suite());
     if (name == "memory") out.push_back(memory_suite());
     if (name == "smoke") out.push_back(smoke_suite());
+    if (name == "attention") out.push_back(attention_suite());
   }
   TORCH_CHECK_VALUE(!out.empty() && csv.back() != ',', "--suite '", csv, "' names no suite; allowed: ",
                     join(names, ", "), " (comma-separated)");

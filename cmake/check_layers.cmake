@@ -1,10 +1,11 @@
 # Layering check: every `#include "<folder>/..."` in a library folder must
 # name the same folder or one below it (docs/design.md, "Layout"):
 #
-#   core  <-  kernels  <-  strategies  <-  trainer  <-  callbacks  <-  recipes, bench
-#   core  <-  launch  <-  recipes, bench
+#   core  <-  launch, strategies  <-  trainer  <-  callbacks  <-  recipes, bench
+#   core  <-  kernels  <-  strategies, trainer, callbacks, recipes, bench
 #
-# (launch sits beside kernels and strategies: neither includes the other.) tests/ may
+# (launch sits beside strategies: neither includes the other; kernels, the
+# hand-written compute kernels, include core only.) tests/ may
 # include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
 # Exits non-zero listing every upward include.
 cmake_minimum_required(VERSION 3.18)

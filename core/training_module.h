@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -103,6 +104,36 @@ class TrainingModule {
 
   /// Training FLOPs per token (forward + backward), for MFU; 0 if unknown.
   virtual double flops_per_token() const { return 0.0; }
+
+  // ---- Deferred initialisation (core/deferred_init.h) ----------------------
+  //
+  // A module may be built deferred: its parameters have their final shapes
+  // and dtypes but live on the meta device (no memory), so that a model that
+  // only fits sharded can be built at all. The strategy's setup() gives each
+  // parameter memory (the base: the whole module on its device; FSDP: one
+  // unit at a time, as views of the unit's flat buffer) and then calls
+  // init_parameter() for it. Eager construction must give the same values.
+
+  /// True when some parameter of module() is deferred (on the meta device).
+  bool has_deferred_parameters() {
+    for (const auto& p : module().parameters(/*recurse=*/true)) {
+      if (p.is_meta()) return true;
+    }
+    return false;
+  }
+
+  /// Writes the initial value of parameter `name` (qualified as in
+  /// module().named_parameters()) into `param`, in place and without
+  /// autograd. `param` already holds memory: possibly a view of a strategy's
+  /// buffer, on any device. Called once per parameter, for units in any
+  /// order: the value must depend on nothing but the parameter (its name, its
+  /// shape, the module's seed). The default refuses: a module that can be
+  /// built deferred overrides it.
+  virtual void init_parameter(const std::string& name, const torch::Tensor& param) {
+    TORCH_CHECK(false, "parameter ", name, " ", param.sizes(),
+                " is deferred (meta device), but this TrainingModule does not implement "
+                "init_parameter(): build it eagerly, or override init_parameter");
+  }
 
   /// Replaces the runner run_unit() calls; an empty runner means "call the
   /// unit directly". To add a layer around what is installed, use

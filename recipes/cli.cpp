@@ -107,6 +107,9 @@ std::vector<Field> fields() {
       {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
       {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
       {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
+      {"attention", 0, &C::attention,
+       "attention core: fused (tiled CPU kernel; keeps O(B·H·T) for backward instead of the "
+       "B×H×T×T scores) or naive (the reference; CUDA tensors always run it)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
       {"strategy", 2, &C::strategy, "distributed strategy"},
@@ -291,6 +294,7 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty()) error = choice("precision", c.precision, precision_names());
   if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
   if (error.empty()) error = choice("optimizer", c.optimizer, optimizer_names());
+  if (error.empty()) error = choice("attention", c.attention, {"fused", "naive"});
   if (error.empty()) {
     error = choice("sharding strategy", c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
   }

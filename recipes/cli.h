@@ -19,6 +19,7 @@ struct RunConfig {
   int64_t block_size = 0;    ///< 0: the data's natural length
   double dropout = -1.0;     ///< < 0: the preset's value
   bool bias = true;          ///< biases in Linear layers
+  std::string attention = "fused";  ///< attention core: fused (kernels/) or naive
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data

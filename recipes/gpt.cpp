@@ -1,5 +1,11 @@
 #include "recipes/gpt.h"
 
+#include "core/deferred_init.h"
+#include "kernels/attention.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -31,6 +37,8 @@ GPTOptions gpt_preset(const std::string& name) {
   TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", gpt_preset_names()));
 }
 
+std::vector<std::string> attention_names() { return {"fused", "naive"}; }
+
 void validate(const GPTOptions& o) {
   TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.vocab_size() > 0 &&
                         o.block_size() > 0,
@@ -41,6 +49,9 @@ void validate(const GPTOptions& o) {
                     " is not divisible by n_head ", o.n_head());
   TORCH_CHECK_VALUE(o.dropout() >= 0.0 && o.dropout() < 1.0, "dropout must be in [0, 1) (got ",
                     o.dropout(), ")");
+  const auto names = attention_names();
+  TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), o.attention()) != names.end(),
+                    "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
 }
 
 int64_t count_parameters(const GPTOptions& o) {
@@ -54,7 +65,8 @@ int64_t count_parameters(const GPTOptions& o) {
   return embeddings + o.n_layer() * block + 2 * c + head;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o) : n_head_(o.n_head()) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
+    : n_head_(o.n_head()), fused_(o.attention() == "fused"), attn_dropout_p_(o.dropout()) {
   c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(o.dropout()));
@@ -68,12 +80,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
   auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  // Causal mask: position t attends to positions <= t only.
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  att = att.masked_fill(future, -std::numeric_limits<float>::infinity());
-  att = attn_dropout_(torch::softmax(att, -1));
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  torch::Tensor y;
+  if (fused_ && x.device().is_cpu()) {
+    // Dropout inside the kernel: one seed from the default generator per call.
+    y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
+  } else {
+    y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
+  }
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
   return resid_dropout_(c_proj_(y));
 }
 
@@ -91,33 +105,52 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
 }
 
-GPTImpl::GPTImpl(const GPTOptions& o) : options_(o) {
+GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)
+    : options_(o), init_seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
   validate(o);
-  wte_ = register_module("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
-  wpe_ = register_module("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
-  drop_ = register_module("drop", torch::nn::Dropout(o.dropout()));
+  // Deferred: each submodule is built as usual (its default init consumes
+  // the default generator as in an eager build, so dropout streams match),
+  // then gives its memory back at once.
+  auto add = [this, deferred](const std::string& name, auto module) {
+    auto registered = register_module(name, std::move(module));
+    if (deferred) defer_parameters(*registered);
+    return registered;
+  };
+  wte_ = add("wte", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
+  wpe_ = add("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
+  drop_ = add("drop", torch::nn::Dropout(o.dropout()));
   for (int64_t i = 0; i < o.n_layer(); ++i) {
-    blocks_.push_back(register_module("h" + std::to_string(i), Block(o)));
+    blocks_.push_back(add("h" + std::to_string(i), Block(o)));
   }
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
+  ln_f_ = add("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
   if (!o.tie_weights()) {
-    lm_head_ = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
+    lm_head_ = add("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
   }
   for (const auto& p : parameters()) num_params_ += p.numel();
-  // GPT-2 initialisation: N(0, 0.02), zero biases, residual projections scaled
-  // by 1/sqrt(2 * n_layer).
+  if (deferred) return;
+  for (const auto& item : named_parameters()) init_parameter(item.key(), item.value());
+}
+
+void GPTImpl::init_parameter(const std::string& name, const torch::Tensor& p) const {
   torch::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
-    const auto& name = item.key();
-    auto& p = item.value();
-    if (name.find("ln_") != std::string::npos) continue;  // LayerNorm keeps 1 / 0
-    if (p.dim() == 1) {
-      p.zero_();
-    } else if (name.size() >= 13 && name.compare(name.size() - 13, 13, "c_proj.weight") == 0) {
-      p.normal_(0.0, 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layer())));
+  auto ends_with = [&name](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (name.find("ln_") != std::string::npos) {
+    // LayerNorm: weight 1, bias 0 (torch's default, written here so a
+    // deferred build gets it too).
+    if (ends_with("weight")) {
+      p.fill_(1.0);
     } else {
-      p.normal_(0.0, 0.02);
+      p.zero_();
     }
+  } else if (p.dim() == 1) {
+    p.zero_();
+  } else {
+    const double stddev = ends_with("c_proj.weight")
+                           ? 0.02 / std::sqrt(2.0 * static_cast<double>(options_.n_layer()))
+                           : 0.02;
+    normal_init(p, 0.0, stddev, parameter_generator(init_seed_, name));
   }
 }
 
@@ -145,7 +178,11 @@ int64_t GPTImpl::num_params(bool non_embedding) const {
   return non_embedding ? num_params_ - options_.block_size() * options_.n_embd() : num_params_;
 }
 
-GPTModule::GPTModule(const GPTOptions& options) : model_(options) {}
+GPTModule::GPTModule(const GPTOptions& options, bool deferred) : model_(options, deferred) {}
+
+void GPTModule::init_parameter(const std::string& name, const torch::Tensor& param) {
+  model_->init_parameter(name, param);
+}
 
 torch::Tensor GPTModule::forward(const torch::Tensor& idx) {
   return model_->forward(idx, [this](int64_t unit, const torch::Tensor& x, const UnitFn& block) {

@@ -28,7 +28,14 @@ struct GPTOptions {
   TORCH_ARG(bool, bias) = true;
   /// lm_head shares the token embedding matrix.
   TORCH_ARG(bool, tie_weights) = true;
+  /// The attention core: "fused" (kernels/attention.h: tiled, online softmax,
+  /// O(B·H·T) activation memory; CPU tensors) or "naive" (B×H×T×T scores kept
+  /// for backward; the reference, and what non-CPU tensors run).
+  TORCH_ARG(std::string, attention) = "fused";
 };
+
+/// The values GPTOptions::attention accepts: fused, naive.
+std::vector<std::string> attention_names();
 
 /// gpt-nano (3 layers, 3 heads, 48 wide), gpt-micro (4, 4, 128),
 /// gpt-mini (6, 6, 192), gpt2 (12, 12, 768; 124M), gpt2-medium (24, 16, 1024),
@@ -37,8 +44,8 @@ struct GPTOptions {
 GPTOptions gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
-/// Errors (one line, naming the values) for n_embd % n_head != 0 and
-/// non-positive sizes.
+/// Errors (one line, naming the values) for n_embd % n_head != 0,
+/// non-positive sizes and an unknown attention implementation.
 void validate(const GPTOptions& options);
 
 /// The parameters a GPT with these options has, counted from the options
@@ -52,6 +59,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_;
+  bool fused_;
+  double attn_dropout_p_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};
 };
@@ -72,7 +81,14 @@ TORCH_MODULE(Block);
 
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const GPTOptions& options);
+  /// Builds and initialises the model (GPT-2 init, init_parameter()) from the
+  /// seed of torch's default generator (torch::manual_seed). `deferred`:
+  /// each submodule is built as usual (consuming the default generator
+  /// exactly as an eager build does) and its parameters are moved to the
+  /// meta device at once (core/deferred_init.h), so building peaks at one
+  /// submodule; a strategy's setup later materialises them and calls
+  /// init_parameter(), which gives the eager values bit for bit.
+  explicit GPTImpl(const GPTOptions& options, bool deferred = false);
   /// idx: int64 [B, T] with T <= block_size; returns logits [B, T, vocab].
   /// Block i runs as `run_unit(i, x, block i's forward)` when `run_unit` is
   /// given (GPTModule passes TrainingModule::run_unit, the unit seam), else
@@ -84,6 +100,14 @@ class GPTImpl : public torch::nn::Module {
   /// Counted at construction: under FSDP the parameters hold 0 elements
   /// between units' runs, but the model keeps its size.
   int64_t num_params(bool non_embedding = false) const;
+  /// GPT-2 initialisation of parameter `name` (as in named_parameters()),
+  /// in place: N(0, 0.02), zero biases, LayerNorm 1 / 0, residual
+  /// projections (c_proj.weight) N(0, 0.02 / sqrt(2 * n_layer)). Each
+  /// parameter draws from its own generator seeded from (init_seed(), name):
+  /// the values depend on neither the order nor the place of initialisation.
+  void init_parameter(const std::string& name, const torch::Tensor& param) const;
+  /// The default generator's seed when the model was built.
+  uint64_t init_seed() const { return init_seed_; }
 
  private:
   GPTOptions options_;
@@ -93,6 +117,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear lm_head_{nullptr};  // null when tied to wte
   int64_t num_params_ = 0;               // all parameters, at construction
+  uint64_t init_seed_ = 0;
 };
 TORCH_MODULE(GPT);
 
@@ -100,8 +125,12 @@ TORCH_MODULE(GPT);
 /// ignored), exact-match accuracy over scored positions for validation.
 class GPTModule : public TrainingModule {
  public:
-  explicit GPTModule(const GPTOptions& options);
+  /// `deferred`: parameters on the meta device until a strategy's setup
+  /// (GPTImpl's constructor).
+  explicit GPTModule(const GPTOptions& options, bool deferred = false);
   torch::nn::Module& module() override { return *model_; }
+  /// GPTImpl::init_parameter.
+  void init_parameter(const std::string& name, const torch::Tensor& param) override;
   torch::Tensor training_step(const Batch& batch) override;
   ValidationStep validation_step(const Batch& batch) override;
   /// The blocks, in order: block i is unit i of the unit seam.

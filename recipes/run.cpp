@@ -166,6 +166,7 @@ GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t
   if (c.n_embd > 0) o.n_embd(c.n_embd);
   if (c.dropout >= 0) o.dropout(c.dropout);
   o.bias(c.bias);
+  o.attention(c.attention);
   o.vocab_size(vocab_size).block_size(block_size);
   validate(o);
   return o;
@@ -322,7 +323,11 @@ int run_gpt(int argc, char** argv) {
     }
 
     torch::manual_seed(config.seed);
-    GPTModule module(*model_options);
+    // Deferred for every strategy (one code path): the parameters get memory
+    // in the strategy's setup, on its device, and the same values an eager
+    // build has; FSDP builds one unit at a time, so a model that only fits
+    // sharded starts at all. Sizes (num_params, FLOPs) count the logical model.
+    GPTModule module(*model_options, /*deferred=*/true);
     if (config.activation_checkpointing > 0) {
       // Before the strategy's setup, so a strategy that wraps units (FSDP)
       // installs its layer outside: FSDP(checkpoint(block)).

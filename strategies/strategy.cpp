@@ -1,5 +1,7 @@
 #include "strategies/strategy.h"
 
+#include "core/deferred_init.h"
+
 #include <cmath>
 #include <sstream>
 #include <unordered_set>
@@ -23,10 +25,18 @@ NoSyncGuard::~NoSyncGuard() {
 Strategy::Strategy(Comm comm) : comm_(std::move(comm)) {}
 
 void Strategy::setup(TrainingModule& module) {
+  // A module built deferred gets its memory here, whole, on device(), and its
+  // initial values from the module itself: every strategy accepts one. (FSDP
+  // calls attach() alone and materialises one unit at a time.)
+  if (module.has_deferred_parameters()) materialize_parameters(module, device());
+  attach(module);
+}
+
+void Strategy::attach(TrainingModule& module) {
   module_ = &module;
   // In place (parameters keep their identity), before any strategy builds
-  // buckets or flat buffers from them.
-  module.module().to(device());
+  // buckets or flat buffers from them. Deferred parameters stay deferred.
+  move_materialized(module.module(), device());
   params_.clear();
   param_names_.clear();
   for (const auto& item : module.module().named_parameters(/*recurse=*/true)) {
@@ -140,7 +150,11 @@ void broadcast_module_state(Comm& comm, torch::nn::Module& module) {
   // Sync point: every replica must start from rank 0's weights, or the ranks
   // would train different models from the first step on.
   std::vector<PendingWork> works;
-  for (auto& p : module.parameters()) works.push_back(comm.broadcast_async(p, /*root=*/0));
+  for (auto& p : module.parameters()) {
+    // Deferred parameters have no values yet: whoever materialises them
+    // broadcasts them (FSDP: each unit's full buffer).
+    if (!is_deferred(p)) works.push_back(comm.broadcast_async(p, /*root=*/0));
+  }
   for (auto& b : module.buffers()) works.push_back(comm.broadcast_async(b, /*root=*/0));
   for (auto& w : works) w.wait();
 }

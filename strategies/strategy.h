@@ -70,7 +70,8 @@ class Strategy {
   const torch::Device& device() const { return comm_.device(); }
 
   /// Called at the start of every fit: wrap, shard or register hooks. The base
-  /// moves the module to device() and remembers its trainable parameters.
+  /// materialises a deferred module (TrainingModule::has_deferred_parameters)
+  /// on device() and initialises it, then attach()es it.
   /// Idempotent: a later call (another fit, the same or another module)
   /// rebuilds every piece of state; hooks installed on an earlier module
   /// become no-ops.
@@ -154,6 +155,12 @@ class Strategy {
   /// grads_to_clip() in place; offloaded FSDP gradients when next read.
   virtual void scale_grads(double coef);
 
+  /// What setup() does after materialising: remembers the module, moves its
+  /// parameters and buffers that hold memory to device() and remembers its
+  /// trainable parameters (deferred ones included, still deferred). For a
+  /// strategy that materialises a deferred module itself (FSDP).
+  void attach(TrainingModule& module);
+
   TrainingModule& module() const;
   /// Trainable parameters in registration order (fixed at setup()).
   const std::vector<torch::Tensor>& params() const { return params_; }
@@ -170,7 +177,8 @@ class Strategy {
 };
 
 /// Broadcasts rank 0's parameters and buffers to every rank (identical start
-/// for the data-parallel strategies); nothing on a world of one.
+/// for the data-parallel strategies); nothing on a world of one. Deferred
+/// parameters (no values yet) are skipped.
 void broadcast_module_state(Comm& comm, torch::nn::Module& module);
 
 /// Sum of nbytes over the unique storages behind `tensors` (views of one

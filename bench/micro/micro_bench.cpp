@@ -5,6 +5,12 @@
 //   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (all-to-all + local sum)
 //   BM_AllGatherInto/bytes         Comm::all_gather_into (list all-gather into views)
 //   BM_AdamW*, BM_Copy*, BM_Memcpy  the optimizer step (adamw_bench.cpp)
+//   BM_Attention/T/fused           causal attention core forward + backward, B 4, H 6,
+//                                  head 64 (gpt-mini's), fused (kernels/attention.h)
+//                                  or naive; 2 threads (and 1)
+//   BM_AttentionMemory/T/fused     the same once under trainer/memory.h's tracker:
+//                                  counters saved_bytes (held from forward to backward)
+//                                  and peak_bytes (fwd + bwd peak above the inputs)
 //
 // Collective sizes are the full flat buffer (what ZeRO shards); bytes_per_second
 // is that size per call, so the three compare as "time to sync S bytes". Each
@@ -13,8 +19,11 @@
 //
 //   build/bin/strata-micro-bench                       # ~20 s on 2 cores
 //   build/bin/strata-micro-bench --benchmark_filter=Matmul
+//   build/bin/strata-micro-bench --benchmark_filter=Attention
+#include "kernels/attention.h"
 #include "strategies/comm.h"
 #include "strategies/thread_world.h"
+#include "trainer/memory.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -82,6 +91,62 @@ void BM_AllReduce(benchmark::State& state) { collective(state, Collective::kAllR
 void BM_ReduceScatterEmulated(benchmark::State& state) { collective(state, Collective::kReduceScatter); }
 void BM_AllGatherInto(benchmark::State& state) { collective(state, Collective::kAllGather); }
 
+/// The attention core as CausalSelfAttention runs it: q, k, v are head views
+/// of one [B, T, 3C] projection, the result goes back to [B, T, C].
+struct AttentionCase {
+  static constexpr int64_t B = 4, H = 6, D = 64;
+  int64_t T;
+  bool fused;
+  torch::Tensor qkv, grad;
+
+  AttentionCase(int64_t t, bool f) : T(t), fused(f) {
+    torch::manual_seed(0);
+    qkv = torch::randn({B, T, 3 * H * D}).requires_grad_();
+    grad = torch::randn({B, T, H * D});
+  }
+  torch::Tensor forward() const {
+    auto parts = qkv.split(H * D, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+    auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+    auto y = fused ? strata::kernels::causal_attention(q, k, v, 0.0, true)
+                   : strata::kernels::naive_causal_attention(q, k, v);
+    return y.transpose(1, 2).contiguous().view({B, T, H * D});
+  }
+  void step() {
+    forward().backward(grad);
+    qkv.mutable_grad() = torch::Tensor();
+  }
+};
+
+void BM_Attention(benchmark::State& state) {
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(static_cast<int>(state.range(2)));
+  AttentionCase c(state.range(0), state.range(1) != 0);
+  c.step();  // warm-up
+  for (auto _ : state) c.step();
+  // Causal attention FLOPs (fwd 2 matmuls, bwd 4; half the T×T scores used):
+  // 6 · 2·B·H·T²·D / 2.
+  const double flops = 6.0 * AttentionCase::B * AttentionCase::H * double(c.T) * c.T * AttentionCase::D;
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  at::set_num_threads(saved_threads);
+}
+
+void BM_AttentionMemory(benchmark::State& state) {
+  AttentionCase c(state.range(0), state.range(1) != 0);
+  int64_t saved = 0, peak = 0;
+  for (auto _ : state) {
+    strata::MemoryTracker tracker;  // counts allocations made from here on
+    const int64_t base = tracker.current_bytes();
+    auto y = c.forward();
+    saved = tracker.current_bytes() - base - y.nbytes();  // what autograd holds for backward
+    y.backward(c.grad);
+    peak = tracker.peak_bytes() - base;
+    c.qkv.mutable_grad() = torch::Tensor();
+  }
+  state.counters["saved_bytes"] = double(saved);
+  state.counters["peak_bytes"] = double(peak);
+}
+
 }  // namespace
 
 // Real time throughout: the main thread's CPU time misses the other intra-op
@@ -94,5 +159,12 @@ BENCHMARK(BM_MatmulBf16)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n"
 BENCHMARK(BM_AllReduce)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_ReduceScatterEmulated)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_AllGatherInto)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+
+// Args: {T, fused (1) or naive (0), intra-op threads}.
+BENCHMARK(BM_Attention)->ArgsProduct({{128, 256, 512, 1024, 2048}, {0, 1}, {2, 1}})
+    ->ArgNames({"T", "fused", "threads"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_AttentionMemory)->ArgsProduct({{1024}, {0, 1}})->ArgNames({"T", "fused"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 BENCHMARK_MAIN();

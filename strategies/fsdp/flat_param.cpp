@@ -1,5 +1,7 @@
 #include "strategies/fsdp/flat_param.h"
 
+#include "core/deferred_init.h"
+
 #include <c10/core/StorageImpl.h>
 
 #include <cstring>
@@ -32,7 +34,8 @@ int64_t tensor_bytes(const torch::Tensor& t) {
 }  // namespace
 
 FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
-                     std::vector<std::string> names, int shard_world, int shard_rank)
+                     std::vector<std::string> names, int shard_world, int shard_rank,
+                     const DeferredParamInit& deferred)
     : name_(std::move(name)), params_(std::move(params)), names_(std::move(names)),
       layout_(params_, shard_world), shard_rank_(shard_rank) {
   TORCH_CHECK(!params_.empty(), "FlatParam ", name_, ": a unit needs at least one parameter");
@@ -42,17 +45,27 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
               shard_rank, " outside the shard group of ", shard_world);
   torch::NoGradGuard no_grad;
   dtype_ = params_.front().scalar_type();
-  const auto options = params_.front().options().requires_grad(false);
+  const bool is_meta = is_deferred(params_.front());
+  TORCH_CHECK(!is_meta || deferred.fill, "FlatParam ", name_, ": parameter ", names_.front(),
+              " is deferred (meta device) but no DeferredParamInit::fill was given");
+  auto options = params_.front().options().requires_grad(false);
+  if (is_meta) options = options.device(deferred.device);
   full_ = torch::zeros({layout_.padded_numel()}, options);
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& p = params_[k];
-    TORCH_CHECK(p.scalar_type() == full_.scalar_type() && p.device() == full_.device(),
+    TORCH_CHECK(p.scalar_type() == full_.scalar_type() && p.device() == params_.front().device(),
                 "FlatParam ", name_, ": parameter ", names_[k], " is ", p.scalar_type(), " on ",
                 p.device(), " but ", names_.front(), " is ", full_.scalar_type(), " on ",
-                full_.device(), "; a unit's parameters must share one dtype and device");
+                params_.front().device(), "; a unit's parameters must share one dtype and device");
     shapes_.push_back(p.sizes().vec());
-    full_.narrow(0, layout_.offset_of(k), p.numel()).view(p.sizes()).copy_(p);
+    if (!is_meta) full_.narrow(0, layout_.offset_of(k), p.numel()).view(p.sizes()).copy_(p);
     empty_.push_back(torch::empty(std::vector<int64_t>(p.dim(), 0), options));
+  }
+  if (is_meta) {
+    // Materialised straight into the full buffer (set_data cannot leave the
+    // meta device: replace_data), then filled in place: no second copy.
+    for (size_t k = 0; k < params_.size(); ++k) replace_data(params_[k], full_view(full_, k));
+    deferred.fill(full_);
   }
   full_nbytes_ = static_cast<size_t>(tensor_bytes(full_));
   const int64_t begin = layout_.shard_begin(shard_rank_);

@@ -37,18 +37,32 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace strata {
 
+/// How a FlatParam gets the values of deferred parameters (core/deferred_init.h:
+/// meta device, no memory): none are copied, the parameters become views of
+/// the new full buffer and `fill` writes their values there in place.
+struct DeferredParamInit {
+  /// Where the full buffer and the shard are allocated.
+  torch::Device device = torch::kCPU;
+  /// Called once, with the parameters already pointing at their views of the
+  /// padded full buffer `full` (padding zeroed): initialises them in place
+  /// (and makes the ranks agree), before the shard is cut from `full`.
+  std::function<void(const torch::Tensor& full)> fill;
+};
+
 class FlatParam {
  public:
   /// `params`: the unit's trainable parameters (the module's leaves, with
-  /// their current full values, one dtype); `shard_world` ranks share the
+  /// their current full values, one dtype; or all deferred, then `deferred`
+  /// says where and how to materialise them); `shard_world` ranks share the
   /// unit and this rank is `shard_rank`. The parameters are left gathered.
   FlatParam(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
-            int shard_world, int shard_rank);
+            int shard_world, int shard_rank, const DeferredParamInit& deferred = {});
   FlatParam(const FlatParam&) = delete;
   FlatParam& operator=(const FlatParam&) = delete;
 

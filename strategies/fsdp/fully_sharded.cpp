@@ -1,8 +1,11 @@
 #include "strategies/fsdp/fully_sharded.h"
 
+#include "core/deferred_init.h"
 #include "strategies/ddp.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
+
+#include <torch/csrc/autograd/variable.h>
 
 #include <unordered_map>
 #include <unordered_set>
@@ -25,8 +28,16 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
 void FSDPStrategy::setup(TrainingModule& module) {
   TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
   set_up_ = true;
-  Strategy::setup(module);
-  // Every rank cuts its shards from rank 0's values.
+  // Not Strategy::setup: a deferred module stays deferred (no memory) until
+  // its units are built below, one at a time.
+  attach(module);
+  // Frozen parameters are not sharded (held whole): materialised whole now,
+  // and broadcast with the rest of the module's state below.
+  materialize_parameters(module, device(), [](const std::string&, const torch::Tensor& p) {
+    return !p.requires_grad();
+  });
+  // Every rank cuts its shards from rank 0's values (deferred parameters:
+  // each unit's full buffer is broadcast once initialised, in make_unit).
   broadcast_module_state(comm(), module.module());
   // Collective (hybrid_shard makes subgroups): every rank is here, in setup.
   FsdpGroups groups = make_fsdp_groups(comm(), options_);
@@ -36,6 +47,12 @@ void FSDPStrategy::setup(TrainingModule& module) {
   shard_rank_ = shard_comm_.rank();
 
   const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
+  // Each parameter's AccumulateGrad node, created while the unit is gathered
+  // and kept alive until grad_sync_ holds it: the node records its
+  // parameter's shape when created, and must record the full one.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  // Built, initialised and resharded one at a time: with a deferred module no
+  // rank ever holds more than its shards so far plus one unit's full buffer.
   auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {
     std::vector<torch::Tensor> ps;
     std::vector<std::string> names;
@@ -43,8 +60,26 @@ void FSDPStrategy::setup(TrainingModule& module) {
       ps.push_back(params()[k]);
       names.push_back(param_names()[k]);
     }
-    return std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_);
+    DeferredParamInit deferred;
+    deferred.device = device();
+    deferred.fill = [&](const torch::Tensor& full) {
+      for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
+      // Sync point: every rank cuts its shard from rank 0's values, as
+      // broadcast_module_state guarantees for an eager module (the module's
+      // init is seeded alike on every rank, but a rank seeded differently
+      // must not train a different model).
+      torch::Tensor buffer = full;
+      if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
+    };
+    auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
+    for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
+    unit->reshard();
+    if (tier_ != nullptr) unit->offload(*tier_);  // before the next unit: setup never holds two units' shards in memory
+    return unit;
   };
+  if (options_.offload() != OffloadKind::kNone) {
+    tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
+  }
   // -1: the unit runs unwrapped (no trainable parameters, or wrap policy none).
   index_of_unit_.assign(module.wrap_units().size(), -1);
   for (size_t u = 0; u < assignment.units.size(); ++u) {
@@ -83,7 +118,8 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // full one. Always active: under no_sync the hooks still free each unit.
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
                      [this](size_t b) { post_backward(b); }, [] { return true; });
-  for (auto& unit : units_) unit->reshard();  // from here on each rank holds shards only
+  // From here on each rank holds shards only (make_unit resharded each unit;
+  // with offload, not even those are in memory).
   // Mixed precision: wrap units compute in param_dtype (gathered straight
   // into a buffer of it: half the memory, nothing for autocast to cache);
   // the root, gathered for the whole step and holding the embeddings whose
@@ -91,10 +127,6 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // only travels in param_dtype.
   for (int i = 0; i < num_wrap_units_; ++i) units_[i]->set_compute_dtype(options_.param_dtype());
   if (root_ != nullptr) root_->set_gather_dtype(options_.param_dtype());
-  if (options_.offload() != OffloadKind::kNone) {
-    tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
-    for (auto& unit : units_) unit->offload(*tier_);  // and from here on, not even those in memory
-  }
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
   });

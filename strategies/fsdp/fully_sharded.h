@@ -32,6 +32,15 @@
 // recompute (FSDP's runner, called during backward) gathers the unit and
 // keeps it for the unit's backward that follows at once.
 //
+// Setup builds the units one at a time: each FlatParam takes its unit's
+// parameters, and the unit is resharded before the next is built. A module
+// built deferred (core/deferred_init.h, TrainingModule::init_parameter) is
+// materialised that way too: the unit's parameters become views of its new
+// full buffer, the module initialises them in place, rank 0's buffer is
+// broadcast and the shard cut, so no rank ever holds more than its shards so
+// far plus one unit's full parameters, and a model that only fits sharded
+// starts at all.
+//
 // Mixed precision (FSDPOptions param_dtype / reduce_dtype, set by strata-gpt
 // from --precision bf16-mixed / --reduce-dtype): units are all-gathered in
 // bf16 (half the bytes) and upcast into fp32 full parameters (their values

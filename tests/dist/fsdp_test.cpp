@@ -45,8 +45,9 @@ std::string label(const Case& c) {
          " limit_all_gathers=" + std::to_string(c.limit_all_gathers);
 }
 
-/// Six AdamW steps: parameters within 1e-5 of single-process training on the
-/// same global batch, and every step's gradient norm within 1e-5 relative (a
+/// Six AdamW steps: parameters within 3e-5 of single-process training on the
+/// same global batch (not 1e-5: see strategy_threads_test's expect_parity,
+/// an element whose first gradient is rounding noise ends 1.7e-5 apart), and every step's gradient norm within 1e-5 relative (a
 /// wrong mean over ranks or a gradient counted twice shows there first).
 void expect_parity(const Case& c) {
   SCOPED_TRACE(label(c));
@@ -58,7 +59,7 @@ void expect_parity(const Case& c) {
   run.options = FSDPOptions().sharding_strategy(c.sharding).wrap_policy(c.wrap).limit_all_gathers(c.limit_all_gathers);
   run.options.reshard_after_forward(c.reshard_after_forward);
   const auto got = train_fsdp(make, fsdp_test_options(per_rank_batch, c.accum, c.clip, steps), run);
-  EXPECT_LE(max_param_diff(reference.params, got[0].params), 1e-5);
+  EXPECT_LE(max_param_diff(reference.params, got[0].params), 3e-5);
   ASSERT_EQ(reference.grad_norms.size(), got[0].grad_norms.size());
   for (size_t s = 0; s < reference.grad_norms.size(); ++s) {
     EXPECT_NEAR(got[0].grad_norms[s], reference.grad_norms[s], 1e-5 * reference.grad_norms[s]) << "step " << s + 1;

@@ -126,7 +126,13 @@ void expect_parity(const Case& c) {
   ASSERT_EQ(reference.size(), got.size());
   for (size_t i = 0; i < got.size(); ++i) {
     const double diff = (reference[i] - got[i]).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-5) << label(c) << " param " << i;
+    // 3e-5, not 1e-5: Adam's first step divides each gradient element by its
+    // own magnitude, so an element whose gradient is rounding noise moves by
+    // a noise-dependent fraction of lr. Measured with the per-parameter GPT
+    // init: h2.attn.c_proj.weight[23, 20] has gradient 8.7e-9 at step 1
+    // (mean |g| 7.5e-3) and ends 1.72e-5 apart at world 2. Scale errors are
+    // caught by GradientScaleTest (SGD), where 1e-5 still holds.
+    EXPECT_LE(diff, 3e-5) << label(c) << " param " << i;
   }
 }
 
@@ -501,7 +507,9 @@ TEST(StrategyRepeatedFitTest, SecondFitWithTheSameStrategyMatchesSingleProcess) 
     for (const std::string name : {"ddp", "oss", "sdp"}) {
       const auto got = run_ranks(name, world, from_registry(name),
                                  [](strata::Comm& c, auto s) { return three_fits(c, s, 2); });
-      expect_close(reference, got, 1e-5, name + " world " + std::to_string(world));
+      // 3e-5: AdamW parity, see expect_parity (a first gradient that is
+      // rounding noise; measured 1.7e-5 at world 2).
+      expect_close(reference, got, 3e-5, name + " world " + std::to_string(world));
     }
   }
   // single: one strategy object for three fits == a fresh one per fit.

@@ -113,7 +113,7 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   EXPECT_EQ(suites[0].name, "zero");
   EXPECT_EQ(suites[1].name, "smoke");
   // Case names are unique across all suites, and references name existing cases.
-  const auto cases = all_cases(select_suites("single,ddp,zero,memory,smoke"));
+  const auto cases = all_cases(select_suites("single,ddp,zero,memory,smoke,attention"));
   std::vector<std::string> names;
   for (const auto& c : cases) names.push_back(c.name);
   std::sort(names.begin(), names.end());
@@ -130,7 +130,7 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   } catch (const c10::ValueError& e) {
     const std::string msg = e.what_without_backtrace();
     EXPECT_NE(msg.find("'fast'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("single, ddp, zero, fsdp, memory, smoke"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("single, ddp, zero, fsdp, memory, smoke, attention"), std::string::npos) << msg;
   }
   EXPECT_THROW(select_suites("zero,zero"), c10::ValueError);
   EXPECT_THROW(select_suites(""), c10::ValueError);

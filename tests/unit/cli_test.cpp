@@ -251,6 +251,17 @@ TEST(CliTest, FsdpOptions) {
   expect_error({"--wrap-policy", "none"}, {"--wrap-policy does not apply to strategy 'single'"});
 }
 
+TEST(CliTest, AttentionChoice) {
+  EXPECT_EQ(parse({}).config->attention, "fused");
+  auto naive = parse({"--attention", "naive"});
+  ASSERT_TRUE(naive.config.has_value()) << naive.message;
+  EXPECT_EQ(naive.config->attention, "naive");
+  EXPECT_NE(to_ini(*naive.config).find("attention = naive"), std::string::npos) << to_ini(*naive.config);
+  expect_error({"--attention", "flash"}, {"unknown attention 'flash'", "fused, naive"});
+  TempFile file("attention = sdpa\n");
+  expect_error({"--config", file.path()}, {"unknown attention 'sdpa'", "fused, naive"});
+}
+
 TEST(CliTest, HybridShardIsAShardingStrategy) {
   auto hybrid = parse({"--strategy", "fsdp", "--nproc", "2", "--nnodes", "2", "--master-port", "29999",
                        "--sharding-strategy", "hybrid_shard", "--reshard-after-forward", "true"});
