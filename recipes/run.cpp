@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -193,6 +194,13 @@ TrainerOptions trainer_options(const RunConfig& c) {
 }
 
 int run_gpt(int argc, char** argv) {
+  // Why: glibc raises its mmap threshold each time a large block is freed,
+  // after which freed tensors stay in the heap and peak RSS keeps every
+  // transient buffer a run ever had (an offloaded run's staging, a
+  // re-gathered unit) instead of what is alive. A fixed threshold returns
+  // large tensors to the system when they die, so RSS tracks tensor memory.
+  // (A MALLOC_MMAP_THRESHOLD_ set by the user wins.)
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // Installed first so it outlives every tensor of the run.
   MemoryTracker memory;
   StrategyRegistry registry;
