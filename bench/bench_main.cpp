@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   int repeats = 0;
   po::options_description desc(
       "strata-bench: run strata-gpt over strategy/recipe suites and report throughput and memory\n"
-      "Suites: single, ddp, zero, fsdp, memory, smoke, attention. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
+      "Suites: single, ddp, zero, fsdp, memory, smoke, attention, kernels. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
   desc.add_options()
       ("help,h", "show this help")
       ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke,attention")

@@ -295,9 +295,39 @@ Suite attention_suite() {
   return s;
 }
 
+Suite kernels_suite() {
+  Suite s{"kernels",
+          "Both fused kernels (--attention fused, --fused-adamw true: the defaults) against both "
+          "off (--attention naive --fused-adamw false), block 256, batch 8 per rank: gpt-mini as "
+          "one process x 2 threads and as ddp 2 ranks x 1 thread, and a 384-wide gpt-mini "
+          "(--n-embd 384) as one process. vs ref: fused ÷ unfused.",
+          {}};
+  auto pair = [&](const std::string& tag, const std::string& strategy, int nproc, int threads,
+                  std::vector<std::string> model) {
+    BenchCase off = make_case("kernels", "gpt-mini", "unfused-" + tag, strategy, nproc, threads);
+    BenchCase on = make_case("kernels", "gpt-mini", "fused-" + tag, strategy, nproc, threads);
+    for (BenchCase* c : {&off, &on}) {
+      c->block_size = 256;
+      c->batch_size = 8;
+      c->steps = 20;
+      c->extra = model;
+    }
+    off.extra.insert(off.extra.end(), {"--attention", "naive", "--fused-adamw", "false"});
+    on.reference = off.name;
+    s.cases.push_back(off);
+    s.cases.push_back(on);
+  };
+  pair("single-1x2", "single", 1, 2, {});
+  pair("ddp-2x1", "ddp", 2, 1, {});
+  pair("384-single-1x2", "single", 1, 2, {"--n-embd", "384"});
+  return s;
+}
+
 }  // namespace
 
-std::vector<std::string> suite_names() { return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention"}; }
+std::vector<std::string> suite_names() {
+  return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention", "kernels"};
+}
 
 std::vector<Suite> select_suites(const std::string& csv) {
   const auto names = suite_names();
@@ -312,6 +342,7 @@ std::vector<Suite> select_suites(const std::string& csv) {
     if (name == "ddp") out.push_back(ddp_suite());
     if (name == "zero") out.push_back(zero_suite());
     if (name == "fsdp") out.push_back(fsdp_suite());
+    if (name == "kernels") out.push_back(kernels_suite());
     if (name == "memory") out.push_back(memory_suite());
     if (name == "smoke") out.push_back(smoke_suite());
     if (name == "attention") out.push_back(attention_suite());
