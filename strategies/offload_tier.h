@@ -74,8 +74,9 @@ class OffloadTier {
   int64_t bytes_ = 0;
 
  private:
-  void check_range(const Region& region, int64_t byte_offset, const torch::Tensor& t,
-                   const char* what) const;
+  /// The tensor's byte count, after checking it fits the region at byte_offset.
+  int64_t check_range(const Region& region, int64_t byte_offset, const torch::Tensor& t,
+                      const char* what) const;
   std::atomic<int64_t> bytes_read_{0};
   std::atomic<int64_t> bytes_written_{0};
   std::atomic<int64_t> nanoseconds_{0};
