@@ -309,10 +309,6 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
     error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
   }
-  if (error.empty() && c.offload != "none" && c.sharding_strategy == "no_shard") {
-    error = "--offload " + c.offload + " needs sharded parameters; --sharding-strategy no_shard keeps every "
-            "parameter whole on every rank (use full_shard, shard_grad_op or hybrid_shard)";
-  }
   if (error.empty() && c.offload != "none" && (c.checkpoint_every > 0 || !c.resume.empty())) {
     error = "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
             "checkpoints of offloaded state are not supported";

@@ -181,7 +181,7 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   // Called during backward: an activation checkpoint installed outside FSDP
   // recomputes the unit, and the unit's own backward follows at once.
   const bool recompute = in_backward_;
-  gather(flat);
+  gather(index);
   if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
   // A unit computing in low precision (mixed precision) takes its input in
   // that dtype, as torch's FSDP casts forward inputs, and hands its output
@@ -217,15 +217,13 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
   return out;
 }
 
-void FSDPStrategy::gather(FlatParam& unit) {
+void FSDPStrategy::gather(int index) {
+  FlatParam& unit = *units_[index];
   unit.finish_gather(shard_comm_);
   if (unit.compute_dtype() != unit.dtype()) {
     // The parameters changed dtype (set_data), which drops their gradient
     // accumulators: hook the new ones before the unit's graph uses them.
-    for (size_t i = 0; i < units_.size(); ++i) {
-      if (units_[i].get() != &unit) continue;
-      for (size_t k : hooks_of_unit_[i]) grad_sync_.rehook(k);
-    }
+    for (size_t k : hooks_of_unit_[index]) grad_sync_.rehook(k);
   }
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
@@ -265,7 +263,7 @@ void FSDPStrategy::pre_backward(int index) {
   // Runs on the autograd thread when the gradient w.r.t. unit `index`'s
   // output is complete, before any of the unit's backward nodes.
   FlatParam& unit = *units_[index];
-  gather(unit);  // Sync point: the unit's backward reads its full parameters
+  gather(index);  // Sync point: the unit's backward reads its full parameters
   prefetch(index - 1);
   unit.prepare_grads();
 }

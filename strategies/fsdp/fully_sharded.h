@@ -149,7 +149,7 @@ class FSDPStrategy : public Strategy {
   };
   torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
   void begin_forward();
-  void gather(FlatParam& unit);
+  void gather(int index);  // units_[index]
   void prefetch(int index);
   void pre_backward(int index);
   void post_backward(size_t bucket);
