@@ -43,6 +43,11 @@ class Callback {
   /// A checkpoint is being written into / read from `dir`.
   virtual void on_save_checkpoint(Trainer& trainer, const std::string& dir) {}
   virtual void on_load_checkpoint(Trainer& trainer, const std::string& dir) {}
+  /// State that must survive a resume (e.g. EarlyStopping's best score),
+  /// serialised by the callback itself; saved in every checkpoint under
+  /// name() and handed back to load_state_dict() on resume. "" = nothing.
+  virtual std::string state_dict() const { return {}; }
+  virtual void load_state_dict(const std::string& state) {}
   /// fit() is about to rethrow `error`.
   virtual void on_exception(Trainer& trainer, TrainingModule& module, const std::exception& error) {}
 };

@@ -26,6 +26,9 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& module,
     trainer.write("world_size", torch::tensor(static_cast<int64_t>(meta.world_size)));
     trainer.write("sharded_optimizer", torch::tensor(meta.sharded_optimizer ? 1 : 0));
     trainer.write("optimizer", c10::IValue(meta.optimizer));
+    c10::Dict<std::string, std::string> state;
+    for (const auto& [key, value] : meta.state) state.insert(key, value);
+    trainer.write("state", c10::IValue(state));
     trainer.save_to((fs::path(dir) / "trainer.pt").string());
   }
   if (rank == 0 || meta.sharded_optimizer) {
@@ -54,6 +57,13 @@ CheckpointMeta load_checkpoint(const std::string& dir, torch::nn::Module& module
               expected.optimizer);
   CheckpointMeta meta = expected;
   meta.step = step.item<int64_t>();
+  meta.state.clear();
+  c10::IValue state;
+  if (trainer.try_read("state", state)) {
+    for (const auto& entry : state.toGenericDict()) {
+      meta.state[entry.key().toStringRef()] = entry.value().toStringRef();
+    }
+  }
   const bool was_sharded = sharded.item<int64_t>() != 0;
   TORCH_CHECK(was_sharded == expected.sharded_optimizer, "checkpoint '", dir, "' holds ",
               was_sharded ? "sharded" : "full", " optimizer state but strategy '", expected.strategy,

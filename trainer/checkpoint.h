@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace strata {
@@ -19,6 +20,9 @@ struct CheckpointMeta {
   std::string strategy;
   bool sharded_optimizer = false;
   std::string optimizer = "adamw";  ///< TrainerOptions::optimizer: state is not interchangeable
+  /// Named opaque blobs saved and restored verbatim (the trainer's RNG states,
+  /// each callback's state_dict(), the data position): key -> bytes.
+  std::map<std::string, std::string> state;
 };
 
 /// Every rank calls this; rank 0 writes the shared files.
