@@ -74,8 +74,6 @@ std::vector<StrategyOption> strategy_options() {
       {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
       {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"offload", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"offload-dir", {"fsdp", "zero3"}, "fsdp (zero3) only"},
   };
 }
 
@@ -140,11 +138,12 @@ std::vector<Field> fields() {
        "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
        "with --precision bf16-mixed units are all-gathered in bf16"},
       {"offload", 2, &C::offload,
-       "fsdp: where sharded params, grads and optimizer state live between uses, the optimizer "
-       "step streaming them: none, cpu (pinned host memory; CUDA devices only), disk (an unnamed "
-       "file in --offload-dir, gone when the run ends)"},
+       "where state lives between uses, the optimizer step streaming it (fsdp: its parameter "
+       "shards, gradients and optimizer state; single, ddp, oss, sdp: the optimizer state): "
+       "none, cpu (pinned host memory; CUDA devices only), disk (an unnamed file in "
+       "--offload-dir, gone when the run ends)"},
       {"offload-dir", 2, &C::offload_dir,
-       "fsdp --offload disk: an existing directory for the offload file (default: --output-dir)"},
+       "--offload disk: an existing directory for the offload file (default: --output-dir)"},
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},

@@ -128,12 +128,11 @@ std::string offload_dir_of(const RunConfig& config) {
 }
 
 /// Exit-2 errors for a disk-offload directory that is missing, not writable,
-/// or too small for the offloaded state of `local_ranks` ranks each holding
-/// 1/shard_group of the model (fp32 shard, its gradient, AdamW's two moments;
-/// at most one element of padding per rank and unit). When the directory is
-/// the output directory, which may not exist yet, the space is checked where
-/// it will be created (check_output_dir checks that it can be).
-void check_offload_dir(const RunConfig& config, const GPTOptions& model, int shard_group, int local_ranks) {
+/// or too small for the offloaded state of `local_ranks` ranks, each holding
+/// `bytes_per_rank`. When the directory is the output directory, which may
+/// not exist yet, the space is checked where it will be created
+/// (check_output_dir checks that it can be).
+void check_offload_dir(const RunConfig& config, int64_t bytes_per_rank, int local_ranks) {
   fs::path dir = offload_dir_of(config);
   if (config.offload_dir.empty()) {
     std::error_code ec;
@@ -143,13 +142,27 @@ void check_offload_dir(const RunConfig& config, const GPTOptions& model, int sha
     const auto problem = disk_tier_problem(dir.string());
     TORCH_CHECK_VALUE(problem.empty(), problem);
   }
-  const int64_t units = model.n_layer() + 1;
-  const int64_t per_rank = 4 * 4 * ((count_parameters(model) + shard_group - 1) / shard_group + units);
-  const int64_t needed = per_rank * local_ranks;
+  const int64_t needed = bytes_per_rank * local_ranks;
   const int64_t free = free_bytes_at(dir.string());
   TORCH_CHECK_VALUE(free >= needed, "cannot use --offload-dir '", offload_dir_of(config), "': it has ",
                     format_bytes(free), " free, but the offloaded state of ", local_ranks, " rank(s) needs ",
                     format_bytes(needed));
+}
+
+/// Bytes one rank offloads: fsdp its fp32 shard, the shard's gradient and
+/// AdamW's two moments (1/shard_group of the model, plus at most one element
+/// of padding per rank and unit); the others AdamW's two moments of what
+/// their optimizer steps (the whole model; oss/sdp 1/world of it). SGD
+/// (no momentum) has no state.
+int64_t offloaded_bytes_per_rank(const RunConfig& config, const std::string& strategy, const GPTOptions& model,
+                                 int shard_group) {
+  const int64_t psi = count_parameters(model);
+  if (strategy == "fsdp") {
+    const int64_t units = model.n_layer() + 1;
+    return 4 * 4 * ((psi + shard_group - 1) / shard_group + units);
+  }
+  if (config.optimizer == "sgd") return 0;
+  return 2 * 4 * ((psi + shard_group - 1) / shard_group);
 }
 
 void dump_params(const std::string& path, torch::nn::Module& module) {
@@ -251,22 +264,31 @@ int run_gpt(int argc, char** argv) {
       check_hybrid_node_size(env ? env->local_world_size : config.nproc,
                              env ? env->world_size : config.nproc * config.nnodes);
     }
-    if (registry.contains(config.strategy) && registry.resolve(config.strategy) == "fsdp" &&
-        config.offload != "none") {
+    if (registry.contains(config.strategy) && config.offload != "none") {
+      const std::string strategy = registry.resolve(config.strategy);
       const int local_ranks = env ? env->local_world_size : config.nproc;
       const int world = env ? env->world_size : config.nproc * config.nnodes;
-      const bool hybrid = config.sharding_strategy == "hybrid_shard";
       const auto device = resolve_device(config.device, env ? env->local_rank : 0);
-      const auto options = FSDPOptions()
-                               .offload(parse_offload(config.offload))
-                               .offload_dir(offload_dir_of(config))
-                               .sharding_strategy(parse_sharding_strategy(config.sharding_strategy));
-      check_offload_options(options, device, hybrid ? local_ranks : world);
+      // The ranks that share one copy of the offloaded state.
+      int shard_group = 1;
+      if (strategy == "fsdp") {
+        const bool hybrid = config.sharding_strategy == "hybrid_shard";
+        shard_group = hybrid ? local_ranks : world;
+        const auto options = FSDPOptions()
+                                 .offload(parse_offload(config.offload))
+                                 .offload_dir(offload_dir_of(config))
+                                 .sharding_strategy(parse_sharding_strategy(config.sharding_strategy));
+        check_offload_options(options, device, shard_group);
+      } else {
+        if (strategy == "oss" || strategy == "sdp") shard_group = world;
+        check_offload_kind(parse_offload(config.offload), offload_dir_of(config), device);
+      }
       // Once per machine (its launcher, or its local rank 0, which the other
       // ranks cannot overtake: setup's collectives wait for it): the
       // directory must take the offload files of this machine's ranks.
       if (config.offload == "disk" && (!env || env->local_rank == 0)) {
-        check_offload_dir(config, *model_options, hybrid ? local_ranks : world, local_ranks);
+        check_offload_dir(config, offloaded_bytes_per_rank(config, strategy, *model_options, shard_group),
+                          local_ranks);
       }
     }
     // Last in phase 1, and only where rank 0's outputs will be written (the

@@ -167,6 +167,34 @@ OffloadIoStats OffloadTier::stats() const {
   return {bytes_read_.load(), bytes_written_.load(), static_cast<double>(nanoseconds_.load()) * 1e-9};
 }
 
+OffloadKind parse_offload(const std::string& name) {
+  if (name == "none") return OffloadKind::kNone;
+  if (name == "cpu") return OffloadKind::kCpu;
+  if (name == "disk") return OffloadKind::kDisk;
+  TORCH_CHECK_VALUE(false, "unknown offload '", name, "'; available: none, cpu, disk");
+}
+
+std::string to_string(OffloadKind kind) {
+  switch (kind) {
+    case OffloadKind::kNone: return "none";
+    case OffloadKind::kCpu: return "cpu";
+    case OffloadKind::kDisk: return "disk";
+  }
+  return "unknown";
+}
+
+void check_offload_kind(OffloadKind kind, const std::string& dir, const torch::Device& device) {
+  TORCH_CHECK_VALUE(!(kind == OffloadKind::kCpu && !device.is_cuda()),
+                    "--offload cpu moves state off a CUDA device into pinned host memory, but the device is ",
+                    device, ", whose state is already in host memory; use --offload disk to move it out of memory");
+  TORCH_CHECK_VALUE(!(kind == OffloadKind::kDisk && dir.empty()), "--offload disk needs an --offload-dir");
+}
+
+std::unique_ptr<OffloadTier> make_offload_tier(OffloadKind kind, const std::string& dir) {
+  TORCH_CHECK(kind != OffloadKind::kNone, "make_offload_tier: no tier for --offload none");
+  return kind == OffloadKind::kDisk ? make_disk_tier(dir) : make_host_tier();
+}
+
 std::unique_ptr<OffloadTier> make_disk_tier(const std::string& dir) { return std::make_unique<DiskTier>(dir); }
 
 std::unique_ptr<OffloadTier> make_host_tier() { return std::make_unique<HostTier>(); }

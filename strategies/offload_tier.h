@@ -33,6 +33,26 @@
 
 namespace strata {
 
+/// Where offloaded state lives between uses: memory (none), pinned host
+/// memory beside a CUDA device (cpu), or an unnamed file in a directory
+/// (disk). fsdp offloads its parameter shards, their gradients and the
+/// optimizer state (fsdp/offload.h); single, ddp, oss and sdp the optimizer
+/// state (offloaded_state.h).
+enum class OffloadKind { kNone, kCpu, kDisk };
+
+/// "none", "cpu", "disk"; anything else is an error listing them.
+OffloadKind parse_offload(const std::string& name);
+std::string to_string(OffloadKind kind);
+
+/// Elements per staged chunk of a streamed optimizer step (1 MiB per fp32
+/// transfer; the staging holds a few such buffers, twice).
+constexpr int64_t kDefaultOffloadChunkNumel = int64_t{1} << 18;
+
+/// Errors (exit-2 kind, naming the values) for an offload that cannot work
+/// on `device`: cpu with a device whose state is already in host memory,
+/// disk without a directory.
+void check_offload_kind(OffloadKind kind, const std::string& dir, const torch::Device& device);
+
 /// What went through a tier so far (all threads).
 struct OffloadIoStats {
   int64_t bytes_read = 0;
@@ -89,6 +109,9 @@ std::unique_ptr<OffloadTier> make_disk_tier(const std::string& dir);
 /// A tier in pinned host memory: only where LibTorch has CUDA (an error
 /// naming the reason otherwise).
 std::unique_ptr<OffloadTier> make_host_tier();
+
+/// make_disk_tier(dir) or make_host_tier() for `kind` (not kNone).
+std::unique_ptr<OffloadTier> make_offload_tier(OffloadKind kind, const std::string& dir);
 
 /// One-line reason why `dir` cannot hold a disk tier (missing, not a
 /// directory, not writable), or "" when it can: creates and drops an unnamed

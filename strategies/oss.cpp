@@ -80,7 +80,7 @@ std::unique_ptr<torch::optim::Optimizer> OSSStrategy::setup_optimizer(
     if (shard_params.empty()) continue;
     local.emplace_back(std::move(shard_params), group.options().clone());
   }
-  return factory(std::move(local));
+  return optimizer_factory_for(factory)(std::move(local));
 }
 
 void OSSStrategy::check_trainable_unchanged() const {

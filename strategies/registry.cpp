@@ -1,6 +1,7 @@
 #include "strategies/registry.h"
 
 #include "strategies/ddp.h"
+#include "strategies/offload_tier.h"
 #include "strategies/fsdp/fully_sharded.h"
 #include "strategies/oss.h"
 #include "strategies/sdp.h"
@@ -64,36 +65,51 @@ std::string StrategyRegistry::description(const std::string& name) const {
   return entries_.at(resolve(name)).description;
 }
 
+namespace {
+/// single, ddp, oss, sdp: `offload` keeps the optimizer state in a tier
+/// (offloaded_state.h); their parameters and gradients stay resident.
+std::unique_ptr<Strategy> with_offload(std::unique_ptr<Strategy> strategy, const StrategyConfig& c) {
+  const OffloadKind kind = parse_offload(c.offload);
+  if (kind == OffloadKind::kNone) return strategy;
+  check_offload_kind(kind, c.offload_dir, strategy->device());
+  strategy->offload_optimizer_state(make_offload_tier(kind, c.offload_dir), kDefaultOffloadChunkNumel);
+  return strategy;
+}
+}  // namespace
+
 void register_builtin_strategies(StrategyRegistry& registry) {
   registry.add(
       "single",
-      [](Comm comm, const StrategyConfig&) { return std::make_unique<SingleDeviceStrategy>(comm); },
+      [](Comm comm, const StrategyConfig& c) { return with_offload(std::make_unique<SingleDeviceStrategy>(comm), c); },
       "one process; nothing sharded");
   registry.add(
       "ddp",
       [](Comm comm, const StrategyConfig& c) {
-        return std::make_unique<DDPStrategy>(
-            comm, DDPOptions()
-                      .bucket_cap_mb(c.bucket_cap_mb)
-                      .find_unused_parameters(c.find_unused_parameters)
-                      .overlap_comm(c.overlap_comm));
+        return with_offload(std::make_unique<DDPStrategy>(
+                                comm, DDPOptions()
+                                          .bucket_cap_mb(c.bucket_cap_mb)
+                                          .find_unused_parameters(c.find_unused_parameters)
+                                          .overlap_comm(c.overlap_comm)),
+                            c);
       },
       "replicated model; bucketed gradient all-reduce overlapped with backward");
   registry.add(
       "oss",
       [](Comm comm, const StrategyConfig& c) {
-        return std::make_unique<OSSStrategy>(comm, ShardOptions()
-                                                       .bucket_cap_mb(c.bucket_cap_mb)
-                                                       .find_unused_parameters(c.find_unused_parameters));
+        return with_offload(std::make_unique<OSSStrategy>(comm, ShardOptions()
+                                                                     .bucket_cap_mb(c.bucket_cap_mb)
+                                                                     .find_unused_parameters(c.find_unused_parameters)),
+                            c);
       },
       "ZeRO-1: optimizer state sharded; grads reduce-scattered after backward");
   registry.add_alias("zero1", "oss");
   registry.add(
       "sdp",
       [](Comm comm, const StrategyConfig& c) {
-        return std::make_unique<SDPStrategy>(comm, ShardOptions()
-                                                       .bucket_cap_mb(c.bucket_cap_mb)
-                                                       .find_unused_parameters(c.find_unused_parameters));
+        return with_offload(std::make_unique<SDPStrategy>(comm, ShardOptions()
+                                                                     .bucket_cap_mb(c.bucket_cap_mb)
+                                                                     .find_unused_parameters(c.find_unused_parameters)),
+                            c);
       },
       "ZeRO-2: optimizer state and grads sharded; grads reduced to owners during backward");
   registry.add_alias("zero2", "sdp");

@@ -27,8 +27,10 @@ struct StrategyConfig {
   int local_world_size = 0;
   std::string param_dtype = "fp32";              ///< FSDP: all-gather dtype, fp32 or bf16 (bf16-mixed)
   std::string reduce_dtype = "fp32";             ///< FSDP: gradient reduction dtype, fp32 or bf16
-  std::string offload = "none";                  ///< FSDP: none, cpu, disk (where sharded state lives)
-  std::string offload_dir;                       ///< FSDP: directory of the disk offload file
+  /// none, cpu, disk: where state lives between uses (fsdp: parameter
+  /// shards, gradients, optimizer state; the others: optimizer state).
+  std::string offload = "none";
+  std::string offload_dir;                       ///< disk: directory of the (unnamed) offload file
 };
 
 class StrategyRegistry {

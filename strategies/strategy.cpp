@@ -1,5 +1,7 @@
 #include "strategies/strategy.h"
 
+#include "strategies/offloaded_state.h"
+
 #include "core/deferred_init.h"
 
 #include <cmath>
@@ -51,9 +53,27 @@ TrainingModule& Strategy::module() const {
   return *module_;
 }
 
+void Strategy::offload_optimizer_state(std::shared_ptr<OffloadTier> tier, int64_t chunk_numel) {
+  TORCH_CHECK(tier != nullptr, name(), ": offload_optimizer_state needs a tier");
+  TORCH_CHECK(chunk_numel > 0, name(), ": offload chunk must be > 0 elements (got ", chunk_numel, ")");
+  offload_tier_ = std::move(tier);
+  offload_chunk_numel_ = chunk_numel;
+}
+
+OptimizerFactory Strategy::optimizer_factory_for(const OptimizerFactory& factory) const {
+  if (!offload_tier_) return factory;
+  return offloading_optimizer_factory(factory, offload_tier_, offload_chunk_numel_);
+}
+
 std::unique_ptr<torch::optim::Optimizer> Strategy::setup_optimizer(
     std::vector<torch::optim::OptimizerParamGroup> groups, const OptimizerFactory& factory) {
-  return factory(std::move(groups));
+  return optimizer_factory_for(factory)(std::move(groups));
+}
+
+std::map<std::string, double> Strategy::report() const {
+  if (!offload_tier_) return {};
+  return {{"offload_bytes", static_cast<double>(offload_tier_->bytes())},
+          {"offload_io_s", offload_tier_->stats().seconds}};
 }
 
 void Strategy::backward(const torch::Tensor& loss) { loss.backward(); }

@@ -33,6 +33,7 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     std::vector<torch::optim::OptimizerParamGroup>)>;
 
 class Strategy;
+class OffloadTier;
 
 /// RAII: while alive, backward() accumulates gradients locally without
 /// communicating (gradient accumulation on all but the last micro-batch).
@@ -77,7 +78,14 @@ class Strategy {
   /// become no-ops.
   virtual void setup(TrainingModule& module);
 
-  /// Builds the optimizer; the base hands every group to the factory.
+  /// Keeps the optimizer's state in `tier` instead of memory
+  /// (OffloadedStateOptimizer, strategies/offloaded_state.h): `--offload`
+  /// for the strategies whose parameters and gradients stay resident.
+  /// Call before setup_optimizer(); FSDP offloads through its own options.
+  void offload_optimizer_state(std::shared_ptr<OffloadTier> tier, int64_t chunk_numel);
+
+  /// Builds the optimizer; the base hands every group to the factory
+  /// (optimizer_factory_for(factory): the offloading one when set).
   virtual std::unique_ptr<torch::optim::Optimizer> setup_optimizer(
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const OptimizerFactory& factory);
@@ -137,8 +145,10 @@ class Strategy {
   virtual std::string describe() const;
 
   /// Strategy-specific numbers for summary.json (name -> value), merged into
-  /// it by strata-gpt; none by default (fsdp: max_units_gathered).
-  virtual std::map<std::string, double> report() const { return {}; }
+  /// it by strata-gpt: the base reports offloaded optimizer state
+  /// (offload_bytes, offload_io_s) when offload_optimizer_state() is on;
+  /// fsdp: max_units_gathered and its own offload.
+  virtual std::map<std::string, double> report() const;
 
  protected:
   /// Gradients this rank contributes to the global norm, each element of the
@@ -154,6 +164,11 @@ class Strategy {
   /// Multiplies this rank's gradients by `coef` (clipping): the base scales
   /// grads_to_clip() in place; offloaded FSDP gradients when next read.
   virtual void scale_grads(double coef);
+
+  /// `factory`, or one building an OffloadedStateOptimizer over the same
+  /// groups when offload_optimizer_state() was called. Subclasses that build
+  /// their own groups (oss, sdp) call their factory through this too.
+  OptimizerFactory optimizer_factory_for(const OptimizerFactory& factory) const;
 
   /// What setup() does after materialising: remembers the module, moves its
   /// parameters and buffers that hold memory to device() and remembers its
@@ -174,6 +189,8 @@ class Strategy {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> param_names_;
   bool require_sync_ = true;
+  std::shared_ptr<OffloadTier> offload_tier_;
+  int64_t offload_chunk_numel_ = 0;
 };
 
 /// Broadcasts rank 0's parameters and buffers to every rank (identical start

@@ -21,30 +21,10 @@ std::string to_string(ShardingStrategy strategy) {
   return "unknown";
 }
 
-OffloadKind parse_offload(const std::string& name) {
-  if (name == "none") return OffloadKind::kNone;
-  if (name == "cpu") return OffloadKind::kCpu;
-  if (name == "disk") return OffloadKind::kDisk;
-  TORCH_CHECK_VALUE(false, "unknown offload '", name, "'; available: none, cpu, disk");
-}
-
-std::string to_string(OffloadKind kind) {
-  switch (kind) {
-    case OffloadKind::kNone: return "none";
-    case OffloadKind::kCpu: return "cpu";
-    case OffloadKind::kDisk: return "disk";
-  }
-  return "unknown";
-}
-
 void check_offload_options(const FSDPOptions& options, const torch::Device& device, int shard_group_size) {
   const auto kind = options.offload();
   if (kind == OffloadKind::kNone) return;
-  TORCH_CHECK_VALUE(!(kind == OffloadKind::kCpu && !device.is_cuda()),
-                    "--offload cpu moves state off a CUDA device into pinned host memory, but the device is ",
-                    device, ", whose state is already in host memory; use --offload disk to move it out of memory");
-  TORCH_CHECK_VALUE(!(kind == OffloadKind::kDisk && options.offload_dir().empty()),
-                    "--offload disk needs an --offload-dir");
+  check_offload_kind(kind, options.offload_dir(), device);
   TORCH_CHECK_VALUE(options.sharding_strategy() != ShardingStrategy::kNoShard,
                     "--offload ", to_string(kind), " needs sharded parameters; --sharding-strategy no_shard keeps "
                     "every parameter whole on every rank (use full_shard, shard_grad_op or hybrid_shard)");

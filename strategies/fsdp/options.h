@@ -2,6 +2,7 @@
 // FSDPOptions: how FSDPStrategy shards (torch.distributed.fsdp's knobs that
 // strata implements).
 #include "strategies/fsdp/wrap.h"
+#include "strategies/offload_tier.h"
 
 #include <torch/torch.h>
 
@@ -15,15 +16,6 @@ enum class ShardingStrategy {
   kNoShard,      ///< nothing sharded; gradients all-reduced (DDP through the FSDP machinery)
   kHybridShard,  ///< full_shard inside a node of node_size ranks, replicated across nodes (hybrid.h)
 };
-
-/// Where the sharded state (fp32 shard, its gradient, optimizer state) lives
-/// between uses: memory (none), pinned host memory beside a CUDA device
-/// (cpu), or files in FSDPOptions::offload_dir (disk). See fsdp/offload.h.
-enum class OffloadKind { kNone, kCpu, kDisk };
-
-/// "none", "cpu", "disk"; anything else is an error listing them.
-OffloadKind parse_offload(const std::string& name);
-std::string to_string(OffloadKind kind);
 
 /// "full_shard", "shard_grad_op", "no_shard", "hybrid_shard"; anything else is an error listing them.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
@@ -69,7 +61,7 @@ struct FSDPOptions {
   /// Elements per staged chunk of the streamed optimizer step: it holds two
   /// chunks of parameters, gradients and both AdamW moments (8 x 4 bytes per
   /// element with fp32 state: 8 MiB at the default, 1 MiB per transfer).
-  TORCH_ARG(int64_t, offload_chunk_numel) = int64_t{1} << 18;
+  TORCH_ARG(int64_t, offload_chunk_numel) = kDefaultOffloadChunkNumel;
 };
 
 /// Errors (naming the values) for offload options that cannot work: cpu

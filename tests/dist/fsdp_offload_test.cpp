@@ -273,6 +273,40 @@ TEST(FsdpOffloadBinaryTest, DiskOffloadLowersPeakTensorBytesAndRssByTheOffloaded
       << "only the run's outputs stay in the output (and offload) directory";
 }
 
+TEST(FsdpOffloadBinaryTest, DdpOptimizerStateOffloadLowersPeakTensorBytesAndRss) {
+  // ddp keeps parameters and gradients whole on every rank; --offload disk
+  // moves AdamW's two moments (8 bytes per parameter) out of memory.
+  TempDir dir("strata-offload");
+  const std::string common =
+      "--preset gpt-mini --n-embd 384 --strategy ddp --nproc 2 --max-steps 3 --batch-size 2 "
+      "--limit-val-batches 0 --log-every-n-steps 1 ";
+  const auto none = run_gpt_binary(common + "--output-dir " + (dir.path() / "none").string());
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  const auto disk = run_gpt_binary(common + "--offload disk --output-dir " + (dir.path() / "disk").string());
+  ASSERT_EQ(disk.exit_code, 0) << disk.output;
+  const auto a = summary_of(dir.path() / "none");
+  const auto b = summary_of(dir.path() / "disk");
+  ASSERT_TRUE(b.contains("offload_bytes")) << b.dump();
+  const double offloaded = b["offload_bytes"].get<double>();
+  // Staging: two sets of both moments of one chunk (the default chunk).
+  const double staging = 2 * 2 * 4 * static_cast<double>(strata::kDefaultOffloadChunkNumel);
+  EXPECT_LT(staging, 0.1 * offloaded) << "the test's model is too small to show the difference";
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const double resident = a["model_state_bytes"][r]["optimizer"].get<double>();
+    EXPECT_DOUBLE_EQ(offloaded, resident) << "the tier holds what memory held";
+    EXPECT_EQ(b["model_state_bytes"][r]["optimizer"].get<double>(), 0.0);
+    const double tensor_drop = a["peak_tensor_bytes"][r].get<double>() - b["peak_tensor_bytes"][r].get<double>();
+    const double rss_drop = a["peak_rss_bytes"][r].get<double>() - b["peak_rss_bytes"][r].get<double>();
+    EXPECT_GE(tensor_drop, offloaded - staging) << "peak tensor bytes " << a["peak_tensor_bytes"][r] << " -> "
+                                                << b["peak_tensor_bytes"][r] << ", offloaded " << offloaded;
+    EXPECT_GE(rss_drop, offloaded - staging) << "peak RSS " << a["peak_rss_bytes"][r] << " -> "
+                                             << b["peak_rss_bytes"][r] << ", offloaded " << offloaded;
+  }
+  EXPECT_EQ(losses_of(dir.path() / "none" / "metrics.csv"), losses_of(dir.path() / "disk" / "metrics.csv"));
+  EXPECT_EQ(entries(dir.path() / "disk"), (std::vector<std::string>{"config.ini", "metrics.csv", "summary.json"}));
+}
+
 TEST(FsdpOffloadBinaryTest, NoOffloadFileOutlivesAFailedOrSignalledRun) {
   TempDir dir("strata-offload");
   const auto offload_dir = dir.path() / "offload";
@@ -325,7 +359,10 @@ TEST(FsdpOffloadBinaryTest, BadOffloadInputIsAOneLineErrorAndExitTwo) {
       {"--strategy fsdp --nproc 2 --offload disk --offload-dir /nonexistent/strata",
        "cannot use --offload-dir '/nonexistent/strata': No such file or directory"},
       {"--strategy fsdp --nproc 2 --offload-dir /tmp", "--offload-dir applies only with --offload disk"},
-      {"--strategy ddp --nproc 2 --offload disk", "--offload does not apply to strategy 'ddp'"},
+      {"--strategy ddp --nproc 2 --offload cpu --device cpu",
+       "--offload cpu moves state off a CUDA device into pinned host memory, but the device is cpu"},
+      {"--strategy sdp --nproc 2 --offload disk --offload-dir /nonexistent/strata",
+       "cannot use --offload-dir '/nonexistent/strata': No such file or directory"},
       {"--strategy fsdp --nproc 2 --offload disk --sharding-strategy no_shard",
        "--offload disk needs sharded parameters; --sharding-strategy no_shard"},
       {"--strategy fsdp --offload disk", "needs sharded parameters: at least 2 ranks per shard group (got 1)"},
