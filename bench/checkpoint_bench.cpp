@@ -89,7 +89,7 @@ int run_worker(const DistEnv& env, const std::string& preset, const fs::path& di
   auto optimizer = strategy.setup_optimizer(make_optimizer_groups(module.module(), options), optimizer_factory(options));
   Strategy::create_optimizer_state(*optimizer);
   const auto state = strategy.model_state_bytes(*optimizer);
-  json out{{"rank", env.rank}, {"preset", preset}, {"params", module.num_params()},
+  json out{{"rank", env.rank}, {"preset", preset}, {"params", module.model()->num_params()},
            {"state_bytes", state.params + state.optimizer}};
   for (const std::string format : {"sharded", "full"}) {
     const auto ckpt = dir / (preset + "-" + format);

@@ -566,7 +566,8 @@ CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch
   for (const auto& p : pieces) mine[p.name] = p.shape;
   std::map<std::string, json> model;
   for (const auto& s : all_gather_strings(strategy.comm(), json(mine).dump())) {
-    for (const auto& [name, shape] : json::parse(s).items()) model[name] = shape;
+    const auto theirs = json::parse(s);  // named: items() must not outlive it
+    for (const auto& [name, shape] : theirs.items()) model[name] = shape;
   }
   const json& stored = md.body["tensors"];
   check_same_tensors(dir, stored, model);
