@@ -1,7 +1,10 @@
 // strata-bench --suite checkpoint: save and load time, bytes written per rank
 // and peak tensor memory per rank for GPT presets under FSDP on 4 processes,
 // in both checkpoint formats, next to the disk's own sequential write speed
-// (write + fsync of 256 MiB in the same directory).
+// (write + fsync of 256 MiB in the same directory, best of 3). A checkpoint
+// holds 12 bytes per parameter with fp32 AdamW (values, exp_avg,
+// exp_avg_sq: the 16Ψ' of model state less the gradients): "total / 12Ψ'"
+// is 1.0 when every byte is written once across the ranks.
 //
 //   build/bin/strata-bench --suite checkpoint [--presets gpt-mini,gpt2] [--dir D] [--json F]
 //
@@ -148,10 +151,12 @@ int run_checkpoint_suite(int argc, char** argv) {
   const bool temp = dir_arg.empty();
   const fs::path dir = temp ? fs::temp_directory_path() / ("strata-ckpt-bench-" + std::to_string(::getpid())) : fs::path(dir_arg);
   fs::create_directories(dir);
-  const double disk = disk_write_mb_per_s(dir, int64_t{256} << 20);
+  // Best of three: other work on the machine only ever slows it down.
+  double disk = 0;
+  for (int i = 0; i < 3; ++i) disk = std::max(disk, disk_write_mb_per_s(dir, int64_t{256} << 20));
   std::ostringstream table;
-  table << "disk sequential write (256 MiB + fsync): " << std::fixed << std::setprecision(0) << disk << " MB/s\n\n"
-        << "| preset | format | save s | load s | bytes written per rank (MiB) | total / 16Ψ' | save MB/s (% of disk) "
+  table << "disk sequential write (256 MiB + fsync, best of 3): " << std::fixed << std::setprecision(0) << disk << " MB/s\n\n"
+        << "| preset | format | save s | load s | bytes written per rank (MiB) | total / 12Ψ' | save MB/s (% of disk) "
            "| rank 0 peak save / load (MiB) | rank 0 state before (MiB) |\n|---|---|---|---|---|---|---|---|---|\n";
   std::ofstream json_out;
   if (!json_path.empty()) json_out.open(json_path);
@@ -186,7 +191,7 @@ int run_checkpoint_suite(int argc, char** argv) {
       }
       const double mbps = total / 1e6 / save_s;
       table << "| " << preset << " | " << format << " | " << std::setprecision(2) << save_s << " | " << load_s << " | "
-            << per_rank << " | " << std::setprecision(3) << total / (16.0 * params) << " | " << std::setprecision(0)
+            << per_rank << " | " << std::setprecision(3) << total / (12.0 * params) << " | " << std::setprecision(0)
             << mbps << " (" << 100.0 * mbps / disk << "%) | " << mib(ranks[0][format]["save_peak_bytes"].get<double>())
             << " / " << mib(ranks[0][format]["load_peak_bytes"].get<double>()) << " | "
             << mib(ranks[0][format]["base_bytes"].get<double>()) << " |\n";
