@@ -5,6 +5,7 @@
 // mid-save (real processes through strata-gpt).
 #include "callbacks/model_checkpoint.h"
 #include "recipes/gpt.h"
+#include "strategies/fsdp/fully_sharded.h"
 #include "strategies/registry.h"
 #include "strategies/thread_world.h"
 #include "tests/dist/run_binary.h"
@@ -314,6 +315,24 @@ TEST(CheckpointMemoryTest, FullSaveUnderFsdpHoldsParamsPlusOneUnitsStateOnRankZe
   for (const auto& r : ranks) written += r["sharded"]["bytes_written"].get<double>();
   EXPECT_NEAR(written / (12.0 * total), 1.0, 0.02) << written;
 #endif
+}
+
+TEST(CheckpointFaultTest, OffloadedFsdpStateIsRefusedClearly) {
+  TempDir tmp;
+  std::vector<std::unique_ptr<GPTModule>> modules;
+  for (int r = 0; r < 2; ++r) modules.push_back(make_module(11, 2));
+  const auto dir = (tmp.path / "ckpt").string();
+  std::string msg = error_of([&] {
+    strata::run_thread_world(2, [&](strata::Comm& comm) {
+      auto fsdp = std::make_shared<strata::FSDPStrategy>(
+          comm, strata::FSDPOptions().offload(strata::OffloadKind::kDisk).offload_dir(tmp.path.string()));
+      strata::testing::ToyData data;
+      std::vector<std::shared_ptr<strata::Callback>> callbacks{std::make_shared<SaveAndStop>(1, std::vector<std::pair<std::string, std::string>>{{dir, "sharded"}})};
+      strata::Trainer(options_for({"fsdp", 2}), fsdp, callbacks).fit(*modules[comm.rank()], data);
+    }, std::chrono::seconds(30));
+  });
+  EXPECT_NE(msg.find("checkpoints of offloaded state"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "metadata.json"));
 }
 
 }  // namespace
