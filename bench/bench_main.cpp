@@ -8,6 +8,7 @@
 //   build/bin/strata-bench --suite zero --from-json runs.jsonl    # re-render saved runs
 //
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
+#include "bench/checkpoint_bench.h"
 #include "bench/harness.h"
 #include "bench/report.h"
 
@@ -166,6 +167,13 @@ int run(const CliOptions& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The checkpoint suite runs in-process on its own ranks (checkpoint_bench.h).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--suite=checkpoint" || (a == "--suite" && i + 1 < argc && std::string(argv[i + 1]) == "checkpoint")) {
+      return run_checkpoint_suite(argc, argv);
+    }
+  }
   CliOptions cli;
   int repeats = 0;
   po::options_description desc(
@@ -173,7 +181,7 @@ int main(int argc, char** argv) {
       "Suites: single, ddp, zero, fsdp, memory, smoke, attention, kernels. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
   desc.add_options()
       ("help,h", "show this help")
-      ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke,attention")
+      ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke,attention; or checkpoint alone (checkpoint_bench.cpp)")
       ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone, else 3)")
       ("gpt", po::value(&cli.gpt), "strata-gpt binary (default: next to strata-bench)")
       ("json", po::value(&cli.json_path), "write one JSON line per run to FILE")

@@ -2,6 +2,7 @@
 
 #include "core/atomic_file.h"
 
+#include "trainer/checkpoint.h"
 #include "trainer/trainer.h"
 
 #include <algorithm>
@@ -54,6 +55,7 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   // rank has finished writing its part (a shard per rank under sharding).
   comm.barrier();
   if (zero) {
+    checkpoint_kill_point("before-rename", 0, step);  // test-only fault injection (trainer/checkpoint.h)
     // Replaces an earlier save of the same step (e.g. after a resume).
     publish_directory(tmp.string(), final_dir.string());
     prune_checkpoints(root.string(), options_.keep_last());

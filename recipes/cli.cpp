@@ -168,6 +168,9 @@ std::vector<Field> fields() {
       {"output-dir", 4, &C::output_dir, "logs, config.ini and checkpoints go here"},
       {"checkpoint-every", 4, &C::checkpoint_every, "checkpoint every N steps (0: never)"},
       {"checkpoint-keep", 4, &C::checkpoint_keep, "periodic checkpoints to keep"},
+      {"checkpoint-format", 4, &C::checkpoint_format,
+       "full (rank 0 writes one consolidated file) | sharded (one file per rank) | auto (sharded for "
+       "oss/sdp/fsdp, else full); either loads under any strategy and world size"},
       {"early-stopping-patience", 4, &C::early_stopping_patience,
        "validations without improvement before stopping (0: off)"},
       {"resume", 4, &C::resume, "checkpoint directory to resume from"},
@@ -305,6 +308,7 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
             "shard_grad_op or hybrid_shard), not no_shard";
   }
   if (error.empty()) error = choice("offload", c.offload, {"none", "cpu", "disk"});
+  if (error.empty()) error = choice("checkpoint-format", c.checkpoint_format, {"auto", "full", "sharded"});
   if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
     error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
   }

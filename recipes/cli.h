@@ -64,6 +64,7 @@ struct RunConfig {
   std::string output_dir = "runs/latest";
   int64_t checkpoint_every = 0;   ///< 0: no periodic checkpoints
   int64_t checkpoint_keep = 2;
+  std::string checkpoint_format = "auto";  ///< full | sharded | auto (sharded for oss/sdp/fsdp)
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)

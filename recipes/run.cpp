@@ -203,7 +203,8 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .min_lr(std::min(c.min_lr, c.lr))
       .warmup_steps(c.warmup_steps)
       .weight_decay(c.weight_decay)
-      .resume_from(c.resume);
+      .resume_from(c.resume)
+      .checkpoint_format(c.checkpoint_format == "auto" ? "" : c.checkpoint_format);
 }
 
 int run_gpt(int argc, char** argv) {

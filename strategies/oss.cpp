@@ -74,7 +74,7 @@ std::unique_ptr<torch::optim::Optimizer> OSSStrategy::setup_optimizer(
         auto view = flat_params_.narrow(0, piece.flat_offset, piece.numel);
         view.mutable_grad() = grad_shard.narrow(0, piece.flat_offset - begin, piece.numel);
         shard_params.push_back(view);
-        optimizer_pieces_.emplace_back(it->second, view);
+        optimizer_pieces_.push_back({it->second, piece.param_offset, view});
       }
     }
     if (shard_params.empty()) continue;
@@ -109,8 +109,8 @@ void OSSStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
     // as torch skips a parameter without a gradient (see grad_sync.h).
     std::vector<torch::Tensor> unused;
     for (size_t k : grad_sync_.unused_everywhere()) {
-      for (const auto& [index, view] : optimizer_pieces_) {
-        if (index == k) unused.push_back(view);
+      for (const auto& piece : optimizer_pieces_) {
+        if (piece.index == k) unused.push_back(piece.values);
       }
     }
     HiddenGrads hidden(std::move(unused));
@@ -119,6 +119,19 @@ void OSSStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // Sync point: each rank updated only its shard; all-gather so every replica
   // runs the next forward with the same, fully updated parameters.
   sharded_all_gather(comm(), flat_params_, layout_, round_numel());
+}
+
+std::vector<Strategy::ParamPiece> OSSStrategy::param_pieces(StateUse use) const {
+  if (use == StateUse::kLoad) return Strategy::param_pieces(use);
+  std::vector<ParamPiece> out;
+  for (const auto& piece : layout_.pieces(rank())) {
+    out.push_back({piece.param_index, piece.param_offset, flat_params_.narrow(0, piece.flat_offset, piece.numel)});
+  }
+  return out;
+}
+
+std::vector<Strategy::ParamPiece> OSSStrategy::optimizer_param_pieces(StateUse) const {
+  return optimizer_pieces_;
 }
 
 void OSSStrategy::zero_grad(torch::optim::Optimizer&) { flat_grads_.zero_(); }

@@ -56,6 +56,11 @@ class OSSStrategy : public Strategy {
   virtual torch::Tensor owned_grad() const;
 
   std::vector<torch::Tensor> local_grads_for_norm() const override { return {owned_grad()}; }
+  /// kSave: this rank's shard of the (replicated) parameters, so the ranks
+  /// split the writing; kLoad: the base's full parameters.
+  std::vector<ParamPiece> param_pieces(StateUse use) const override;
+  /// The 1-D pieces the inner optimizer holds (this rank's shard).
+  std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
   bool grads_sharded() const override { return world_size() > 1; }
   int64_t round_numel() const;
   /// Fails (on every rank alike) if a parameter's requires_grad changed after setup.
@@ -68,8 +73,8 @@ class OSSStrategy : public Strategy {
   torch::Tensor flat_grads_;
 
  private:
-  /// What the inner optimizer holds: (parameter index, 1-D view of its piece).
-  std::vector<std::pair<size_t, torch::Tensor>> optimizer_pieces_;
+  /// What the inner optimizer holds: 1-D views of parameter pieces.
+  std::vector<ParamPiece> optimizer_pieces_;
 };
 
 }  // namespace strata

@@ -35,6 +35,28 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 class Strategy;
 class OffloadTier;
 
+/// Whether state pieces are wanted for writing a checkpoint or for filling
+/// from one (Strategy::state_pieces).
+enum class StateUse { kSave, kLoad };
+
+/// One stored piece of a logical state tensor: elements [lo, lo +
+/// values.numel()) of the flattened tensor `name` (global `shape`). Names:
+/// "model/<qualified name>" for parameters and buffers, "optim/<parameter
+/// name>/<key>" for optimizer state (exp_avg, exp_avg_sq, step, ...), keyed by
+/// the parameter's name so any strategy's inner optimizer (whole tensors, 1-D
+/// pieces, FSDP flat shards) maps to it.
+struct StatePiece {
+  std::string name;
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype = torch::kFloat;
+  int64_t lo = 0;
+  /// A live 1-D view (kSave: read; kLoad: written in place, cast to its dtype).
+  torch::Tensor values;
+  /// For state not held as a tensor (AdamW's step count): called with
+  /// `values` once they are loaded.
+  std::function<void(const torch::Tensor&)> on_loaded;
+};
+
 /// RAII: while alive, backward() accumulates gradients locally without
 /// communicating (gradient accumulation on all but the last micro-batch).
 class NoSyncGuard {
@@ -137,9 +159,23 @@ class Strategy {
   /// What this rank holds of params / grads / optimizer state, in bytes.
   virtual ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const;
 
-  /// True when each rank's optimizer holds only its shard (checkpoints then
-  /// store one optimizer file per rank).
+  /// True when each rank's optimizer holds only its shard (checkpoints are
+  /// then written sharded by default).
   virtual bool optimizer_sharded() const { return false; }
+
+  /// This rank's pieces of the model and optimizer state (checkpoints). kSave:
+  /// disjoint over ranks and together everything (replicated state once, from
+  /// rank 0; sharded state from its owner); kLoad: everything this rank holds.
+  /// The base builds them from param_pieces() and optimizer_param_pieces();
+  /// frozen parameters and buffers are whole on every rank (saved by rank 0).
+  /// Creates missing optimizer state first (create_optimizer_state).
+  virtual std::vector<StatePiece> state_pieces(torch::optim::Optimizer& optimizer, StateUse use);
+
+  /// Creates the optimizer's lazily made state (AdamW: zero moments, step 0)
+  /// for every parameter that has none yet, so a checkpoint can fill it (and a
+  /// save before the first step stores it). Stepping is unchanged: torch
+  /// creates exactly this state on a parameter's first step.
+  static void create_optimizer_state(torch::optim::Optimizer& optimizer);
 
   /// A one-paragraph description of the partition / buckets, printed at start.
   virtual std::string describe() const;
@@ -169,6 +205,23 @@ class Strategy {
   /// groups when offload_optimizer_state() was called. Subclasses that build
   /// their own groups (oss, sdp) call their factory through this too.
   OptimizerFactory optimizer_factory_for(const OptimizerFactory& factory) const;
+
+  /// Part of trainable parameter params()[index]: flattened elements
+  /// [offset, offset + values.numel()), `values` a 1-D view of them.
+  struct ParamPiece {
+    size_t index;
+    int64_t offset;
+    torch::Tensor values;
+  };
+  /// Parameter values this rank holds (kLoad) or writes (kSave). The base:
+  /// every parameter whole (kSave: on rank 0 only).
+  virtual std::vector<ParamPiece> param_pieces(StateUse use) const;
+  /// The tensors the inner optimizer steps, as pieces of the parameters
+  /// (each `values` IS the optimizer's tensor: its state is found by it).
+  /// The base: every parameter whole (kSave: on rank 0 only).
+  virtual std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const;
+  /// The global shape of params()[index] (FSDP: its data may be resharded).
+  virtual std::vector<int64_t> param_shape(size_t index) const { return params_[index].sizes().vec(); }
 
   /// What setup() does after materialising: remembers the module, moves its
   /// parameters and buffers that hold memory to device() and remembers its

@@ -1,16 +1,37 @@
 #pragma once
-// Resumable checkpoints: a directory holding
-//   model.pt            rank 0's parameters and buffers (full; every strategy
-//                       here keeps full parameters on every rank)
-//   optimizer-rank<R>-of-<N>.pt   one per rank when the optimizer is sharded,
-//                       else optimizer.pt written by rank 0
-//   trainer.pt          step counter and metadata
-// Sharded optimizer state must be loaded at the same world size (checked).
+// Resumable checkpoints that load under any strategy at any world size.
+//
+// A checkpoint is a directory:
+//   shard-<r>-of-<n>.bin   format "sharded": raw bytes of what rank r saved
+//   full.bin               format "full": rank 0's consolidated state
+//   metadata.json          written last, by rank 0, once every data file is
+//                          on disk: the trainer meta (step, world size,
+//                          strategy, optimizer, format, the `state` blobs in
+//                          base64) and every logical tensor — global name
+//                          ("model/<qualified name>", "optim/<param>/exp_avg",
+//                          ".../exp_avg_sq", ".../step"), global shape, dtype,
+//                          and its stored pieces (file, byte offset, flat
+//                          element range [lo, hi)) — plus a CRC32 of each
+//                          4 MiB block of each data file and a CRC32 of its
+//                          own body.
+// What a rank saves and loads is its strategy's business
+// (Strategy::state_pieces): replicated state once, sharded state by its
+// owner; on load each rank reads only the block-aligned byte ranges that
+// overlap the pieces it holds (pread) and verifies each block's CRC, so a
+// bit flip or a truncated file is one error naming the file. Data files and
+// the directory are fsync'd; metadata.json is written after every rank's data
+// is on disk, so a directory without it is no checkpoint.
+// Format "full": rank 0 writes one file, gathered one logical tensor at a
+// time (a reduce of that tensor's pieces), so no rank holds more than its own
+// state plus one full tensor.
+#include "strategies/strategy.h"
+
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -18,23 +39,45 @@ struct CheckpointMeta {
   int64_t step = 0;
   int world_size = 1;
   std::string strategy;
-  bool sharded_optimizer = false;
   std::string optimizer = "adamw";  ///< TrainerOptions::optimizer: state is not interchangeable
+  /// "full" or "sharded" (checkpoint_formats()).
+  std::string format = "sharded";
   /// Named opaque blobs saved and restored verbatim (the trainer's RNG states,
   /// each callback's state_dict(), the data position): key -> bytes.
   std::map<std::string, std::string> state;
 };
 
-/// Every rank calls this; rank 0 writes the shared files.
-void save_checkpoint(const std::string& dir, torch::nn::Module& module,
-                     const torch::optim::Optimizer& optimizer, const CheckpointMeta& meta,
-                     int rank);
+/// {"full", "sharded"}
+std::vector<std::string> checkpoint_formats();
 
-/// Loads into an already set-up module and optimizer; returns the metadata.
-/// Errors name the directory and the mismatching value (missing files, a
-/// different world size for sharded state, a different strategy family).
-CheckpointMeta load_checkpoint(const std::string& dir, torch::nn::Module& module,
-                               torch::optim::Optimizer& optimizer, const CheckpointMeta& expected,
-                               int rank);
+/// What a save wrote (this rank) and how long it took.
+struct CheckpointSaveStats {
+  int64_t bytes_written = 0;  ///< data bytes this rank wrote (metadata not counted)
+  double seconds = 0.0;
+};
+
+/// Collective: every rank calls it. Writes `strategy`'s state and
+/// `optimizer`'s into `dir` (created if missing) in meta.format; returns when
+/// metadata.json is on disk (every rank).
+CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy,
+                                    torch::optim::Optimizer& optimizer, const CheckpointMeta& meta);
+
+/// Collective: loads a checkpoint of either format, written by any strategy
+/// at any world size, into the set-up `strategy` and its `optimizer`;
+/// returns the saved meta. Errors: a missing or corrupt file (naming it), a
+/// different optimizer kind than expected.optimizer, a different model (one
+/// error listing the missing, unexpected and wrongly shaped tensors).
+CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
+                               const CheckpointMeta& expected);
+
+/// Reads and verifies metadata.json alone (the meta, not the tensors).
+CheckpointMeta read_checkpoint_meta(const std::string& dir);
+
+/// Test-only fault injection: when the environment variable
+/// STRATA_CHECKPOINT_KILL_AT is "<point>[@<rank>][/<step>]" and matches, the
+/// process raise(SIGKILL)s itself here. Points: "after-shard" (this rank's
+/// data file is written), "before-metadata" (rank 0, all data on disk),
+/// "before-rename" (ModelCheckpoint, before publishing).
+void checkpoint_kill_point(const std::string& point, int rank, int64_t step);
 
 }  // namespace strata

@@ -102,6 +102,11 @@ Trainer::Trainer(TrainerOptions options, std::shared_ptr<Strategy> strategy,
                     "val_check_interval and limit_val_batches must be >= 0 (got ",
                     o.val_check_interval(), ", ", o.limit_val_batches(), ")");
   check_optimizer_name(o.optimizer());
+  const auto formats = checkpoint_formats();
+  TORCH_CHECK_VALUE(o.checkpoint_format().empty() ||
+                        std::find(formats.begin(), formats.end(), o.checkpoint_format()) != formats.end(),
+                    "unknown checkpoint_format '", o.checkpoint_format(), "'; available: ", c10::Join(", ", formats),
+                    " (or empty: the strategy's default)");
   TORCH_CHECK_VALUE(o.lr() > 0 && o.min_lr() >= 0 && o.min_lr() <= o.lr(),
                     "need 0 <= min_lr <= lr and lr > 0 (got lr ", o.lr(), ", min_lr ", o.min_lr(), ")");
 }
@@ -119,11 +124,10 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
                                           optimizer_factory(options_));
   if (!options_.resume_from().empty()) {
-    CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
-                            options_.optimizer()};
-    const auto full = strategy_->full_params(/*writeback=*/true);  // FSDP: load into full parameters, keep them
-    step_ = load_checkpoint(options_.resume_from(), module.module(), *optimizer_, expected,
-                            strategy_->rank()).step;
+    CheckpointMeta expected;
+    expected.optimizer = options_.optimizer();
+    // Every strategy loads its own pieces (FSDP: straight into its shards).
+    step_ = load_checkpoint(options_.resume_from(), *strategy_, *optimizer_, expected).step;
     each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
   }
   const WarmupCosineSchedule schedule(LrScheduleOptions(options_.lr())
@@ -301,14 +305,19 @@ void Trainer::gather_memory(FitResult& result) {
   }
 }
 
-void Trainer::save_checkpoint(const std::string& dir) {
+CheckpointSaveStats Trainer::save_checkpoint(const std::string& dir, const std::string& format) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
-  CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
-                      options_.optimizer()};
-  const auto full = strategy_->full_params();  // FSDP: the model file holds full parameters
-  strata::save_checkpoint(dir, module_->module(), *optimizer_, meta, strategy_->rank());
+  CheckpointMeta meta;
+  meta.step = step_;
+  meta.world_size = strategy_->world_size();
+  meta.strategy = strategy_->name();
+  meta.optimizer = options_.optimizer();
+  meta.format = format.empty() ? options_.checkpoint_format() : format;
+  if (meta.format.empty()) meta.format = strategy_->optimizer_sharded() ? "sharded" : "full";
+  const auto stats = strata::save_checkpoint(dir, *strategy_, *optimizer_, meta);
   each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
+  return stats;
 }
 
 }  // namespace strata

@@ -7,6 +7,7 @@
 //                           strategy, {std::make_shared<strata::ProgressBar>()});
 //   auto result = trainer.fit(module, data);
 #include "trainer/callback.h"
+#include "trainer/checkpoint.h"
 #include "core/precision.h"
 #include "strategies/strategy.h"
 #include "trainer/data_source.h"
@@ -55,8 +56,13 @@ struct TrainerOptions {
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.95;
   TORCH_ARG(double, eps) = 1e-8;
-  /// Checkpoint directory to resume from ("" = start fresh).
+  /// Checkpoint directory to resume from ("" = start fresh). Either format,
+  /// written by any strategy at any world size (trainer/checkpoint.h).
   TORCH_ARG(std::string, resume_from) = "";
+  /// How save_checkpoint writes: "full" (one consolidated file) or "sharded"
+  /// (one file per rank); "" = sharded when the strategy shards optimizer
+  /// state (oss, sdp, fsdp), else full.
+  TORCH_ARG(std::string, checkpoint_format) = "";
 };
 
 struct FitResult {
@@ -108,7 +114,9 @@ class Trainer {
   void request_stop(const std::string& reason);
   bool should_stop() const { return stop_requested_; }
   /// Writes a resumable checkpoint into `dir` (see trainer/checkpoint.h).
-  void save_checkpoint(const std::string& dir);
+  /// Collective: every rank calls it. `format`: "full" or "sharded"; ""
+  /// takes TrainerOptions::checkpoint_format.
+  CheckpointSaveStats save_checkpoint(const std::string& dir, const std::string& format = "");
 
  private:
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);

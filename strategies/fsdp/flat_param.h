@@ -70,6 +70,8 @@ class FlatParam {
   const FlatLayout& layout() const { return layout_; }
   const std::vector<torch::Tensor>& params() const { return params_; }
   const std::vector<std::string>& param_names() const { return names_; }
+  /// params()[k]'s full shape (its data holds 0 elements while resharded).
+  const std::vector<int64_t>& param_shape(size_t k) const { return shapes_[k]; }
   /// False when the shard group has one rank (the shard is the whole unit).
   bool sharded() const { return layout_.world_size() > 1; }
   int64_t numel() const { return layout_.unpadded_numel(); }

@@ -418,6 +418,44 @@ ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& o
   return bytes;
 }
 
+std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool detach) const {
+  TORCH_CHECK(tier_ == nullptr, name(), ": checkpoints of offloaded state (FSDPOptions::offload, --offload) "
+              "are not supported; train without offload to save or resume");
+  std::vector<ParamPiece> out;
+  // hybrid_shard / no_shard: the other replicas hold copies of these shards.
+  if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;
+  std::unordered_map<const void*, size_t> index_of;
+  for (size_t k = 0; k < params().size(); ++k) index_of[params()[k].unsafeGetTensorImpl()] = k;
+  for (const auto& unit : units_) {
+    const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
+    for (size_t j = 0; j < unit->pieces().size(); ++j) {
+      const auto& lp = layout_pieces[j];  // pieces() are cut in this order (flat_param.cpp)
+      const auto& values = unit->pieces()[j];
+      out.push_back({index_of.at(unit->params()[lp.param_index].unsafeGetTensorImpl()), lp.param_offset,
+                     detach ? values.detach() : values});
+    }
+  }
+  return out;
+}
+
+std::vector<Strategy::ParamPiece> FSDPStrategy::param_pieces(StateUse use) const {
+  return shard_pieces(use, /*detach=*/true);
+}
+
+std::vector<Strategy::ParamPiece> FSDPStrategy::optimizer_param_pieces(StateUse use) const {
+  return shard_pieces(use, /*detach=*/false);
+}
+
+std::vector<int64_t> FSDPStrategy::param_shape(size_t index) const {
+  const auto* impl = params()[index].unsafeGetTensorImpl();
+  for (const auto& unit : units_) {
+    for (size_t k = 0; k < unit->params().size(); ++k) {
+      if (unit->params()[k].unsafeGetTensorImpl() == impl) return unit->param_shape(k);
+    }
+  }
+  return Strategy::param_shape(index);
+}
+
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
   // exact: the full-precision values even under param_dtype (export, checkpoints).

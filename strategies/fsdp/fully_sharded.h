@@ -139,6 +139,11 @@ class FSDPStrategy : public Strategy {
   std::vector<torch::Tensor> local_grad_norms() const override;
   void scale_grads(double coef) override;
   bool grads_sharded() const override { return shard_world_ > 1; }
+  /// The units' shard pieces (the optimizer's tensors), whole or resharded
+  /// alike; under hybrid_shard only the first replica saves them.
+  std::vector<ParamPiece> param_pieces(StateUse use) const override;
+  std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
+  std::vector<int64_t> param_shape(size_t index) const override;
 
  private:
   struct Reduction {
@@ -158,6 +163,8 @@ class FSDPStrategy : public Strategy {
   void reshard_all();
   int wrap_units_holding_full() const;
   std::vector<torch::Tensor> pieces_unused_everywhere() const;
+  /// Every unit's shard pieces as pieces of params() (see param_pieces).
+  std::vector<ParamPiece> shard_pieces(StateUse use, bool detach) const;
 
   FSDPOptions options_;
   bool reshard_after_forward_ = true;

@@ -576,7 +576,8 @@ TEST(CallbacksFitTest, RealFitLogsCheckpointsAndResumes) {
   const fs::path ckpt = dir.path / "ckpt";
   ASSERT_EQ(find_checkpoints(ckpt.string()),
             (std::vector<std::string>{(ckpt / "step-4").string(), (ckpt / "step-5").string()}));
-  EXPECT_TRUE(fs::exists(ckpt / "step-5" / "trainer.pt"));
+  EXPECT_TRUE(fs::exists(ckpt / "step-5" / "metadata.json"));
+  EXPECT_TRUE(fs::exists(ckpt / "step-5" / "full.bin"));  // single's default format
   EXPECT_EQ(checkpoint->last_saved_step(), 5);
   // CSV: train rows at steps 2, 4, 5 and the validation row at 5.
   const std::string csv_text = read_text(dir.path / "metrics.csv");

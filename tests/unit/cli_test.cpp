@@ -222,6 +222,12 @@ TEST(CliTest, ActivationCheckpointingPolicy) {
                {"'-1'", "--activation-checkpointing", ">= 0 (0: off, n: every n-th block)"});
 }
 
+TEST(CliTest, CheckpointFormat) {
+  EXPECT_EQ(parse({}).config->checkpoint_format, "auto");  // sharded for oss/sdp/fsdp, else full
+  for (const std::string f : {"full", "sharded"}) EXPECT_EQ(parse({"--checkpoint-format", f}).config->checkpoint_format, f);
+  expect_error({"--checkpoint-format", "zip"}, {"unknown checkpoint-format 'zip'", "auto, full, sharded"});
+}
+
 TEST(CliTest, FsdpOptions) {
   auto fsdp = parse({"--strategy", "fsdp", "--nproc", "2", "--sharding-strategy", "shard_grad_op",
                      "--limit-all-gathers", "false", "--wrap-policy", "none"});
@@ -391,6 +397,7 @@ TEST(CliTest, IniRoundTrips) {
   c.output_dir = "runs/round trip";
   c.checkpoint_every = 5;
   c.checkpoint_keep = 7;
+  c.checkpoint_format = "full";
   c.early_stopping_patience = 3;
   c.resume = "runs/old/step-5";
   c.dump_params = "params.pt";

@@ -1,0 +1,133 @@
+// Strategy's checkpoint state: the pieces of model and optimizer state a rank
+// holds, named independently of the strategy and the world size, so a
+// checkpoint written by any strategy loads into any other (trainer/checkpoint.h).
+#include "strategies/strategy.h"
+
+#include <unordered_set>
+
+namespace strata {
+
+namespace {
+/// The key torch::optim uses for a parameter's state.
+std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+void add_piece(std::vector<StatePiece>& out, std::string name, std::vector<int64_t> shape, int64_t lo,
+               const torch::Tensor& values) {
+  if (!values.defined()) return;
+  StatePiece piece;
+  piece.name = std::move(name);
+  piece.shape = std::move(shape);
+  piece.dtype = values.scalar_type();
+  piece.lo = lo;
+  piece.values = values.reshape({-1});
+  TORCH_CHECK(piece.values.is_same(values) || piece.values.data_ptr() == values.data_ptr(),
+              "state piece ", piece.name, " is not contiguous; it cannot be filled in place");
+  out.push_back(std::move(piece));
+}
+
+/// AdamW's (and Adam's) integer step count as a 1-element int64 piece; the
+/// parameter's first element's owner saves it, every holder loads it.
+template <typename State>
+void add_step(std::vector<StatePiece>& out, const std::string& name, State* state) {
+  StatePiece piece;
+  piece.name = name;
+  piece.shape = {};
+  piece.dtype = torch::kLong;
+  piece.values = torch::full({1}, state->step(), torch::kLong);
+  piece.on_loaded = [state](const torch::Tensor& v) { state->step(v.item<int64_t>()); };
+  out.push_back(std::move(piece));
+}
+}  // namespace
+
+void Strategy::create_optimizer_state(torch::optim::Optimizer& optimizer) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  const bool adam = dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr;
+  if (!adamw && !adam) return;  // SGD without momentum has no state; others create theirs when stepping
+  for (auto& group : optimizer.param_groups()) {
+    const bool amsgrad = adamw ? static_cast<torch::optim::AdamWOptions&>(group.options()).amsgrad()
+                               : static_cast<torch::optim::AdamOptions&>(group.options()).amsgrad();
+    for (const auto& p : group.params()) {
+      const auto key = state_key(p);
+      if (optimizer.state().count(key) != 0) continue;
+      // The zeros torch's step() would make for the parameter's first step.
+      auto fill = [&](auto state) {
+        state->step(0);
+        state->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        state->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        if (amsgrad) state->max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        optimizer.state()[key] = std::move(state);
+      };
+      if (adamw) {
+        fill(std::make_unique<torch::optim::AdamWParamState>());
+      } else {
+        fill(std::make_unique<torch::optim::AdamParamState>());
+      }
+    }
+  }
+}
+
+std::vector<Strategy::ParamPiece> Strategy::param_pieces(StateUse use) const {
+  std::vector<ParamPiece> out;
+  if (use == StateUse::kSave && !is_global_zero()) return out;  // replicated: rank 0 writes it
+  for (size_t k = 0; k < params_.size(); ++k) out.push_back({k, 0, params_[k].detach().view({-1})});
+  return out;
+}
+
+std::vector<Strategy::ParamPiece> Strategy::optimizer_param_pieces(StateUse use) const {
+  std::vector<ParamPiece> out;
+  if (use == StateUse::kSave && !is_global_zero()) return out;
+  for (size_t k = 0; k < params_.size(); ++k) out.push_back({k, 0, params_[k]});
+  return out;
+}
+
+std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimizer, StateUse use) {
+  // The moments of an offloaded optimizer live in its tier, not in state():
+  // saving state() would write zeros as if they were the moments.
+  TORCH_CHECK(offload_tier_ == nullptr, name(), ": checkpoints of offloaded optimizer state (--offload) "
+              "are not supported; train without offload to save or resume");
+  create_optimizer_state(optimizer);
+  std::vector<StatePiece> out;
+  torch::NoGradGuard no_grad;
+  for (const auto& piece : param_pieces(use)) {
+    add_piece(out, "model/" + param_names_[piece.index], param_shape(piece.index), piece.offset, piece.values);
+  }
+  // Frozen parameters and buffers: held whole by every strategy.
+  if (use == StateUse::kLoad || is_global_zero()) {
+    std::unordered_set<std::string> trainable(param_names_.begin(), param_names_.end());
+    for (const auto& item : module().module().named_parameters(/*recurse=*/true)) {
+      if (trainable.count(item.key()) == 0) add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value().detach());
+    }
+    for (const auto& item : module().module().named_buffers(/*recurse=*/true)) {
+      add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value());
+    }
+  }
+  auto& states = optimizer.state();
+  for (const auto& piece : optimizer_param_pieces(use)) {
+    auto it = states.find(state_key(piece.values));
+    if (it == states.end()) continue;  // no state (SGD without momentum)
+    const std::string prefix = "optim/" + param_names_[piece.index] + "/";
+    const auto shape = param_shape(piece.index);
+    // The step count belongs to the whole parameter: its first element's
+    // owner saves it, every rank holding a piece loads it.
+    const bool with_step = use == StateUse::kLoad || piece.offset == 0;
+    if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      add_piece(out, prefix + "exp_avg", shape, piece.offset, s->exp_avg());
+      add_piece(out, prefix + "exp_avg_sq", shape, piece.offset, s->exp_avg_sq());
+      add_piece(out, prefix + "max_exp_avg_sq", shape, piece.offset, s->max_exp_avg_sq());
+      if (with_step) add_step(out, prefix + "step", s);
+    } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      add_piece(out, prefix + "exp_avg", shape, piece.offset, s->exp_avg());
+      add_piece(out, prefix + "exp_avg_sq", shape, piece.offset, s->exp_avg_sq());
+      add_piece(out, prefix + "max_exp_avg_sq", shape, piece.offset, s->max_exp_avg_sq());
+      if (with_step) add_step(out, prefix + "step", s);
+    } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+      add_piece(out, prefix + "momentum_buffer", shape, piece.offset, s->momentum_buffer());
+    } else {
+      TORCH_CHECK(false, name(), ": checkpoints support AdamW, Adam and SGD optimizer state; parameter ",
+                  param_names_[piece.index], " has state of another optimizer");
+    }
+  }
+  return out;
+}
+
+}  // namespace strata
