@@ -352,6 +352,10 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
       }
     }
   }
+  if (error.empty() && !c.init_from.empty() && !c.resume.empty()) {
+    error = "--init-from and --resume both give the starting weights (the checkpoint would overwrite "
+            "the file's); give one";
+  }
   if (error.empty() && !c.export_torchscript.empty() && c.torchscript.empty()) {
     error = "--export-torchscript needs --torchscript (it saves the trained TorchScript model); "
             "for the GPT use --export-weights";

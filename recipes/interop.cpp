@@ -2,6 +2,8 @@
 
 #include "core/atomic_file.h"
 
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
@@ -10,7 +12,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <string_view>
 
 namespace strata::recipes {
 
@@ -52,6 +57,222 @@ std::string shape_of(const torch::Tensor& t) {
   std::ostringstream out;
   out << t.sizes();
   return out.str();
+}
+
+
+// ---- Reading Python's torch.save files ------------------------------------
+//
+// Python pickles a state_dict as a collections.OrderedDict (with its
+// `_metadata` as the object's state, a BUILD), which LibTorch 1.13's
+// unpickler (torch::pickle_load) turns into None. Before unpickling, the
+// pickle is rewritten so that every OrderedDict is a plain dict: its class
+// and empty argument tuple become EMPTY_DICT, and its BUILD state is stored
+// under kPickleStateKey instead, which readers skip. The unpickler also lacks
+// SETITEM and APPEND (one item): they become MARK ... SETITEMS / APPENDS.
+
+constexpr const char* kPickleStateKey = "__strata_pickle_state__";
+
+uint32_t le32(const std::string& s, size_t i) {
+  uint32_t v = 0;
+  for (int b = 3; b >= 0; --b) v = (v << 8) | static_cast<unsigned char>(s[i + b]);
+  return v;
+}
+
+/// The pickle with OrderedDicts made plain dicts (above); nullopt when it uses
+/// an opcode this does not know (the pickle is then left to the unpickler).
+std::optional<std::string> plain_dict_pickle(const std::string& in) {
+  struct Item {
+    size_t start;     // where the object's opcodes begin in `out`
+    bool mark;        // a MARK, not an object
+    bool ordered;     // an OrderedDict (now a dict)
+  };
+  std::string out;
+  out.reserve(in.size() + 64);
+  std::vector<Item> stack;
+  std::set<uint32_t> class_memo;  // memo slots holding the OrderedDict class
+  int pending = 0;                // 1: the class was pushed (dropped); 2: and its empty args
+  auto pop = [&stack](size_t n) -> std::optional<Item> {
+    if (stack.size() < n) return std::nullopt;
+    Item first = stack[stack.size() - n];
+    stack.resize(stack.size() - n);
+    return first;
+  };
+  auto pop_to_mark = [&stack]() -> std::optional<size_t> {
+    while (!stack.empty() && !stack.back().mark) stack.pop_back();
+    if (stack.empty()) return std::nullopt;
+    const size_t start = stack.back().start;
+    stack.pop_back();
+    return start;
+  };
+  size_t i = 0;
+  while (i < in.size()) {
+    const size_t op_pos = i;
+    const auto op = static_cast<unsigned char>(in[i++]);
+    size_t arg = 0;
+    switch (op) {
+      case 0x80: case 'q': case 'h': case 'K': arg = 1; break;      // PROTO, BINPUT, BINGET, BININT1
+      case 'r': case 'j': case 'J': arg = 4; break;                 // LONG_BINPUT, LONG_BINGET, BININT
+      case 'M': arg = 2; break;                                     // BININT2
+      case 'G': arg = 8; break;                                     // BINFLOAT
+      case 0x8a: case 'U': case 'C':                                // LONG1, SHORT_BINSTRING, SHORT_BINBYTES
+        if (i >= in.size()) return std::nullopt;
+        arg = 1 + static_cast<unsigned char>(in[i]);
+        break;
+      case 'X': case 'T': case 'B':                                 // BINUNICODE, BINSTRING, BINBYTES
+        if (i + 4 > in.size()) return std::nullopt;
+        arg = 4 + le32(in, i);
+        break;
+      case 'c': {                                                   // GLOBAL: module\nname\n
+        const size_t a = in.find('\n', i);
+        const size_t b = a == std::string::npos ? a : in.find('\n', a + 1);
+        if (b == std::string::npos) return std::nullopt;
+        arg = b + 1 - i;
+        break;
+      }
+      case '(': case ')': case ']': case '}': case 'N': case 0x88: case 0x89: case 't': case 'l': case 'd':
+      case 0x85: case 0x86: case 0x87: case 'e': case 'u': case 'a': case 's': case 'R': case 'b': case 0x81:
+      case 'Q': case '.': case '0': case '1': case '2':
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (i + arg > in.size()) return std::nullopt;
+    const std::string_view args(in.data() + i, arg);
+    i += arg;
+    const size_t here = out.size();
+    const bool is_put = op == 'q' || op == 'r';
+    if (pending == 1 && !(is_put || op == ')')) return std::nullopt;  // OrderedDict(...) with arguments
+    if (pending == 2 && op != 'R') return std::nullopt;
+    bool emit = true;
+    switch (op) {
+      case 'c':
+        if (args == "collections\nOrderedDict\n") {
+          emit = false;
+          pending = 1;
+        }
+        stack.push_back({here, false, false});
+        break;
+      case 'q': case 'r':
+        if (pending == 1) {  // memoizes the (dropped) class
+          class_memo.insert(op == 'q' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1));
+          emit = false;
+        }
+        break;
+      case 'h': case 'j': {
+        const uint32_t slot = op == 'h' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1);
+        if (class_memo.count(slot)) {
+          emit = false;
+          pending = 1;
+        }
+        stack.push_back({here, false, false});
+        break;
+      }
+      case ')':
+        if (pending == 1) {
+          emit = false;
+          pending = 2;
+        }
+        stack.push_back({here, false, false});
+        break;
+      case 'R': case 0x81: {
+        auto first = pop(2);
+        if (!first) return std::nullopt;
+        const bool ordered = pending == 2;
+        if (ordered) {
+          out.push_back('}');
+          emit = false;
+          pending = 0;
+        }
+        stack.push_back({first->start, false, ordered});
+        break;
+      }
+      case 'b': {
+        auto state = pop(1);
+        if (!state || stack.empty()) return std::nullopt;
+        if (stack.back().ordered) {
+          // obj state BUILD -> obj key state SETITEM
+          const std::string key(kPickleStateKey);
+          std::string put = "X";
+          for (int b = 0; b < 4; ++b) put.push_back(static_cast<char>((key.size() >> (8 * b)) & 0xff));
+          out.insert(state->start, "(" + put + key);
+          out.push_back('u');
+          emit = false;
+        }
+        break;
+      }
+      case '(':
+        stack.push_back({here, true, false});
+        break;
+      case 't': case 'l': case 'd': {
+        auto start = pop_to_mark();
+        if (!start) return std::nullopt;
+        stack.push_back({*start, false, false});
+        break;
+      }
+      case 0x85: case 0x86: case 0x87: {
+        auto first = pop(op - 0x84);
+        if (!first) return std::nullopt;
+        stack.push_back({first->start, false, false});
+        break;
+      }
+      case 'e': case 'u': case '1':
+        if (!pop_to_mark()) return std::nullopt;
+        break;
+      case 'a': case 's': {
+        // APPEND / SETITEM, which the unpickler lacks: MARK item(s) APPENDS / SETITEMS.
+        auto first = pop(op == 'a' ? 1 : 2);
+        if (!first) return std::nullopt;
+        out.insert(first->start, "(");
+        out.push_back(op == 'a' ? 'e' : 'u');
+        emit = false;
+        break;
+      }
+      case '0':
+        if (!pop(1)) return std::nullopt;
+        break;
+      case '2':
+        if (stack.empty()) return std::nullopt;
+        stack.push_back({here, false, stack.back().ordered});
+        break;
+      case 'Q': case 0x80: case '.':
+        break;
+      default:  // an object pushed by the opcode itself
+        stack.push_back({here, false, false});
+        break;
+    }
+    if (emit) out.append(in, op_pos, 1 + arg);
+  }
+  return out;
+}
+
+/// A torch.save zip archive whose data.pkl went through plain_dict_pickle();
+/// `bytes` unchanged when it is no zip archive or holds no OrderedDict.
+std::vector<char> with_plain_dicts(const std::vector<char>& bytes) {
+  if (bytes.size() < 4 || std::string_view(bytes.data(), 4) != std::string_view("PK\x03\x04", 4)) return bytes;
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  if (!reader.hasRecord("data.pkl")) return bytes;
+  auto [pkl_data, pkl_size] = reader.getRecord("data.pkl");
+  const std::string pickle(static_cast<const char*>(pkl_data.get()), pkl_size);
+  const auto rewritten = plain_dict_pickle(pickle);
+  if (!rewritten) return bytes;
+  std::vector<char> out;
+  out.reserve(bytes.size() + 4096);
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    return n;
+  });
+  for (const auto& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version") continue;  // the writer writes its own
+    if (name == "data.pkl") {
+      writer.writeRecord(name, rewritten->data(), rewritten->size());
+    } else {
+      auto [data, size] = reader.getRecord(name);
+      writer.writeRecord(name, data.get(), size);
+    }
+  }
+  writer.writeEndOfFile();
+  return out;
 }
 
 }  // namespace
@@ -143,7 +364,7 @@ NamedTensors read_weights(const std::string& path) {
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   c10::IValue value;
   try {
-    value = torch::pickle_load(bytes);
+    value = torch::pickle_load(with_plain_dicts(bytes));
   } catch (const c10::Error& e) {
     TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ",
                       e.what_without_backtrace());
@@ -157,6 +378,7 @@ NamedTensors read_weights(const std::string& path) {
   }
   NamedTensors out;
   for (const auto& item : dict) {
+    if (item.key().isString() && item.key().toStringRef() == kPickleStateKey) continue;  // OrderedDict's _metadata
     TORCH_CHECK_VALUE(item.key().isString() && item.value().isTensor(), "weights file '", path,
                       "' is not a dict of tensors: entry ", item.key(), " holds a ", item.value().tagKind());
     std::string name = item.key().toStringRef();

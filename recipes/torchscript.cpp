@@ -3,21 +3,33 @@
 #include "core/atomic_file.h"
 #include "recipes/gpt.h"
 
+#include <unordered_set>
 #include <utility>
 
 namespace strata::recipes {
 
 ScriptedModuleAdapter::ScriptedModuleAdapter(torch::jit::Module module)
+    : ScriptedModuleAdapter(std::move(module), std::make_shared<std::unordered_set<const void*>>()) {}
+
+ScriptedModuleAdapter::ScriptedModuleAdapter(torch::jit::Module module,
+                                             const std::shared_ptr<std::unordered_set<const void*>>& seen)
     : torch::nn::Module("ScriptedModule"), module_(std::move(module)) {
   // The scripted module's own tensors: register_parameter / register_buffer
   // keep the TensorImpl, so set_data (device moves, FSDP's views) on one is
-  // seen by the other.
+  // seen by the other. A tensor the scripted module holds under two names
+  // (tied weights) is registered once, at its first name: optimizers and
+  // strategies must see each parameter once (Python's parameters() does the
+  // same); the scripted code reads it under both names anyway.
   for (const auto& p : module_.named_parameters(/*recurse=*/false)) {
-    register_parameter(p.name, p.value, p.value.requires_grad());
+    if (seen->insert(p.value.unsafeGetTensorImpl()).second) {
+      register_parameter(p.name, p.value, p.value.requires_grad());
+    }
   }
-  for (const auto& b : module_.named_buffers(/*recurse=*/false)) register_buffer(b.name, b.value);
+  for (const auto& b : module_.named_buffers(/*recurse=*/false)) {
+    if (seen->insert(b.value.unsafeGetTensorImpl()).second) register_buffer(b.name, b.value);
+  }
   for (const auto& child : module_.named_children()) {
-    register_module(child.name, std::make_shared<ScriptedModuleAdapter>(child.value));
+    register_module(child.name, std::shared_ptr<ScriptedModuleAdapter>(new ScriptedModuleAdapter(child.value, seen)));
   }
   torch::nn::Module::train(module_.is_training());
 }

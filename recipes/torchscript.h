@@ -24,6 +24,8 @@
 //    of the three is an error. Blocks follow the unit seam's rules
 //    (core/training_module.h): deterministic given the RNG state, no in-place
 //    change of their input, no running statistics.
+//  - Tensors the model creates in forward go on idx's device
+//    (torch.arange(T, device=idx.device)) for --device cuda.
 //  - Parameters are trained as they are (their values at save time are the
 //    initialisation; every rank loads the same file); buffers follow the
 //    module to the device; weight decay applies to parameters with >= 2 dims,
@@ -43,19 +45,23 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace strata::recipes {
 
 /// An nn::Module tree presenting a jit::Module's parameters and buffers (the
-/// same tensors) under the same qualified names; train(on) reaches the
-/// scripted module.
+/// same tensors) under the same qualified names (a tensor held under two
+/// names, e.g. tied weights, appears once, at its first); train(on) reaches
+/// the scripted module.
 class ScriptedModuleAdapter : public torch::nn::Module {
  public:
   explicit ScriptedModuleAdapter(torch::jit::Module module);
   void train(bool on = true) override;
 
  private:
+  /// `seen`: TensorImpls registered anywhere in the tree so far.
+  ScriptedModuleAdapter(torch::jit::Module module, const std::shared_ptr<std::unordered_set<const void*>>& seen);
   torch::jit::Module module_;
 };
 

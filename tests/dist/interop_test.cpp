@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <sys/wait.h>
 
@@ -141,6 +142,7 @@ class TinyLM(nn.Module):
         self.blocks = nn.ModuleList([TinyBlock(c) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(c)
         self.lm_head = nn.Linear(c, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied: one parameter under two names
     @torch.jit.export
     def embed(self, idx):
         return self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
@@ -309,6 +311,7 @@ double first_logged_loss(const fs::path& metrics) {
 TEST(InteropTest, ExportedWeightsGiveStrataLossInPython) {
   REQUIRE_PYTHON_TORCH();
   const fs::path dir = scratch() / "export";
+  fs::create_directories(dir);
   const auto run = run_gpt_binary(gpt_flags(dir / "out") + " --strategy fsdp --nproc 2 --batch-size 4 --max-steps 4 " +
                                   "--export-weights " + (dir / "weights.pt").string() + " --dump-params " +
                                   (dir / "dump.pt").string());
@@ -480,21 +483,24 @@ TEST(InteropTest, TorchScriptAdapterSharesTensorsAndTrainingMode) {
   TorchScriptModule module(scripted_model().string());
   const auto scripted = module.scripted().named_parameters(/*recurse=*/true);
   auto adapted = module.module().named_parameters(/*recurse=*/true);
-  ASSERT_EQ(adapted.size(), scripted.size());
-  for (const auto& p : scripted) {
-    ASSERT_TRUE(adapted.contains(p.name)) << p.name;
-    EXPECT_EQ(adapted[p.name].unsafeGetTensorImpl(), p.value.unsafeGetTensorImpl()) << p.name;
-  }
+  std::set<const void*> scripted_impls, adapted_impls;
+  for (const auto& p : scripted) scripted_impls.insert(p.value.unsafeGetTensorImpl());
+  for (const auto& p : adapted) adapted_impls.insert(p.value().unsafeGetTensorImpl());
+  EXPECT_EQ(adapted_impls, scripted_impls);  // the same tensors, not copies
+  EXPECT_EQ(adapted.size(), adapted_impls.size());  // each once: the tied head is not listed twice
+  EXPECT_FALSE(adapted.contains("lm_head.weight"));
+  EXPECT_TRUE(adapted.contains("wte.weight"));
   ASSERT_EQ(module.wrap_units().size(), 2u);
-  EXPECT_EQ(module.wrap_units()[1]->named_parameters().size(),
-            module.scripted().attr("blocks").toModule().named_children().begin()->value.named_parameters().size());
+  torch::jit::Module block0 = module.scripted().attr("blocks").toModule().attr("0").toModule();
+  EXPECT_EQ(module.wrap_units()[0]->named_parameters().size(),
+            block0.named_parameters().size());
   module.module().eval();
   EXPECT_FALSE(module.scripted().is_training());
-  EXPECT_FALSE(module.scripted().attr("blocks").toModule().named_children().begin()->value.is_training());
+  EXPECT_FALSE(block0.is_training());
   module.module().train();
-  EXPECT_TRUE(module.scripted().attr("blocks").toModule().named_children().begin()->value.is_training());
+  EXPECT_TRUE(block0.is_training());
   // set_data on the adapter's parameter is what the scripted code computes with.
-  auto& weight = adapted["lm_head.weight"];
+  auto& weight = adapted["wte.weight"];  // also the tied head
   weight.set_data(torch::zeros_like(weight));
   const Batch batch = data()->val_batch(0, 2, ShardInfo{});
   torch::NoGradGuard no_grad;
