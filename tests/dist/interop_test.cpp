@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <string>
@@ -427,7 +428,14 @@ const fs::path& scripted_model() {
   return path;
 }
 
-class TorchScriptParity : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+struct ScriptRun {
+  std::string name;
+  std::string strategy;
+  int nproc;
+  std::string extra;  ///< more flags
+};
+
+class TorchScriptParity : public ::testing::TestWithParam<ScriptRun> {};
 
 // strata-gpt --torchscript under `strategy` x `nproc` (constant lr, no
 // clipping) ends with the parameters Python's AdamW loop reaches on the same
@@ -435,10 +443,10 @@ class TorchScriptParity : public ::testing::TestWithParam<std::pair<std::string,
 // Python and in C++ and gives the same loss on a held-out batch.
 TEST_P(TorchScriptParity, MatchesPythonAdamWAfterTenSteps) {
   REQUIRE_PYTHON_TORCH();
-  const auto& [strategy, nproc] = GetParam();
+  const auto& [name, strategy, nproc, extra] = GetParam();
   const fs::path model = scripted_model();
   ASSERT_TRUE(fs::exists(model));
-  const fs::path dir = scratch() / ("script-" + strategy);
+  const fs::path dir = scratch() / ("script-" + name);
   fs::create_directories(dir);
   const fs::path exported = dir / "trained.pt";
   const std::string flags =
@@ -448,7 +456,7 @@ TEST_P(TorchScriptParity, MatchesPythonAdamWAfterTenSteps) {
       std::to_string(kScriptLr) + " --min-lr " + std::to_string(kScriptLr) +
       " --warmup-steps 0 --weight-decay 0.1 --gradient-clip-val 0 --log-every-n-steps 1 --limit-val-batches 1"
       " --threads-per-rank 1 --progress-bar false --output-dir " + (dir / "out").string() +
-      " --export-torchscript " + exported.string();
+      " --export-torchscript " + exported.string() + extra;
   const auto run = run_gpt_binary(flags);
   ASSERT_EQ(run.exit_code, 0) << run.output;
 
@@ -459,6 +467,14 @@ TEST_P(TorchScriptParity, MatchesPythonAdamWAfterTenSteps) {
   EXPECT_EQ(py["params"], py["expected_params"]);
   EXPECT_GT(std::stoi(py["params"]), 0);
   EXPECT_LT(std::stod(py["maxdiff"]), 1e-5) << "strata vs Python parameters after " << kScriptSteps << " steps";
+  std::cout << "  " << name << ": max |strata - python| over parameters " << py["maxdiff"] << std::endl;
+  if (strategy == "single") {
+    // Control: Python with a 1% larger lr must be told apart.
+    auto control = python("train_script " + model.string() + " " + (model.parent_path() / "batches.pt").string() +
+                          " " + std::to_string(kScriptSteps) + " " + std::to_string(kScriptLr * 1.01) + " " +
+                          std::to_string(kWeightDecay) + " " + exported.string());
+    EXPECT_GT(std::stod(control["maxdiff"]), 1e-5) << "the comparison cannot tell a 1% lr change";
+  }
 
   // C++: the exported module, loaded as strata loads a model, gives Python's loss.
   TorchScriptModule trained(exported.string());
@@ -471,10 +487,12 @@ TEST_P(TorchScriptParity, MatchesPythonAdamWAfterTenSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, TorchScriptParity,
-                         ::testing::Values(std::make_pair(std::string("single"), 1),
-                                           std::make_pair(std::string("ddp"), 2),
-                                           std::make_pair(std::string("fsdp"), 2)),
-                         [](const auto& info) { return info.param.first; });
+                         ::testing::Values(ScriptRun{"single", "single", 1, ""}, ScriptRun{"ddp", "ddp", 2, ""},
+                                           ScriptRun{"fsdp", "fsdp", 2, ""},
+                                           // checkpointing recomputes each scripted block in backward,
+                                           // inside FSDP's units: FSDP(checkpoint(block))
+                                           ScriptRun{"fsdp_checkpointed", "fsdp", 2, " --activation-checkpointing 1"}),
+                         [](const auto& info) { return info.param.name; });
 
 // The adapter presents the scripted module's own tensors, and train()/eval()
 // reach the scripted module (its dropout).
