@@ -163,7 +163,8 @@ void dump_params(const std::string& path, torch::nn::Module& module) {
 /// The GPT started from a weights file (--init-from): a strategy's setup
 /// materialises the deferred parameters and calls init_parameter() for each
 /// (FSDP: unit by unit, into its flat buffers), which copies the file's
-/// value instead of drawing one. The weights were checked against the model
+/// value instead of drawing one (and drops it: after setup no copy of the
+/// file stays in memory). The weights were checked against the model
 /// (from_nanogpt) before.
 class GPTFromWeights : public GPTModule {
  public:
@@ -174,6 +175,7 @@ class GPTFromWeights : public GPTModule {
     TORCH_CHECK(it != weights_.end(), "--init-from: no value for parameter ", name);
     torch::NoGradGuard no_grad;
     param.copy_(it->second);
+    weights_.erase(it);  // called once per parameter: the file's copy is not needed again
   }
 
  private:

@@ -435,6 +435,8 @@ struct ScriptRun {
   std::string extra;  ///< more flags
 };
 
+void PrintTo(const ScriptRun& run, std::ostream* os) { *os << run.name; }
+
 class TorchScriptParity : public ::testing::TestWithParam<ScriptRun> {};
 
 // strata-gpt --torchscript under `strategy` x `nproc` (constant lr, no
