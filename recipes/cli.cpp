@@ -37,12 +37,14 @@ struct Field {
 };
 
 std::vector<std::string> group_titles() {
-  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs", "Testing aids"};
+  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs", "Python interop",
+          "Testing aids"};
 }
 
 /// The group --help leaves out (--help-all shows it): switches strata's own
 /// tests use, shipped in the binary but not meant for training runs.
-constexpr int kTestingGroup = 5;
+constexpr int kTestingGroup = 6;
+constexpr int kInteropGroup = 5;
 
 /// Printed by --help-all after the testing options: fault injection read from
 /// the environment by recipes/run.cpp.
@@ -175,6 +177,16 @@ std::vector<Field> fields() {
        "validations without improvement before stopping (0: off)"},
       {"resume", 4, &C::resume, "checkpoint directory to resume from"},
       {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
+      {"init-from", kInteropGroup, &C::init_from,
+       "start the GPT from this weights file (nanoGPT parameter names: a torch.save'd state_dict, "
+       "a nanoGPT ckpt.pt, or an --export-weights file)"},
+      {"export-weights", kInteropGroup, &C::export_weights,
+       "after training, write the GPT's weights here under nanoGPT's names (Python: torch.load)"},
+      {"torchscript", kInteropGroup, &C::torchscript,
+       "train this TorchScript model (torch.jit.script(model).save(...)) instead of the GPT; "
+       "model options do not apply (see recipes/torchscript.h for the contract)"},
+      {"export-torchscript", kInteropGroup, &C::export_torchscript,
+       "with --torchscript: after training, save the trained model here (torch.jit.load)"},
       {"dump-params", kTestingGroup, &C::dump_params,
        "rank 0 saves the final parameters here (torch::save archive; parity tests)"},
   };
@@ -331,6 +343,25 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (const auto it = given.find("fused-adamw"); error.empty() && it != given.end() && c.optimizer != "adamw") {
     error = it->second + (it->second.empty() ? "--" : "") + "fused-adamw does not apply to optimizer '" +
             c.optimizer + "' (it would be ignored); it is for adamw only";
+  }
+  if (error.empty() && !c.torchscript.empty()) {
+    // The scripted model brings its own architecture and weights.
+    for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention",
+                            "init-from", "export-weights"}) {
+      if (const auto it = given.find(key); it != given.end()) {
+        error = it->second + (it->second.empty() ? "--" : "") + key +
+                " does not apply with --torchscript (the scripted model defines the model and its weights)";
+        break;
+      }
+    }
+  }
+  if (error.empty() && !c.init_from.empty() && !c.resume.empty()) {
+    error = "--init-from and --resume both give the starting weights (the checkpoint would overwrite "
+            "the file's); give one";
+  }
+  if (error.empty() && !c.export_torchscript.empty() && c.torchscript.empty()) {
+    error = "--export-torchscript needs --torchscript (it saves the trained TorchScript model); "
+            "for the GPT use --export-weights";
   }
   auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
     if (!ok && error.empty()) {

@@ -68,6 +68,11 @@ struct RunConfig {
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
+  // Python interop (recipes/interop.h, recipes/torchscript.h)
+  std::string init_from;          ///< nanoGPT-named weights file to start the GPT from
+  std::string export_weights;     ///< rank 0 writes the trained GPT's weights here (nanoGPT names)
+  std::string torchscript;        ///< train this TorchScript model instead of the GPT
+  std::string export_torchscript; ///< rank 0 saves the trained TorchScript model here
   // testing aids (listed by --help-all only)
   std::string dump_params;        ///< rank 0 writes final params here (torch::save)
 };

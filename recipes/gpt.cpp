@@ -190,15 +190,18 @@ torch::Tensor GPTModule::forward(const torch::Tensor& idx) {
   });
 }
 
-torch::Tensor GPTModule::training_step(const Batch& batch) {
-  auto logits = forward(batch.input);
+torch::Tensor GPTModule::training_step(const Batch& batch) { return lm_loss(forward(batch.input), batch.target); }
+
+ValidationStep GPTModule::validation_step(const Batch& batch) { return lm_validation(forward(batch.input), batch); }
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target) {
   return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), batch.target.reshape({-1}),
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), target.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
 }
 
-ValidationStep GPTModule::validation_step(const Batch& batch) {
-  auto logits = forward(batch.input).to(torch::kFloat32);
+ValidationStep lm_validation(const torch::Tensor& logits_any, const Batch& batch) {
+  auto logits = logits_any.to(torch::kFloat32);
   auto loss_sum = torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1).reduction(torch::kSum));

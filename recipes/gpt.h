@@ -121,6 +121,14 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
+/// Next-token cross-entropy of logits [B, T, V] against targets [B, T]
+/// (-1 = ignored), the mean over scored positions, computed in fp32.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target);
+
+/// Validation sums for logits [B, T, V]: summed loss and scored positions,
+/// and samples whose every scored position is predicted exactly (argmax).
+ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch);
+
 /// The GPT as a TrainingModule: next-token cross-entropy (targets of -1 are
 /// ignored), exact-match accuracy over scored positions for validation.
 class GPTModule : public TrainingModule {

@@ -14,6 +14,8 @@
 #include "launch/launcher.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
+#include "recipes/interop.h"
+#include "recipes/torchscript.h"
 #include "recipes/output_dir.h"
 #include "strategies/activation_checkpoint.h"
 #include "strategies/fsdp/hybrid.h"
@@ -171,6 +173,60 @@ void dump_params(const std::string& path, torch::nn::Module& module) {
   archive.save_to(path);
 }
 
+/// The GPT started from a weights file (--init-from): a strategy's setup
+/// materialises the deferred parameters and calls init_parameter() for each
+/// (FSDP: unit by unit, into its flat buffers), which copies the file's
+/// value instead of drawing one (and drops it: after setup no copy of the
+/// file stays in memory). The weights were checked against the model
+/// (from_nanogpt) before.
+class GPTFromWeights : public GPTModule {
+ public:
+  GPTFromWeights(const GPTOptions& options, NamedTensors weights)
+      : GPTModule(options, /*deferred=*/true), weights_(std::move(weights)) {}
+  void init_parameter(const std::string& name, const torch::Tensor& param) override {
+    const auto it = weights_.find(name);
+    TORCH_CHECK(it != weights_.end(), "--init-from: no value for parameter ", name);
+    torch::NoGradGuard no_grad;
+    param.copy_(it->second);
+    weights_.erase(it);  // called once per parameter: the file's copy is not needed again
+  }
+
+ private:
+  NamedTensors weights_;
+};
+
+/// Exit-2 error unless `path`'s directory exists (an output file written at
+/// the end of training must not fail after the training).
+void check_output_file(const std::string& flag, const std::string& path) {
+  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(parent, ec), "cannot write --", flag, " '", path, "': directory '",
+                    parent.string(), "' does not exist");
+  TORCH_CHECK_VALUE(!fs::is_directory(fs::path(path), ec), "cannot write --", flag, " '", path,
+                    "': it is a directory");
+}
+
+/// Exit-2 errors for a TorchScript model whose logits do not fit the data:
+/// one forward (eval mode, no grad) on a held-out sample must give [1, T, V]
+/// with V >= the data's vocabulary.
+void check_torchscript_model(TorchScriptModule& model, const DataSource& data, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  model.module().eval();
+  const Batch batch = data.val_batch(0, 1, ShardInfo{});
+  torch::Tensor logits;
+  try {
+    logits = model.forward(batch.input);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "TorchScript model '", path, "' fails on a batch of token ids ", batch.input.sizes(),
+                      ": ", e.what_without_backtrace());
+  }
+  TORCH_CHECK_VALUE(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == batch.input.size(1) &&
+                        logits.size(2) >= data.vocab_size(),
+                    "TorchScript model '", path, "' returns logits ", logits.sizes(), " for token ids ",
+                    batch.input.sizes(), "; expected [1, ", batch.input.size(1), ", V] with V >= ",
+                    data.vocab_size(), " (the data's vocabulary)");
+}
+
 }  // namespace
 
 GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
@@ -239,6 +295,7 @@ int run_gpt(int argc, char** argv) {
   // ---- Phase 1: everything that can be wrong with the input; exit code 2. ----
   std::unique_ptr<DataSource> data;
   std::optional<GPTOptions> model_options;
+  std::optional<NamedTensors> init_weights;  // --init-from, checked against the model
   try {
     // A rank re-reads its launcher's command line: strata's own launcher
     // passes --nproc (ranks per machine) and --nnodes on, and they must agree
@@ -258,6 +315,17 @@ int run_gpt(int argc, char** argv) {
     data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
     model_options = resolve_model_options(config, data->vocab_size(), data->block_size());
     trainer_options(config);
+    if (!config.init_from.empty()) {
+      GPTModule shape_only(*model_options, /*deferred=*/true);  // names and shapes, no memory
+      init_weights = from_nanogpt(read_weights(config.init_from), shape_only.module(), *model_options,
+                                  config.init_from);
+    }
+    if (!config.torchscript.empty()) {
+      TorchScriptModule probe(config.torchscript);
+      check_torchscript_model(probe, *data, config.torchscript);
+    }
+    if (!config.export_weights.empty()) check_output_file("export-weights", config.export_weights);
+    if (!config.export_torchscript.empty()) check_output_file("export-torchscript", config.export_torchscript);
     // hybrid_shard's nodes must tile the world; known here from the launcher's
     // variables, or from --nproc (ranks per node) x --nnodes when self-launching.
     if (registry.contains(config.strategy) && registry.resolve(config.strategy) == "fsdp" &&
@@ -287,7 +355,8 @@ int run_gpt(int argc, char** argv) {
       // Once per machine (its launcher, or its local rank 0, which the other
       // ranks cannot overtake: setup's collectives wait for it): the
       // directory must take the offload files of this machine's ranks.
-      if (config.offload == "disk" && (!env || env->local_rank == 0)) {
+      // (Sized for the GPT: a --torchscript model's size is not checked.)
+      if (config.offload == "disk" && config.torchscript.empty() && (!env || env->local_rank == 0)) {
         check_offload_dir(config, offloaded_bytes_per_rank(config, strategy, *model_options, shard_group),
                           local_ranks);
       }
@@ -358,12 +427,30 @@ int run_gpt(int argc, char** argv) {
     // in the strategy's setup, on its device, and the same values an eager
     // build has; FSDP builds one unit at a time, so a model that only fits
     // sharded starts at all. Sizes (num_params, FLOPs) count the logical model.
-    GPTModule module(*model_options, /*deferred=*/true);
+    // --torchscript: the user's scripted model instead (its own weights).
+    std::unique_ptr<TrainingModule> module;
+    TorchScriptModule* scripted = nullptr;
+    int64_t n_params = 0;
+    if (!config.torchscript.empty()) {
+      auto loaded = std::make_unique<TorchScriptModule>(config.torchscript);
+      scripted = loaded.get();
+      n_params = loaded->num_params();
+      module = std::move(loaded);
+    } else {
+      std::unique_ptr<GPTModule> gpt;
+      if (init_weights) {
+        gpt = std::make_unique<GPTFromWeights>(*model_options, std::move(*init_weights));
+      } else {
+        gpt = std::make_unique<GPTModule>(*model_options, /*deferred=*/true);
+      }
+      n_params = gpt->model()->num_params();
+      module = std::move(gpt);
+    }
     if (config.activation_checkpointing > 0) {
       // Before the strategy's setup, so a strategy that wraps units (FSDP)
       // installs its layer outside: FSDP(checkpoint(block)).
       apply_activation_checkpointing(
-          module, ActivationCheckpointOptions().every_n(config.activation_checkpointing));
+          *module, ActivationCheckpointOptions().every_n(config.activation_checkpointing));
     }
     StrategyConfig strategy_config;
     strategy_config.bucket_cap_mb = config.bucket_cap_mb;
@@ -409,22 +496,32 @@ int run_gpt(int argc, char** argv) {
     callbacks.push_back(std::make_shared<CsvLogger>(CsvLoggerOptions(out_dir.string())));
 
     if (is_zero) {
-      std::cout << "strata-gpt | " << config.preset << " | " << module.model()->num_params() << " parameters | data "
+      std::cout << "strata-gpt | " << (scripted ? "torchscript " + config.torchscript : config.preset) << " | "
+                << n_params << " parameters | data "
                 << data->name() << " | " << strategy->name() << " x " << comm.size() << " rank(s), "
                 << at::get_num_threads() << " thread(s) each | device " << device << " | precision " << config.precision << "\n"
                 << to_ini(config) << std::flush;
     }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
-    FitResult result = trainer.fit(module, *data);
+    FitResult result = trainer.fit(*module, *data);
 
     if (!config.dump_params.empty()) {
       // A collective on every rank: FSDP gathers its shards into the full
       // parameters for as long as `full` lives.
       const auto full = strategy->full_params();
-      if (is_zero) dump_params(config.dump_params, module.module());
+      if (is_zero) dump_params(config.dump_params, module->module());
+    }
+    if (!config.export_weights.empty() || !config.export_torchscript.empty()) {
+      // A collective on every rank: FSDP gathers its shards into the full
+      // parameters for as long as `full` lives; rank 0 writes (atomically).
+      const auto full = strategy->full_params();
+      if (is_zero && !config.export_weights.empty()) {
+        write_weights(config.export_weights, named_parameters_of(module->module()), *model_options);
+      }
+      if (is_zero && scripted) scripted->save(config.export_torchscript);
     }
     if (is_zero) {
-      auto summary = summary_json(config, result, comm.size(), module.model()->num_params(),
+      auto summary = summary_json(config, result, comm.size(), n_params,
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
       for (const auto& [key, value] : strategy->report()) {  // rank 0's

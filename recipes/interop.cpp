@@ -1,0 +1,439 @@
+#include "recipes/interop.h"
+
+#include "core/atomic_file.h"
+
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+namespace strata::recipes {
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+/// "h12.rest" -> (12, "rest"); false when `name` is not a block parameter.
+bool split_block_name(const std::string& name, int64_t& index, std::string& rest) {
+  if (name.size() < 3 || name[0] != 'h' || !std::isdigit(static_cast<unsigned char>(name[1]))) return false;
+  size_t i = 1;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i >= name.size() || name[i] != '.') return false;
+  index = std::stoll(name.substr(1, i - 1));
+  rest = name.substr(i + 1);
+  return true;
+}
+
+/// Parameter names inside a block, strata's -> nanoGPT's.
+const std::vector<std::pair<std::string, std::string>>& block_prefixes() {
+  static const std::vector<std::pair<std::string, std::string>> table = {
+      {"ln_1.", "ln_1."}, {"ln_2.", "ln_2."}, {"attn.c_attn.", "attn.c_attn."},
+      {"attn.c_proj.", "attn.c_proj."}, {"c_fc.", "mlp.c_fc."}, {"c_proj.", "mlp.c_proj."}};
+  return table;
+}
+
+const std::vector<std::pair<std::string, std::string>>& root_names() {
+  static const std::vector<std::pair<std::string, std::string>> table = {
+      {"wte.", "transformer.wte."}, {"wpe.", "transformer.wpe."}, {"ln_f.", "transformer.ln_f."},
+      {"lm_head.", "lm_head."}};
+  return table;
+}
+
+bool is_leaf(const std::string& s) { return s == "weight" || s == "bias"; }
+
+std::string shape_of(const torch::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes();
+  return out.str();
+}
+
+
+// ---- Reading Python's torch.save files ------------------------------------
+//
+// Python pickles a state_dict as a collections.OrderedDict (with its
+// `_metadata` as the object's state, a BUILD), which LibTorch 1.13's
+// unpickler (torch::pickle_load) turns into None. Before unpickling, the
+// pickle is rewritten so that every OrderedDict is a plain dict: its class
+// and empty argument tuple become EMPTY_DICT, and its BUILD state is stored
+// under kPickleStateKey instead, which readers skip. The unpickler also lacks
+// SETITEM and APPEND (one item): they become MARK ... SETITEMS / APPENDS.
+
+constexpr const char* kPickleStateKey = "__strata_pickle_state__";
+
+uint32_t le32(const std::string& s, size_t i) {
+  uint32_t v = 0;
+  for (int b = 3; b >= 0; --b) v = (v << 8) | static_cast<unsigned char>(s[i + b]);
+  return v;
+}
+
+/// The pickle with OrderedDicts made plain dicts (above); nullopt when it uses
+/// an opcode this does not know (the pickle is then left to the unpickler).
+std::optional<std::string> plain_dict_pickle(const std::string& in) {
+  struct Item {
+    size_t start;     // where the object's opcodes begin in `out`
+    bool mark;        // a MARK, not an object
+    bool ordered;     // an OrderedDict (now a dict)
+  };
+  std::string out;
+  out.reserve(in.size() + 64);
+  std::vector<Item> stack;
+  std::set<uint32_t> class_memo;  // memo slots holding the OrderedDict class
+  int pending = 0;                // 1: the class was pushed (dropped); 2: and its empty args
+  auto pop = [&stack](size_t n) -> std::optional<Item> {
+    if (stack.size() < n) return std::nullopt;
+    Item first = stack[stack.size() - n];
+    stack.resize(stack.size() - n);
+    return first;
+  };
+  auto pop_to_mark = [&stack]() -> std::optional<size_t> {
+    while (!stack.empty() && !stack.back().mark) stack.pop_back();
+    if (stack.empty()) return std::nullopt;
+    const size_t start = stack.back().start;
+    stack.pop_back();
+    return start;
+  };
+  size_t i = 0;
+  while (i < in.size()) {
+    const size_t op_pos = i;
+    const auto op = static_cast<unsigned char>(in[i++]);
+    size_t arg = 0;
+    switch (op) {
+      case 0x80: case 'q': case 'h': case 'K': arg = 1; break;      // PROTO, BINPUT, BINGET, BININT1
+      case 'r': case 'j': case 'J': arg = 4; break;                 // LONG_BINPUT, LONG_BINGET, BININT
+      case 'M': arg = 2; break;                                     // BININT2
+      case 'G': arg = 8; break;                                     // BINFLOAT
+      case 0x8a: case 'U': case 'C':                                // LONG1, SHORT_BINSTRING, SHORT_BINBYTES
+        if (i >= in.size()) return std::nullopt;
+        arg = 1 + static_cast<unsigned char>(in[i]);
+        break;
+      case 'X': case 'T': case 'B':                                 // BINUNICODE, BINSTRING, BINBYTES
+        if (i + 4 > in.size()) return std::nullopt;
+        arg = 4 + le32(in, i);
+        break;
+      case 'c': {                                                   // GLOBAL: module\nname\n
+        const size_t a = in.find('\n', i);
+        const size_t b = a == std::string::npos ? a : in.find('\n', a + 1);
+        if (b == std::string::npos) return std::nullopt;
+        arg = b + 1 - i;
+        break;
+      }
+      case '(': case ')': case ']': case '}': case 'N': case 0x88: case 0x89: case 't': case 'l': case 'd':
+      case 0x85: case 0x86: case 0x87: case 'e': case 'u': case 'a': case 's': case 'R': case 'b': case 0x81:
+      case 'Q': case '.': case '0': case '1': case '2':
+        break;
+      default:
+        return std::nullopt;
+    }
+    if (i + arg > in.size()) return std::nullopt;
+    const std::string_view args(in.data() + i, arg);
+    i += arg;
+    const size_t here = out.size();
+    const bool is_put = op == 'q' || op == 'r';
+    if (pending == 1 && !(is_put || op == ')')) return std::nullopt;  // OrderedDict(...) with arguments
+    if (pending == 2 && op != 'R') return std::nullopt;
+    bool emit = true;
+    switch (op) {
+      case 'c':
+        if (args == "collections\nOrderedDict\n") {
+          emit = false;
+          pending = 1;
+        }
+        stack.push_back({here, false, false});
+        break;
+      case 'q': case 'r':
+        if (pending == 1) {  // memoizes the (dropped) class
+          class_memo.insert(op == 'q' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1));
+          emit = false;
+        }
+        break;
+      case 'h': case 'j': {
+        const uint32_t slot = op == 'h' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1);
+        if (class_memo.count(slot)) {
+          emit = false;
+          pending = 1;
+        }
+        stack.push_back({here, false, false});
+        break;
+      }
+      case ')':
+        if (pending == 1) {
+          emit = false;
+          pending = 2;
+        }
+        stack.push_back({here, false, false});
+        break;
+      case 'R': case 0x81: {
+        auto first = pop(2);
+        if (!first) return std::nullopt;
+        const bool ordered = pending == 2;
+        if (ordered) {
+          out.push_back('}');
+          emit = false;
+          pending = 0;
+        }
+        stack.push_back({first->start, false, ordered});
+        break;
+      }
+      case 'b': {
+        auto state = pop(1);
+        if (!state || stack.empty()) return std::nullopt;
+        if (stack.back().ordered) {
+          // obj state BUILD -> obj key state SETITEM
+          const std::string key(kPickleStateKey);
+          std::string put = "X";
+          for (int b = 0; b < 4; ++b) put.push_back(static_cast<char>((key.size() >> (8 * b)) & 0xff));
+          out.insert(state->start, "(" + put + key);
+          out.push_back('u');
+          emit = false;
+        }
+        break;
+      }
+      case '(':
+        stack.push_back({here, true, false});
+        break;
+      case 't': case 'l': case 'd': {
+        auto start = pop_to_mark();
+        if (!start) return std::nullopt;
+        stack.push_back({*start, false, false});
+        break;
+      }
+      case 0x85: case 0x86: case 0x87: {
+        auto first = pop(op - 0x84);
+        if (!first) return std::nullopt;
+        stack.push_back({first->start, false, false});
+        break;
+      }
+      case 'e': case 'u': case '1':
+        if (!pop_to_mark()) return std::nullopt;
+        break;
+      case 'a': case 's': {
+        // APPEND / SETITEM, which the unpickler lacks: MARK item(s) APPENDS / SETITEMS.
+        auto first = pop(op == 'a' ? 1 : 2);
+        if (!first) return std::nullopt;
+        out.insert(first->start, "(");
+        out.push_back(op == 'a' ? 'e' : 'u');
+        emit = false;
+        break;
+      }
+      case '0':
+        if (!pop(1)) return std::nullopt;
+        break;
+      case '2':
+        if (stack.empty()) return std::nullopt;
+        stack.push_back({here, false, stack.back().ordered});
+        break;
+      case 'Q': case 0x80: case '.':
+        break;
+      default:  // an object pushed by the opcode itself
+        stack.push_back({here, false, false});
+        break;
+    }
+    if (emit) out.append(in, op_pos, 1 + arg);
+  }
+  return out;
+}
+
+/// A torch.save zip archive whose data.pkl went through plain_dict_pickle();
+/// `bytes` unchanged when it is no zip archive or holds no OrderedDict.
+std::vector<char> with_plain_dicts(const std::vector<char>& bytes) {
+  if (bytes.size() < 4 || std::string_view(bytes.data(), 4) != std::string_view("PK\x03\x04", 4)) return bytes;
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  if (!reader.hasRecord("data.pkl")) return bytes;
+  auto [pkl_data, pkl_size] = reader.getRecord("data.pkl");
+  const std::string pickle(static_cast<const char*>(pkl_data.get()), pkl_size);
+  const auto rewritten = plain_dict_pickle(pickle);
+  if (!rewritten) return bytes;
+  std::vector<char> out;
+  out.reserve(bytes.size() + 4096);
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    return n;
+  });
+  for (const auto& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version") continue;  // the writer writes its own
+    if (name == "data.pkl") {
+      writer.writeRecord(name, rewritten->data(), rewritten->size());
+    } else {
+      auto [data, size] = reader.getRecord(name);
+      writer.writeRecord(name, data.get(), size);
+    }
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+}  // namespace
+
+std::string to_nanogpt_name(const std::string& name) {
+  int64_t index = 0;
+  std::string rest;
+  if (split_block_name(name, index, rest)) {
+    for (const auto& [ours, theirs] : block_prefixes()) {
+      if (starts_with(rest, ours) && is_leaf(rest.substr(ours.size()))) {
+        return "transformer.h." + std::to_string(index) + "." + theirs + rest.substr(ours.size());
+      }
+    }
+  }
+  for (const auto& [ours, theirs] : root_names()) {
+    if (starts_with(name, ours) && is_leaf(name.substr(ours.size()))) return theirs + name.substr(ours.size());
+  }
+  TORCH_CHECK_VALUE(false, "'", name, "' is not a GPT parameter name (wte, wpe, hN.{ln_1,ln_2,attn.c_attn,",
+                    "attn.c_proj,c_fc,c_proj}, ln_f, lm_head; .weight or .bias)");
+}
+
+std::string from_nanogpt_name(const std::string& name) {
+  const std::string block = "transformer.h.";
+  if (starts_with(name, block)) {
+    size_t i = block.size();
+    size_t digits = i;
+    while (digits < name.size() && std::isdigit(static_cast<unsigned char>(name[digits]))) ++digits;
+    if (digits == i || digits >= name.size() || name[digits] != '.') return "";
+    const std::string index = name.substr(i, digits - i);
+    const std::string rest = name.substr(digits + 1);
+    for (const auto& [ours, theirs] : block_prefixes()) {
+      if (starts_with(rest, theirs) && is_leaf(rest.substr(theirs.size()))) {
+        return "h" + index + "." + ours + rest.substr(theirs.size());
+      }
+    }
+    return "";
+  }
+  for (const auto& [ours, theirs] : root_names()) {
+    if (starts_with(name, theirs) && is_leaf(name.substr(theirs.size()))) return ours + name.substr(theirs.size());
+  }
+  return "";
+}
+
+NamedTensors to_nanogpt(const NamedTensors& by_strata_name, const GPTOptions& options) {
+  NamedTensors out;
+  for (const auto& [name, tensor] : by_strata_name) {
+    TORCH_CHECK_VALUE(tensor.defined() && !tensor.is_meta(), "parameter ", name,
+                      " holds no values (deferred or undefined): export needs the full parameters");
+    out[to_nanogpt_name(name)] = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous().clone();
+  }
+  if (options.tie_weights()) {
+    auto wte = out.find("transformer.wte.weight");
+    TORCH_CHECK_VALUE(wte != out.end(), "tied weights need wte.weight among the parameters");
+    TORCH_CHECK_VALUE(out.count("lm_head.weight") == 0,
+                      "the options tie lm_head to wte, but the parameters hold a separate lm_head.weight");
+    out["lm_head.weight"] = wte->second;  // nanoGPT's state_dict lists the tied tensor under both names
+  }
+  return out;
+}
+
+void write_weights(const std::string& path, const NamedTensors& by_strata_name, const GPTOptions& options) {
+  const NamedTensors named = to_nanogpt(by_strata_name, options);
+  // nanoGPT's state_dict order (embeddings, blocks by index, ln_f, lm_head)
+  // rather than the map's alphabetical one, for a reader that prints it.
+  auto rank_of = [](const std::string& name) -> std::pair<int64_t, std::string> {
+    if (starts_with(name, "transformer.wte.")) return {-3, name};
+    if (starts_with(name, "transformer.wpe.")) return {-2, name};
+    if (starts_with(name, "transformer.h.")) {
+      return {std::stoll(name.substr(14, name.find('.', 14) - 14)), name};
+    }
+    if (starts_with(name, "transformer.ln_f.")) return {1LL << 40, name};
+    return {1LL << 41, name};
+  };
+  std::vector<std::string> order;
+  for (const auto& item : named) order.push_back(item.first);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const std::string& a, const std::string& b) { return rank_of(a).first < rank_of(b).first; });
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& name : order) dict.insert(name, named.at(name));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  write_file_atomically(path, [&bytes](std::ostream& out) {
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  });
+}
+
+NamedTensors read_weights(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK_VALUE(in, "cannot read weights file '", path, "': ", std::strerror(errno));
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(with_plain_dicts(bytes));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ",
+                      e.what_without_backtrace());
+  }
+  TORCH_CHECK_VALUE(value.isGenericDict(), "weights file '", path, "' holds a ", value.tagKind(),
+                    ", not a dict of tensors (name -> tensor)");
+  auto dict = value.toGenericDict();
+  // A nanoGPT checkpoint: {"model": state_dict, "optimizer": ..., ...}.
+  if (dict.contains(c10::IValue("model")) && dict.at(c10::IValue("model")).isGenericDict()) {
+    dict = dict.at(c10::IValue("model")).toGenericDict();
+  }
+  NamedTensors out;
+  for (const auto& item : dict) {
+    if (item.key().isString() && item.key().toStringRef() == kPickleStateKey) continue;  // OrderedDict's _metadata
+    TORCH_CHECK_VALUE(item.key().isString() && item.value().isTensor(), "weights file '", path,
+                      "' is not a dict of tensors: entry ", item.key(), " holds a ", item.value().tagKind());
+    std::string name = item.key().toStringRef();
+    if (starts_with(name, "_orig_mod.")) name = name.substr(10);  // saved from a torch.compile'd model
+    out[name] = item.value().toTensor();
+  }
+  return out;
+}
+
+NamedTensors from_nanogpt(const NamedTensors& by_nanogpt_name, torch::nn::Module& model,
+                          const GPTOptions& options, const std::string& source) {
+  const NamedTensors params = named_parameters_of(model);
+  std::vector<std::string> problems;
+  NamedTensors out;
+  std::vector<std::string> unexpected;
+  for (const auto& [name, tensor] : by_nanogpt_name) {
+    const std::string ours = from_nanogpt_name(name);
+    const bool mask_buffer = ours.empty() && starts_with(name, "transformer.h.") &&
+                             name.size() > 10 && name.compare(name.size() - 10, 10, ".attn.bias") == 0;
+    if (mask_buffer) continue;  // nanoGPT's causal mask (no flash attention), not a parameter
+    if (options.tie_weights() && name == "lm_head.weight") {
+      auto wte = by_nanogpt_name.find("transformer.wte.weight");
+      if (wte != by_nanogpt_name.end() &&
+          (wte->second.sizes() != tensor.sizes() || !wte->second.to(torch::kFloat32).equal(tensor.to(torch::kFloat32)))) {
+        problems.push_back("lm_head.weight differs from transformer.wte.weight, but the model ties them");
+      }
+      continue;
+    }
+    auto it = ours.empty() ? params.end() : params.find(ours);
+    if (it == params.end()) {
+      unexpected.push_back(name);
+      continue;
+    }
+    if (it->second.sizes() != tensor.sizes()) {
+      problems.push_back("shape of " + name + ": file " + shape_of(tensor) + " vs model " + shape_of(it->second));
+      continue;
+    }
+    out[ours] = tensor;
+  }
+  std::vector<std::string> missing;
+  for (const auto& [ours, param] : params) {
+    const std::string theirs = to_nanogpt_name(ours);
+    if (by_nanogpt_name.count(theirs) == 0) missing.push_back(theirs);
+  }
+  if (!missing.empty()) problems.insert(problems.begin(), "missing: " + c10::Join(", ", missing));
+  if (!unexpected.empty()) problems.push_back("unexpected: " + c10::Join(", ", unexpected));
+  TORCH_CHECK_VALUE(problems.empty(), "weights in '", source, "' do not fit the model (", problems.size(),
+                    " problem(s)): ", c10::Join("; ", problems));
+  return out;
+}
+
+NamedTensors named_parameters_of(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) out[item.key()] = item.value();
+  return out;
+}
+
+}  // namespace strata::recipes
