@@ -63,9 +63,12 @@ struct RunConfig {
   int64_t limit_val_batches = 32;
   std::string output_dir = "runs/latest";
   int64_t checkpoint_every = 0;   ///< 0: no periodic checkpoints
-  int64_t checkpoint_keep = 2;
+  int64_t checkpoint_keep = 2;     ///< newest checkpoints kept (0: all)
+  std::string checkpoint_monitor;  ///< "": none; val_loss, val_accuracy or loss: keep the best
+  std::string checkpoint_mode = "min";  ///< min or max: which way checkpoint_monitor improves
+  int64_t checkpoint_keep_best = 1;     ///< best checkpoints kept by checkpoint_monitor
   int64_t early_stopping_patience = 0;  ///< 0: off
-  std::string resume;             ///< checkpoint dir to resume from
+  std::string resume;             ///< checkpoint dir to resume from, or "last"
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
   // testing aids (listed by --help-all only)
   std::string dump_params;        ///< rank 0 writes final params here (torch::save)
