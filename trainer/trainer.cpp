@@ -174,7 +174,9 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module.module().train();
   each_callback([&](Callback& cb) { cb.on_fit_start(*this, module); });
   if (!options_.resume_from().empty()) {
-    // After on_fit_start, which may reset a callback for a new fit.
+    // After on_fit_start, which may reset a callback for a new fit, or draw
+    // random numbers (the generators must hold the saved state at step 1).
+    restore_rng(resumed_state);
     const auto keys = callback_state_keys();
     for (size_t i = 0; i < callbacks_.size(); ++i) {
       if (const auto it = resumed_state.find(keys[i]); it != resumed_state.end()) {
@@ -390,7 +392,6 @@ std::map<std::string, std::string> Trainer::trainer_state() {
 void Trainer::restore_trainer_state(const std::map<std::string, std::string>& state) {
   const std::string& dir = options_.resume_from();
   const int n = strategy_->world_size();
-  const int rank = strategy_->rank();
   const bool zero = strategy_->is_global_zero();
   const int64_t per_micro_batch = options_.batch_size() * n;
   if (state.count(kSamplesKey) == 0) {
@@ -402,20 +403,6 @@ void Trainer::restore_trainer_state(const std::map<std::string, std::string>& st
                       " training samples, which is not a whole number of micro-batches of batch_size ",
                       options_.batch_size(), " x ", n, " rank(s); resume with a global micro-batch that divides it");
     micro_batch_ = samples / per_micro_batch;
-  }
-  const int saved_world = state.count(kWorldSizeKey) ? static_cast<int>(parse_count(state, kWorldSizeKey, dir)) : -1;
-  const auto mine = state.find(rng_key(rank));
-  if (saved_world == n && mine != state.end()) {
-    restore_rng_state(tensor_of(mine->second), strategy_->device());
-  } else {
-    seed_rng(resume_seed(options_.seed(), step_, rank), strategy_->device());
-    if (zero) {
-      std::cerr << "note: checkpoint '" << dir << "' was written by "
-                << (saved_world > 0 ? std::to_string(saved_world) : std::string("an unknown number of"))
-                << " rank(s), this run has " << n << ": random generators re-seeded from (seed "
-                << options_.seed() << ", step " << step_ << ", rank), so dropout masks differ from the "
-                << "uninterrupted run" << std::endl;
-    }
   }
   if (state.count(kMaxStepsKey) != 0 && zero) {
     const int64_t saved_max = parse_count(state, kMaxStepsKey, dir);
@@ -430,6 +417,27 @@ void Trainer::restore_trainer_state(const std::map<std::string, std::string>& st
                 << options_.max_steps() << ": its steps " << first_change + 1 << ".." << step_
                 << " followed that run's cosine decay, so this run is not the same as an "
                 << "uninterrupted " << options_.max_steps() << "-step run" << std::endl;
+    }
+  }
+}
+
+void Trainer::restore_rng(const std::map<std::string, std::string>& state) {
+  const std::string& dir = options_.resume_from();
+  const int n = strategy_->world_size();
+  const int rank = strategy_->rank();
+  const bool zero = strategy_->is_global_zero();
+  const int saved_world = state.count(kWorldSizeKey) ? static_cast<int>(parse_count(state, kWorldSizeKey, dir)) : -1;
+  const auto mine = state.find(rng_key(rank));
+  if (saved_world == n && mine != state.end()) {
+    restore_rng_state(tensor_of(mine->second), strategy_->device());
+  } else {
+    seed_rng(resume_seed(options_.seed(), step_, rank), strategy_->device());
+    if (zero) {
+      std::cerr << "note: checkpoint '" << dir << "' was written by "
+                << (saved_world > 0 ? std::to_string(saved_world) : std::string("an unknown number of"))
+                << " rank(s), this run has " << n << ": random generators re-seeded from (seed "
+                << options_.seed() << ", step " << step_ << ", rank), so dropout masks differ from the "
+                << "uninterrupted run" << std::endl;
     }
   }
 }

@@ -128,8 +128,12 @@ class Trainer {
   /// Collective: the trainer's part of CheckpointMeta::state (world size,
   /// data position, max_steps, every rank's generator state).
   std::map<std::string, std::string> trainer_state();
-  /// Puts back what trainer_state() saved; `step_` is already the checkpoint's.
+  /// Puts back what trainer_state() saved but the generators; `step_` is
+  /// already the checkpoint's.
   void restore_trainer_state(const std::map<std::string, std::string>& state);
+  /// This rank's saved generator states (same world size), else seeds from
+  /// (seed, step, rank) with a note on rank 0.
+  void restore_rng(const std::map<std::string, std::string>& state);
   /// The CheckpointMeta::state key of each callback, in callbacks_ order:
   /// "callback/<name>", with "#2", "#3"... for repeated names.
   std::vector<std::string> callback_state_keys() const;
