@@ -28,10 +28,12 @@ fs::path scratch(const std::string& name) {
   return path;
 }
 
-// Dropout on; validation every 4 steps; a row per step.
+// A row per step; validation every 4 steps (--max-steps 8 runs validate at
+// the same steps whether interrupted at 4 or not).
 const std::string kRun =
     " --preset gpt-nano --data addition:2 --threads-per-rank 1 --progress-bar false --limit-val-batches 2"
-    " --log-every-n-steps 1 --val-check-interval 4 --warmup-steps 100 --comm-timeout 30 ";
+    " --log-every-n-steps 1 --warmup-steps 100 --comm-timeout 30 ";
+const std::string kVal4 = " --val-check-interval 4 ";
 
 struct Csv {
   std::vector<std::string> header;
@@ -116,7 +118,7 @@ TEST(ResumeTest, InterruptedRunResumesBitIdenticallyUnderEveryStrategy) {
     SCOPED_TRACE(world.strategy);
     const fs::path straight = scratch(world.strategy + "-straight");
     const fs::path resumed = scratch(world.strategy + "-resumed");
-    const std::string common = kRun + world.args() + "--dropout 0.1 --max-steps 8 ";
+    const std::string common = kRun + kVal4 + world.args() + "--dropout 0.1 --max-steps 8 ";
     auto run = run_gpt_binary(common + "--output-dir " + straight.string() + " --dump-params " +
                               (straight / "params.pt").string());
     ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -146,10 +148,11 @@ TEST(ResumeTest, InterruptedRunResumesBitIdenticallyUnderEveryStrategy) {
 
 TEST(ResumeTest, ResumeLastIntoTheSameOutputDirAppendsToMetricsCsv) {
   // The README's scenario: 10 steps with a checkpoint every 5, then
-  // --resume last --max-steps 20 into the same directory.
+  // --resume last --max-steps 20 into the same directory. Validation every 5
+  // steps: the 10-step run's final validation is one the 20-step run has too.
   const fs::path straight = scratch("e2e-straight");
   const fs::path out = scratch("e2e");
-  const std::string common = kRun + " --strategy ddp --nproc 2 --batch-size 4 --dropout 0.1 ";
+  const std::string common = kRun + " --val-check-interval 5 --strategy ddp --nproc 2 --batch-size 4 --dropout 0.1 ";
   auto run = run_gpt_binary(common + "--max-steps 20 --output-dir " + straight.string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   run = run_gpt_binary(common + "--max-steps 10 --checkpoint-every 5 --checkpoint-monitor val_loss "
@@ -194,7 +197,7 @@ TEST(ResumeTest, AnotherWorldSizeWithTheSameGlobalBatchStaysWithinTolerance) {
     SCOPED_TRACE(from.strategy + " -> " + to.strategy);
     const fs::path straight = scratch("x-straight-" + from.strategy);
     const fs::path out = scratch("x-" + from.strategy + "-" + to.strategy);
-    const std::string common = kRun + "--dropout 0 --max-steps 8 ";
+    const std::string common = kRun + kVal4 + "--dropout 0 --max-steps 8 ";
     auto run = run_gpt_binary(common + from.args() + "--output-dir " + straight.string());
     ASSERT_EQ(run.exit_code, 0) << run.output;
     run = run_gpt_binary(common + from.args() + "--max-steps 4 --checkpoint-every 4 --output-dir " + out.string());
@@ -212,7 +215,7 @@ TEST(ResumeTest, AnotherWorldSizeWithTheSameGlobalBatchStaysWithinTolerance) {
 
 TEST(ResumeTest, BadResumesAreOneLineErrorsWithExitCodeTwo) {
   const fs::path out = scratch("bad");
-  const std::string common = kRun + " --strategy single --batch-size 4 ";
+  const std::string common = kRun + kVal4 + " --strategy single --batch-size 4 ";
   auto run = run_gpt_binary(common + "--max-steps 2 --resume last --output-dir " + out.string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("--resume last: no checkpoint (step-<N> directory) in '" +

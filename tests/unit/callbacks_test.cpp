@@ -660,6 +660,15 @@ TEST(ModelCheckpointTest, WarnsOnceWhenTheMonitoredMetricIsNeverMeasured) {
   EXPECT_THROW(ModelCheckpoint(ModelCheckpointOptions("x").monitor("val_loss").save_top_k(0)), c10::Error);
 }
 
+TEST(ThroughputTest, PeakFlopsProbeLeavesTheDefaultGeneratorAlone) {
+  // Training draws its dropout masks from it; a resume restores its state.
+  torch::manual_seed(1);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(1);
+  EXPECT_GT(measure_matmul_peak_flops(16, 1), 0.0);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
+}
+
 // ---- all of them in a real fit() ---------------------------------------------
 
 TEST(CallbacksFitTest, RealFitLogsCheckpointsAndResumes) {

@@ -208,6 +208,14 @@ class LossRecorder : public strata::Callback {
   int64_t at_;
 };
 
+/// Draws from the default generator at fit start, as a callback may (a
+/// resume must restore the generators after such draws).
+class DrawsAtFitStart : public strata::Callback {
+ public:
+  std::string name() const override { return "DrawsAtFitStart"; }
+  void on_fit_start(strata::Trainer&, strata::TrainingModule&) override { torch::rand({64}); }
+};
+
 GPTModule make_dropout_module(uint64_t seed) {
   torch::manual_seed(seed);
   return GPTModule(strata::recipes::gpt_preset("gpt-nano").vocab_size(16).block_size(8).dropout(0.2));
@@ -227,7 +235,8 @@ TEST(TrainerResumeTest, DropoutRunResumesBitIdentically) {
   const auto dir = scratch_dir("dropout");
   auto straight = make_dropout_module(3);
   auto recorder = std::make_shared<LossRecorder>(dir.string(), 3);
-  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(), {recorder}).fit(straight, data);
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(),
+                  {std::make_shared<DrawsAtFitStart>(), recorder}).fit(straight, data);
   ASSERT_EQ(recorder->losses.size(), 6u);
 
   // The test can fail: dropout masks drawn from another generator state change the losses.
@@ -243,7 +252,8 @@ TEST(TrainerResumeTest, DropoutRunResumesBitIdentically) {
   torch::manual_seed(12345);
   auto after = std::make_shared<LossRecorder>();
   strata::Trainer trainer(strata::TrainerOptions(options).resume_from(dir.string()),
-                          std::make_shared<strata::SingleDeviceStrategy>(), {after});
+                          std::make_shared<strata::SingleDeviceStrategy>(),
+                          {std::make_shared<DrawsAtFitStart>(), after});
   EXPECT_EQ(trainer.fit(resumed, data).steps, 6);
   EXPECT_EQ(trainer.micro_batches(), 12);
   ASSERT_EQ(after->losses.size(), 3u);
