@@ -148,7 +148,7 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
                                           optimizer_factory(options_));
   if (!options_.resume_from().empty()) {
     CheckpointMeta expected{0, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
-                            options_.optimizer()};
+                            options_.optimizer(), {}};
     const auto full = strategy_->full_params(/*writeback=*/true);  // FSDP: load into full parameters, keep them
     const CheckpointMeta meta = load_checkpoint(options_.resume_from(), module.module(), *optimizer_,
                                                 expected, strategy_->rank());
@@ -350,7 +350,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
   CheckpointMeta meta{step_, strategy_->world_size(), strategy_->name(), strategy_->optimizer_sharded(),
-                      options_.optimizer()};
+                      options_.optimizer(), {}};
   meta.state = trainer_state();
   const auto keys = callback_state_keys();
   for (size_t i = 0; i < callbacks_.size(); ++i) {
