@@ -28,6 +28,32 @@ std::string quote(const std::string& cell) {
   return out + "\"";
 }
 
+/// The cells of one CSV line (RFC 4180 quotes undone).
+std::vector<std::string> split_line(const std::string& line) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cells.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cells.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      cells.emplace_back();
+    } else if (c != '\r') {
+      cells.back() += c;
+    }
+  }
+  return cells;
+}
+
 }  // namespace
 
 CsvLogger::CsvLogger(CsvLoggerOptions options) : options_(std::move(options)) {
@@ -46,8 +72,58 @@ void CsvLogger::on_log(Trainer& trainer, int64_t step, const LogRow& row) {
   if (trainer.strategy().is_global_zero()) add_row(step, row);
 }
 
+void CsvLogger::on_fit_start(Trainer& trainer, TrainingModule& module) {
+  if (trainer.strategy().is_global_zero() && trainer.global_step() > 0) continue_file(trainer.global_step());
+}
+
 void CsvLogger::on_fit_end(Trainer& trainer, TrainingModule& module) {
   if (trainer.strategy().is_global_zero()) flush();
+}
+
+void CsvLogger::on_save_checkpoint(Trainer& trainer, const std::string& dir) {
+  // A resume from this checkpoint continues the file from its rows.
+  if (trainer.strategy().is_global_zero()) flush();
+}
+
+int64_t CsvLogger::continue_file(int64_t step) {
+  const std::string target = path();
+  std::ifstream in(target);
+  if (!in) return 0;  // no earlier file: this one starts at step + 1
+  std::string line;
+  if (!std::getline(in, line)) return 0;
+  std::vector<std::string> columns = split_line(line);
+  TORCH_CHECK(!columns.empty() && columns[0] == "step", "CsvLogger: cannot continue '", target,
+              "': its header '", line, "' does not start with 'step'");
+  std::vector<std::vector<std::string>> rows;
+  int64_t dropped = 0;
+  for (int64_t number = 2; std::getline(in, line); ++number) {
+    if (line.empty() || line == "\r") continue;
+    auto cells = split_line(line);
+    size_t used = 0;
+    int64_t row_step = -1;
+    try {
+      row_step = std::stoll(cells[0], &used);
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK(used == cells[0].size() && used > 0, "CsvLogger: cannot continue '", target, "': line ",
+                number, " has step '", cells[0], "'");
+    if (row_step > step) {
+      ++dropped;
+      continue;
+    }
+    cells.resize(std::min(cells.size(), columns.size()));
+    rows.push_back(std::move(cells));
+  }
+  columns_ = columns;
+  column_index_.clear();
+  for (size_t c = 0; c < columns_.size(); ++c) column_index_.emplace(columns_[c], c);
+  rows_ = std::move(rows);  // the file is the record of the run so far
+  written_rows_ = rows_.size();
+  // Later rows were dropped: rewrite the file now (atomically), so it never
+  // shows the interrupted run's rows after this one's.
+  written_columns_ = dropped > 0 ? 0 : columns_.size();
+  if (dropped > 0) flush();
+  return dropped;
 }
 
 void CsvLogger::on_exception(Trainer& trainer, TrainingModule& module, const std::exception& error) {

@@ -7,7 +7,13 @@
 // steps), so every row is kept in memory: a flush appends the new rows while
 // the header is unchanged and rewrites the whole file (through a temporary
 // file and a rename) when new keys appeared, as Lightning does. Flushes every
-// flush_every_n_rows rows, at fit end and when fit() fails.
+// flush_every_n_rows rows, when a checkpoint is saved (so the file holds every
+// row up to it), at fit end and when fit() fails.
+//
+// A resumed fit (global step k > 0 at on_fit_start) continues the file it
+// finds: rows up to step k are kept, rows after k (an interrupted run's, which
+// the resumed run repeats) are dropped, and new rows are appended under the
+// same header, so the file reads as one run.
 //
 // Example:
 //   trainer callbacks: std::make_shared<strata::CsvLogger>(strata::CsvLoggerOptions("runs/gpt"))
@@ -42,13 +48,20 @@ class CsvLogger : public Callback {
   std::string name() const override { return "CsvLogger"; }
 
   void on_log(Trainer& trainer, int64_t step, const LogRow& row) override;
+  void on_fit_start(Trainer& trainer, TrainingModule& module) override;
   void on_fit_end(Trainer& trainer, TrainingModule& module) override;
+  void on_save_checkpoint(Trainer& trainer, const std::string& dir) override;
   void on_exception(Trainer& trainer, TrainingModule& module, const std::exception& error) override;
 
   /// Records one row (what on_log does on rank 0); flushes every n rows.
   void add_row(int64_t step, const LogRow& row);
   /// Writes the rows not yet on disk (or the whole file if the header grew).
   void flush();
+  /// Continues the file on disk (if any) for a fit resumed after `step`: its
+  /// header and rows up to `step` become this logger's, as already written;
+  /// the file is rewritten (atomically) when it held later rows. Returns the
+  /// number of rows dropped.
+  int64_t continue_file(int64_t step);
 
   /// <dir>/<filename>
   std::string path() const;

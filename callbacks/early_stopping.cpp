@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <sstream>
 
 namespace strata {
 namespace {
@@ -64,6 +65,24 @@ void EarlyStopping::on_validation_end(Trainer& trainer, TrainingModule& module,
                       std::to_string(wait_) + " validations (best " + format(*best_) + ", last " +
                       format(value) + at + ")");
   }
+}
+
+std::string EarlyStopping::state_dict() const {
+  char best[64] = "none";
+  if (best_) std::snprintf(best, sizeof(best), "%.17g", *best_);  // reads back as the same double
+  return std::string("best ") + best + "\nwait " + std::to_string(wait_) + "\n";
+}
+
+void EarlyStopping::load_state_dict(const std::string& state) {
+  std::istringstream in(state);
+  std::string best_key, best, wait_key;
+  int64_t wait = -1;
+  in >> best_key >> best >> wait_key >> wait;
+  TORCH_CHECK(in && best_key == "best" && wait_key == "wait" && wait >= 0,
+              "EarlyStopping: saved state '", state, "' is not 'best <value|none> wait <n>'");
+  best_.reset();
+  if (best != "none") best_ = std::stod(best);
+  wait_ = wait;
 }
 
 void EarlyStopping::stop(Trainer& trainer, std::string reason) {

@@ -13,6 +13,7 @@
 //
 // Example:
 //   std::make_shared<strata::EarlyStopping>(strata::EarlyStoppingOptions().patience(5).min_delta(1e-3));
+#include "callbacks/monitor_mode.h"
 #include "trainer/callback.h"
 
 #include <torch/torch.h>
@@ -22,8 +23,6 @@
 #include <string>
 
 namespace strata {
-
-enum class MonitorMode { kMin, kMax };
 
 struct EarlyStoppingOptions {
   /// "val_loss" or "val_accuracy".
@@ -47,6 +46,9 @@ class EarlyStopping : public Callback {
   void on_train_batch_end(Trainer& trainer, TrainingModule& module, const StepMetrics& metrics) override;
   void on_validation_end(Trainer& trainer, TrainingModule& module,
                          const ValidationMetrics& metrics) override;
+  /// best and wait count (a resumed fit continues the patience count).
+  std::string state_dict() const override;
+  void load_state_dict(const std::string& state) override;
 
   /// Best monitored value so far (empty before the first validation).
   std::optional<double> best() const { return best_; }

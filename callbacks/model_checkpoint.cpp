@@ -7,28 +7,82 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <sstream>
 #include <utility>
 
 namespace strata {
 namespace fs = std::filesystem;
+
+std::vector<std::string> checkpoint_monitor_names() { return {"val_loss", "val_accuracy", "loss"}; }
 
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
   TORCH_CHECK(!options_.dirpath().empty(), "ModelCheckpoint: dirpath must not be empty");
   TORCH_CHECK(options_.every_n_train_steps() >= 0,
               "ModelCheckpoint: every_n_train_steps must be >= 0 (0 = off), got ",
               options_.every_n_train_steps(), " (dirpath '", options_.dirpath(), "')");
+  const auto names = checkpoint_monitor_names();
+  TORCH_CHECK(options_.monitor().empty() ||
+                  std::find(names.begin(), names.end(), options_.monitor()) != names.end(),
+              "ModelCheckpoint: monitor must be \"\" (none) or one of ", c10::Join(", ", names), ", got \"",
+              options_.monitor(), "\"");
+  TORCH_CHECK(options_.save_top_k() >= 1, "ModelCheckpoint: save_top_k must be >= 1, got ",
+              options_.save_top_k());
+}
+
+void ModelCheckpoint::observe(int64_t step, double value) { current_ = std::make_pair(value, step); }
+
+bool ModelCheckpoint::enters_top_k(double value) const {
+  if (!std::isfinite(value)) return false;
+  if (static_cast<int64_t>(best_.size()) < options_.save_top_k()) return true;
+  return better(options_.mode(), value, best_.back().first);
+}
+
+void ModelCheckpoint::warn(Trainer& trainer, const std::string& message) {
+  if (!warnings_.empty()) return;  // once
+  warnings_.push_back(message);
+  if (trainer.strategy().is_global_zero()) std::cerr << "warning: " << message << std::endl;
 }
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainingModule& module,
                                          const StepMetrics& metrics) {
+  // The loss handed to callbacks is already the mean over ranks.
+  if (options_.monitor() == "loss") observe(metrics.step, metrics.loss);
+}
+
+void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainingModule& module,
+                                        const ValidationMetrics& metrics) {
+  if (options_.monitor() == "val_loss") {
+    observe(metrics.step, metrics.loss);
+  } else if (options_.monitor() == "val_accuracy") {
+    if (metrics.accuracy) {
+      observe(metrics.step, *metrics.accuracy);
+    } else {
+      warn(trainer, "ModelCheckpoint monitors val_accuracy, but the validation at step " +
+                        std::to_string(metrics.step) +
+                        " reported none (the data defines no accuracy): no best checkpoints are kept");
+    }
+  }
+}
+
+void ModelCheckpoint::on_train_step_end(Trainer& trainer, TrainingModule& module, int64_t step) {
   const int64_t every = options_.every_n_train_steps();
-  if (every > 0 && metrics.step % every == 0) save(trainer, metrics.step);
+  const bool periodic = every > 0 && step % every == 0;
+  const bool candidate = !options_.monitor().empty() && current_ && current_->second == step &&
+                         enters_top_k(current_->first);
+  if (periodic || candidate) save(trainer, step);
 }
 
 void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) {
   const int64_t step = trainer.global_step();
   if (options_.save_last() && step > 0 && step != last_saved_step_) save(trainer, step);
+  if (!options_.monitor().empty() && !current_ && best_.empty()) {
+    warn(trainer, "ModelCheckpoint monitors " + options_.monitor() +
+                      ", but it was never measured in this fit (is validation off?): no best checkpoints are kept");
+  }
 }
 
 void ModelCheckpoint::write_checkpoint(Trainer& trainer, const std::string& dir) {
@@ -42,6 +96,16 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   const fs::path tmp = root / ("." + checkpoint_dir_name(step) + ".tmp");
   Comm& comm = trainer.strategy().comm();
   const bool zero = trainer.strategy().is_global_zero();
+  // Before writing, so the checkpoint's own state lists it among the best.
+  // Every rank updates the same list: the scores are rank-reduced.
+  if (!options_.monitor().empty() && current_ && current_->second == step && enters_top_k(current_->first)) {
+    best_.erase(std::remove_if(best_.begin(), best_.end(), [&](const auto& b) { return b.second == step; }),
+                best_.end());
+    best_.push_back(*current_);
+    std::stable_sort(best_.begin(), best_.end(),
+                     [&](const auto& a, const auto& b) { return better(options_.mode(), a.first, b.first); });
+    if (static_cast<int64_t>(best_.size()) > options_.save_top_k()) best_.resize(options_.save_top_k());
+  }
   if (zero) {
     fs::create_directories(root);
     fs::remove_all(tmp);  // left by a run that crashed mid-save
@@ -58,13 +122,66 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
     checkpoint_kill_point("before-rename", 0, step);  // test-only fault injection (trainer/checkpoint.h)
     // Replaces an earlier save of the same step (e.g. after a resume).
     publish_directory(tmp.string(), final_dir.string());
-    prune_checkpoints(root.string(), options_.keep_last());
+    std::set<int64_t> keep;
+    for (const auto& [score, best_step] : best_) keep.insert(best_step);
+    prune_checkpoints(root.string(), options_.keep_last(), keep);
+    if (!best_.empty()) {
+      write_file_atomically((root / "best").string(), checkpoint_dir_name(best_.front().second) + "\n");
+    }
   }
   last_checkpoint_ = final_dir.string();
   last_saved_step_ = step;
 }
 
+std::string ModelCheckpoint::state_dict() const {
+  std::ostringstream out;
+  out << "last_saved_step " << last_saved_step_ << "\n";
+  char score[64];
+  for (const auto& [value, step] : best_) {
+    std::snprintf(score, sizeof(score), "%.17g", value);  // reads back as the same double
+    out << "best " << score << " " << step << "\n";
+  }
+  return out.str();
+}
+
+void ModelCheckpoint::load_state_dict(const std::string& state) {
+  std::istringstream in(state);
+  std::string key;
+  int64_t last = -1;
+  in >> key >> last;
+  TORCH_CHECK(in && key == "last_saved_step", "ModelCheckpoint: saved state '", state,
+              "' does not start with 'last_saved_step <n>'");
+  std::vector<std::pair<double, int64_t>> best;
+  std::string score;
+  int64_t step = -1;
+  while (in >> key >> score >> step) {
+    TORCH_CHECK(key == "best", "ModelCheckpoint: unexpected '", key, "' in saved state '", state, "'");
+    best.emplace_back(std::stod(score), step);
+  }
+  last_saved_step_ = last;
+  last_checkpoint_ = last >= 0 ? (fs::path(options_.dirpath()) / checkpoint_dir_name(last)).string() : "";
+  // A resume may change the monitor or k: keep what still applies.
+  best_.clear();
+  if (!options_.monitor().empty()) {
+    best_ = std::move(best);
+    std::stable_sort(best_.begin(), best_.end(),
+                     [&](const auto& a, const auto& b) { return better(options_.mode(), a.first, b.first); });
+    if (static_cast<int64_t>(best_.size()) > options_.save_top_k()) best_.resize(options_.save_top_k());
+  }
+}
+
 std::string checkpoint_dir_name(int64_t step) { return "step-" + std::to_string(step); }
+
+int64_t checkpoint_step(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "step-5/"
+  const std::string name = p.filename().string();
+  const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
+    return -1;
+  return std::stoll(digits);
+}
 
 std::vector<std::string> find_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
@@ -72,12 +189,8 @@ std::vector<std::string> find_checkpoints(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) return {};
   for (const auto& entry : fs::directory_iterator(dir)) {
     if (!entry.is_directory()) continue;
-    const std::string name = entry.path().filename().string();
-    const std::string digits = name.rfind("step-", 0) == 0 ? name.substr(5) : "";
-    if (digits.empty() || digits.size() > 18 ||
-        !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
-      continue;
-    found.emplace_back(std::stoll(digits), entry.path().string());
+    const int64_t step = checkpoint_step(entry.path().string());
+    if (step >= 0) found.emplace_back(step, entry.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
@@ -90,12 +203,18 @@ std::string latest_checkpoint(const std::string& dir) {
   return all.empty() ? "" : all.back();
 }
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last) {
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
+                                           const std::set<int64_t>& keep_steps) {
   auto all = find_checkpoints(dir);
   if (keep_last <= 0 || static_cast<int64_t>(all.size()) <= keep_last) return {};
   all.resize(all.size() - static_cast<size_t>(keep_last));  // the oldest ones
-  for (const auto& path : all) fs::remove_all(path);
-  return all;
+  std::vector<std::string> deleted;
+  for (const auto& path : all) {
+    if (keep_steps.count(checkpoint_step(path)) != 0) continue;
+    fs::remove_all(path);
+    deleted.push_back(path);
+  }
+  return deleted;
 }
 
 }  // namespace strata

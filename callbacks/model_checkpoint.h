@@ -1,6 +1,11 @@
 #pragma once
 // ModelCheckpoint: resumable checkpoints <dirpath>/step-<N> every n steps and
-// at fit end, keeping the newest `keep_last`.
+// at fit end, keeping the newest `keep_last` and, with a monitored metric, the
+// `save_top_k` best by it.
+//
+// Saves run in on_train_step_end, after the step's log and validation, so a
+// checkpoint holds everything about its step (callback states included) and a
+// resume continues at step N+1 exactly.
 //
 // A checkpoint is a directory written by Trainer::save_checkpoint on EVERY rank
 // (sharded strategies write one shard per rank), so save() is collective and
@@ -11,21 +16,36 @@
 //   2. every rank: trainer.save_checkpoint(<dirpath>/.step-<N>.tmp)
 //   3. barrier: every rank has finished writing its part
 //   4. rank 0 renames .step-<N>.tmp -> step-<N> (atomic on one file system,
-//      replacing an older step-<N>) and prunes all but the newest keep_last
-//      step-* directories.
+//      replacing an older step-<N>), prunes every step-* directory that is
+//      neither among the newest keep_last nor among the best save_top_k, and
+//      (with a monitor) rewrites <dirpath>/best atomically: "step-<N>\n" of the
+//      best checkpoint.
 // A crash before 4 leaves only the hidden .tmp directory, which neither
 // find_checkpoints() nor prune_checkpoints() treat as a checkpoint.
 //
+// Best-k: a checkpoint's score is the monitored value measured at its own
+// step (val_loss/val_accuracy by that step's validation, loss by its training
+// step), never an older one. Besides the periodic saves, every step whose
+// score would enter the top k is saved. The monitored values are reduced over
+// ranks, so every rank makes the same decision (save() is collective). A
+// monitored metric that is never measured (no validation, no accuracy) gives
+// one warning, on rank 0.
+//
 // Example:
 //   std::make_shared<strata::ModelCheckpoint>(
-//       strata::ModelCheckpointOptions("runs/gpt/ckpt").every_n_train_steps(500).keep_last(3));
+//       strata::ModelCheckpointOptions("runs/gpt/ckpt").every_n_train_steps(500).keep_last(3)
+//           .monitor("val_loss").save_top_k(2));
 //   resume: TrainerOptions().resume_from(strata::latest_checkpoint("runs/gpt/ckpt"))
+#include "callbacks/monitor_mode.h"
 #include "trainer/callback.h"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata {
@@ -40,7 +60,17 @@ struct ModelCheckpointOptions {
   TORCH_ARG(bool, save_last) = true;
   /// Keep the newest k step-* directories; 0 or negative keeps all.
   TORCH_ARG(int64_t, keep_last) = 2;
+  /// Metric that ranks checkpoints: "" (none), "val_loss", "val_accuracy" or
+  /// "loss" (the training loss). Only rank-reduced metrics: all ranks agree.
+  TORCH_ARG(std::string, monitor) = "";
+  TORCH_ARG(MonitorMode, mode) = MonitorMode::kMin;
+  /// With a monitor: keep the k best checkpoints by it (>= 1); keep_last
+  /// pruning never deletes them.
+  TORCH_ARG(int64_t, save_top_k) = 1;
 };
+
+/// The metrics ModelCheckpointOptions::monitor accepts (besides "").
+std::vector<std::string> checkpoint_monitor_names();
 
 class ModelCheckpoint : public Callback {
  public:
@@ -49,7 +79,12 @@ class ModelCheckpoint : public Callback {
   std::string name() const override { return "ModelCheckpoint"; }
 
   void on_train_batch_end(Trainer& trainer, TrainingModule& module, const StepMetrics& metrics) override;
+  void on_validation_end(Trainer& trainer, TrainingModule& module, const ValidationMetrics& metrics) override;
+  void on_train_step_end(Trainer& trainer, TrainingModule& module, int64_t step) override;
   void on_fit_end(Trainer& trainer, TrainingModule& module) override;
+  /// The best-k list, the last saved step and whether the warning was given.
+  std::string state_dict() const override;
+  void load_state_dict(const std::string& state) override;
 
   /// Collective: writes <dirpath>/step-<step> as described above (all ranks).
   void save(Trainer& trainer, int64_t step);
@@ -58,6 +93,10 @@ class ModelCheckpoint : public Callback {
   const std::string& last_checkpoint() const { return last_checkpoint_; }
   /// Step of that checkpoint (-1 if none).
   int64_t last_saved_step() const { return last_saved_step_; }
+  /// (score, step) of the best checkpoints, best first (at most save_top_k).
+  const std::vector<std::pair<double, int64_t>>& best() const { return best_; }
+  /// Warnings given so far (at most one: the monitored metric is missing).
+  const std::vector<std::string>& warnings() const { return warnings_; }
 
  protected:
   /// Writes the checkpoint's content into `dir` on this rank; the default
@@ -66,13 +105,25 @@ class ModelCheckpoint : public Callback {
   virtual void write_checkpoint(Trainer& trainer, const std::string& dir);
 
  private:
+  /// Records the monitored value measured at `step`.
+  void observe(int64_t step, double value);
+  /// True when a checkpoint scoring `value` belongs among the best k.
+  bool enters_top_k(double value) const;
+  void warn(Trainer& trainer, const std::string& message);
+
   ModelCheckpointOptions options_;
   std::string last_checkpoint_;
   int64_t last_saved_step_ = -1;
+  std::optional<std::pair<double, int64_t>> current_;  ///< (value, step) last measured
+  std::vector<std::pair<double, int64_t>> best_;
+  std::vector<std::string> warnings_;
 };
 
 /// "step-<step>"
 std::string checkpoint_dir_name(int64_t step);
+
+/// N of a path whose last component is step-<N>; -1 otherwise.
+int64_t checkpoint_step(const std::string& path);
 
 /// The step-<N> directories directly under `dir`, oldest (smallest N) first;
 /// empty if `dir` does not exist. Other entries (.step-<N>.tmp, files) are ignored.
@@ -81,8 +132,10 @@ std::vector<std::string> find_checkpoints(const std::string& dir);
 /// The newest step-<N> directory under `dir`, or "" if there is none.
 std::string latest_checkpoint(const std::string& dir);
 
-/// Deletes all but the newest `keep_last` step-<N> directories under `dir`
-/// (keep_last <= 0 keeps all) and returns the deleted paths, oldest first.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last);
+/// Deletes every step-<N> directory under `dir` that is neither among the
+/// newest `keep_last` (keep_last <= 0 keeps all) nor one of `keep_steps`;
+/// returns the deleted paths, oldest first.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
+                                           const std::set<int64_t>& keep_steps = {});
 
 }  // namespace strata

@@ -22,8 +22,11 @@ double best_matmul_seconds(int64_t n, int repeats, double budget_s) {
   // allocator, so a MemoryTracker's peak (the memory benchmarks' numbers)
   // does not see this probe.
   std::vector<float> a_data(static_cast<size_t>(n * n)), b_data(a_data.size()), c_data(a_data.size());
-  const auto a = torch::from_blob(a_data.data(), {n, n}, torch::kFloat32).normal_();
-  const auto b = torch::from_blob(b_data.data(), {n, n}, torch::kFloat32).normal_();
+  // Its own generator: the probe must not move the default one, from which
+  // training draws its dropout masks (a resume restores that one's state).
+  auto gen = at::detail::createCPUGenerator(/*seed_in=*/0);
+  const auto a = torch::from_blob(a_data.data(), {n, n}, torch::kFloat32).normal_(0.0, 1.0, gen);
+  const auto b = torch::from_blob(b_data.data(), {n, n}, torch::kFloat32).normal_(0.0, 1.0, gen);
   auto c = torch::from_blob(c_data.data(), {n, n}, torch::kFloat32);
   torch::mm_out(c, a, b);  // warm-up: thread pool start, BLAS buffers
   using Clock = std::chrono::steady_clock;
@@ -55,7 +58,11 @@ double measure_cuda_matmul_peak_flops(int index, int64_t n, int repeats) {
   double best = std::numeric_limits<double>::infinity();
   {
     const auto options = torch::TensorOptions(torch::kFloat32).device(torch::kCUDA, index);
-    const auto a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+    // Drawn on the host from its own generator: the device's default one
+    // (dropout on CUDA) must not move.
+    auto gen = at::detail::createCPUGenerator(/*seed_in=*/0);
+    const auto a = torch::randn({n, n}, gen, torch::kFloat32).to(options.device());
+    const auto b = torch::randn({n, n}, gen, torch::kFloat32).to(options.device());
     auto c = torch::empty({n, n}, options);
     torch::mm_out(c, a, b);  // warm-up: cuBLAS handle and workspace
     for (int i = 0; i < repeats; ++i) {

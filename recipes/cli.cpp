@@ -169,13 +169,22 @@ std::vector<Field> fields() {
       {"limit-val-batches", 4, &C::limit_val_batches, "validation batches per check (0: none)"},
       {"output-dir", 4, &C::output_dir, "logs, config.ini and checkpoints go here"},
       {"checkpoint-every", 4, &C::checkpoint_every, "checkpoint every N steps (0: never)"},
-      {"checkpoint-keep", 4, &C::checkpoint_keep, "periodic checkpoints to keep"},
+      {"checkpoint-keep", 4, &C::checkpoint_keep, "newest checkpoints to keep (0: all)"},
       {"checkpoint-format", 4, &C::checkpoint_format,
        "full (rank 0 writes one consolidated file) | sharded (one file per rank) | auto (sharded for "
        "oss/sdp/fsdp, else full); either loads under any strategy and world size"},
+      {"checkpoint-monitor", 4, &C::checkpoint_monitor,
+       "also keep the best checkpoints by this metric: val_loss, val_accuracy or loss (train loss); "
+       "every step it is measured at and would rank among the best is saved (\"\": off)"},
+      {"checkpoint-mode", 4, &C::checkpoint_mode, "with --checkpoint-monitor: min or max is better"},
+      {"checkpoint-keep-best", 4, &C::checkpoint_keep_best,
+       "with --checkpoint-monitor: best checkpoints to keep (never pruned by --checkpoint-keep); "
+       "<output-dir>/checkpoints/best names the best"},
       {"early-stopping-patience", 4, &C::early_stopping_patience,
        "validations without improvement before stopping (0: off)"},
-      {"resume", 4, &C::resume, "checkpoint directory to resume from"},
+      {"resume", 4, &C::resume,
+       "checkpoint directory to resume from, or 'last' (the newest in <output-dir>/checkpoints); "
+       "continues exactly, appending to <output-dir>/metrics.csv"},
       {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
       {"init-from", kInteropGroup, &C::init_from,
        "start the GPT from this weights file (nanoGPT parameter names: a torch.save'd state_dict, "
@@ -324,7 +333,18 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
     error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
   }
-  if (error.empty() && c.offload != "none" && (c.checkpoint_every > 0 || !c.resume.empty())) {
+  if (error.empty() && !c.checkpoint_monitor.empty()) {
+    error = choice("checkpoint-monitor", c.checkpoint_monitor, {"val_loss", "val_accuracy", "loss"});
+  }
+  if (error.empty()) error = choice("checkpoint-mode", c.checkpoint_mode, {"min", "max"});
+  for (const char* key : {"checkpoint-mode", "checkpoint-keep-best"}) {
+    if (const auto it = given.find(key); error.empty() && it != given.end() && c.checkpoint_monitor.empty()) {
+      error = it->second + (it->second.empty() ? "--" : "") + key +
+              " applies only with --checkpoint-monitor (it would be ignored)";
+    }
+  }
+  if (error.empty() && c.offload != "none" &&
+      (c.checkpoint_every > 0 || !c.checkpoint_monitor.empty() || !c.resume.empty())) {
     error = "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
             "checkpoints of offloaded state are not supported";
   }
@@ -404,6 +424,8 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   need(c.val_check_interval >= 0, "val-check-interval", c.val_check_interval, ">= 0");
   need(c.limit_val_batches >= 0, "limit-val-batches", c.limit_val_batches, ">= 0");
   need(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, ">= 0 (0: never)");
+  need(c.checkpoint_keep >= 0, "checkpoint-keep", c.checkpoint_keep, ">= 0 (0: all)");
+  need(c.checkpoint_keep_best >= 1, "checkpoint-keep-best", c.checkpoint_keep_best, ">= 1");
   need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience,
        ">= 0 (0: off)");
   if (error.empty() && c.n_embd > 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
@@ -556,6 +578,11 @@ std::string to_ini(const RunConfig& config) {
     if (std::string(f.key) == "fused-adamw" && config.optimizer != "adamw") {
       out << "# " << f.key << " = " << value << "  (not used by optimizer '" << config.optimizer
           << "'; it is for adamw)\n";
+      continue;
+    }
+    const std::string key = f.key;
+    if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
+      out << "# " << f.key << " = " << value << "  (not used without checkpoint-monitor)\n";
       continue;
     }
     out << f.key << (value.empty() ? " =" : " = ") << value << '\n';

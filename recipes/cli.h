@@ -63,10 +63,13 @@ struct RunConfig {
   int64_t limit_val_batches = 32;
   std::string output_dir = "runs/latest";
   int64_t checkpoint_every = 0;   ///< 0: no periodic checkpoints
-  int64_t checkpoint_keep = 2;
+  int64_t checkpoint_keep = 2;     ///< newest checkpoints kept (0: all)
   std::string checkpoint_format = "auto";  ///< full | sharded | auto (sharded for oss/sdp/fsdp)
+  std::string checkpoint_monitor;  ///< "": none; val_loss, val_accuracy or loss: keep the best
+  std::string checkpoint_mode = "min";  ///< min or max: which way checkpoint_monitor improves
+  int64_t checkpoint_keep_best = 1;     ///< best checkpoints kept by checkpoint_monitor
   int64_t early_stopping_patience = 0;  ///< 0: off
-  std::string resume;             ///< checkpoint dir to resume from
+  std::string resume;             ///< checkpoint dir to resume from, or "last"
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
   // Python interop (recipes/interop.h, recipes/torchscript.h)
   std::string init_from;          ///< nanoGPT-named weights file to start the GPT from

@@ -229,6 +229,29 @@ void check_torchscript_model(TorchScriptModule& model, const DataSource& data, c
 
 }  // namespace
 
+std::string checkpoints_dir(const RunConfig& config) {
+  return (fs::path(config.output_dir) / "checkpoints").string();
+}
+
+std::string resolve_resume(const RunConfig& config) {
+  std::string dir = config.resume;
+  if (dir.empty()) return dir;
+  if (dir == "last") {
+    dir = latest_checkpoint(checkpoints_dir(config));
+    TORCH_CHECK_VALUE(!dir.empty(), "--resume last: no checkpoint (step-<N> directory) in '",
+                      checkpoints_dir(config), "'");
+  }
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(dir, ec), "--resume '", config.resume, "': '", dir, "' is not a directory");
+  // A ModelCheckpoint directory names its step: a resume with nothing left to
+  // train is bad input (the Trainer checks the step inside any checkpoint too).
+  const int64_t step = checkpoint_step(dir);
+  TORCH_CHECK_VALUE(step < config.max_steps, "--resume '", config.resume, "': checkpoint '", dir,
+                    "' is at step ", step, ", not below --max-steps ", config.max_steps,
+                    "; nothing left to train (raise --max-steps)");
+  return dir;
+}
+
 GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
   GPTOptions o = gpt_preset(c.preset);
   if (c.n_layer > 0) o.n_layer(c.n_layer);
@@ -282,7 +305,7 @@ int run_gpt(int argc, char** argv) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;
   }
-  const RunConfig config = *parsed.config;
+  RunConfig resolved = *parsed.config;
   // A launcher's variables are input too: a bad value is a one-line error, exit 2.
   std::optional<DistEnv> env;
   try {
@@ -296,6 +319,14 @@ int run_gpt(int argc, char** argv) {
   std::unique_ptr<DataSource> data;
   std::optional<GPTOptions> model_options;
   std::optional<NamedTensors> init_weights;  // --init-from, checked against the model
+  try {
+    resolved.resume = resolve_resume(resolved);
+  } catch (const c10::Error& e) {
+    record_rank_error(e.what_without_backtrace());
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  }
+  const RunConfig config = resolved;
   try {
     // A rank re-reads its launcher's command line: strata's own launcher
     // passes --nproc (ranks per machine) and --nnodes on, and they must agree
@@ -478,11 +509,14 @@ int run_gpt(int argc, char** argv) {
         std::make_shared<MemoryMonitor>(),
         std::make_shared<LrMonitor>(),
     };
-    if (config.checkpoint_every > 0) {
+    if (config.checkpoint_every > 0 || !config.checkpoint_monitor.empty()) {
       callbacks.push_back(std::make_shared<ModelCheckpoint>(
-          ModelCheckpointOptions((out_dir / "checkpoints").string())
+          ModelCheckpointOptions(checkpoints_dir(config))
               .every_n_train_steps(config.checkpoint_every)
-              .keep_last(config.checkpoint_keep)));
+              .keep_last(config.checkpoint_keep)
+              .monitor(config.checkpoint_monitor)
+              .mode(config.checkpoint_mode == "max" ? MonitorMode::kMax : MonitorMode::kMin)
+              .save_top_k(config.checkpoint_keep_best)));
     }
     if (config.early_stopping_patience > 0) {
       callbacks.push_back(std::make_shared<EarlyStopping>(

@@ -2,7 +2,8 @@
 // run_gpt(): what strata-gpt's main() does — parse, launch ranks or join a
 // world, build data/model/strategy/callbacks, fit, and write the outputs:
 //   <output-dir>/config.ini    resolved configuration (same keys as the CLI)
-//   <output-dir>/metrics.csv   one row per logged step (CsvLogger)
+//   <output-dir>/metrics.csv   one row per logged step (CsvLogger; a resume appends)
+//   <output-dir>/checkpoints/  step-<N> directories (--checkpoint-every, --checkpoint-monitor)
 //   <output-dir>/summary.json  written last: its presence marks a finished run
 // Exit codes: 0 success, 2 bad input (one-line error), 1 failure in training.
 #include "recipes/cli.h"
@@ -19,6 +20,15 @@ int run_gpt(int argc, char** argv);
 /// sequence length (errors name the offending values).
 struct GPTOptions;
 GPTOptions resolve_model_options(const RunConfig& config, int64_t vocab_size, int64_t block_size);
+
+/// <output-dir>/checkpoints: where --checkpoint-every writes step-<N>.
+std::string checkpoints_dir(const RunConfig& config);
+
+/// The checkpoint directory --resume names: "" (no resume), the given
+/// directory, or for "last" the newest step-<N> in checkpoints_dir(). Throws
+/// c10::ValueError (one line, exit 2) for "last" with no checkpoint, a path
+/// that is not a directory, or a step-<N> directory with N >= --max-steps.
+std::string resolve_resume(const RunConfig& config);
 
 /// Trainer options from a config.
 TrainerOptions trainer_options(const RunConfig& config);

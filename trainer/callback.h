@@ -37,6 +37,10 @@ class Callback {
                                         torch::optim::Optimizer& optimizer) {}
   virtual void on_validation_end(Trainer& trainer, TrainingModule& module,
                                  const ValidationMetrics& metrics) {}
+  /// The step is complete: its log row and (when due) its validation are
+  /// done. A checkpoint written here holds everything about `step`, so a
+  /// resume from it continues at step + 1 (ModelCheckpoint saves here).
+  virtual void on_train_step_end(Trainer& trainer, TrainingModule& module, int64_t step) {}
   /// Every log_every_n_steps (and at the last step), after on_train_batch_end,
   /// and after each validation, with everything logged for that step.
   virtual void on_log(Trainer& trainer, int64_t step, const LogRow& row) {}
@@ -45,7 +49,9 @@ class Callback {
   virtual void on_load_checkpoint(Trainer& trainer, const std::string& dir) {}
   /// State that must survive a resume (e.g. EarlyStopping's best score),
   /// serialised by the callback itself; saved in every checkpoint under
-  /// name() and handed back to load_state_dict() on resume. "" = nothing.
+  /// name() (rank 0's: base it on rank-reduced values so every rank agrees)
+  /// and handed back to load_state_dict() on a resumed fit, after
+  /// on_fit_start() (so a callback may reset itself there). "" = nothing.
   virtual std::string state_dict() const { return {}; }
   virtual void load_state_dict(const std::string& state) {}
   /// fit() is about to rethrow `error`.

@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,8 +57,12 @@ struct TrainerOptions {
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.95;
   TORCH_ARG(double, eps) = 1e-8;
-  /// Checkpoint directory to resume from ("" = start fresh). Either format,
-  /// written by any strategy at any world size (trainer/checkpoint.h).
+  /// Checkpoint directory to resume from ("" = start fresh). A resume restores
+  /// the parameters, optimizer state, step (hence the LR schedule's position),
+  /// data position, random generator states and callback states, so it
+  /// continues exactly as the uninterrupted run would (same strategy and world
+  /// size; another world size re-seeds the generators, see fit()). The
+  /// checkpoint's step must be below max_steps.
   TORCH_ARG(std::string, resume_from) = "";
   /// How save_checkpoint writes: "full" (one consolidated file) or "sharded"
   /// (one file per rank); "" = sharded when the strategy shards optimizer
@@ -114,14 +119,30 @@ class Trainer {
   void request_stop(const std::string& reason);
   bool should_stop() const { return stop_requested_; }
   /// Writes a resumable checkpoint into `dir` (see trainer/checkpoint.h).
-  /// Collective: every rank calls it. `format`: "full" or "sharded"; ""
-  /// takes TrainerOptions::checkpoint_format.
+  /// Collective: every rank calls it (the ranks' generator states are
+  /// gathered to rank 0, which writes them). `format`: "full" or "sharded";
+  /// "" takes TrainerOptions::checkpoint_format.
   CheckpointSaveStats save_checkpoint(const std::string& dir, const std::string& format = "");
+  /// Micro-batches drawn so far (the data position; a global counter, see
+  /// DataSource::train_batch).
+  int64_t micro_batches() const { return micro_batch_; }
 
  private:
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);
   void emit_log(int64_t step, const LogRow& base);
   void gather_memory(FitResult& result);
+  /// Collective: the trainer's part of CheckpointMeta::state (world size,
+  /// data position, max_steps, every rank's generator state).
+  std::map<std::string, std::string> trainer_state();
+  /// Puts back what trainer_state() saved but the generators; `step_` is
+  /// already the checkpoint's.
+  void restore_trainer_state(const std::map<std::string, std::string>& state);
+  /// This rank's saved generator states (same world size), else seeds from
+  /// (seed, step, rank) with a note on rank 0.
+  void restore_rng(const std::map<std::string, std::string>& state);
+  /// The CheckpointMeta::state key of each callback, in callbacks_ order:
+  /// "callback/<name>", with "#2", "#3"... for repeated names.
+  std::vector<std::string> callback_state_keys() const;
   template <typename Fn>
   void each_callback(Fn&& fn) {
     for (auto& cb : callbacks_) fn(*cb);
@@ -134,6 +155,7 @@ class Trainer {
   TrainingModule* module_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   int64_t step_ = 0;
+  int64_t micro_batch_ = 0;  ///< index of the next training micro-batch
   ModelStateBytes last_state_bytes_;
   LogRow pending_log_;
   bool stop_requested_ = false;

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace strata {
@@ -193,6 +194,34 @@ TEST(CsvLoggerTest, OnlyRankZeroWrites) {
   logger.on_fit_end(trainer, module);
   EXPECT_EQ(logger.num_rows(), 0);
   EXPECT_FALSE(fs::exists(dir.path / "metrics.csv"));
+}
+
+TEST(CsvLoggerTest, ResumedFitContinuesTheFileAndDropsLaterRows) {
+  TempDir dir("csv_continue");
+  const fs::path file = dir.path / "metrics.csv";
+  // An interrupted run logged steps 1..4; its checkpoint was at step 2.
+  std::ofstream(file) << "step,loss,\"odd,key\"\n1,3,\n2,2.5,\n2,,7\n3,2,\n4,1.5,\n";
+  CsvLogger logger(CsvLoggerOptions(dir.path.string()).flush_every_n_rows(1));
+  EXPECT_EQ(logger.continue_file(2), 2);
+  EXPECT_EQ(logger.columns(), (std::vector<std::string>{"step", "loss", "odd,key"}));
+  EXPECT_EQ(logger.num_rows(), 3);
+  EXPECT_EQ(read_text(file), "step,loss,\"odd,key\"\n1,3,\n2,2.5,\n2,,7\n");
+  logger.add_row(3, {{"loss", 1.75}});  // appended under the same header
+  EXPECT_EQ(read_text(file), "step,loss,\"odd,key\"\n1,3,\n2,2.5,\n2,,7\n3,1.75,\n");
+  logger.add_row(4, {{"loss", 1.5}, {"val_loss", 1.25}});  // a new key rewrites it all
+  EXPECT_EQ(read_text(file),
+            "step,loss,\"odd,key\",val_loss\n1,3,,\n2,2.5,,\n2,,7,\n3,1.75,,\n4,1.5,,1.25\n");
+  // Nothing to drop: the file is left as it is; no file: a new one starts.
+  CsvLogger same(CsvLoggerOptions(dir.path.string()));
+  EXPECT_EQ(same.continue_file(4), 0);
+  EXPECT_EQ(same.num_rows(), 5);
+  CsvLogger fresh(CsvLoggerOptions((dir.path / "none").string()));
+  EXPECT_EQ(fresh.continue_file(4), 0);
+  EXPECT_EQ(fresh.num_rows(), 0);
+  fs::create_directories(dir.path / "bad");
+  std::ofstream(dir.path / "bad" / "metrics.csv") << "step,loss\nx,1\n";
+  CsvLogger bad(CsvLoggerOptions((dir.path / "bad").string()));
+  EXPECT_THROW(bad.continue_file(1), c10::Error);
 }
 
 TEST(CsvLoggerTest, RejectsBadOptions) {
@@ -422,6 +451,25 @@ TEST(EarlyStoppingTest, StopsAfterPatienceValidationsWithoutImprovement) {
             "val_loss did not improve by more than 0 in 3 validations (best 1.5, last 1.55 at step 50)");
 }
 
+TEST(EarlyStoppingTest, StateDictCarriesBestAndWaitAcrossAResume) {
+  Trainer trainer = make_trainer();
+  TinyModule module;
+  EarlyStopping before(EarlyStoppingOptions().patience(3));
+  before.on_fit_start(trainer, module);
+  EXPECT_EQ(before.state_dict(), "best none\nwait 0\n");
+  for (double loss : {2.0, 0.1 + 0.2, 3.0}) before.on_validation_end(trainer, module, val_metrics(1, loss));
+  EarlyStopping after(EarlyStoppingOptions().patience(3));
+  after.on_fit_start(trainer, module);
+  after.load_state_dict(before.state_dict());
+  EXPECT_EQ(*after.best(), 0.1 + 0.2);  // exactly, not to 6 digits
+  EXPECT_EQ(after.wait_count(), 1);
+  after.on_validation_end(trainer, module, val_metrics(2, 0.5));
+  EXPECT_FALSE(trainer.should_stop());
+  after.on_validation_end(trainer, module, val_metrics(3, 0.5));
+  EXPECT_TRUE(trainer.should_stop());  // 3 without improvement counting the one before the resume
+  EXPECT_THROW(after.load_state_dict("best"), c10::Error);
+}
+
 TEST(EarlyStoppingTest, MinDeltaAndImprovementResetTheCount) {
   EarlyStopping stopper(EarlyStoppingOptions().patience(2).min_delta(0.1));
   Trainer trainer = make_trainer();
@@ -533,8 +581,7 @@ TEST(ModelCheckpointTest, SavesEveryNStepsThroughATempDirectory) {
   MarkerCheckpoint checkpoint(ModelCheckpointOptions(root.string()).every_n_train_steps(2).keep_last(2));
   Trainer trainer = make_trainer();
   TinyModule module;
-  for (int64_t step = 1; step <= 7; ++step)
-    checkpoint.on_train_batch_end(trainer, module, step_metrics(step, 1, 1.0));
+  for (int64_t step = 1; step <= 7; ++step) checkpoint.on_train_step_end(trainer, module, step);
   ASSERT_EQ(checkpoint.written.size(), 3u);
   EXPECT_EQ(checkpoint.written[0], (root / ".step-2.tmp").string());
   EXPECT_EQ(find_checkpoints(root.string()),
@@ -547,6 +594,79 @@ TEST(ModelCheckpointTest, SavesEveryNStepsThroughATempDirectory) {
   checkpoint.save(trainer, 6);
   EXPECT_EQ(find_checkpoints(root.string()).size(), 2u);
   EXPECT_THROW(ModelCheckpoint(ModelCheckpointOptions("x").every_n_train_steps(-1)), c10::Error);
+}
+
+TEST(ModelCheckpointTest, KeepsTheLastKAndTheBestKByTheMonitoredMetric) {
+  TempDir dir("ckpt_best");
+  const fs::path root = dir.path / "ckpt";
+  MarkerCheckpoint checkpoint(ModelCheckpointOptions(root.string())
+                                  .every_n_train_steps(2).keep_last(1).monitor("val_loss").save_top_k(2));
+  Trainer trainer = make_trainer();
+  TinyModule module;
+  const std::map<int64_t, double> val = {{2, 2.0}, {3, 1.0}, {4, 1.5}, {6, 3.0}, {8, 2.5}};
+  for (int64_t step = 1; step <= 8; ++step) {
+    if (val.count(step)) checkpoint.on_validation_end(trainer, module, val_metrics(step, val.at(step)));
+    checkpoint.on_train_step_end(trainer, module, step);
+  }
+  // Saved: periodic 2, 4, 6, 8 and step 3 (its score entered the top 2).
+  ASSERT_EQ(checkpoint.written.size(), 5u);
+  EXPECT_EQ(checkpoint.written[1], (root / ".step-3.tmp").string());
+  // Kept: the newest (8) and the best two (3: 1.0, 4: 1.5); 2 and 6 pruned.
+  EXPECT_EQ(find_checkpoints(root.string()),
+            (std::vector<std::string>{(root / "step-3").string(), (root / "step-4").string(),
+                                      (root / "step-8").string()}));
+  EXPECT_EQ(checkpoint.best(), (std::vector<std::pair<double, int64_t>>{{1.0, 3}, {1.5, 4}}));
+  EXPECT_EQ(read_text(root / "best"), "step-3\n");
+  EXPECT_TRUE(checkpoint.warnings().empty());
+
+  // The state survives a resume (and a smaller k keeps the best of it).
+  ModelCheckpoint restored(ModelCheckpointOptions(root.string()).monitor("val_loss").save_top_k(1));
+  restored.load_state_dict(checkpoint.state_dict());
+  EXPECT_EQ(restored.best(), (std::vector<std::pair<double, int64_t>>{{1.0, 3}}));
+  EXPECT_EQ(restored.last_saved_step(), 8);
+  EXPECT_THROW(restored.load_state_dict("nonsense"), c10::Error);
+
+  // mode max: the highest scores are the best.
+  MarkerCheckpoint highest(ModelCheckpointOptions((dir.path / "max").string())
+                               .keep_last(1).monitor("loss").mode(MonitorMode::kMax).save_top_k(1));
+  for (int64_t step = 1; step <= 3; ++step) {
+    highest.on_train_batch_end(trainer, module, step_metrics(step, 1, 1.0, /*loss=*/step == 2 ? 9.0 : 1.0));
+    highest.on_train_step_end(trainer, module, step);
+  }
+  EXPECT_EQ(highest.written.size(), 2u);  // steps 1 and 2; 3 does not beat 9
+  EXPECT_EQ(highest.best(), (std::vector<std::pair<double, int64_t>>{{9.0, 2}}));
+}
+
+TEST(ModelCheckpointTest, WarnsOnceWhenTheMonitoredMetricIsNeverMeasured) {
+  TempDir dir("ckpt_warn");
+  Trainer trainer = make_trainer();
+  TinyModule module;
+  MarkerCheckpoint accuracy(ModelCheckpointOptions(dir.path.string()).monitor("val_accuracy").mode(MonitorMode::kMax));
+  accuracy.on_validation_end(trainer, module, val_metrics(1, 1.0));  // no accuracy in it
+  accuracy.on_validation_end(trainer, module, val_metrics(2, 1.0));
+  accuracy.on_fit_end(trainer, module);
+  ASSERT_EQ(accuracy.warnings().size(), 1u);
+  EXPECT_NE(accuracy.warnings()[0].find("reported none"), std::string::npos) << accuracy.warnings()[0];
+  EXPECT_TRUE(accuracy.written.empty());
+  MarkerCheckpoint no_validation(ModelCheckpointOptions(dir.path.string()).monitor("val_loss"));
+  no_validation.on_train_step_end(trainer, module, 1);
+  no_validation.on_fit_end(trainer, module);
+  ASSERT_EQ(no_validation.warnings().size(), 1u);
+  EXPECT_NE(no_validation.warnings()[0].find("never measured"), std::string::npos) << no_validation.warnings()[0];
+  MarkerCheckpoint unmonitored(ModelCheckpointOptions(dir.path.string()));
+  unmonitored.on_fit_end(trainer, module);
+  EXPECT_TRUE(unmonitored.warnings().empty());
+  EXPECT_THROW(ModelCheckpoint(ModelCheckpointOptions("x").monitor("step_time_s")), c10::Error);
+  EXPECT_THROW(ModelCheckpoint(ModelCheckpointOptions("x").monitor("val_loss").save_top_k(0)), c10::Error);
+}
+
+TEST(ThroughputTest, PeakFlopsProbeLeavesTheDefaultGeneratorAlone) {
+  // Training draws its dropout masks from it; a resume restores its state.
+  torch::manual_seed(1);
+  const auto expected = torch::rand({4});
+  torch::manual_seed(1);
+  EXPECT_GT(measure_matmul_peak_flops(16, 1), 0.0);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), expected));
 }
 
 // ---- all of them in a real fit() ---------------------------------------------

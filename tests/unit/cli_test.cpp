@@ -398,6 +398,9 @@ TEST(CliTest, IniRoundTrips) {
   c.checkpoint_every = 5;
   c.checkpoint_keep = 7;
   c.checkpoint_format = "full";
+  c.checkpoint_monitor = "val_accuracy";
+  c.checkpoint_mode = "max";
+  c.checkpoint_keep_best = 4;
   c.early_stopping_patience = 3;
   c.resume = "runs/old/step-5";
   c.dump_params = "params.pt";
@@ -426,6 +429,33 @@ TEST(CliTest, IniRoundTrips) {
   const ParseResult plain = parse({"--config", defaults.path()});
   ASSERT_TRUE(plain.config.has_value()) << plain.message;
   EXPECT_EQ(to_ini(*plain.config), to_ini(RunConfig{}));
+}
+
+TEST(CliTest, CheckpointMonitorModeAndKeepBest) {
+  const ParseResult plain = parse({});
+  ASSERT_TRUE(plain.config.has_value()) << plain.message;
+  EXPECT_EQ(plain.config->checkpoint_monitor, "");
+  EXPECT_EQ(plain.config->checkpoint_mode, "min");
+  EXPECT_EQ(plain.config->checkpoint_keep_best, 1);
+  // Unused without a monitor: commented out in config.ini, so it stays valid --config.
+  EXPECT_NE(to_ini(*plain.config).find("# checkpoint-mode = min  (not used without checkpoint-monitor)"),
+            std::string::npos);
+  const ParseResult given = parse({"--checkpoint-monitor", "val_accuracy", "--checkpoint-mode", "max",
+                                   "--checkpoint-keep-best", "3", "--checkpoint-keep", "0"});
+  ASSERT_TRUE(given.config.has_value()) << given.message;
+  EXPECT_EQ(given.config->checkpoint_monitor, "val_accuracy");
+  EXPECT_EQ(given.config->checkpoint_mode, "max");
+  EXPECT_EQ(given.config->checkpoint_keep_best, 3);
+  EXPECT_EQ(given.config->checkpoint_keep, 0);
+  expect_error({"--checkpoint-monitor", "grad_norm"},
+               {"unknown checkpoint-monitor 'grad_norm'; available: val_loss, val_accuracy, loss"});
+  expect_error({"--checkpoint-monitor", "loss", "--checkpoint-mode", "up"},
+               {"unknown checkpoint-mode 'up'; available: min, max"});
+  expect_error({"--checkpoint-mode", "max"}, {"--checkpoint-mode applies only with --checkpoint-monitor"});
+  expect_error({"--checkpoint-keep-best", "2"}, {"--checkpoint-keep-best applies only with --checkpoint-monitor"});
+  expect_error({"--checkpoint-monitor", "loss", "--checkpoint-keep-best", "0"},
+               {"'0'", "--checkpoint-keep-best", "must be >= 1"});
+  expect_error({"--checkpoint-keep", "-1"}, {"'-1'", "--checkpoint-keep", "must be >= 0"});
 }
 
 TEST(CliTest, FusedAdamWFlagSelectsTheOptimizerAndOnlyAppliesToAdamW) {

@@ -2,6 +2,7 @@
 #include "trainer/trainer.h"
 
 #include "recipes/gpt.h"
+#include "trainer/resume_state.h"
 #include "strategies/single_device.h"
 #include "tests/error_text.h"
 #include "tests/toy_data.h"
@@ -12,6 +13,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <string>
 
 namespace {
 using strata::recipes::GPTModule;
@@ -183,5 +186,182 @@ TEST(TrainerTest, CheckpointResumeReproducesUninterruptedRun) {
   });
   EXPECT_NE(error.find("holds adamw optimizer state but this run's optimizer is sgd"), std::string::npos) << error;
   std::filesystem::remove_all(dir);
+}
+
+// ---- exact resume ------------------------------------------------------------
+
+/// Records every step's loss; saves a checkpoint into `dir` after step `at`.
+class LossRecorder : public strata::Callback {
+ public:
+  LossRecorder(std::string dir = "", int64_t at = -1) : dir_(std::move(dir)), at_(at) {}
+  std::string name() const override { return "LossRecorder"; }
+  void on_train_batch_end(strata::Trainer&, strata::TrainingModule&, const strata::StepMetrics& m) override {
+    losses[m.step] = m.loss;
+  }
+  void on_train_step_end(strata::Trainer& t, strata::TrainingModule&, int64_t step) override {
+    if (step == at_) t.save_checkpoint(dir_);
+  }
+  std::map<int64_t, double> losses;
+
+ private:
+  std::string dir_;
+  int64_t at_;
+};
+
+/// Draws from the default generator at fit start, as a callback may (a
+/// resume must restore the generators after such draws).
+class DrawsAtFitStart : public strata::Callback {
+ public:
+  std::string name() const override { return "DrawsAtFitStart"; }
+  void on_fit_start(strata::Trainer&, strata::TrainingModule&) override { torch::rand({64}); }
+};
+
+GPTModule make_dropout_module(uint64_t seed) {
+  torch::manual_seed(seed);
+  return GPTModule(strata::recipes::gpt_preset("gpt-nano").vocab_size(16).block_size(8).dropout(0.2));
+}
+
+std::filesystem::path scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("strata-resume-" + std::to_string(::getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+TEST(TrainerResumeTest, DropoutRunResumesBitIdentically) {
+  strata::testing::ToyData data;
+  const auto options = strata::TrainerOptions().max_steps(6).batch_size(4).accumulate_grad_batches(2)
+                           .lr(1e-2).warmup_steps(2).limit_val_batches(0);
+  const auto dir = scratch_dir("dropout");
+  auto straight = make_dropout_module(3);
+  auto recorder = std::make_shared<LossRecorder>(dir.string(), 3);
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(),
+                  {std::make_shared<DrawsAtFitStart>(), recorder}).fit(straight, data);
+  ASSERT_EQ(recorder->losses.size(), 6u);
+
+  // The test can fail: dropout masks drawn from another generator state change the losses.
+  auto reseeded = make_dropout_module(3);
+  torch::manual_seed(777);
+  auto other = std::make_shared<LossRecorder>();
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(), {other}).fit(reseeded, data);
+  EXPECT_NE(other->losses.at(1), recorder->losses.at(1));
+
+  // Resumed from step 3 with another init and a scrambled generator: steps
+  // 4..6 and the final parameters are the uninterrupted run's, bit for bit.
+  auto resumed = make_dropout_module(99);
+  torch::manual_seed(12345);
+  auto after = std::make_shared<LossRecorder>();
+  strata::Trainer trainer(strata::TrainerOptions(options).resume_from(dir.string()),
+                          std::make_shared<strata::SingleDeviceStrategy>(),
+                          {std::make_shared<DrawsAtFitStart>(), after});
+  EXPECT_EQ(trainer.fit(resumed, data).steps, 6);
+  EXPECT_EQ(trainer.micro_batches(), 12);
+  ASSERT_EQ(after->losses.size(), 3u);
+  for (int64_t step = 4; step <= 6; ++step) EXPECT_EQ(after->losses.at(step), recorder->losses.at(step)) << step;
+  auto a = straight.module().parameters();
+  auto b = resumed.module().parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerResumeTest, DataPositionIsKeptInSamples) {
+  // Saved with batch 4 x accumulation 2; resumed with batch 8 x accumulation
+  // 1 (the same global batch): it continues at micro-batch 3 * 8 / 8 = 3.
+  strata::testing::ToyData data;
+  const auto options = strata::TrainerOptions().max_steps(3).batch_size(4).accumulate_grad_batches(2)
+                           .limit_val_batches(0);
+  const auto dir = scratch_dir("position");
+  auto module = make_module();
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(),
+                  {std::make_shared<LossRecorder>(dir.string(), 3)}).fit(module, data);
+  auto again = make_module();
+  strata::Trainer wider(strata::TrainerOptions(options).max_steps(4).batch_size(8).accumulate_grad_batches(1)
+                            .resume_from(dir.string()),
+                        std::make_shared<strata::SingleDeviceStrategy>());
+  wider.fit(again, data);
+  EXPECT_EQ(wider.micro_batches(), 4);
+  // Batch 5 does not divide the 24 samples seen: a clear error naming both.
+  auto third = make_module();
+  const std::string error = strata::testing::what_of([&] {
+    strata::Trainer(strata::TrainerOptions(options).max_steps(4).batch_size(5).resume_from(dir.string()),
+                    std::make_shared<strata::SingleDeviceStrategy>()).fit(third, data);
+  });
+  EXPECT_NE(error.find("after 24 training samples"), std::string::npos) << error;
+  EXPECT_NE(error.find("batch_size 5"), std::string::npos) << error;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerResumeTest, ResumeAtOrBeyondMaxStepsIsAnError) {
+  strata::testing::ToyData data;
+  const auto options = strata::TrainerOptions().max_steps(2).batch_size(4).limit_val_batches(0);
+  const auto dir = scratch_dir("done");
+  auto module = make_module();
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(),
+                  {std::make_shared<LossRecorder>(dir.string(), 2)}).fit(module, data);
+  for (int64_t max_steps : {2, 1}) {
+    auto again = make_module();
+    const std::string error = strata::testing::what_of([&] {
+      strata::Trainer(strata::TrainerOptions(options).max_steps(max_steps).resume_from(dir.string()),
+                      std::make_shared<strata::SingleDeviceStrategy>()).fit(again, data);
+    });
+    EXPECT_NE(error.find("is at step 2, not below max_steps " + std::to_string(max_steps)), std::string::npos)
+        << error;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+/// Counts steps across fits; resets in on_fit_start like a callback made for one fit.
+class StepCounter : public strata::Callback {
+ public:
+  explicit StepCounter(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  void on_fit_start(strata::Trainer&, strata::TrainingModule&) override { count = 0; }
+  void on_train_batch_end(strata::Trainer&, strata::TrainingModule&, const strata::StepMetrics&) override {
+    count += increment;
+  }
+  std::string state_dict() const override { return std::to_string(count); }
+  void load_state_dict(const std::string& state) override { count = std::stoll(state); }
+  int64_t count = 0;
+  int64_t increment = 1;
+
+ private:
+  std::string name_;
+};
+
+TEST(TrainerResumeTest, CallbackStatesAreRestoredAfterFitStartUnderTheirNames) {
+  strata::testing::ToyData data;
+  const auto options = strata::TrainerOptions().max_steps(5).batch_size(4).limit_val_batches(0);
+  const auto dir = scratch_dir("callbacks");
+  auto module = make_module();
+  // Two callbacks with one name: saved apart ("Counter", "Counter#2").
+  auto a = std::make_shared<StepCounter>("Counter");
+  auto b = std::make_shared<StepCounter>("Counter");
+  b->increment = 10;
+  strata::Trainer(options, std::make_shared<strata::SingleDeviceStrategy>(),
+                  {a, b, std::make_shared<LossRecorder>(dir.string(), 3)}).fit(module, data);
+  EXPECT_EQ(a->count, 5);
+  auto a2 = std::make_shared<StepCounter>("Counter");
+  auto b2 = std::make_shared<StepCounter>("Counter");
+  b2->increment = 10;
+  auto again = make_module();
+  strata::Trainer(strata::TrainerOptions(options).resume_from(dir.string()),
+                  std::make_shared<strata::SingleDeviceStrategy>(), {a2, b2}).fit(again, data);
+  EXPECT_EQ(a2->count, 5);   // 3 restored + 2 run
+  EXPECT_EQ(b2->count, 50);  // 30 restored + 20 run
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainerResumeTest, GeneratorStateRoundTripsAndResumeSeedsDifferPerRank) {
+  const torch::Device cpu(torch::kCPU);
+  torch::manual_seed(5);
+  const auto state = strata::capture_rng_state(cpu);
+  const auto first = torch::rand({4});
+  torch::manual_seed(6);
+  strata::restore_rng_state(strata::tensor_of(strata::bytes_of(state)), cpu);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), first));
+  EXPECT_THROW(strata::restore_rng_state(state.narrow(0, 0, 16), cpu), c10::Error);
+  EXPECT_EQ(strata::resume_seed(1337, 10, 1), strata::resume_seed(1337, 10, 1));
+  EXPECT_NE(strata::resume_seed(1337, 10, 0), strata::resume_seed(1337, 10, 1));
+  EXPECT_NE(strata::resume_seed(1337, 10, 0), strata::resume_seed(1337, 11, 0));
 }
 }  // namespace
