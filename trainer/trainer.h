@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,19 @@ struct TrainerOptions {
   TORCH_ARG(std::string, resume_from) = "";
 };
 
+/// One rank's steady-state means per optimizer step (first step excluded;
+/// see StepMetrics for the split's definition).
+struct RankStepStats {
+  double forward_s = 0.0;
+  double backward_s = 0.0;    ///< backward without the comm wait inside it
+  double comm_wait_s = 0.0;
+  double optimizer_s = 0.0;
+  double step_s = 0.0;
+  double tokens_per_s = 0.0;  ///< this rank's tokens / its step time
+  /// Bytes this rank sent per step, by CollectiveKind (see CommBytes).
+  std::array<double, static_cast<int>(CollectiveKind::kCount)> comm_bytes_per_step{};
+};
+
 struct FitResult {
   int64_t steps = 0;
   double final_train_loss = 0.0;
@@ -76,6 +90,8 @@ struct FitResult {
   std::vector<ModelStateBytes> model_state_bytes;
   std::vector<int64_t> peak_rss_bytes;
   CommBytes comm_bytes;  ///< this rank's counters
+  /// One entry per rank (gathered onto every rank).
+  std::vector<RankStepStats> per_rank;
 };
 
 /// `batch` with its tensors on `device` (itself when already there).
@@ -114,6 +130,7 @@ class Trainer {
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);
   void emit_log(int64_t step, const LogRow& base);
   void gather_memory(FitResult& result);
+  void gather_step_stats(FitResult& result, const RankStepStats& mine);
   template <typename Fn>
   void each_callback(Fn&& fn) {
     for (auto& cb : callbacks_) fn(*cb);
