@@ -9,6 +9,7 @@
 //
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
 #include "bench/harness.h"
+#include "bench/planner_suite.h"
 #include "bench/report.h"
 
 #include <boost/program_options.hpp>
@@ -141,7 +142,7 @@ int run(const CliOptions& cli) {
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
 
-  const std::string markdown = render_markdown(suites, results, header);
+  const std::string markdown = render_markdown(suites, results, header) + planner_markdown(runs);
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.write_baseline_path.empty()) {
