@@ -385,9 +385,10 @@ int run_gpt(int argc, char** argv) {
       TORCH_CHECK_VALUE(!env || !config.memory_budget.empty(),
                         "--strategy auto under an external launcher needs --memory-budget (every rank must "
                         "make the same choice; available memory differs between them)");
-      const int64_t budget = !config.memory_budget.empty()
-                                 ? parse_byte_size(config.memory_budget)
-                                 : available_memory_bytes() / std::max(1, local_ranks);
+      const auto device = resolve_device(config.device, env ? env->local_rank : 0);
+      const int64_t budget = !config.memory_budget.empty() ? parse_byte_size(config.memory_budget)
+                             : device.is_cuda()            ? cuda_total_memory_bytes(device.index())
+                                                           : available_memory_bytes() / std::max(1, local_ranks);
       profile = activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
       const auto rows = plan_candidates(
           plan_request(config, *model_options, world == 1 ? "single" : "ddp", world), *profile, budget);
