@@ -1,6 +1,7 @@
 #include "recipes/planner.h"
 
 #include "core/training_module.h"
+#include "strategies/activation_checkpoint.h"
 #include "trainer/memory.h"
 
 #include <c10/util/Exception.h>
@@ -21,16 +22,16 @@ namespace {
 // logsumexp, the MLP's 4C input/GELU/output, residuals); the head keeps the
 // logits, their log-softmax and, in backward, their gradient (~kLogitFloats
 // x B·T·V) plus embeddings and ln_f (~4 x B·T·C).
-constexpr double kBlockFloats = 22.0;
+constexpr double kBlockFloats = 16.0;
 constexpr double kLogitFloats = 3.0;
 constexpr double kBaseEmbdFloats = 4.0;
 
 /// Framework overhead per rank beyond model state, activations and FSDP's
 /// gathered units. Calibrated on strata-gpt runs (gpt-nano/micro/mini, block
 /// 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the probe's
-/// activations (+ gathered) to within 0.1%: DDP's gradients are views of its
-/// buckets, and the probe already counts the step's transients.
-constexpr int64_t kOverheadBytes = 0;
+/// activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's gradients
+/// are views of its buckets, and the probe counts the step's transients).
+constexpr int64_t kOverheadBytes = 16 << 10;
 
 /// Canonical strategy names the formulas know.
 void check_strategy(const std::string& s) {
@@ -51,10 +52,12 @@ int64_t block_parameters(const GPTOptions& model) {
 /// blocks: parameters and their gradients exist before it starts (gradients
 /// allocated up front, as DDP's bucket views are), so the peak above that is
 /// what the step itself allocates.
-int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Precision precision) {
+int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Precision precision,
+                   bool checkpointed) {
   MemoryTracker tracker;  // nested: restores the caller's allocator when done
   model.n_layer(n_layer);
   GPTModule module(model);
+  if (checkpointed) apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(1));
   for (auto& p : module.module().parameters()) p.mutable_grad() = torch::zeros_like(p);
   auto gen = at::detail::createCPUGenerator(/*seed_val=*/0);
   const auto idx = torch::randint(model.vocab_size(), {micro_batch, model.block_size()}, gen,
@@ -77,11 +80,11 @@ int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Preci
 
 int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) const {
   if (checkpoint_every <= 0) return base + n_layer * per_block;
-  const int64_t checkpointed = ceil_div(n_layer, checkpoint_every);
   // Checkpointed blocks keep their input; one of them at a time recomputes
-  // its forward in backward and holds a block's activations again.
-  return base + (n_layer - checkpointed) * per_block + checkpointed * block_input +
-         (checkpointed > 0 ? per_block : 0);
+  // its forward in backward (in checkpointed_base). Blocks left whole keep
+  // their activations.
+  const int64_t checkpointed = ceil_div(n_layer, checkpoint_every);
+  return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
 }
 
 ModelStatePrediction predict_model_state(const PlanRequest& r) {
@@ -113,12 +116,15 @@ ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch
   // Why no grad mode changes or seeding: the probe builds its own modules and
   // draws its batch from its own generator; only the default generator is
   // advanced by the model's construction (phase 1, before the run seeds it).
-  const int64_t one = probe_step(model, 1, micro_batch, precision);
-  const int64_t two = probe_step(model, 2, micro_batch, precision);
   ActivationProfile a;
+  const int64_t one = probe_step(model, 1, micro_batch, precision, false);
+  const int64_t two = probe_step(model, 2, micro_batch, precision, false);
   a.per_block = std::max<int64_t>(0, two - one);
   a.base = std::max<int64_t>(0, one - a.per_block);
-  a.block_input = micro_batch * model.block_size() * model.n_embd() * 4;
+  const int64_t one_ac = probe_step(model, 1, micro_batch, precision, true);
+  const int64_t two_ac = probe_step(model, 2, micro_batch, precision, true);
+  a.checkpointed_per_block = std::max<int64_t>(0, two_ac - one_ac);
+  a.checkpointed_base = std::max<int64_t>(0, one_ac - a.checkpointed_per_block);
   a.measured = true;
   return a;
 }
@@ -135,7 +141,10 @@ ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_ba
   ActivationProfile a;
   a.per_block = static_cast<int64_t>(block);
   a.base = static_cast<int64_t>(kLogitFloats * bt * v * 4.0 + kBaseEmbdFloats * bt * c * 4.0);
-  a.block_input = static_cast<int64_t>(bt * c * 4.0);
+  // Checkpointed: each block keeps its input; the peak is the head's or one
+  // block recomputed plus its backward (~2 blocks' activations), the larger.
+  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0);
+  a.checkpointed_base = std::max(a.base, 2 * a.per_block);
   a.measured = false;
   return a;
 }

@@ -67,7 +67,11 @@ ModelStatePrediction predict_model_state(const PlanRequest& request);
 struct ActivationProfile {
   int64_t per_block = 0;   ///< kept for backward by one block (its output included)
   int64_t base = 0;        ///< everything else at the backward peak: embeddings, head, logits, loss, transients
-  int64_t block_input = 0; ///< one block's input (what a checkpointed block keeps)
+  /// The same with every block checkpointed: what one block adds (its input,
+  /// kept for the recomputation) and the rest (the head's peak, or one
+  /// block's recomputed activations and its backward, whichever is larger).
+  int64_t checkpointed_per_block = 0;
+  int64_t checkpointed_base = 0;
   bool measured = false;   ///< false: the formula (the probe would have been too large)
   /// Activations of the whole model with every `checkpoint_every`-th block
   /// checkpointed (0: none).
@@ -76,9 +80,10 @@ struct ActivationProfile {
 
 /// Runs the probe: one forward + backward of a GPT with 1 and with 2 blocks
 /// (`model`'s widths, vocabulary and block size) on a [micro_batch, block]
-/// batch under its own MemoryTracker, gradients allocated up front. Parameters
-/// stay out of the numbers. About 2 x (params of 2 blocks + embeddings) + the
-/// activations of 2 blocks in memory, briefly.
+/// batch under its own MemoryTracker, gradients allocated up front; and the
+/// same with every block checkpointed. Parameters stay out of the numbers.
+/// About 2 x (params of 2 blocks + embeddings) + the activations of 2 blocks
+/// in memory, briefly.
 ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision);
 
 /// The formula the probe stands in for (fp32 bytes; bf16-mixed halves block

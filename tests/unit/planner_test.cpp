@@ -39,12 +39,13 @@ TEST(PlannerTest, ActivationTotalScalesWithLayersAndCheckpointing) {
   ActivationProfile a;
   a.per_block = 1000;
   a.base = 500;
-  a.block_input = 100;
+  a.checkpointed_per_block = 100;
+  a.checkpointed_base = 2000;
   EXPECT_EQ(a.total(4, 0), 500 + 4 * 1000);
-  // Every block checkpointed: 4 inputs kept, one block recomputed at a time.
-  EXPECT_EQ(a.total(4, 1), 500 + 4 * 100 + 1000);
-  // Every 2nd block (0 and 2): two kept whole, two inputs, one recompute.
-  EXPECT_EQ(a.total(4, 2), 500 + 2 * 1000 + 2 * 100 + 1000);
+  // Every block checkpointed: 4 inputs kept, the checkpointed peak once.
+  EXPECT_EQ(a.total(4, 1), 2000 + 4 * 100);
+  // Every 2nd block (0 and 2): two kept whole, two inputs.
+  EXPECT_EQ(a.total(4, 2), 2000 + 2 * 1000 + 2 * 100);
 }
 
 TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
@@ -52,7 +53,8 @@ TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
   ActivationProfile a;
   a.per_block = 4 << 20;
   a.base = 2 << 20;
-  a.block_input = 256 << 10;
+  a.checkpointed_per_block = 256 << 10;
+  a.checkpointed_base = 8 << 20;
   const auto all = plan_candidates(base, a, int64_t(1) << 40);
   ASSERT_EQ(all.size(), 6u);
   std::vector<int64_t> peaks;
@@ -101,4 +103,8 @@ TEST(PlannerTest, ProbeMeasuresBlocksThatScaleWithTheBatch) {
             << formula.per_block << " base " << formula.base << "\n";
   EXPECT_NEAR(double(formula.per_block) / double(large.per_block), 1.0, 0.35);
   EXPECT_NEAR(double(formula.total(4, 0)) / double(large.total(4, 0)), 1.0, 0.35);
+  // Checkpointing every block keeps less than keeping every block.
+  EXPECT_LT(large.total(4, 1), large.total(4, 0));
+  EXPECT_GT(large.checkpointed_per_block, 0);
+  EXPECT_LT(large.checkpointed_per_block, large.per_block);
 }
