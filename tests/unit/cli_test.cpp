@@ -452,7 +452,7 @@ TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {
   const auto names = std::vector<std::string>{"single", "ddp", "oss", "sdp", "fsdp", "auto"};
   const auto with_auto = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "strata-gpt");
-    return parse_run_config(args, {"gpt-nano"}, names);
+    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, names);
   };
   const auto ok = with_auto({"--strategy", "auto", "--memory-budget", "4GiB", "--no-memory-check"});
   ASSERT_TRUE(ok.config.has_value()) << ok.message;
