@@ -425,12 +425,18 @@ int run_gpt(int argc, char** argv) {
     if (!config.no_memory_check && !planned.empty() && !strata_rank && (!env || env->local_rank == 0) &&
         resolve_device(config.device, 0).is_cpu()) {
       const auto start = std::chrono::steady_clock::now();
-      if (!profile) {
-        profile = activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
-      }
       const auto request = plan_request(config, *model_options, planned, world);
-      const int64_t peak = predict_peak(request, *profile).peak();
       const int64_t available = available_memory_bytes();
+      // Fast path: when model state alone (no activations) cannot fit, refuse
+      // without probing (building even two blocks of a large model takes
+      // seconds); the list of what would fit then uses the formula.
+      const int64_t state_only = predict_peak(request, ActivationProfile{}).peak();
+      const bool hopeless = available > 0 && state_only * local_ranks > available;
+      if (!profile) {
+        profile = hopeless ? estimate_activations(*model_options, config.batch_size, parse_precision(config.precision))
+                           : activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
+      }
+      const int64_t peak = predict_peak(request, *profile).peak();
       const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (available > 0 && peak * local_ranks > available) {
         std::string fitting;
