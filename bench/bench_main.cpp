@@ -142,7 +142,9 @@ int run(const CliOptions& cli) {
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
 
-  const std::string markdown = render_markdown(suites, results, header) + planner_markdown(runs);
+  bool planner = false;
+  for (const auto& s : suites) planner |= s.name == "planner";
+  const std::string markdown = render_markdown(suites, results, header) + (planner ? planner_markdown(runs) : "");
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.write_baseline_path.empty()) {
