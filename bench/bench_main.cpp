@@ -10,6 +10,7 @@
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
 #include "bench/checkpoint_bench.h"
 #include "bench/harness.h"
+#include "bench/planner_suite.h"
 #include "bench/report.h"
 
 #include <boost/program_options.hpp>
@@ -142,7 +143,9 @@ int run(const CliOptions& cli) {
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
 
-  const std::string markdown = render_markdown(suites, results, header);
+  bool planner = false;
+  for (const auto& s : suites) planner |= s.name == "planner";
+  const std::string markdown = render_markdown(suites, results, header) + (planner ? planner_markdown(runs) : "");
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.write_baseline_path.empty()) {

@@ -1,4 +1,5 @@
 #include "bench/harness.h"
+#include "bench/planner_suite.h"
 
 #include <c10/util/Exception.h>
 
@@ -326,7 +327,7 @@ Suite kernels_suite() {
 }  // namespace
 
 std::vector<std::string> suite_names() {
-  return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention", "kernels"};
+  return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention", "kernels", "planner"};
 }
 
 std::vector<Suite> select_suites(const std::string& csv) {
@@ -346,6 +347,7 @@ std::vector<Suite> select_suites(const std::string& csv) {
     if (name == "memory") out.push_back(memory_suite());
     if (name == "smoke") out.push_back(smoke_suite());
     if (name == "attention") out.push_back(attention_suite());
+    if (name == "planner") out.push_back(planner_suite());
   }
   TORCH_CHECK_VALUE(!out.empty() && csv.back() != ',', "--suite '", csv, "' names no suite; allowed: ",
                     join(names, ", "), " (comma-separated)");

@@ -4,6 +4,7 @@
 
 #ifdef STRATA_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 // Like USE_C10D_GLOO, LibTorch's CMake config does not export this guard.
@@ -70,6 +71,12 @@ void reset_cuda_peak_allocated_bytes(int index) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(index);
 }
 
+int64_t cuda_total_memory_bytes(int index) {
+  cudaDeviceProp properties{};
+  C10_CUDA_CHECK(cudaGetDeviceProperties(&properties, index));
+  return static_cast<int64_t>(properties.totalGlobalMem);
+}
+
 #else  // CPU-only LibTorch: same interface, each call says why it cannot work.
 
 namespace {
@@ -86,6 +93,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_pt
 }
 CudaAllocatedBytes cuda_allocated_bytes(int) { no_cuda("cuda_allocated_bytes"); }
 void reset_cuda_peak_allocated_bytes(int) { no_cuda("reset_cuda_peak_allocated_bytes"); }
+int64_t cuda_total_memory_bytes(int) { no_cuda("cuda_total_memory_bytes"); }
 
 #endif
 

@@ -44,5 +44,7 @@ struct CudaAllocatedBytes {
 CudaAllocatedBytes cuda_allocated_bytes(int index);
 /// Sets the peak to the current value (start of a measured phase).
 void reset_cuda_peak_allocated_bytes(int index);
+/// Total memory of cuda:index, bytes (the memory planner's default budget).
+int64_t cuda_total_memory_bytes(int index);
 
 }  // namespace strata

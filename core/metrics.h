@@ -26,6 +26,18 @@ struct StepMetrics {
   /// backward — the part of it that overlap did not hide.
   double backward_seconds = 0.0;
   double grad_sync_seconds = 0.0;
+  /// The split of step_seconds into disjoint parts (their sum is at most
+  /// step_seconds; the rest is data loading, callbacks and bookkeeping).
+  /// comm_wait: time blocked waiting for collectives anywhere in the step
+  /// (Comm::wait_seconds: all-gathers in forward, bucket waits in backward,
+  /// reduce_gradients, the norm and the loss all-reduce, OSS's parameter
+  /// broadcast). forward: Strategy::training_step, backward_compute:
+  /// Strategy::backward, optimizer: clip_grad_norm + optimizer_step +
+  /// zero_grad, each without the comm wait inside it.
+  double forward_seconds = 0.0;
+  double backward_compute_seconds = 0.0;
+  double comm_wait_seconds = 0.0;
+  double optimizer_seconds = 0.0;
 };
 
 struct ValidationMetrics {

@@ -149,6 +149,12 @@ std::vector<Field> fields() {
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
+      {"memory-budget", 2, &C::memory_budget,
+       "--strategy auto: bytes per rank the chosen strategy must fit, e.g. 4GiB or 512MiB (default: "
+       "available memory / local ranks; CUDA: the GPU's memory)"},
+      {"no-memory-check", 2, &C::no_memory_check,
+       "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
+       "machine has available", true},
       {"max-steps", 3, &C::max_steps, "optimizer steps"},
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
@@ -330,6 +336,9 @@ std::string validate(const RunConfig& c, const std::vector<std::string>& presets
   }
   if (error.empty()) error = choice("offload", c.offload, {"none", "cpu", "disk"});
   if (error.empty()) error = choice("checkpoint-format", c.checkpoint_format, {"auto", "full", "sharded"});
+  if (error.empty() && !c.memory_budget.empty() && c.strategy != "auto") {
+    error = "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
+  }
   if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
     error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
   }

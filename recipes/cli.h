@@ -44,6 +44,10 @@ struct RunConfig {
   std::string offload = "none";                  ///< fsdp: none, cpu (pinned host; CUDA only), disk
   std::string offload_dir;                       ///< fsdp --offload disk: the file's directory ("": --output-dir)
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
+  /// --strategy auto: per-rank memory budget ("4GiB", "512MiB", bytes; "":
+  /// MemAvailable / local ranks, or the GPU's memory on CUDA).
+  std::string memory_budget;
+  bool no_memory_check = false;  ///< skip the pre-flight memory check
   // optimisation
   int64_t max_steps = 2500;
   int64_t batch_size = 64;

@@ -17,6 +17,7 @@
 #include "recipes/interop.h"
 #include "recipes/torchscript.h"
 #include "recipes/output_dir.h"
+#include "recipes/planner.h"
 #include "strategies/activation_checkpoint.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/options.h"
@@ -29,7 +30,9 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -84,6 +87,69 @@ std::string self_executable(const char* argv0) {
   return ec ? std::string(argv0) : path.string();
 }
 
+/// The planner's name for the configured strategy; "" when it has no
+/// formula for it (an unknown strategy, fsdp's other sharding strategies).
+std::string planner_strategy(const StrategyRegistry& registry, const RunConfig& c) {
+  if (!registry.contains(c.strategy)) return "";
+  const std::string name = registry.resolve(c.strategy);
+  if (name == "fsdp" && c.sharding_strategy != "full_shard") return "";
+  for (const char* known : {"single", "ddp", "oss", "sdp", "fsdp"}) {
+    if (name == known) return name;
+  }
+  return "";
+}
+
+PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, const std::string& strategy, int world) {
+  return PlanRequest(model, strategy, world)
+      .micro_batch(c.batch_size)
+      .precision(parse_precision(c.precision))
+      .activation_checkpointing(c.activation_checkpointing)
+      .offload(c.offload)
+      .optimizer(c.optimizer);
+}
+
+/// args without `--key value` / `--key=value` for each of `keys`, then
+/// `--key value` for each of `set`: how the launcher hands its ranks the
+/// strategy --strategy auto chose (the command line wins over --config).
+std::vector<std::string> rewrite_args(const std::vector<std::string>& args, const std::vector<std::string>& keys,
+                                      const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool dropped = false;
+    for (const auto& key : keys) {
+      if (args[i] == "--" + key) {
+        ++i;  // its value
+        dropped = true;
+        break;
+      }
+      if (args[i].rfind("--" + key + "=", 0) == 0) {
+        dropped = true;
+        break;
+      }
+    }
+    if (!dropped) out.push_back(args[i]);
+  }
+  for (const auto& [key, value] : set) {
+    out.push_back("--" + key);
+    out.push_back(value);
+  }
+  return out;
+}
+
+/// What the run resolved, for the printed config and config.ini: the model's
+/// sizes, the thread count and the data's vocabulary instead of the flags'
+/// "0: automatic" defaults.
+RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads) {
+  c.n_layer = model.n_layer();
+  c.n_head = model.n_head();
+  c.n_embd = model.n_embd();
+  c.block_size = model.block_size();
+  c.dropout = model.dropout();
+  c.vocab_size = model.vocab_size();
+  c.threads_per_rank = threads;
+  return c;
+}
+
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size,
                             int64_t n_params, const std::string& data_name, double peak_flops,
                             double mfu) {
@@ -121,7 +187,70 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
     comm[collective_name(static_cast<CollectiveKind>(k))] = r.comm_bytes.sent[k];
   }
   j["comm_bytes_rank0"] = comm;
+  // Per rank (see RankStepStats; "memory" splits peak_tensor_bytes: model
+  // state as the strategy reports it at the end of the first step, and
+  // activations_other = peak - that state, i.e. activations, gathered FSDP
+  // units, buckets and transients at the peak).
+  j["per_rank"] = nlohmann::json::array();
+  for (size_t rank = 0; rank < r.per_rank.size(); ++rank) {
+    const auto& s = r.per_rank[rank];
+    nlohmann::json e;
+    e["rank"] = rank;
+    e["forward_s"] = s.forward_s;
+    e["backward_s"] = s.backward_s;
+    e["comm_wait_s"] = s.comm_wait_s;
+    e["optimizer_s"] = s.optimizer_s;
+    e["step_s"] = s.step_s;
+    e["tokens_per_s"] = s.tokens_per_s;
+    if (rank < r.peak_tensor_bytes.size() && rank < r.model_state_bytes.size()) {
+      const auto& m = r.model_state_bytes[rank];
+      e["peak_tensor_bytes"] = r.peak_tensor_bytes[rank];
+      e["memory"] = {{"params", m.params},
+                     {"grads", m.grads},
+                     {"optimizer", m.optimizer},
+                     {"activations_other", r.peak_tensor_bytes[rank] - m.total()}};
+    }
+    if (rank < r.peak_rss_bytes.size()) e["peak_rss_bytes"] = r.peak_rss_bytes[rank];
+    nlohmann::json bytes;
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      bytes[collective_name(static_cast<CollectiveKind>(k))] = s.comm_bytes_per_step[k];
+    }
+    e["comm_bytes_per_step"] = bytes;
+    j["per_rank"].push_back(e);
+  }
+  j["matmul_peak_flops"] = peak_flops;
+  j["psi"] = n_params;
+  // Bytes rank 0 sent per step over Ψ·(N-1)/N, Ψ = fp32 parameter bytes: the
+  // ZeRO paper's multiple (ddp/oss/sdp 2, fsdp 3) independent of N.
+  if (world_size > 1 && !r.per_rank.empty() && n_params > 0) {
+    double sent = 0.0;
+    for (double b : r.per_rank[0].comm_bytes_per_step) sent += b;
+    j["comm_ratio_to_psi"] = sent / (4.0 * double(n_params) * double(world_size - 1) / double(world_size));
+  } else {
+    j["comm_ratio_to_psi"] = nullptr;
+  }
   return j;
+}
+
+/// Adds the planner's prediction beside the measured numbers: per rank
+/// "predicted" (the ZeRO formula's params/grads/optimizer, with measured ÷
+/// predicted ratios) and "predicted_peak_bytes" (the planner's whole peak).
+void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, int64_t predicted_peak) {
+  summary["predicted_peak_bytes"] = predicted_peak;
+  for (auto& e : summary["per_rank"]) {
+    e["predicted"] = {{"params", state.params}, {"grads", state.grads}, {"optimizer", state.optimizer},
+                      {"peak", predicted_peak}};
+    if (!e.contains("memory")) continue;
+    auto ratio = [](int64_t measured, int64_t predicted) {
+      return predicted > 0 ? nlohmann::json(double(measured) / double(predicted)) : nlohmann::json(nullptr);
+    };
+    const auto& m = e["memory"];
+    e["measured_over_predicted"] = {
+        {"params", ratio(m["params"].get<int64_t>(), state.params)},
+        {"grads", ratio(m["grads"].get<int64_t>(), state.grads)},
+        {"optimizer", ratio(m["optimizer"].get<int64_t>(), state.optimizer)},
+        {"peak", ratio(e["peak_tensor_bytes"].get<int64_t>(), predicted_peak)}};
+  }
 }
 
 /// --offload-dir, or the output directory when it is not given.
@@ -300,7 +429,9 @@ int run_gpt(int argc, char** argv) {
   register_builtin_strategies(registry);
 
   std::vector<std::string> args(argv, argv + argc);
-  ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry.names());
+  auto strategy_names = registry.names();
+  strategy_names.push_back("auto");  // resolved in phase 1 by the memory planner
+  ParseResult parsed = parse_run_config(args, gpt_preset_names(), strategy_names);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;
@@ -326,7 +457,7 @@ int run_gpt(int argc, char** argv) {
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
     return 2;
   }
-  const RunConfig config = resolved;
+  RunConfig config = resolved;  // phase 1 still resolves --strategy auto
   try {
     // A rank re-reads its launcher's command line: strata's own launcher
     // passes --nproc (ranks per machine) and --nnodes on, and they must agree
@@ -357,6 +488,88 @@ int run_gpt(int argc, char** argv) {
     }
     if (!config.export_weights.empty()) check_output_file("export-weights", config.export_weights);
     if (!config.export_torchscript.empty()) check_output_file("export-torchscript", config.export_torchscript);
+    const int local_ranks = env ? env->local_world_size : config.nproc;
+    const int world = env ? env->world_size : config.nproc * config.nnodes;
+    std::optional<ActivationProfile> profile;
+    // The planner models strata's GPT: a --torchscript model is not planned.
+    TORCH_CHECK_VALUE(config.strategy != "auto" || config.torchscript.empty(),
+                      "--strategy auto plans strata's GPT presets; with --torchscript name the strategy");
+    if (config.strategy == "auto") {
+      // Ranks of strata's own launcher never see "auto" (it passes them the
+      // choice); ranks of another launcher each decide, and must agree: a
+      // budget from MemAvailable would differ between them.
+      TORCH_CHECK_VALUE(!env || !config.memory_budget.empty(),
+                        "--strategy auto under an external launcher needs --memory-budget (every rank must "
+                        "make the same choice; available memory differs between them)");
+      const auto device = resolve_device(config.device, env ? env->local_rank : 0);
+      const int64_t budget = !config.memory_budget.empty() ? parse_byte_size(config.memory_budget)
+                             : device.is_cuda()            ? cuda_total_memory_bytes(device.index())
+                                                           : available_memory_bytes() / std::max(1, local_ranks);
+      profile = activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
+      const auto rows = plan_candidates(
+          plan_request(config, *model_options, world == 1 ? "single" : "ddp", world), *profile, budget);
+      const std::string table = format_plan_table(rows, budget);
+      const auto pick = pick_fastest_fitting(rows);
+      TORCH_CHECK_VALUE(pick.has_value(), "--strategy auto: no strategy is predicted to fit ",
+                        format_bytes(budget), " per rank (", world, " rank(s), batch ", config.batch_size,
+                        "):\n", table);
+      const auto& chosen = rows[*pick];
+      if (!env || env->rank == 0) {
+        std::cout << "strata-gpt --strategy auto: per-rank peak predicted for " << config.preset << ", "
+                  << world << " rank(s), batch " << config.batch_size << " x block "
+                  << model_options->block_size() << ", precision " << config.precision << " ("
+                  << (profile->measured ? "activations probed" : "activations by formula") << ")\n"
+                  << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: "
+                  << (world == 1 ? "single, single+ac" : "ddp, oss, sdp, fsdp, fsdp+ac, fsdp+offload-disk")
+                  << ")" << std::endl;
+      }
+      config.strategy = chosen.request.strategy();
+      config.activation_checkpointing = chosen.request.activation_checkpointing();
+      config.offload = chosen.request.offload();
+      config.memory_budget.clear();
+      std::vector<std::pair<std::string, std::string>> set = {
+          {"strategy", config.strategy},
+          {"activation-checkpointing", std::to_string(config.activation_checkpointing)}};
+      if (config.strategy == "fsdp") set.emplace_back("offload", config.offload);
+      args = rewrite_args(args, {"strategy", "activation-checkpointing", "offload", "memory-budget"}, set);
+    }
+    // The pre-flight memory check: once per machine, before any rank starts
+    // (the launcher, a single process, or local rank 0 of another launcher;
+    // strata's own ranks were checked by their launcher).
+    const bool strata_rank = env && std::getenv("STRATA_ERROR_FILE") != nullptr;
+    const std::string planned = planner_strategy(registry, config);
+    if (!config.no_memory_check && !planned.empty() && config.torchscript.empty() && !strata_rank && (!env || env->local_rank == 0) &&
+        resolve_device(config.device, 0).is_cpu()) {
+      const auto start = std::chrono::steady_clock::now();
+      const auto request = plan_request(config, *model_options, planned, world);
+      const int64_t available = available_memory_bytes();
+      // Fast path: when model state alone (no activations) cannot fit, refuse
+      // without probing (building even two blocks of a large model takes
+      // seconds); the list of what would fit then uses the formula.
+      const int64_t state_only = predict_peak(request, ActivationProfile{}).peak();
+      const bool hopeless = available > 0 && state_only * local_ranks > available;
+      if (!profile) {
+        profile = hopeless ? estimate_activations(*model_options, config.batch_size, parse_precision(config.precision))
+                           : activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
+      }
+      const int64_t peak = predict_peak(request, *profile).peak();
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (available > 0 && peak * local_ranks > available) {
+        std::string fitting;
+        for (const auto& row : plan_candidates(request, *profile, available / local_ranks)) {
+          if (row.fits) fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) + ")";
+        }
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%.2f", took);
+        TORCH_CHECK_VALUE(false, "pre-flight memory check: ", config.strategy, " x ", local_ranks,
+                          " local rank(s) of ", config.preset, " at batch ", config.batch_size,
+                          " is predicted to peak at ", format_bytes(peak), " per rank, ",
+                          format_bytes(peak * local_ranks), " in all, but this machine has ",
+                          format_bytes(available), " available; predicted to fit: ",
+                          fitting.empty() ? std::string("nothing at this batch size") : fitting,
+                          " (checked in ", seconds, " s; --no-memory-check skips this check)");
+      }
+    }
     // hybrid_shard's nodes must tile the world; known here from the launcher's
     // variables, or from --nproc (ranks per node) x --nnodes when self-launching.
     if (registry.contains(config.strategy) && registry.resolve(config.strategy) == "fsdp" &&
@@ -450,7 +663,8 @@ int run_gpt(int argc, char** argv) {
       fs::create_directories(out_dir);
       // A stale summary from an earlier run must not make this one look finished.
       fs::remove(out_dir / "summary.json");
-      write_file_atomically((out_dir / "config.ini").string(), to_ini(config));
+      write_file_atomically((out_dir / "config.ini").string(),
+                            to_ini(resolved_config(config, *model_options, at::get_num_threads())));
     }
 
     torch::manual_seed(config.seed);
@@ -534,7 +748,7 @@ int run_gpt(int argc, char** argv) {
                 << n_params << " parameters | data "
                 << data->name() << " | " << strategy->name() << " x " << comm.size() << " rank(s), "
                 << at::get_num_threads() << " thread(s) each | device " << device << " | precision " << config.precision << "\n"
-                << to_ini(config) << std::flush;
+                << to_ini(resolved_config(config, *model_options, at::get_num_threads())) << std::flush;
     }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
     FitResult result = trainer.fit(*module, *data);
@@ -558,6 +772,13 @@ int run_gpt(int argc, char** argv) {
       auto summary = summary_json(config, result, comm.size(), n_params,
                                   data->name(), throughput->peak_flops(), throughput->mfu());
       summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
+      if (const auto planned = planner_strategy(registry, config); !planned.empty()) {
+        // After fit (the probe's allocations go to its own tracker, so the
+        // run's numbers above are unaffected).
+        const auto request = plan_request(config, *model_options, planned, comm.size());
+        const auto profile = activation_profile(*model_options, config.batch_size, parse_precision(config.precision));
+        add_predictions(summary, predict_model_state(request), predict_peak(request, profile).peak());
+      }
       for (const auto& [key, value] : strategy->report()) {  // rank 0's
         const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
         summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <utility>
 
 namespace strata {
@@ -66,8 +67,9 @@ int64_t CommBytes::total_sent() const {
 // ---------------------------------------------------------------------------
 // PendingWork
 
-PendingWork::PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete)
-    : work_(std::move(work)), on_complete_(std::move(on_complete)) {}
+PendingWork::PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete,
+                         std::shared_ptr<std::atomic<int64_t>> wait_ns)
+    : work_(std::move(work)), on_complete_(std::move(on_complete)), wait_ns_(std::move(wait_ns)) {}
 
 PendingWork::~PendingWork() {
   if (!pending()) return;
@@ -92,7 +94,22 @@ void PendingWork::wait() {
   on_complete_ = nullptr;
   // Why: the collective runs on the process group's worker threads; its output
   // tensors are only valid after this returns. wait() rethrows its error.
-  if (work) work->wait();
+  // Only the blocked time is counted (the step-time split's comm wait).
+  if (work) {
+    const auto start = std::chrono::steady_clock::now();
+    struct AddWait {  // counts a failed wait too
+      std::atomic<int64_t>* counter;
+      std::chrono::steady_clock::time_point start;
+      ~AddWait() {
+        if (counter) {
+          counter->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - start).count(),
+                             std::memory_order_relaxed);
+        }
+      }
+    } add_wait{wait_ns_.get(), start};
+    work->wait();
+  }
   // The completion step reads the collective's output, so it runs only now.
   if (on_complete) on_complete();
 }
@@ -139,6 +156,14 @@ void Comm::reset_bytes() {
   }
 }
 
+double Comm::wait_seconds() const {
+  return static_cast<double>(counters_->wait_ns->load(std::memory_order_relaxed)) * 1e-9;
+}
+
+PendingWork Comm::pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete) const {
+  return PendingWork(std::move(work), std::move(on_complete), counters_->wait_ns);
+}
+
 // --- all_reduce -------------------------------------------------------------
 
 void Comm::all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
@@ -154,7 +179,7 @@ PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  return PendingWork(pg_->allreduce(tensors, opts));
+  return pending(pg_->allreduce(tensors, opts));
 }
 
 // --- broadcast --------------------------------------------------------------
@@ -170,7 +195,7 @@ PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  return PendingWork(pg_->broadcast(tensors, opts));
+  return pending(pg_->broadcast(tensors, opts));
 }
 
 // --- reduce -----------------------------------------------------------------
@@ -189,7 +214,7 @@ PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp o
   c10d::ReduceOptions opts;
   opts.reduceOp = op;
   opts.rootRank = root;
-  return PendingWork(pg_->reduce(tensors, opts));
+  return pending(pg_->reduce(tensors, opts));
 }
 
 // --- all_gather_into --------------------------------------------------------
@@ -215,7 +240,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return PendingWork(pg_->_allgather_base(flat_out, flat_in));
+    return pending(pg_->_allgather_base(flat_out, flat_in));
   }
   // Gloo: a list all-gather whose output list is views of `output`, so the
   // result lands in place; rank r's chunk is [r*n, (r+1)*n).
@@ -223,7 +248,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   outputs[0].reserve(size_);
   for (int r = 0; r < size_; ++r) outputs[0].push_back(on_the_wire(flat_out.narrow(0, r * n, n)));
   std::vector<at::Tensor> inputs{on_the_wire(flat_in)};
-  return PendingWork(pg_->allgather(outputs, inputs));
+  return pending(pg_->allgather(outputs, inputs));
 }
 
 // --- reduce_scatter ---------------------------------------------------------
@@ -249,7 +274,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return PendingWork(pg_->_reduce_scatter_base(flat_out, flat_in));
+    return pending(pg_->_reduce_scatter_base(flat_out, flat_in));
   }
   // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
   // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
@@ -265,7 +290,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   auto local_sum = [received, flat_out, world, n]() mutable {
     at::sum_out(flat_out, received.view({world, n}), /*dim=*/{0});
   };
-  return PendingWork(std::move(work), std::move(local_sum));
+  return pending(std::move(work), std::move(local_sum));
 }
 
 // --- barrier ----------------------------------------------------------------
@@ -274,7 +299,7 @@ void Comm::barrier() {
   if (size_ == 1) return;
   count(CollectiveKind::kBarrier, 0);
   // Why: every rank blocks here until all ranks have arrived.
-  pg_->barrier()->wait();
+  pending(pg_->barrier()).wait();
 }
 
 }  // namespace strata

@@ -57,7 +57,10 @@ struct CommBytes {
 class PendingWork {
  public:
   PendingWork() = default;
-  PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {});
+  /// `wait_ns`: where wait() adds the nanoseconds it spends blocked (the
+  /// issuing Comm's counter; null: not counted).
+  PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {},
+              std::shared_ptr<std::atomic<int64_t>> wait_ns = nullptr);
   PendingWork(PendingWork&&) noexcept = default;
   PendingWork& operator=(PendingWork&&) noexcept = default;
   PendingWork(const PendingWork&) = delete;
@@ -71,6 +74,7 @@ class PendingWork {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   std::function<void()> on_complete_;
+  std::shared_ptr<std::atomic<int64_t>> wait_ns_;
 };
 
 /// Builds the process group of one subgroup (Comm::split). `key`: the same on
@@ -139,13 +143,22 @@ class Comm {
   /// Byte counters shared by all copies of this Comm.
   CommBytes bytes() const;
   void reset_bytes();
+  /// Seconds this rank spent blocked in PendingWork::wait() and barrier()
+  /// (blocking collectives wait too), summed over every thread that waited;
+  /// shared by all copies and subgroups. The step-time split subtracts it
+  /// from the phase it happened in.
+  double wait_seconds() const;
 
  private:
   void count(CollectiveKind kind, int64_t bytes);
 
+  /// Wraps a started collective so that waiting on it is timed.
+  PendingWork pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {}) const;
+
   struct Counters {
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent{};
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> calls{};
+    std::shared_ptr<std::atomic<int64_t>> wait_ns = std::make_shared<std::atomic<int64_t>>(0);
   };
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

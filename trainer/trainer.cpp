@@ -174,6 +174,8 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   double steady_backward = 0.0;
   double steady_grad_sync = 0.0;
   int64_t steady_steps = 0;
+  RankStepStats mine;  // sums over steady steps, divided at the end
+  double steady_rank_tokens = 0.0;
   const int64_t first_step = step_;
   module.module().train();
   each_callback([&](Callback& cb) { cb.on_fit_start(*this, module); });
@@ -195,6 +197,7 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
       each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, module, step_ + 1); });
       StepMetrics metrics;
       metrics.lr = lr;
+      const CommBytes bytes_before = strategy_->comm().bytes();
       run_step(module, data, metrics);
       if (step_ > first_step + 1) {  // the first step pays one-off costs
         steady_tokens += static_cast<double>(metrics.tokens);
@@ -202,6 +205,16 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
         steady_backward += metrics.backward_seconds;
         steady_grad_sync += metrics.grad_sync_seconds;
         ++steady_steps;
+        mine.forward_s += metrics.forward_seconds;
+        mine.backward_s += metrics.backward_compute_seconds;
+        mine.comm_wait_s += metrics.comm_wait_seconds;
+        mine.optimizer_s += metrics.optimizer_seconds;
+        mine.step_s += metrics.step_seconds;
+        steady_rank_tokens += static_cast<double>(metrics.tokens) / strategy_->world_size();
+        const CommBytes bytes_after = strategy_->comm().bytes();
+        for (size_t k = 0; k < mine.comm_bytes_per_step.size(); ++k) {
+          mine.comm_bytes_per_step[k] += static_cast<double>(bytes_after.sent[k] - bytes_before.sent[k]);
+        }
       }
       result.final_train_loss = metrics.loss;
       each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, module, metrics); });
@@ -241,12 +254,21 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
   result.comm_bytes = strategy_->comm().bytes();
+  mine.tokens_per_s = mine.step_s > 0 ? steady_rank_tokens / mine.step_s : 0.0;
+  if (steady_steps > 0) {
+    const double n = static_cast<double>(steady_steps);
+    for (double* v : {&mine.forward_s, &mine.backward_s, &mine.comm_wait_s, &mine.optimizer_s, &mine.step_s}) *v /= n;
+    for (double& b : mine.comm_bytes_per_step) b /= n;
+  }
   gather_memory(result);
+  gather_step_stats(result, mine);
   return result;
 }
 
 void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics) {
   const auto start = Clock::now();
+  const Comm& comm = strategy_->comm();
+  const double wait_at_start = comm.wait_seconds();
   const int64_t accum = options_.accumulate_grad_batches();
   const ShardInfo shard{strategy_->rank(), strategy_->world_size()};
   double loss_sum = 0.0;
@@ -259,32 +281,48 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     std::optional<NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
     torch::Tensor loss;
+    const auto forward_start = Clock::now();
+    const double forward_wait = comm.wait_seconds();
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
       loss = strategy_->training_step(module, batch);
     }
+    metrics.forward_seconds += seconds_since(forward_start) - (comm.wait_seconds() - forward_wait);
     loss_sum += loss.item<double>();
     tokens += batch.input.numel();
     samples += batch.input.size(0);
     each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
     const auto backward_start = Clock::now();
+    const double backward_wait = comm.wait_seconds();
     strategy_->backward(loss / static_cast<double>(accum));
-    metrics.backward_seconds += seconds_since(backward_start);
+    const double backward_wall = seconds_since(backward_start);
+    metrics.backward_seconds += backward_wall;
+    metrics.backward_compute_seconds += backward_wall - (comm.wait_seconds() - backward_wait);
     each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); });
   }
   const auto sync_start = Clock::now();
   strategy_->reduce_gradients();
   metrics.grad_sync_seconds = seconds_since(sync_start);
+  auto clip_start = Clock::now();
+  double clip_wait = comm.wait_seconds();
   metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val());
+  metrics.optimizer_seconds += seconds_since(clip_start) - (comm.wait_seconds() - clip_wait);
   each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
+  const auto optimizer_start = Clock::now();
+  const double optimizer_wait = comm.wait_seconds();
   strategy_->optimizer_step(*optimizer_);
+  metrics.optimizer_seconds += seconds_since(optimizer_start) - (comm.wait_seconds() - optimizer_wait);
   // Measured once, here, while gradients still exist (so they show in the
   // report); model state keeps its size from the first step on.
   if (last_state_bytes_.total() == 0) last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
+  clip_start = Clock::now();
+  clip_wait = comm.wait_seconds();
   strategy_->zero_grad(*optimizer_);
+  metrics.optimizer_seconds += seconds_since(clip_start) - (comm.wait_seconds() - clip_wait);
   ++step_;
   metrics.step = step_;
   metrics.loss = strategy_->mean_over_ranks(loss_sum / static_cast<double>(accum));
+  metrics.comm_wait_seconds = comm.wait_seconds() - wait_at_start;
   metrics.tokens = tokens * strategy_->world_size();
   metrics.samples = samples * strategy_->world_size();
   metrics.step_seconds = seconds_since(start);
@@ -347,6 +385,33 @@ void Trainer::gather_memory(FitResult& result) {
     result.peak_tensor_bytes.push_back(acc[r * 5 + 0]);
     result.model_state_bytes.push_back({acc[r * 5 + 1], acc[r * 5 + 2], acc[r * 5 + 3]});
     result.peak_rss_bytes.push_back(acc[r * 5 + 4]);
+  }
+}
+
+void Trainer::gather_step_stats(FitResult& result, const RankStepStats& mine) {
+  const int n = strategy_->world_size();
+  constexpr int kKinds = static_cast<int>(CollectiveKind::kCount);
+  constexpr int kFields = 6 + kKinds;
+  std::vector<double> values = {mine.forward_s, mine.backward_s, mine.comm_wait_s,
+                                mine.optimizer_s, mine.step_s,     mine.tokens_per_s};
+  values.insert(values.end(), mine.comm_bytes_per_step.begin(), mine.comm_bytes_per_step.end());
+  auto local = torch::tensor(values, torch::kFloat64).to(strategy_->device());
+  auto all = torch::empty({n * kFields}, local.options());
+  // Sync point: rank 0 writes summary.json with every rank's step split.
+  strategy_->comm().all_gather_into(all, local);
+  all = all.cpu();
+  auto acc = all.accessor<double, 1>();
+  for (int r = 0; r < n; ++r) {
+    RankStepStats s;
+    const int o = r * kFields;
+    s.forward_s = acc[o + 0];
+    s.backward_s = acc[o + 1];
+    s.comm_wait_s = acc[o + 2];
+    s.optimizer_s = acc[o + 3];
+    s.step_s = acc[o + 4];
+    s.tokens_per_s = acc[o + 5];
+    for (int k = 0; k < kKinds; ++k) s.comm_bytes_per_step[k] = acc[o + 6 + k];
+    result.per_rank.push_back(s);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,6 +71,19 @@ struct TrainerOptions {
   TORCH_ARG(std::string, checkpoint_format) = "";
 };
 
+/// One rank's steady-state means per optimizer step (first step excluded;
+/// see StepMetrics for the split's definition).
+struct RankStepStats {
+  double forward_s = 0.0;
+  double backward_s = 0.0;    ///< backward without the comm wait inside it
+  double comm_wait_s = 0.0;
+  double optimizer_s = 0.0;
+  double step_s = 0.0;
+  double tokens_per_s = 0.0;  ///< this rank's tokens / its step time
+  /// Bytes this rank sent per step, by CollectiveKind (see CommBytes).
+  std::array<double, static_cast<int>(CollectiveKind::kCount)> comm_bytes_per_step{};
+};
+
 struct FitResult {
   int64_t steps = 0;
   double final_train_loss = 0.0;
@@ -87,6 +101,8 @@ struct FitResult {
   std::vector<ModelStateBytes> model_state_bytes;
   std::vector<int64_t> peak_rss_bytes;
   CommBytes comm_bytes;  ///< this rank's counters
+  /// One entry per rank (gathered onto every rank).
+  std::vector<RankStepStats> per_rank;
 };
 
 /// `batch` with its tensors on `device` (itself when already there).
@@ -143,6 +159,7 @@ class Trainer {
   /// The CheckpointMeta::state key of each callback, in callbacks_ order:
   /// "callback/<name>", with "#2", "#3"... for repeated names.
   std::vector<std::string> callback_state_keys() const;
+  void gather_step_stats(FitResult& result, const RankStepStats& mine);
   template <typename Fn>
   void each_callback(Fn&& fn) {
     for (auto& cb : callbacks_) fn(*cb);

@@ -484,3 +484,20 @@ TEST(CliTest, FusedAdamWFlagSelectsTheOptimizerAndOnlyAppliesToAdamW) {
 }
 
 }  // namespace
+
+TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {
+  const auto names = std::vector<std::string>{"single", "ddp", "oss", "sdp", "fsdp", "auto"};
+  const auto with_auto = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "strata-gpt");
+    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, names);
+  };
+  const auto ok = with_auto({"--strategy", "auto", "--memory-budget", "4GiB", "--no-memory-check"});
+  ASSERT_TRUE(ok.config.has_value()) << ok.message;
+  EXPECT_EQ(ok.config->memory_budget, "4GiB");
+  EXPECT_TRUE(ok.config->no_memory_check);
+  EXPECT_FALSE(RunConfig{}.no_memory_check);
+  const auto bad = with_auto({"--strategy", "ddp", "--memory-budget", "4GiB"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.message.find("--memory-budget applies only with --strategy auto"), std::string::npos) << bad.message;
+  expect_error({"--no-memory-check", "maybe"}, {"no-memory-check", "maybe"});
+}

@@ -1,0 +1,73 @@
+#include "bench/planner_suite.h"
+
+#include "bench/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+namespace strata::bench {
+
+Suite planner_suite() {
+  Suite s{"planner",
+          "Memory planner: strata-gpt's predicted per-rank peak (model state by the ZeRO formulas + "
+          "activations probed on a 1- and a 2-block GPT + fsdp's gathered units + overhead) against "
+          "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8. Target: within 10%.",
+          {}};
+  for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
+    for (const char* variant : {"ddp", "oss", "sdp", "fsdp", "fsdp-ac"}) {
+      BenchCase c;
+      c.name = std::string("planner/") + preset + "/" + variant + "-2x1";
+      c.suite = "planner";
+      c.preset = preset;
+      c.strategy = std::string(variant) == "fsdp-ac" ? "fsdp" : variant;
+      if (std::string(variant) == "fsdp-ac") c.extra = {"--activation-checkpointing", "1"};
+      c.nproc = 2;
+      c.threads_per_rank = 1;
+      c.block_size = 128;
+      c.batch_size = 8;
+      c.steps = 4;
+      s.cases.push_back(c);
+    }
+  }
+  return s;
+}
+
+std::string planner_markdown(const std::vector<CaseRun>& runs) {
+  struct Row {
+    int64_t predicted = 0, measured = 0;
+  };
+  std::map<std::string, Row> rows;
+  std::vector<std::string> order;
+  for (const auto& run : runs) {
+    const auto& s = run.summary;
+    if (!s.contains("predicted_peak_bytes") || run.bench_case == nullptr) continue;
+    const std::string& name = run.bench_case->name;
+    if (!rows.count(name)) order.push_back(name);
+    Row& row = rows[name];
+    row.predicted = s.at("predicted_peak_bytes").get<int64_t>();
+    for (const auto& v : s.at("peak_tensor_bytes")) row.measured = std::max(row.measured, v.get<int64_t>());
+  }
+  if (order.empty()) return "";
+  std::ostringstream out;
+  out << "\n### planner: predicted vs measured peak per rank\n\n"
+      << "| case | predicted | measured | error |\n|---|---:|---:|---:|\n";
+  double worst = 0.0;
+  for (const auto& name : order) {
+    const Row& r = rows[name];
+    const double error = r.measured > 0 ? double(r.predicted) / double(r.measured) - 1.0 : 0.0;
+    worst = std::max(worst, std::abs(error));
+    char pct[32];
+    std::snprintf(pct, sizeof(pct), "%+.1f%%", 100.0 * error);
+    out << "| " << name << " | " << format_mib(double(r.predicted)) << " | " << format_mib(double(r.measured))
+        << " | " << pct << " |\n";
+  }
+  char line[64];
+  std::snprintf(line, sizeof(line), "\nmax |error|: %.1f%% (target 10%%)\n", 100.0 * worst);
+  out << line;
+  return out.str();
+}
+
+}  // namespace strata::bench

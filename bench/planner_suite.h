@@ -1,0 +1,22 @@
+#pragma once
+// The planner suite: strata-gpt's memory planner (recipes/planner.h) against
+// measured peaks. Each case's summary.json carries the planner's
+// "predicted_peak_bytes" beside the measured "peak_tensor_bytes"; the table
+// shows both and the error (target: within 10% on every case).
+#include "bench/harness.h"
+
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+/// gpt-nano/micro/mini x ddp, oss, sdp, fsdp, fsdp + activation checkpointing,
+/// 2 ranks x 1 thread, block 128, batch 8, a few steps (memory is exact).
+Suite planner_suite();
+
+/// Markdown: case, predicted peak, measured peak (max over ranks and repeats),
+/// error (predicted ÷ measured - 1), and the max |error|. Runs without a
+/// prediction are skipped.
+std::string planner_markdown(const std::vector<CaseRun>& runs);
+
+}  // namespace strata::bench

@@ -1,0 +1,306 @@
+#include "recipes/planner.h"
+
+#include "core/training_module.h"
+#include "strategies/activation_checkpoint.h"
+#include "trainer/memory.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace strata::recipes {
+namespace {
+
+// Formula constants, fitted to the probe on gpt-nano/micro/mini (fp32, fused
+// attention, no dropout): a block keeps ~kBlockFloats x B·T·C floats for
+// backward (ln outputs, qkv and its head copies, attention output and
+// logsumexp, the MLP's 4C input/GELU/output, residuals); the head keeps the
+// logits, their log-softmax and, in backward, their gradient (~kLogitFloats
+// x B·T·V) plus embeddings and ln_f (~4 x B·T·C).
+constexpr double kBlockFloats = 16.0;
+constexpr double kLogitFloats = 3.0;
+constexpr double kBaseEmbdFloats = 4.0;
+
+/// Framework overhead per rank beyond model state, activations and FSDP's
+/// gathered units. Calibrated on strata-gpt runs (gpt-nano/micro/mini, block
+/// 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the probe's
+/// activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's gradients
+/// are views of its buckets, and the probe counts the step's transients).
+constexpr int64_t kOverheadBytes = 16 << 10;
+
+/// OSS/SDP: bytes per parameter of flat buffers alive outside the activation
+/// phase (gpt-mini on 11-token addition data: peak - model state = exactly
+/// 10 bytes/param for both; on block-128 text the activations hide it).
+constexpr int64_t kShardedStagingBytesPerParam = 10;
+
+/// Canonical strategy names the formulas know.
+void check_strategy(const std::string& s) {
+  TORCH_CHECK_VALUE(s == "single" || s == "ddp" || s == "oss" || s == "sdp" || s == "fsdp",
+                    "memory planner: no formula for strategy '", s, "'; known: single, ddp, oss, sdp, fsdp");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// Parameters of one block (all blocks have the same shape).
+int64_t block_parameters(const GPTOptions& model) {
+  auto one = model;
+  auto two = model;
+  return count_parameters(two.n_layer(2)) - count_parameters(one.n_layer(1));
+}
+
+/// Peak activation bytes of one training micro-step of a GPT with `n_layer`
+/// blocks: parameters and their gradients exist before it starts (gradients
+/// allocated up front, as DDP's bucket views are), so the peak above that is
+/// what the step itself allocates.
+int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Precision precision,
+                   bool checkpointed) {
+  MemoryTracker tracker;  // nested: restores the caller's allocator when done
+  model.n_layer(n_layer);
+  GPTModule module(model);
+  if (checkpointed) apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(1));
+  for (auto& p : module.module().parameters()) p.mutable_grad() = torch::zeros_like(p);
+  auto gen = at::detail::createCPUGenerator(/*seed_val=*/0);
+  const auto idx = torch::randint(model.vocab_size(), {micro_batch, model.block_size()}, gen,
+                                  torch::TensorOptions(torch::kInt64));
+  Batch batch{idx, idx.roll(-1, 1)};
+  const int64_t base = tracker.current_bytes();
+  tracker.reset_peak();
+  {
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(precision, c10::kCPU);
+      loss = module.training_step(batch);
+    }
+    loss.backward();
+  }
+  return std::max<int64_t>(0, tracker.peak_bytes() - base);
+}
+
+}  // namespace
+
+int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) const {
+  if (checkpoint_every <= 0) return base + n_layer * per_block;
+  // Checkpointed blocks keep their input; one of them at a time recomputes
+  // its forward in backward (in checkpointed_base). Blocks left whole keep
+  // their activations.
+  const int64_t checkpointed = ceil_div(n_layer, checkpoint_every);
+  return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
+}
+
+ModelStatePrediction predict_model_state(const PlanRequest& r) {
+  check_strategy(r.strategy());
+  TORCH_CHECK_VALUE(r.world_size() >= 1, "memory planner: world size must be >= 1, got ", r.world_size());
+  TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
+                    r.optimizer(), "'; known: adamw, sgd");
+  const int64_t p = count_parameters(r.model());
+  const int64_t n = r.world_size();
+  const int64_t opt = r.optimizer() == "adamw" ? 8 : 0;
+  ModelStatePrediction s;
+  const std::string& name = r.strategy();
+  if (name == "single" || name == "ddp") {
+    s = {4 * p, 4 * p, opt * p};
+  } else if (name == "oss") {
+    s = {4 * p, 4 * p, opt * ceil_div(p, n)};
+  } else if (name == "sdp") {
+    s = {4 * p, 4 * ceil_div(p, n), opt * ceil_div(p, n)};
+  } else {  // fsdp
+    const int64_t shard = ceil_div(p, n);
+    s = {4 * shard, 4 * shard, opt * shard};
+    if (r.offload() != "none") s = {0, 0, 0};  // on the tier between uses
+  }
+  return s;
+}
+
+ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
+  TORCH_CHECK_VALUE(micro_batch >= 1, "memory planner: micro-batch must be >= 1, got ", micro_batch);
+  // Why no grad mode changes or seeding: the probe builds its own modules and
+  // draws its batch from its own generator; only the default generator is
+  // advanced by the model's construction (phase 1, before the run seeds it).
+  ActivationProfile a;
+  const int64_t one = probe_step(model, 1, micro_batch, precision, false);
+  const int64_t two = probe_step(model, 2, micro_batch, precision, false);
+  a.per_block = std::max<int64_t>(0, two - one);
+  a.base = std::max<int64_t>(0, one - a.per_block);
+  const int64_t one_ac = probe_step(model, 1, micro_batch, precision, true);
+  const int64_t two_ac = probe_step(model, 2, micro_batch, precision, true);
+  a.checkpointed_per_block = std::max<int64_t>(0, two_ac - one_ac);
+  a.checkpointed_base = std::max<int64_t>(0, one_ac - a.checkpointed_per_block);
+  a.measured = true;
+  return a;
+}
+
+ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
+  const double bt = double(micro_batch) * double(model.block_size());
+  const double c = double(model.n_embd()), v = double(model.vocab_size());
+  const double half = precision == Precision::kBf16Mixed ? 0.5 : 1.0;
+  double block = kBlockFloats * bt * c * 4.0 * half;
+  if (model.attention() == "naive") {
+    block += 3.0 * double(micro_batch) * double(model.n_head()) * double(model.block_size()) *
+             double(model.block_size()) * 4.0 * half;
+  }
+  ActivationProfile a;
+  a.per_block = static_cast<int64_t>(block);
+  a.base = static_cast<int64_t>(kLogitFloats * bt * v * 4.0 + kBaseEmbdFloats * bt * c * 4.0);
+  // Checkpointed: each block keeps its input; the peak is the head's or one
+  // block recomputed plus its backward (~2 blocks' activations), the larger.
+  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0);
+  a.checkpointed_base = std::max(a.base, 2 * a.per_block);
+  a.measured = false;
+  return a;
+}
+
+ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                     int64_t probe_limit_bytes) {
+  // The probe's own footprint: two blocks and the embeddings, their gradients
+  // (2 x 4 bytes each), and two blocks' activations and the head's.
+  auto two = model;
+  two.n_layer(2);
+  const auto estimate = estimate_activations(model, micro_batch, precision);
+  const int64_t footprint = 8 * count_parameters(two) + estimate.total(2, 0);
+  if (footprint > probe_limit_bytes) return estimate;
+  return probe_activations(model, micro_batch, precision);
+}
+
+MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& activations) {
+  MemoryPrediction m;
+  m.state = predict_model_state(r);
+  const auto& model = r.model();
+  if (r.strategy() == "fsdp") {
+    // Gathered while a unit runs: the root (embeddings, ln_f: everything in
+    // no block) whole for the micro-batch, params and gradient; and up to
+    // kMaxUnitsGathered (2) blocks' full params (bf16 under bf16-mixed), their
+    // full gradients (fp32), and up to 2 reduce-scatters in flight, each
+    // holding a unit's full gradient and Gloo's receive buffer of the same
+    // size. Measured: compute-bound steps (gpt-mini, block 128) finish the
+    // reduce-scatters early and peak ~8 bytes/param below this;
+    // communication-bound ones (11-token addition) reach it.
+    const int64_t block = block_parameters(model);
+    const int64_t root = count_parameters(model) - model.n_layer() * block;
+    const int64_t param_bytes = r.precision() == Precision::kBf16Mixed ? 2 : 4;
+    m.gathered = 8 * root + std::min<int64_t>(2, model.n_layer()) * block * (param_bytes + 4 + 8);
+  }
+  m.activations = activations.total(model.n_layer(), r.activation_checkpointing());
+  m.overhead = kOverheadBytes;
+  if (r.strategy() == "oss" || r.strategy() == "sdp") {
+    // OSS/SDP hold flat staging buffers outside the activation phase (10
+    // bytes per parameter, measured exactly on gpt-mini for both): the peak
+    // is the larger of the two phases.
+    m.overhead += std::max<int64_t>(0, kShardedStagingBytesPerParam * count_parameters(model) - m.activations);
+  }
+  if (r.strategy() == "single") {
+    // zero_grad sets gradients to none, so the activation peak (the start of
+    // backward) meets no gradients; they peak at the end of backward, when
+    // the activations are gone. The distributed strategies keep gradient
+    // buffers (buckets, shards) across steps.
+    m.activations = std::max<int64_t>(0, m.activations - std::min(m.activations, m.state.grads));
+  }
+  return m;
+}
+
+std::vector<PlanChoice> plan_candidates(const PlanRequest& base, const ActivationProfile& activations,
+                                        int64_t budget_bytes) {
+  struct Variant {
+    std::string label, strategy;
+    int64_t ac;
+    std::string offload;
+  };
+  std::vector<Variant> variants;
+  if (base.world_size() == 1) {
+    variants = {{"single", "single", 0, "none"}, {"single+ac", "single", 1, "none"}};
+  } else {
+    // The speed order: replicated state first (no extra communication), then
+    // each ZeRO stage (more sharded, more gathering), then recomputation, then
+    // streaming state from disk.
+    variants = {{"ddp", "ddp", 0, "none"},        {"oss", "oss", 0, "none"},
+                {"sdp", "sdp", 0, "none"},        {"fsdp", "fsdp", 0, "none"},
+                {"fsdp+ac", "fsdp", 1, "none"},   {"fsdp+offload-disk", "fsdp", 1, "disk"}};
+  }
+  std::vector<PlanChoice> out;
+  for (const auto& v : variants) {
+    PlanRequest r = base;
+    // A variant without recomputation keeps what the run asked for.
+    r.strategy(v.strategy)
+        .activation_checkpointing(v.ac > 0 ? v.ac : base.activation_checkpointing())
+        .offload(v.offload);
+    auto prediction = predict_peak(r, activations);
+    out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes});
+  }
+  return out;
+}
+
+std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candidates) {
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].fits) return i;
+  }
+  return std::nullopt;
+}
+
+std::string format_plan_table(const std::vector<PlanChoice>& candidates, int64_t budget_bytes) {
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s  %s\n", "strategy", "model state", "gathered",
+                "activations", "peak/rank", "fits?");
+  out << line;
+  for (const auto& c : candidates) {
+    std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s  %s\n", c.label.c_str(),
+                  format_bytes(c.prediction.state.total()).c_str(), format_bytes(c.prediction.gathered).c_str(),
+                  format_bytes(c.prediction.activations).c_str(), format_bytes(c.prediction.peak()).c_str(),
+                  c.fits ? "yes" : "no");
+    out << line;
+  }
+  out << "budget per rank: " << format_bytes(budget_bytes) << "\n";
+  return out.str();
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  const auto bad = [&text]() {
+    TORCH_CHECK_VALUE(false, "invalid byte size '", text,
+                      "'; expected a positive number with an optional unit: B, K/KiB, M/MiB, G/GiB, T/TiB "
+                      "(powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. 4GiB or 512MiB");
+  };
+  size_t pos = 0;
+  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
+  if (pos == 0) bad();
+  double value = 0.0;
+  try {
+    size_t used = 0;
+    value = std::stod(text.substr(0, pos), &used);
+    if (used != pos) bad();
+  } catch (const std::logic_error&) {
+    bad();
+  }
+  std::string unit = text.substr(pos);
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double scale = 0.0;
+  if (unit.empty() || unit == "B") scale = 1.0;
+  else if (unit == "K" || unit == "KIB") scale = 1024.0;
+  else if (unit == "M" || unit == "MIB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "TIB") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") scale = 1e3;
+  else if (unit == "MB") scale = 1e6;
+  else if (unit == "GB") scale = 1e9;
+  else if (unit == "TB") scale = 1e12;
+  else bad();
+  const double bytes = value * scale;
+  if (!(bytes >= 1.0) || bytes > 9.0e18) bad();
+  return static_cast<int64_t>(bytes);
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace strata::recipes

@@ -1,0 +1,152 @@
+// planner_e2e_test - strata-gpt end to end with the memory planner: the
+// pre-flight refusal, --strategy auto with a budget between two measured
+// peaks, and summary.json's per-rank step split and communication ratios.
+#include "recipes/gpt.h"
+#include "recipes/planner.h"
+#include "tests/dist/run_binary.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+namespace {
+namespace fs = std::filesystem;
+using strata::testing::run_gpt_binary;
+
+fs::path scratch() {
+  static const fs::path dir = fs::temp_directory_path() / ("strata-planner-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Addition data (11 tokens), so model state dominates and fsdp's peak is
+// clearly below ddp's (gpt-mini: 6 blocks, of which fsdp gathers 2).
+const std::string kRun =
+    " --preset gpt-mini --data addition:2 --batch-size 4 --threads-per-rank 1 --progress-bar false"
+    " --limit-val-batches 0 --max-steps 4 --log-every-n-steps 1 --nproc 2 ";
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+int64_t max_peak(const nlohmann::json& summary) {
+  int64_t peak = 0;
+  for (const auto& v : summary.at("peak_tensor_bytes")) peak = std::max(peak, v.get<int64_t>());
+  return peak;
+}
+
+/// One run per strategy, shared by the tests below (each costs seconds).
+const nlohmann::json& summary_of(const std::string& strategy) {
+  static std::map<std::string, nlohmann::json> cache;
+  if (!cache.count(strategy)) {
+    const auto out = scratch() / strategy;
+    const auto run = run_gpt_binary("--strategy " + strategy + kRun + "--output-dir " + out.string());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    cache[strategy] = run.exit_code == 0 ? read_json(out / "summary.json") : nlohmann::json::object();
+  }
+  return cache[strategy];
+}
+
+}  // namespace
+
+TEST(PlannerE2ETest, PreflightRefusesGpt2LargeWithDdpTimesFour) {
+  auto model = strata::recipes::gpt_preset("gpt2-large").vocab_size(14).block_size(11);
+  const int64_t ddp_state = 16 * strata::recipes::count_parameters(model);
+  if (strata::recipes::available_memory_bytes() > 4 * ddp_state) {
+    GTEST_SKIP() << "this machine has more than 4 x gpt2-large's ddp model state available";
+  }
+  const auto out = scratch() / "large";
+  const auto run = run_gpt_binary("--preset gpt2-large --strategy ddp --nproc 4 --data addition --max-steps 1 "
+                                  "--output-dir " + out.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("pre-flight memory check"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("--no-memory-check"), std::string::npos) << run.output;
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << "one line:\n" << run.output;
+  EXPECT_FALSE(fs::exists(out)) << "nothing written";
+  std::cout << "pre-flight refusal of gpt2-large ddp x4 took " << run.seconds << " s (whole process)\n";
+}
+
+TEST(PlannerE2ETest, NoMemoryCheckSkipsTheRefusal) {
+  // The same refusal, overridden: phase 1 goes on to its next check (an
+  // output directory that is a file), which proves the memory check let it by.
+  const auto file = scratch() / "a-file";
+  { std::ofstream(file) << "x"; }
+  const auto run = run_gpt_binary("--preset gpt2-large --strategy ddp --nproc 4 --data addition --max-steps 1 "
+                                  "--no-memory-check --output-dir " + file.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_EQ(run.output.find("pre-flight memory check"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find(file.string()), std::string::npos) << run.output;
+}
+
+TEST(PlannerE2ETest, AutoWithABudgetBetweenDdpAndFsdpPicksAStrategyThatFits) {
+  const auto& ddp = summary_of("ddp");
+  const auto& fsdp = summary_of("fsdp");
+  ASSERT_FALSE(ddp.empty() || fsdp.empty());
+  const int64_t ddp_peak = max_peak(ddp), fsdp_peak = max_peak(fsdp);
+  ASSERT_GT(ddp_peak, fsdp_peak) << "the test needs fsdp to use less memory than ddp";
+  const int64_t budget = (ddp_peak + fsdp_peak) / 2;
+  const auto out = scratch() / "auto";
+  const auto run = run_gpt_binary("--strategy auto --memory-budget " + std::to_string(budget) + kRun +
+                                  "--output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("fits?"), std::string::npos) << "prints its table:\n" << run.output;
+  const auto summary = read_json(out / "summary.json");
+  const std::string chosen = summary.at("strategy");
+  EXPECT_NE(chosen, "ddp") << run.output;
+  EXPECT_LE(max_peak(summary), budget) << "chose " << chosen << "\n" << run.output;
+  std::cout << "budget " << budget << " (ddp " << ddp_peak << ", fsdp " << fsdp_peak << "): chose " << chosen
+            << ", measured " << max_peak(summary) << "\n";
+}
+
+TEST(PlannerE2ETest, AutoWithATinyBudgetExitsTwoWithTheTable) {
+  const auto run = run_gpt_binary("--strategy auto --memory-budget 1KiB" + kRun + "--output-dir " +
+                                  (scratch() / "tiny").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("no strategy is predicted to fit"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("fsdp+ac"), std::string::npos) << run.output;
+  const auto bad = run_gpt_binary("--strategy auto --memory-budget 12XB" + kRun + "--output-dir " +
+                                  (scratch() / "bad").string());
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("'12XB'"), std::string::npos) << bad.output;
+}
+
+TEST(PlannerE2ETest, SummaryHasAConsistentPerRankSplit) {
+  for (const auto& [strategy, ratio] : std::vector<std::pair<std::string, double>>{{"ddp", 2.0}, {"fsdp", 3.0}}) {
+    const auto& s = summary_of(strategy);
+    ASSERT_FALSE(s.empty()) << strategy;
+    ASSERT_EQ(s.at("per_rank").size(), 2u) << s.dump(2);
+    for (const auto& r : s.at("per_rank")) {
+      const double parts = r.at("forward_s").get<double>() + r.at("backward_s").get<double>() +
+                           r.at("comm_wait_s").get<double>() + r.at("optimizer_s").get<double>();
+      EXPECT_GT(r.at("forward_s").get<double>(), 0.0) << strategy;
+      EXPECT_GT(r.at("backward_s").get<double>(), 0.0) << strategy;
+      EXPECT_LE(parts, r.at("step_s").get<double>() * 1.05) << strategy << " " << r.dump();
+      const auto& m = r.at("memory");
+      EXPECT_EQ(m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() + m.at("optimizer").get<int64_t>() +
+                    m.at("activations_other").get<int64_t>(),
+                r.at("peak_tensor_bytes").get<int64_t>());
+      for (const char* key : {"params", "grads", "optimizer"}) EXPECT_GT(r.at("predicted").at(key).get<int64_t>(), 0);
+      EXPECT_GT(r.at("peak_rss_bytes").get<int64_t>(), 0);
+      EXPECT_GT(r.at("tokens_per_s").get<double>(), 0.0);
+    }
+    EXPECT_GT(s.at("matmul_peak_flops").get<double>(), 0.0);
+    EXPECT_EQ(s.at("psi").get<int64_t>(), s.at("parameters").get<int64_t>());
+    EXPECT_NEAR(s.at("comm_ratio_to_psi").get<double>(), ratio, 0.06 * ratio) << strategy << "\n"
+                                                                              << s.at("per_rank")[0].dump(2);
+  }
+  // The printed / written config is what ran: the preset's sizes, the real
+  // thread count and vocabulary, not the flags' "automatic" defaults.
+  std::ifstream in(scratch() / "ddp" / "config.ini");
+  std::stringstream ini;
+  ini << in.rdbuf();
+  EXPECT_NE(ini.str().find("n-layer = 6\n"), std::string::npos) << ini.str();
+  EXPECT_NE(ini.str().find("threads-per-rank = 1\n"), std::string::npos) << ini.str();
+  EXPECT_EQ(ini.str().find("vocab-size = 50257"), std::string::npos) << ini.str();
+}

@@ -1,0 +1,117 @@
+#include "recipes/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <iostream>
+
+using namespace strata;
+using namespace strata::recipes;
+
+namespace {
+
+GPTOptions nano() { return gpt_preset("gpt-nano").vocab_size(96).block_size(32); }
+
+}  // namespace
+
+TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
+  const auto model = nano();
+  const int64_t p = count_parameters(model);
+  const auto half = (p + 1) / 2;
+  auto state = [&](const std::string& strategy, int world, const std::string& optimizer = "adamw") {
+    return predict_model_state(PlanRequest(model, strategy, world).optimizer(optimizer));
+  };
+  EXPECT_EQ(state("single", 1).total(), 16 * p);
+  EXPECT_EQ(state("ddp", 2).total(), 16 * p);
+  EXPECT_EQ(state("oss", 2).params, 4 * p);
+  EXPECT_EQ(state("oss", 2).grads, 4 * p);
+  EXPECT_EQ(state("oss", 2).optimizer, 8 * half);
+  EXPECT_EQ(state("sdp", 2).grads, 4 * half);
+  EXPECT_EQ(state("sdp", 2).optimizer, 8 * half);
+  EXPECT_EQ(state("fsdp", 2).total(), 16 * half);
+  EXPECT_EQ(state("ddp", 2, "sgd").optimizer, 0);
+  EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).offload("disk")).total(), 0);
+  EXPECT_THROW(state("zero9", 2), c10::ValueError);
+}
+
+TEST(PlannerTest, ActivationTotalScalesWithLayersAndCheckpointing) {
+  ActivationProfile a;
+  a.per_block = 1000;
+  a.base = 500;
+  a.checkpointed_per_block = 100;
+  a.checkpointed_base = 2000;
+  EXPECT_EQ(a.total(4, 0), 500 + 4 * 1000);
+  // Every block checkpointed: 4 inputs kept, the checkpointed peak once.
+  EXPECT_EQ(a.total(4, 1), 2000 + 4 * 100);
+  // Every 2nd block (0 and 2): two kept whole, two inputs.
+  EXPECT_EQ(a.total(4, 2), 2000 + 2 * 1000 + 2 * 100);
+}
+
+TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
+  const auto base = PlanRequest(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "ddp", 2).micro_batch(4);
+  ActivationProfile a;
+  a.per_block = 4 << 20;
+  a.base = 2 << 20;
+  a.checkpointed_per_block = 256 << 10;
+  a.checkpointed_base = 8 << 20;
+  const auto all = plan_candidates(base, a, int64_t(1) << 40);
+  ASSERT_EQ(all.size(), 6u);
+  std::vector<int64_t> peaks;
+  for (const auto& c : all) peaks.push_back(c.prediction.peak());
+  EXPECT_EQ(all[*pick_fastest_fitting(all)].label, "ddp");
+  // fsdp's gathered units can cost more than sdp saves on a small model, so
+  // memory is not monotonic in the speed order: at a budget equal to
+  // candidate i's peak, the pick is the first candidate whose peak is <= it.
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto rows = plan_candidates(base, a, peaks[i]);
+    const auto pick = pick_fastest_fitting(rows);
+    ASSERT_TRUE(pick.has_value()) << all[i].label;
+    size_t expected = 0;
+    while (peaks[expected] > peaks[i]) ++expected;
+    EXPECT_EQ(rows[*pick].label, all[expected].label) << "budget " << peaks[i];
+    EXPECT_LE(rows[*pick].prediction.peak(), peaks[i]);
+  }
+  EXPECT_EQ(all[*pick_fastest_fitting(plan_candidates(base, a, peaks[0] - 1))].label == "ddp", false);
+  const int64_t smallest = *std::min_element(peaks.begin(), peaks.end());
+  EXPECT_EQ(all.back().prediction.peak(), smallest) << "offload is the last resort and the smallest";
+  EXPECT_FALSE(pick_fastest_fitting(plan_candidates(base, a, smallest - 1)).has_value());
+  const auto table = format_plan_table(all, int64_t(1) << 40);
+  EXPECT_NE(table.find("fsdp+ac"), std::string::npos) << table;
+  EXPECT_NE(table.find("fits?"), std::string::npos) << table;
+}
+
+TEST(PlannerTest, ParsesByteSizes) {
+  EXPECT_EQ(parse_byte_size("4GiB"), int64_t(4) << 30);
+  EXPECT_EQ(parse_byte_size("512MiB"), int64_t(512) << 20);
+  EXPECT_EQ(parse_byte_size("512m"), int64_t(512) << 20);
+  EXPECT_EQ(parse_byte_size("1.5G"), int64_t(3) << 29);
+  EXPECT_EQ(parse_byte_size("2GB"), int64_t(2000000000));
+  EXPECT_EQ(parse_byte_size("1000"), 1000);
+  for (const char* bad : {"", "abc", "-1", "4XB", "0", "1.2.3G", "GiB"}) {
+    EXPECT_THROW(parse_byte_size(bad), c10::ValueError) << bad;
+  }
+}
+
+TEST(PlannerTest, ProbeMeasuresBlocksThatScaleWithTheBatch) {
+  const auto model = gpt_preset("gpt-micro").vocab_size(96).block_size(64);
+  const auto small = probe_activations(model, 2, Precision::kFp32);
+  const auto large = probe_activations(model, 4, Precision::kFp32);
+  ASSERT_TRUE(small.measured);
+  EXPECT_GT(small.per_block, 0);
+  EXPECT_GT(small.base, 0);
+  // Activations are linear in the batch (to allocator-independent exactness
+  // up to small per-call buffers).
+  EXPECT_NEAR(double(large.per_block) / double(small.per_block), 2.0, 0.1);
+  // The formula the planner falls back to for big probes stays within 35%.
+  const auto formula = estimate_activations(model, 4, Precision::kFp32);
+  std::cout << "probe per_block " << large.per_block << " base " << large.base << " | formula per_block "
+            << formula.per_block << " base " << formula.base << "\n";
+  EXPECT_NEAR(double(formula.per_block) / double(large.per_block), 1.0, 0.35);
+  EXPECT_NEAR(double(formula.total(4, 0)) / double(large.total(4, 0)), 1.0, 0.35);
+  // Checkpointing every block keeps less than keeping every block.
+  EXPECT_LT(large.total(4, 1), large.total(4, 0));
+  EXPECT_GT(large.checkpointed_per_block, 0);
+  EXPECT_LT(large.checkpointed_per_block, large.per_block);
+}
