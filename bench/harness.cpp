@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -775,6 +776,23 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   for (const auto& item : first.at("comm_bytes_rank0").items())
     r.comm_bytes_per_step_by_kind[item.key()] = steps > 0 ? item.value().get<double>() / double(steps) : 0.0;
   r.ranks = aggregate_ranks(summaries, r.world_size);
+  // Without the planner's prediction: the ZeRO formula's split, where it
+  // applies (fp32 AdamW, nothing offloaded).
+  const bool offloaded = std::find(c.extra.begin(), c.extra.end(), "--offload") != c.extra.end();
+  if ((c.precision == "32" || c.precision == "fp32") && !offloaded) {
+    const double p = double(r.parameters), n = double(r.world_size);
+    std::optional<std::array<double, 3>> split;  // params, grads, optimizer bytes
+    if (c.strategy == "single" || c.strategy == "ddp") split = {{4 * p, 4 * p, 8 * p}};
+    if (c.strategy == "oss") split = {{4 * p, 4 * p, 8 * p / n}};
+    if (c.strategy == "sdp") split = {{4 * p, 4 * p / n, 8 * p / n}};
+    if (c.strategy == "fsdp") split = {{4 * p / n, 4 * p / n, 8 * p / n}};
+    for (RankResult& k : r.ranks) {
+      if (!split || k.predicted_params) continue;
+      k.predicted_params = static_cast<int64_t>((*split)[0]);
+      k.predicted_grads = static_cast<int64_t>((*split)[1]);
+      k.predicted_optimizer = static_cast<int64_t>((*split)[2]);
+    }
+  }
   std::vector<double> psi, ratio, peak;
   for (const auto& s : summaries) {
     if (s.contains("psi") && s.at("psi").is_number()) psi.push_back(s.at("psi").get<double>());

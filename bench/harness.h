@@ -180,7 +180,8 @@ struct RankResult {
   std::optional<int64_t> peak_tensor_bytes, peak_rss_bytes;
   /// At the peak: params, grads, optimizer, activations_other.
   std::optional<int64_t> params, grads, optimizer, activations_other;
-  /// ZeRO prediction (the planner's): params, grads, optimizer.
+  /// ZeRO prediction: the planner's (summary.json "predicted"), else the ZeRO
+  /// formula's split for fp32 AdamW without offload; params, grads, optimizer.
   std::optional<int64_t> predicted_params, predicted_grads, predicted_optimizer;
   std::map<std::string, double> comm_bytes_per_step;  ///< by collective kind (empty: unknown)
 };

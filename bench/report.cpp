@@ -237,7 +237,7 @@ std::string render_per_rank_markdown(const std::vector<Suite>& suites, const std
   std::ostringstream out;
   out << "| case | rank | tokens/s | forward ms | backward ms | comm wait ms | optimizer ms | step ms "
          "| peak tensor | params | grads | optimizer | activations+other | peak RSS "
-         "| predicted (params+grads+opt) | measured ÷ predicted | bytes sent/step |\n"
+         "| predicted model state (planner, else ZeRO formula) | measured ÷ predicted | bytes sent/step |\n"
       << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Suite& suite : suites) {
     for (const BenchCase& c : suite.cases) {

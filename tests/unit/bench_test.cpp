@@ -395,7 +395,9 @@ TEST(BenchTest, CommittedSmokeBaselineCoversTheSmokeSuiteOnCpu) {
     EXPECT_EQ(baseline.at(c.name).device, "cpu") << c.name;
     EXPECT_EQ(c.device, "cpu") << c.name;
     strategies.insert(c.strategy);
-    if (c.strategy != "single") EXPECT_EQ(c.nproc, 2) << c.name;
+    if (c.strategy != "single") {
+      EXPECT_EQ(c.nproc, 2) << c.name;
+    }
   }
   EXPECT_EQ(strategies, (std::set<std::string>{"single", "ddp", "oss", "sdp", "fsdp"}));
   EXPECT_EQ(baseline.count("smoke/gpt-nano/fsdp-ac-2x1"), 1u);
@@ -444,9 +446,12 @@ TEST(BenchTest, PerRankFieldsAreReadWhenPresentAndDashedWhenAbsent) {
   EXPECT_FALSE(o.ranks[0].forward_s.has_value());
   EXPECT_DOUBLE_EQ(*o.ranks[0].backward_s, 0.5);
   EXPECT_FALSE(o.ranks[1].backward_s.has_value());
-  EXPECT_FALSE(o.ranks[0].predicted_params.has_value());
+  // No planner prediction: the ZeRO formula's split (ddp: 4Ψ' + 4Ψ' + 8Ψ').
+  EXPECT_EQ(*o.ranks[0].predicted_params, 4000);
+  EXPECT_EQ(*o.ranks[0].predicted_optimizer, 8000);
   const std::string old_md = render_per_rank_markdown({Suite{"zero", "", {o.bench_case}}}, {o});
   EXPECT_NE(old_md.find("| zero/gpt-mini/ddp-2x1 | 0 | — | — | 500.0 |"), std::string::npos) << old_md;
+  EXPECT_NE(old_md.find("| 1.000 |"), std::string::npos) << old_md;  // 16000 ÷ 16000
 }
 
 TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
