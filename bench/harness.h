@@ -126,17 +126,6 @@ std::string utc_now();
 /// LibTorch's version ("1.13.1"), compiled in.
 std::string libtorch_version();
 
-/// A case whose strata-gpt run failed; what() is one line, `output_tail` its last lines.
-class CaseFailure : public std::runtime_error {
- public:
-  CaseFailure(const std::string& message, std::string output_tail)
-      : std::runtime_error(message), output_tail_(std::move(output_tail)) {}
-  const std::string& output_tail() const { return output_tail_; }
-
- private:
-  std::string output_tail_;
-};
-
 /// One finished run of one case.
 struct CaseRun {
   const BenchCase* bench_case = nullptr;

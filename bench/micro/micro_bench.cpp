@@ -7,9 +7,9 @@
 //   BM_AllGatherInto/bytes         Comm::all_gather_into (flat output, emulated with a
 //                                  list all-gather into views)
 //   BM_GlooAllReduce/bytes         c10d ProcessGroupGloo::allreduce directly (the yardstick)
-//                                  collectives: 64 KiB - 64 MiB; counters GB/s and
+//                                  collectives: 64 KiB - 64 MiB; counters GB (GB/s) and
 //                                  vs_gloo_allreduce (Gloo all-reduce time of the same
-//                                  bytes ÷ this call's; > 1 is faster)
+//                                  bytes, interleaved call by call, ÷ this call's; > 1 is faster)
 //   BM_FlattenUnit, BM_UnflattenUnit, BM_AdamW*PerParam, BM_AdamWFlatShard  (flat_bench.cpp)
 //   BM_AdamW*, BM_Copy*, BM_Memcpy  the optimizer step (adamw_bench.cpp)
 //   BM_Attention/T/fused           causal attention core forward + backward, B 4, H 6,
@@ -59,21 +59,17 @@ void BM_MatmulBf16(benchmark::State& state) { matmul(state, torch::kBFloat16); }
 
 enum class Collective { kAllReduce, kBroadcast, kReduce, kReduceScatter, kAllGather, kGlooAllReduce };
 
-/// Seconds per call of Gloo's own all-reduce (the ProcessGroup's, bypassing
-/// Comm) of `full` over `calls` calls; every rank must call it.
-double gloo_all_reduce_seconds(strata::Comm& comm, torch::Tensor& full, int calls) {
-  std::vector<torch::Tensor> tensors = {full};
-  comm.barrier();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < calls; ++i) comm.process_group()->allreduce(tensors)->wait();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
-}
+using Seconds = std::chrono::duration<double>;
 
 /// Runs one collective per benchmark iteration on a 2-rank thread world: rank 0
 /// drives google/benchmark's loop, the peer makes the same number of calls
 /// (state.max_iterations, fixed for one invocation), so every call pairs up.
-/// Counters: GB/s (the full buffer's bytes per call) and vs_gloo_allreduce,
-/// Gloo's all-reduce time of the same bytes ÷ this collective's (> 1: faster).
+/// Each iteration also runs Gloo's own all-reduce of the same bytes (the
+/// ProcessGroup's, bypassing Comm) right after, timed apart: interleaved, so a
+/// load change on a shared machine slows both alike. The benchmark's time is
+/// the collective's alone (manual time). Counters: GB (the full buffer's bytes
+/// per second, in GB) and vs_gloo_allreduce (Gloo all-reduce time ÷ this
+/// collective's; > 1: faster than an all-reduce of the same bytes).
 void collective(benchmark::State& state, Collective kind) {
   constexpr int kRanks = 2;
   const int64_t numel = state.range(0) / int64_t(sizeof(float));
@@ -81,13 +77,15 @@ void collective(benchmark::State& state, Collective kind) {
   // strata-gpt's ranks share them with --threads-per-rank 1.
   const int saved_threads = at::get_num_threads();
   at::set_num_threads(1);
-  double gloo_s = 0.0;
+  double ours_s = 0.0, gloo_s = 0.0;
+  const bool yardstick = kind != Collective::kGlooAllReduce;
   strata::run_thread_world(
       kRanks,
       [&](strata::Comm& comm) {
         auto full = torch::ones({numel});
         auto shard = torch::ones({numel / kRanks});
-        std::vector<torch::Tensor> tensors = {full};
+        auto yard = torch::ones({numel});
+        std::vector<torch::Tensor> tensors = {full}, yard_tensors = {yard};
         auto one_call = [&] {
           switch (kind) {
             case Collective::kAllReduce: comm.all_reduce(full); break;
@@ -98,24 +96,34 @@ void collective(benchmark::State& state, Collective kind) {
             case Collective::kGlooAllReduce: comm.process_group()->allreduce(tensors)->wait(); break;
           }
         };
+        auto gloo_call = [&] { comm.process_group()->allreduce(yard_tensors)->wait(); };
         one_call();  // warm-up: connections, buffers
+        if (yardstick) gloo_call();
         comm.barrier();
         if (comm.rank() == 0) {
-          for (auto _ : state) one_call();
+          for (auto _ : state) {
+            const auto t0 = std::chrono::steady_clock::now();
+            one_call();
+            const auto t1 = std::chrono::steady_clock::now();
+            if (yardstick) gloo_call();
+            const auto t2 = std::chrono::steady_clock::now();
+            state.SetIterationTime(Seconds(t1 - t0).count());
+            ours_s += Seconds(t1 - t0).count();
+            gloo_s += Seconds(t2 - t1).count();
+          }
         } else {
-          for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) one_call();
+          for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) {
+            one_call();
+            if (yardstick) gloo_call();
+          }
         }
-        // The yardstick, timed right after on the same world (both ranks call it).
-        const double s = gloo_all_reduce_seconds(comm, full, 3);
-        if (comm.rank() == 0) gloo_s = s;
       },
       std::chrono::seconds(120));
   at::set_num_threads(saved_threads);
   state.SetBytesProcessed(state.iterations() * state.range(0));
-  state.counters["GB/s"] =
+  state.counters["GB"] =
       benchmark::Counter(double(state.range(0)) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  // Filled in by the rate conversion: (iterations x gloo_s) / elapsed = gloo_s / per-call time.
-  state.counters["vs_gloo_allreduce"] = benchmark::Counter(gloo_s, benchmark::Counter::kIsIterationInvariantRate);
+  if (yardstick && ours_s > 0) state.counters["vs_gloo_allreduce"] = gloo_s / ours_s;
 }
 
 void BM_AllReduce(benchmark::State& state) { collective(state, Collective::kAllReduce); }
@@ -193,7 +201,7 @@ BENCHMARK(BM_MatmulBf16)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n"
 // Collectives: 64 KiB to 64 MiB of fp32 (x4 steps), 2 thread-ranks.
 #define STRATA_COLLECTIVE_BENCH(fn)                                                                          \
   BENCHMARK(fn)->RangeMultiplier(4)->Range(64 << 10, 64 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond) \
-      ->UseRealTime()->MinTime(0.3)
+      ->UseManualTime()->MinTime(0.3)
 STRATA_COLLECTIVE_BENCH(BM_AllReduce);
 STRATA_COLLECTIVE_BENCH(BM_Broadcast);
 STRATA_COLLECTIVE_BENCH(BM_Reduce);

@@ -11,14 +11,14 @@
 
 namespace {
 
-struct Run {
+struct BenchRun {
   int exit_code = -1;
   std::string output;
 };
 
-Run run_bench(const std::string& args) {
+BenchRun run_bench(const std::string& args) {
   const std::string command = std::string(STRATA_BENCH_BINARY) + " " + args + " 2>&1";
-  Run run;
+  BenchRun run;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
   std::array<char, 4096> buf{};
@@ -32,7 +32,7 @@ const std::string kBaseline = std::string(STRATA_SOURCE_DIR) + "/bench/baselines
 
 TEST(BenchGateTest, ExtraParameterCopyFailsTheSmokeGateNamingCaseAndMetric) {
   const std::string victim = "smoke/gpt-nano/fsdp-2x1";
-  const Run run = run_bench("--suite smoke --baseline " + kBaseline + " --inject-regression " + victim);
+  const BenchRun run = run_bench("--suite smoke --baseline " + kBaseline + " --inject-regression " + victim);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   // The table row and the one-line message name the case and the metric.
   EXPECT_NE(run.output.find("| " + victim + " | peak tensor bytes |"), std::string::npos) << run.output;
