@@ -574,9 +574,11 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
           run.error = "unreadable " + summary_path.string() + ": " + e.what();
           failed.insert(c.name);
         }
-        const double step_s = median_step_seconds((out_dir / "metrics.csv").string());
-        if (step_s > 0 && c.block_size > 0)
-          run.median_step_tokens_per_s = double(c.batch_size * c.block_size * c.nproc) / step_s;
+        const std::string csv = (out_dir / "metrics.csv").string();
+        const double tokens_per_step = double(c.batch_size * c.block_size * c.nproc);
+        const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
+        if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
+        if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;
       }
       runs.push_back(std::move(run));
       if (options.on_run) options.on_run(runs.back());
@@ -600,10 +602,13 @@ int64_t model_state_bytes_max(const nlohmann::json& summary) {
   });
 }
 
-double median_step_seconds(const std::string& metrics_csv) {
+namespace {
+
+/// step_time_s of steps >= 2 in a strata-gpt metrics.csv (empty if unreadable).
+std::vector<double> step_seconds(const std::string& metrics_csv) {
   std::ifstream in(metrics_csv);
   std::string line;
-  if (!std::getline(in, line)) return 0.0;
+  if (!std::getline(in, line)) return {};
   auto split = [](const std::string& text) {
     std::vector<std::string> cells;
     std::stringstream cells_in(text);
@@ -612,7 +617,7 @@ double median_step_seconds(const std::string& metrics_csv) {
   };
   const auto header = split(line);
   const auto col = std::find(header.begin(), header.end(), "step_time_s") - header.begin();
-  if (col == static_cast<long>(header.size())) return 0.0;
+  if (col == static_cast<long>(header.size())) return {};
   std::vector<double> times;
   while (std::getline(in, line)) {
     const auto cells = split(line);
@@ -620,7 +625,19 @@ double median_step_seconds(const std::string& metrics_csv) {
     if (static_cast<long>(cells.size()) > col && !cells[col].empty() && std::stol(cells[0]) >= 2)
       times.push_back(std::stod(cells[col]));
   }
+  return times;
+}
+
+}  // namespace
+
+double median_step_seconds(const std::string& metrics_csv) {
+  const auto times = step_seconds(metrics_csv);
   return times.empty() ? 0.0 : compute_stats(times).median;
+}
+
+double min_step_seconds(const std::string& metrics_csv) {
+  const auto times = step_seconds(metrics_csv);
+  return times.empty() ? 0.0 : compute_stats(times).min;
 }
 
 namespace {
@@ -736,11 +753,13 @@ std::vector<RankResult> aggregate_ranks(const std::vector<nlohmann::json>& summa
 }  // namespace
 
 double comparable_tokens_per_s(const CaseResult& r) {
+  if (r.best_step_tokens_per_s > 0) return r.best_step_tokens_per_s;
   return r.median_step_tokens_per_s > 0 ? r.median_step_tokens_per_s : r.tokens_per_s.median;
 }
 
 CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summaries,
-                     const std::vector<double>& median_step_tokens_per_s) {
+                     const std::vector<double>& median_step_tokens_per_s,
+                     const std::vector<double>& best_step_tokens_per_s) {
   TORCH_CHECK_VALUE(!summaries.empty(), "aggregate: no runs for case ", c.name);
   CaseResult r;
   r.bench_case = c;
@@ -762,6 +781,7 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   }
   r.tokens_per_s = compute_stats(tps);
   if (!median_step_tokens_per_s.empty()) r.median_step_tokens_per_s = compute_stats(median_step_tokens_per_s).median;
+  if (!best_step_tokens_per_s.empty()) r.best_step_tokens_per_s = compute_stats(best_step_tokens_per_s).max;
   r.mfu = compute_stats(mfu).median;
   r.peak_flops_per_rank = compute_stats(peak_flops).median;
   r.backward_s_per_step = compute_stats(backward).median;
@@ -819,7 +839,7 @@ std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, cons
       continue;
     }
     std::vector<nlohmann::json> summaries;
-    std::vector<double> step_tps;
+    std::vector<double> step_tps, best_tps;
     std::string error;
     bool any = false;
     for (const auto& run : runs) {
@@ -831,11 +851,12 @@ std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, cons
       }
       summaries.push_back(run.summary);
       if (run.median_step_tokens_per_s > 0) step_tps.push_back(run.median_step_tokens_per_s);
+      if (run.best_step_tokens_per_s > 0) best_tps.push_back(run.best_step_tokens_per_s);
     }
     if (!any) continue;
     CaseResult r;
     if (!summaries.empty()) {
-      r = aggregate(c, summaries, step_tps);
+      r = aggregate(c, summaries, step_tps, best_tps);
     } else {
       r.bench_case = c;
       r.world_size = c.nproc;

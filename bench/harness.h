@@ -138,6 +138,9 @@ struct CaseRun {
   /// Tokens per step (all ranks) ÷ the median step time of steps 2.. from
   /// metrics.csv: robust to a few stalled steps on a shared machine. 0 if unknown.
   double median_step_tokens_per_s = 0.0;
+  /// Tokens per step ÷ the fastest step of steps 2..: on a machine shared with
+  /// other work, the step least slowed by it. 0 if unknown.
+  double best_step_tokens_per_s = 0.0;
 };
 
 /// How to run cases.
@@ -183,6 +186,7 @@ struct CaseResult {
   int runs = 0;
   Stats tokens_per_s;                 ///< summary.json's (all steps but the first)
   double median_step_tokens_per_s = 0.0;  ///< median over runs of CaseRun's (0 if unknown)
+  double best_step_tokens_per_s = 0.0;    ///< max over runs of CaseRun's (0 if unknown)
   double mfu = 0.0;                 ///< median over runs
   double peak_flops_per_rank = 0.0; ///< median over runs
   int64_t parameters = 0;
@@ -204,8 +208,10 @@ struct CaseResult {
   std::optional<double> psi, comm_ratio_to_psi, matmul_peak_flops;
 };
 
-/// tokens/s for ratios between cases of one run: the median-step figure when
-/// known (robust to stalls), else summary.json's median.
+/// tokens/s for ratios between cases of one run (the gate's): the best-step
+/// figure when known (the least disturbed by other work on a shared machine:
+/// ratios of medians moved by 2-4x between back-to-back runs here), else the
+/// median-step figure, else summary.json's median.
 double comparable_tokens_per_s(const CaseResult& r);
 
 /// Max over ranks of a summary's per-rank arrays.
@@ -217,10 +223,13 @@ int64_t peak_rss_bytes_max(const nlohmann::json& summary);
 /// Aggregates the runs of `c` (summaries in repeat order; at least one), with
 /// their median-step throughputs when known.
 CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summaries,
-                     const std::vector<double>& median_step_tokens_per_s = {});
+                     const std::vector<double>& median_step_tokens_per_s = {},
+                     const std::vector<double>& best_step_tokens_per_s = {});
 
 /// Median step time (s) of steps >= 2 in a strata-gpt metrics.csv; 0 if unreadable.
 double median_step_seconds(const std::string& metrics_csv);
+/// The fastest step time (s) of steps >= 2; 0 if unreadable.
+double min_step_seconds(const std::string& metrics_csv);
 
 /// aggregate() for every case, from run_interleaved()'s output; a skipped case
 /// or one with a failed run gives a CaseResult with that status and error

@@ -7,9 +7,11 @@
 //    "tokens_per_s": 81234.5, "tokens_per_s_vs_ref": 0.93, "peak_tensor_bytes_max": 1234567,
 //    "model_state_bytes_max": 345678, "comm_bytes_per_step": {"all_reduce": 0, ...}}
 // The gate (compare_to_baseline) fails a case whose peak tensor or model-state
-// bytes grow more than max_memory_growth (memory is deterministic), whose bytes
+// bytes (the smallest over repeats, against the baseline's largest) grow more
+// than max_memory_growth, whose bytes
 // sent per step (rank 0, per collective kind) change at all, or whose tokens/s
-// ÷ its reference case's in the same run drops more than max_ratio_drop below
+// ÷ its reference case's in the same run (comparable_tokens_per_s: the best
+// step of the best repeat) drops more than max_ratio_drop below
 // the baseline's ratio (ratios, because absolute times on a shared machine are
 // noisy). A case missing from the baseline, a baseline case missing from the
 // results, an empty baseline, a device mismatch and a failed case fail too.

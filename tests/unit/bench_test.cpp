@@ -304,7 +304,7 @@ TEST_F(BaselineTest, EntryHoldsRatioDeviceAndBytesSent) {
 }
 
 TEST_F(BaselineTest, PassesWithinTolerance) {
-  oss().peak_tensor_bytes_max = 102;      // +2%
+  oss().peak_tensor_bytes_min = oss().peak_tensor_bytes_max = 102;  // +2%
   results_[0].tokens_per_s.median = 500;  // absolute speed is not gated, only the ratio
   oss().tokens_per_s.median = 400;        // 0.8, as in the baseline
   EXPECT_TRUE(compare_to_baseline(results_, baseline_, GateOptions()).empty());
@@ -322,8 +322,8 @@ TEST_F(BaselineTest, FlagsARatioDropBeyondFifteenPercent) {
 }
 
 TEST_F(BaselineTest, FlagsMemoryGrowthOverTwoPercent) {
-  oss().peak_tensor_bytes_max = 103;
-  oss().model_state_bytes_max = 20000;
+  oss().peak_tensor_bytes_min = oss().peak_tensor_bytes_max = 103;
+  oss().model_state_bytes_min = oss().model_state_bytes_max = 20000;
   const auto regressions = compare_to_baseline(results_, baseline_, GateOptions());
   EXPECT_EQ(metrics(regressions), (std::vector<std::string>{"smoke/gpt-nano/oss-2x1: peak tensor bytes",
                                                              "smoke/gpt-nano/oss-2x1: model-state bytes"}));
@@ -332,6 +332,15 @@ TEST_F(BaselineTest, FlagsMemoryGrowthOverTwoPercent) {
       << msg;
   const std::string table = render_regressions(regressions);
   EXPECT_NE(table.find("| smoke/gpt-nano/oss-2x1 | peak tensor bytes | 100 | 103 |"), std::string::npos) << table;
+}
+
+TEST_F(BaselineTest, OneRepeatsTimingSpikeIsNotAMemoryRegression) {
+  // Repeats peaked at 100 and 110 bytes: the smallest is what every run needed.
+  oss() = aggregate(oss().bench_case, {fake_summary(800, 100, 100, 1000, "oss"), fake_summary(800, 110, 100, 1000, "oss")});
+  EXPECT_TRUE(compare_to_baseline(results_, baseline_, GateOptions()).empty());
+  oss() = aggregate(oss().bench_case, {fake_summary(800, 110, 100, 1000, "oss"), fake_summary(800, 104, 100, 1000, "oss")});
+  EXPECT_EQ(metrics(compare_to_baseline(results_, baseline_, GateOptions())),
+            (std::vector<std::string>{"smoke/gpt-nano/oss-2x1: peak tensor bytes"}));
 }
 
 TEST_F(BaselineTest, FlagsAnyChangeInBytesSent) {
