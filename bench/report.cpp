@@ -24,7 +24,8 @@ std::string short_name(const std::string& case_name) { return case_name.substr(c
 /// The ZeRO formula for a result, or 0 when it does not apply: the formulas
 /// assume fp32 AdamW (bf16-mixed keeps other copies).
 double formula_bytes(const BenchCase& c, int64_t parameters, int world_size) {
-  if (c.precision != "32") return 0.0;
+  if (c.precision != "32" && c.precision != "fp32" && c.precision != "32-true") return 0.0;
+  if (std::find(c.extra.begin(), c.extra.end(), "--offload") != c.extra.end()) return 0.0;  // state is elsewhere
   for (const char* s : {"single", "ddp", "oss", "sdp", "fsdp"})
     if (c.strategy == s) return zero_model_state_bytes(c.strategy, parameters, world_size);
   return 0.0;
