@@ -1,23 +1,29 @@
 // strata-bench: sweeps strategies over GPT recipes by running strata-gpt once
-// per case, prints Markdown tables, writes JSON lines, and gates regressions
-// against a baseline (fairscale's --check_regression idea).
+// per case, prints Markdown tables, writes JSON lines and charts, and gates
+// regressions against a baseline (fairscale's --check_regression idea).
 //
-//   build/bin/strata-bench --suite zero,memory --json runs.jsonl --markdown report.md
+//   build/bin/strata-bench --suite zero,memory --out bench-out     # results.{jsonl,md}, *.png
 //   build/bin/strata-bench --suite smoke --baseline bench/baselines/smoke.jsonl   # CI gate
 //   build/bin/strata-bench --suite smoke --write-baseline bench/baselines/smoke.jsonl
+//   build/bin/strata-bench --sweep --presets gpt-micro,gpt-mini --strategies ddp,oss,sdp,fsdp
+//       --ac 0,1 --offload none,disk --precision fp32,bf16-mixed --nproc 2 --out sweep-out
+//   build/bin/strata-bench --sweep-config sweep.ini --out sweep-out   # the same keys, key = value
 //   build/bin/strata-bench --suite zero --from-json runs.jsonl    # re-render saved runs
 //
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
 #include "bench/checkpoint_bench.h"
+#include "bench/charts.h"
 #include "bench/harness.h"
 #include "bench/planner_suite.h"
 #include "bench/report.h"
+#include "bench/sweep.h"
 
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -38,11 +44,19 @@ struct CliOptions {
   std::string suites = "smoke";
   std::optional<int> repeats;
   std::string gpt;
-  std::string json_path, markdown_path, baseline_path, write_baseline_path, work_dir, from_json;
+  std::string json_path, markdown_path, baseline_path, write_baseline_path, work_dir, from_json, out_dir;
+  std::string inject_regression;
   bool keep_work_dir = false;
   bool list = false;
   double case_timeout_s = 600;
   GateOptions gate;
+  // sweep
+  bool sweep = false;
+  std::string sweep_config;
+  std::string presets = "gpt-micro", strategies = "ddp", ac = "0", offload = "none", precision = "fp32",
+              nproc = "2", batch_size = "8", block_size = "64", device = "cpu";
+  int64_t steps = 20;
+  int threads_per_rank = 1;
 };
 
 std::string default_gpt_binary() {
@@ -57,10 +71,22 @@ void write_text(const std::string& path, const std::string& text, const char* fl
   TORCH_CHECK_VALUE(out.good(), flag, " file '", path, "' cannot be written");
 }
 
-/// Runs the cases in a work dir (progress on stderr, a JSON line per run to
-/// `json` if open); nullopt after a failed case, which it reports.
-std::optional<std::vector<CaseRun>> run_cases(const std::vector<BenchCase>& cases, RunOptions options,
-                                              bool keep_work_dir, const ReportHeader& header, std::ofstream& json) {
+std::string duration_text(double s) {
+  const int64_t total = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  if (total >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", (long long)(total / 3600), (long long)(total % 3600 / 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", (long long)(total / 60), (long long)(total % 60));
+  }
+  return buf;
+}
+
+/// Runs the cases in a work dir (progress with elapsed time and ETA on stderr,
+/// a JSON line per run to `json` if open). Failed runs come back with their
+/// error; the sweep goes on.
+std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions options, bool keep_work_dir,
+                               const ReportHeader& header, std::ofstream& json) {
   bool own_work_dir = false;
   if (options.work_dir.empty()) {
     std::string tmpl = (fs::temp_directory_path() / "strata-bench-XXXXXX").string();
@@ -70,44 +96,82 @@ std::optional<std::vector<CaseRun>> run_cases(const std::vector<BenchCase>& case
   } else {
     fs::create_directories(options.work_dir);
   }
-  const size_t total = cases.size() * options.repeats;
+  size_t runnable = 0;
+  for (const auto& c : cases) runnable += c.skip_reason.empty();
+  const size_t total = runnable * options.repeats;
   size_t done = 0;
+  bool any_failed = false;
+  const auto start = std::chrono::steady_clock::now();
   options.on_run = [&](const CaseRun& run) {
-    const auto& s = run.summary;
-    std::cerr << "[" << ++done << "/" << total << "] " << run.bench_case->name << " run " << run.repeat + 1 << "/"
-              << options.repeats << ": " << static_cast<int64_t>(s.at("tokens_per_s").get<double>())
-              << " tokens/s, peak " << format_mib(double(peak_tensor_bytes_max(s))) << "/rank, " << run.wall_s
-              << " s" << std::endl;
+    ++done;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // ETA from the mean time per run so far (runs of one case are alike).
+    const double eta = elapsed / double(done) * double(total - std::min(done, total));
+    std::cerr << "[" << done << "/" << total << " | elapsed " << duration_text(elapsed) << ", ETA "
+              << duration_text(eta) << "] " << run.bench_case->name << " run " << run.repeat + 1 << "/"
+              << options.repeats << ": ";
+    if (!run.error.empty()) {
+      any_failed = true;
+      std::cerr << "FAILED: " << run.error << "\n  " << run.command << "\n--- last lines of its output ---\n"
+                << run.output_tail << "---" << std::endl;
+    } else {
+      const auto& s = run.summary;
+      std::cerr << static_cast<int64_t>(s.at("tokens_per_s").get<double>()) << " tokens/s, peak "
+                << format_mib(double(peak_tensor_bytes_max(s))) << "/rank, " << run.wall_s << " s" << std::endl;
+    }
     if (json.is_open()) json << run_record(run, header).dump() << std::endl;
   };
-  std::cerr << "strata-bench: " << cases.size() << " case(s) x " << options.repeats << " repeat(s), "
+  std::cerr << "strata-bench: " << runnable << " case(s) x " << options.repeats << " repeat(s)"
+            << (runnable < cases.size() ? " (" + std::to_string(cases.size() - runnable) + " skipped)" : "") << ", "
             << options.gpt_binary << ", work dir " << options.work_dir << std::endl;
-  try {
-    auto runs = run_interleaved(cases, options);
-    if (own_work_dir) fs::remove_all(options.work_dir);
-    return runs;
-  } catch (const CaseFailure& failure) {
-    std::cerr << "error: " << failure.what() << "\n--- last lines of its output (work dir kept: " << options.work_dir
-              << ") ---\n"
-              << failure.output_tail() << std::flush;
-    return std::nullopt;
-  }
+  for (const auto& c : cases)
+    if (!c.skip_reason.empty()) std::cerr << "skipped: " << c.name << ": " << c.skip_reason << std::endl;
+  auto runs = run_interleaved(cases, options);
+  if (own_work_dir && !any_failed) fs::remove_all(options.work_dir);
+  if (any_failed) std::cerr << "work dir kept for the failed runs' logs: " << options.work_dir << std::endl;
+  return runs;
+}
+
+Suite sweep_from(const CliOptions& cli) {
+  std::vector<int> nproc;
+  for (auto n : split_int_list(cli.nproc, "nproc")) nproc.push_back(static_cast<int>(n));
+  return make_sweep(SweepOptions()
+                        .presets(split_list(cli.presets, "presets"))
+                        .strategies(split_list(cli.strategies, "strategies"))
+                        .ac(split_int_list(cli.ac, "ac"))
+                        .offload(split_list(cli.offload, "offload"))
+                        .precision(split_list(cli.precision, "precision"))
+                        .nproc(nproc)
+                        .batch_size(split_int_list(cli.batch_size, "batch-size"))
+                        .block_size(split_int_list(cli.block_size, "block-size"))
+                        .steps(cli.steps)
+                        .threads_per_rank(cli.threads_per_rank)
+                        .device(cli.device));
 }
 
 int run(const CliOptions& cli) {
   // ---- Everything that can be wrong with the input, before any case runs (exit 2). ----
-  const std::vector<Suite> suites = select_suites(cli.suites);
+  SuiteRegistry registry;
+  register_builtin_suites(registry);
+  // Suites defined in other files register here: register_<name>_suite(registry).
+  const std::vector<Suite> suites = cli.sweep ? std::vector<Suite>{sweep_from(cli)} : registry.select(cli.suites);
   const std::vector<BenchCase> cases = all_cases(suites);
-  bool only_smoke = true;
+  bool only_smoke = !cli.sweep;
   for (const auto& s : suites) only_smoke &= s.name == "smoke";
   RunOptions run_options(cli.gpt.empty() ? default_gpt_binary() : cli.gpt, cli.work_dir);
-  run_options.repeats = cli.repeats.value_or(only_smoke ? 1 : 3);
+  run_options.repeats = cli.repeats.value_or(only_smoke || cli.sweep ? 1 : 3);
   run_options.case_timeout_s = cli.case_timeout_s;
+  run_options.inject_regression = cli.inject_regression;
   TORCH_CHECK_VALUE(run_options.repeats >= 1, "--repeats must be >= 1, got ", run_options.repeats);
   TORCH_CHECK_VALUE(cli.case_timeout_s > 0, "--case-timeout must be > 0 seconds, got ", cli.case_timeout_s);
+  if (!cli.inject_regression.empty()) {
+    bool known = false;
+    for (const auto& c : cases) known |= c.name == cli.inject_regression;
+    TORCH_CHECK_VALUE(known, "--inject-regression '", cli.inject_regression, "' names no selected case");
+  }
   if (cli.list) {
     for (const auto& c : cases) {
-      std::cout << c.name << "\n ";
+      std::cout << c.name << (c.skip_reason.empty() ? "" : " (skipped: " + c.skip_reason + ")") << "\n ";
       for (const auto& arg : gpt_command(c, run_options.gpt_binary, "<generated-text>", "<out>")) std::cout << " " << arg;
       std::cout << "\n";
     }
@@ -120,13 +184,22 @@ int run(const CliOptions& cli) {
   validate(cli.gate);
   std::map<std::string, BaselineEntry> baseline;
   if (!cli.baseline_path.empty()) baseline = read_baseline(cli.baseline_path);
+  if (!cli.out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(cli.out_dir, ec);
+    TORCH_CHECK_VALUE(!ec && fs::is_directory(cli.out_dir), "--out directory '", cli.out_dir,
+                      "' cannot be created: ", ec.message());
+  }
   std::ofstream json;
-  if (!cli.json_path.empty()) {
-    json.open(cli.json_path);
-    TORCH_CHECK_VALUE(json.good(), "--json file '", cli.json_path, "' cannot be written");
+  const std::string json_path =
+      !cli.json_path.empty() ? cli.json_path : cli.out_dir.empty() ? "" : (fs::path(cli.out_dir) / "runs.jsonl").string();
+  if (!json_path.empty()) {
+    json.open(json_path);
+    TORCH_CHECK_VALUE(json.good(), "--json file '", json_path, "' cannot be written");
   }
 
   ReportHeader header;
+  header.libtorch = libtorch_version();
   std::vector<CaseRun> runs;
   if (!cli.from_json.empty()) {
     runs = read_runs(cli.from_json, cases, &header);
@@ -137,34 +210,50 @@ int run(const CliOptions& cli) {
     header.commit = git_commit(STRATA_SOURCE_DIR);
     header.date = utc_now();
     header.repeats = run_options.repeats;
-    auto ran = run_cases(cases, run_options, cli.keep_work_dir, header, json);
-    if (!ran) return 1;
-    runs = std::move(*ran);
+    runs = run_cases(cases, run_options, cli.keep_work_dir, header, json);
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
 
+  std::string markdown = render_markdown(suites, results, header);
+  markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
   bool planner = false;
   for (const auto& s : suites) planner |= s.name == "planner";
-  const std::string markdown = render_markdown(suites, results, header) + (planner ? planner_markdown(runs) : "");
+  if (planner) markdown += planner_markdown(runs);
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
+  if (!cli.out_dir.empty()) {
+    const fs::path out(cli.out_dir);
+    write_text((out / "results.md").string(), markdown, "--out");
+    std::string lines;
+    for (const auto& r : results) lines += case_record(r, header).dump() + "\n";
+    write_text((out / "results.jsonl").string(), lines, "--out");
+    const ChartFiles charts = write_charts(results, cli.out_dir);
+    if (!charts.note.empty()) std::cerr << "note: " << charts.note << std::endl;
+    std::cerr << "wrote " << (out / "results.md").string() << ", results.jsonl, runs.jsonl";
+    for (const auto& f : charts.written) std::cerr << ", " << fs::path(f).filename().string();
+    std::cerr << std::endl;
+  }
   if (!cli.write_baseline_path.empty()) {
     write_text(cli.write_baseline_path, baseline_text(results), "--write-baseline");
-    std::cerr << "wrote baseline " << cli.write_baseline_path << " (" << results.size() << " cases)" << std::endl;
+    std::cerr << "wrote baseline " << cli.write_baseline_path << std::endl;
   }
+  int failed = 0;
+  for (const auto& r : results) failed += r.status == "failed";
+  if (failed > 0) std::cerr << failed << " case(s) failed (see above)" << std::endl;
 
-  if (cli.baseline_path.empty()) return 0;
-  for (const auto& r : results)
-    if (!baseline.count(r.bench_case.name))
-      std::cerr << "note: no baseline for case " << r.bench_case.name << " in " << cli.baseline_path
-                << "; not gated" << std::endl;
+  if (cli.baseline_path.empty()) return failed > 0 ? 1 : 0;
   const auto regressions = compare_to_baseline(results, baseline, cli.gate);
-  for (const auto& r : regressions) std::cerr << r.message() << std::endl;
-  if (!regressions.empty()) return 1;
-  std::cerr << "regression gate passed against " << cli.baseline_path << " (max slowdown "
-            << cli.gate.max_slowdown * 100 << "%, max memory growth " << cli.gate.max_memory_growth * 100 << "%)"
-            << std::endl;
-  return 0;
+  if (!regressions.empty()) {
+    std::cerr << "\nregression gate FAILED against " << cli.baseline_path << ": " << regressions.size()
+              << " check(s) moved\n\n"
+              << render_regressions(regressions) << std::endl;
+    for (const auto& r : regressions) std::cerr << r.message() << std::endl;
+    return 1;
+  }
+  std::cerr << "regression gate passed against " << cli.baseline_path << " (memory +"
+            << cli.gate.max_memory_growth * 100 << "%, bytes sent exact, tokens/s ÷ ref -"
+            << cli.gate.max_ratio_drop * 100 << "%)" << std::endl;
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -179,20 +268,31 @@ int main(int argc, char** argv) {
   }
   CliOptions cli;
   int repeats = 0;
+  std::string suites_help = "comma-separated suites: ";
+  {
+    SuiteRegistry registry;
+    register_builtin_suites(registry);
+    const auto names = registry.names();
+    for (size_t i = 0; i < names.size(); ++i) suites_help += (i ? "," : "") + names[i];
+    suites_help += "; or checkpoint alone (save/load times, checkpoint_bench.cpp)";
+  }
   po::options_description desc(
-      "strata-bench: run strata-gpt over strategy/recipe suites and report throughput and memory\n"
-      "Suites: single, ddp, zero, fsdp, memory, smoke, attention, kernels. Exit codes: 0 ok, 1 failure or regression, 2 bad input");
+      "strata-bench: run strata-gpt over strategy/recipe suites or a sweep and report throughput and memory\n"
+      "Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input");
   desc.add_options()
       ("help,h", "show this help")
-      ("suite", po::value(&cli.suites)->default_value(cli.suites), "comma-separated suites: single,ddp,zero,memory,smoke,attention; or checkpoint alone (checkpoint_bench.cpp)")
-      ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone, else 3)")
+      ("suite", po::value(&cli.suites)->default_value(cli.suites), suites_help.c_str())
+      ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone or a sweep, else 3)")
       ("gpt", po::value(&cli.gpt), "strata-gpt binary (default: next to strata-bench)")
+      ("out", po::value(&cli.out_dir),
+       "write DIR/results.jsonl (one line per case), results.md, runs.jsonl (one line per run), "
+       "tokens_per_s.png and memory.png (gnuplot; with their .dat/.gp)")
       ("json", po::value(&cli.json_path), "write one JSON line per run to FILE")
       ("markdown", po::value(&cli.markdown_path), "also write the Markdown report to FILE")
       ("baseline", po::value(&cli.baseline_path), "gate against this baseline (JSON lines); exit 1 on regression")
       ("write-baseline", po::value(&cli.write_baseline_path), "write the measured values as a baseline FILE")
-      ("max-slowdown", po::value(&cli.gate.max_slowdown)->default_value(cli.gate.max_slowdown),
-       "fail if median tokens/s < (1 - this) x baseline")
+      ("max-ratio-drop", po::value(&cli.gate.max_ratio_drop)->default_value(cli.gate.max_ratio_drop),
+       "fail if a case's tokens/s ÷ its reference case's drops more than this below the baseline's ratio")
       ("max-memory-growth", po::value(&cli.gate.max_memory_growth)->default_value(cli.gate.max_memory_growth),
        "fail if peak tensor or model-state bytes > (1 + this) x baseline")
       ("case-timeout", po::value(&cli.case_timeout_s)->default_value(cli.case_timeout_s), "seconds per run")
@@ -201,15 +301,52 @@ int main(int argc, char** argv) {
       ("list", po::bool_switch(&cli.list), "print the cases and their strata-gpt commands, run nothing")
       ("from-json", po::value(&cli.from_json),
        "run nothing: report (and gate) the runs in FILE, a --json output, for the cases of --suite");
+  po::options_description sweep("Sweep options (instead of --suite; also as key = value lines in --sweep-config)");
+  sweep.add_options()
+      ("sweep", po::bool_switch(&cli.sweep), "run the cross product of the axes below")
+      ("sweep-config", po::value(&cli.sweep_config), "INI file with the sweep keys below (implies --sweep)")
+      ("presets", po::value(&cli.presets)->default_value(cli.presets), "comma-separated presets")
+      ("strategies", po::value(&cli.strategies)->default_value(cli.strategies), "comma-separated strategies")
+      ("ac", po::value(&cli.ac)->default_value(cli.ac), "activation checkpointing values (0 off, n every n-th block)")
+      ("offload", po::value(&cli.offload)->default_value(cli.offload), "none, cpu, disk (fsdp only)")
+      ("precision", po::value(&cli.precision)->default_value(cli.precision), "fp32, bf16-mixed")
+      ("nproc", po::value(&cli.nproc)->default_value(cli.nproc), "world sizes")
+      ("batch-size", po::value(&cli.batch_size)->default_value(cli.batch_size), "batch sizes per rank")
+      ("block-size", po::value(&cli.block_size)->default_value(cli.block_size), "context lengths")
+      ("steps", po::value(&cli.steps)->default_value(cli.steps), "steps per case")
+      ("threads-per-rank", po::value(&cli.threads_per_rank)->default_value(cli.threads_per_rank),
+       "intra-op threads per rank")
+      ("device", po::value(&cli.device)->default_value(cli.device), "cpu or cuda (pinned per case)");
+  po::options_description hidden;
+  hidden.add_options()
+      ("inject-regression", po::value(&cli.inject_regression),
+       "testing aid: CASE runs with strata-gpt --debug-extra-param-copy");
+  po::options_description all;
+  all.add(desc).add(sweep).add(hidden);
   try {
     po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::store(po::parse_command_line(argc, argv, all), vm);
     if (vm.count("help")) {
-      std::cout << desc << std::endl;
+      std::cout << desc << "\n" << sweep << std::endl;
       return 0;
+    }
+    if (vm.count("sweep-config")) {
+      const std::string path = vm["sweep-config"].as<std::string>();
+      std::ifstream in(path);
+      if (!in) {
+        std::cerr << "error: --sweep-config file '" << path << "' cannot be read" << std::endl;
+        return 2;
+      }
+      // The command line was stored first, so it wins over the file.
+      po::store(po::parse_config_file(in, sweep), vm);
     }
     po::notify(vm);
     if (vm.count("repeats")) cli.repeats = repeats;
+    if (!cli.sweep_config.empty()) cli.sweep = true;
+    if (cli.sweep && !vm["suite"].defaulted()) {
+      std::cerr << "error: --suite and --sweep exclude each other; give one" << std::endl;
+      return 2;
+    }
   } catch (const po::error& e) {
     std::cerr << "error: " << e.what() << "; see --help" << std::endl;
     return 2;

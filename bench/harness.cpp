@@ -2,6 +2,7 @@
 #include "bench/planner_suite.h"
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -163,21 +165,58 @@ Suite fsdp_suite() {
 
 Suite smoke_suite() {
   Suite s{"smoke",
-          "CI regression gate: gpt-nano, block 64, batch 8 per rank, a few steps, 1 thread per "
-          "process (gpt-nano's tiny matmuls on 2 threads slow down several-fold on a loaded "
-          "machine, which would make the gate flaky). vs ref: ddp ÷ single (ideal 2.0), sdp ÷ ddp.",
+          "CI regression gate: every strategy at 2 ranks on gpt-nano (fsdp also with activation "
+          "checkpointing and with --offload disk), single as one process; block 64, batch 8 per "
+          "rank, a few steps, 1 thread per process (gpt-nano's tiny matmuls on 2 threads slow down "
+          "several-fold on a loaded machine, which would make the gate flaky). vs ref: ddp ÷ single "
+          "(ideal 2.0), the others ÷ ddp.",
           {}};
-  BenchCase single = make_case("smoke", "gpt-nano", "single-1x1", "single", 1, 1);
-  BenchCase ddp = make_case("smoke", "gpt-nano", "ddp-2x1", "ddp", 2, 1);
-  BenchCase sdp = make_case("smoke", "gpt-nano", "sdp-2x1", "sdp", 2, 1);
-  for (BenchCase* c : {&single, &ddp, &sdp}) {
-    c->block_size = 64;
-    c->batch_size = 8;
-    c->steps = 20;
+  auto add = [&s](const std::string& variant, const std::string& strategy, int nproc,
+                  std::vector<std::string> extra, const std::string& reference) {
+    BenchCase c = make_case("smoke", "gpt-nano", variant, strategy, nproc, 1);
+    c.block_size = 64;
+    c.batch_size = 8;
+    c.steps = 20;
+    c.extra = std::move(extra);
+    c.reference = reference;
+    s.cases.push_back(c);
+    return c.name;
+  };
+  const std::string single = add("single-1x1", "single", 1, {}, "");
+  const std::string ddp = add("ddp-2x1", "ddp", 2, {}, single);
+  add("oss-2x1", "oss", 2, {}, ddp);
+  add("sdp-2x1", "sdp", 2, {}, ddp);
+  add("fsdp-2x1", "fsdp", 2, {}, ddp);
+  add("fsdp-ac-2x1", "fsdp", 2, {"--activation-checkpointing", "1"}, ddp);
+  add("fsdp-offload-disk-2x1", "fsdp", 2, {"--offload", "disk"}, ddp);
+  return s;
+}
+
+Suite scale_suite() {
+  Suite s{"scale",
+          "Slow, not in CI. The largest preset each strategy fits, per world size: every preset "
+          "from gpt-nano to gpt2-medium under ddp, oss, sdp, fsdp and fsdp --offload disk at N = 1, 2 and 4 "
+          "ranks x 1 thread, batch 1 per rank, block 128, 3 steps. A case that runs out of memory "
+          "(or time) is recorded as failed and the sweep goes on; the largest preset that ran per "
+          "strategy and N is listed under the table. peak vs ref: ÷ the same preset under ddp.",
+          {}};
+  for (int n : {1, 2, 4}) {
+    // gpt2-large/xl (774M/1.5B parameters: 12/24 GB of fp32 AdamW state per
+    // unsharded rank) are left out: on a shared machine an OOM there hurts others.
+    for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium"}) {
+      std::string ddp;
+      for (const std::string variant : {"ddp", "oss", "sdp", "fsdp", "fsdp-offload-disk"}) {
+        const std::string strategy = variant.substr(0, variant.find('-'));
+        BenchCase c = make_case("scale", preset, variant + "-n" + std::to_string(n), strategy, n, 1);
+        c.batch_size = 1;
+        c.steps = 3;
+        if (variant == "fsdp-offload-disk") c.extra = {"--offload", "disk"};
+        c.reference = ddp;
+        if (variant == "ddp") ddp = c.name;
+        s.cases.push_back(c);
+      }
+    }
   }
-  ddp.reference = single.name;
-  sdp.reference = ddp.name;
-  s.cases = {single, ddp, sdp};
   return s;
 }
 
@@ -326,33 +365,64 @@ Suite kernels_suite() {
 
 }  // namespace
 
-std::vector<std::string> suite_names() {
-  return {"single", "ddp", "zero", "fsdp", "memory", "smoke", "attention", "kernels", "planner"};
+void SuiteRegistry::add(const std::string& name, Factory factory) {
+  TORCH_CHECK_VALUE(!name.empty() && name.find(',') == std::string::npos,
+                    "SuiteRegistry::add: a suite name must be non-empty and without ',', got '", name, "'");
+  for (const auto& entry : entries_)
+    TORCH_CHECK_VALUE(entry.first != name, "SuiteRegistry::add: suite '", name, "' is already registered");
+  TORCH_CHECK_VALUE(factory != nullptr, "SuiteRegistry::add: suite '", name, "' has no factory");
+  entries_.emplace_back(name, std::move(factory));
 }
 
-std::vector<Suite> select_suites(const std::string& csv) {
-  const auto names = suite_names();
+std::vector<std::string> SuiteRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& entry : entries_) out.push_back(entry.first);
+  return out;
+}
+
+std::vector<Suite> SuiteRegistry::select(const std::string& csv) const {
+  const auto all = names();
   std::vector<Suite> out;
   std::set<std::string> seen;
   std::stringstream in(csv);
   for (std::string name; std::getline(in, name, ',');) {
-    TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), name) != names.end(), "unknown suite '", name,
-                      "' in --suite '", csv, "'; allowed: ", join(names, ", "), " (comma-separated)");
+    auto it = std::find_if(entries_.begin(), entries_.end(), [&](const auto& e) { return e.first == name; });
+    TORCH_CHECK_VALUE(it != entries_.end(), "unknown suite '", name, "' in --suite '", csv, "'; allowed: ",
+                      join(all, ", "), " (comma-separated)");
     TORCH_CHECK_VALUE(seen.insert(name).second, "suite '", name, "' listed twice in --suite '", csv, "'");
-    if (name == "single") out.push_back(single_suite());
-    if (name == "ddp") out.push_back(ddp_suite());
-    if (name == "zero") out.push_back(zero_suite());
-    if (name == "fsdp") out.push_back(fsdp_suite());
-    if (name == "kernels") out.push_back(kernels_suite());
-    if (name == "memory") out.push_back(memory_suite());
-    if (name == "smoke") out.push_back(smoke_suite());
-    if (name == "attention") out.push_back(attention_suite());
-    if (name == "planner") out.push_back(planner_suite());
+    out.push_back(it->second());
   }
   TORCH_CHECK_VALUE(!out.empty() && csv.back() != ',', "--suite '", csv, "' names no suite; allowed: ",
-                    join(names, ", "), " (comma-separated)");
+                    join(all, ", "), " (comma-separated)");
   return out;
 }
+
+void register_builtin_suites(SuiteRegistry& registry) {
+  registry.add("single", single_suite);
+  registry.add("ddp", ddp_suite);
+  registry.add("zero", zero_suite);
+  registry.add("fsdp", fsdp_suite);
+  registry.add("memory", memory_suite);
+  registry.add("smoke", smoke_suite);
+  registry.add("attention", attention_suite);
+  registry.add("kernels", kernels_suite);
+  registry.add("scale", scale_suite);
+  registry.add("planner", planner_suite);  // bench/planner_suite.cpp
+}
+
+std::vector<std::string> suite_names() {
+  SuiteRegistry registry;
+  register_builtin_suites(registry);
+  return registry.names();
+}
+
+std::vector<Suite> select_suites(const std::string& csv) {
+  SuiteRegistry registry;
+  register_builtin_suites(registry);
+  return registry.select(csv);
+}
+
+std::string libtorch_version() { return TORCH_VERSION; }
 
 std::vector<BenchCase> all_cases(const std::vector<Suite>& suites) {
   std::vector<BenchCase> cases;
@@ -368,6 +438,7 @@ std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_
                                   "--nproc", std::to_string(c.nproc),
                                   "--threads-per-rank", std::to_string(c.threads_per_rank),
                                   "--precision", c.precision,
+                                  "--device", c.device,
                                   "--data", c.data == kGeneratedText ? data_path : c.data,
                                   "--batch-size", std::to_string(c.batch_size),
                                   "--max-steps", std::to_string(c.steps),
@@ -465,13 +536,17 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
   if (!fs::exists(data_path)) write_generated_text(data_path);
 
   std::vector<CaseRun> runs;
+  std::set<std::string> failed;  // a case that crashed once is not run again
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
     for (const BenchCase& c : cases) {
+      if (!c.skip_reason.empty() || failed.count(c.name)) continue;
       std::string slug = c.name;
       std::replace(slug.begin(), slug.end(), '/', '_');
       const fs::path out_dir = work / (slug + "-r" + std::to_string(repeat));
       const std::string log_path = out_dir.string() + ".log";
-      const auto argv = gpt_command(c, options.gpt_binary, data_path, out_dir.string());
+      auto argv = gpt_command(c, options.gpt_binary, data_path, out_dir.string());
+      if (!options.inject_regression.empty() && options.inject_regression == c.name)
+        argv.push_back("--debug-extra-param-copy");
       std::vector<std::string> quoted;
       for (const auto& a : argv) quoted.push_back(shell_quote(a));
 
@@ -486,18 +561,27 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
       if (rc != 0 || !fs::exists(summary_path)) {
         std::ostringstream timeout;
         timeout << options.case_timeout_s;
-        const std::string why = rc == -1 ? "timed out after " + timeout.str() + " s (--case-timeout)"
-                                : rc != 0 ? "exited with code " + std::to_string(rc)
-                                          : "wrote no " + summary_path.string();
-        throw CaseFailure("case " + c.name + " (repeat " + std::to_string(repeat + 1) + ") " + why + ": " +
-                              run.command,
-                          tail_lines(log_path, 25));
+        // 137 = 128 + SIGKILL: on Linux most often the kernel's OOM killer.
+        run.error = rc == -1    ? "timed out after " + timeout.str() + " s (--case-timeout)"
+                    : rc == 137 ? "killed by SIGKILL (exit 137; out of memory?)"
+                    : rc != 0   ? "exited with code " + std::to_string(rc)
+                                : "wrote no " + summary_path.string();
+        run.output_tail = tail_lines(log_path, 25);
+        failed.insert(c.name);
+      } else {
+        try {
+          std::ifstream in(summary_path);
+          run.summary = nlohmann::json::parse(in);
+        } catch (const nlohmann::json::exception& e) {
+          run.error = "unreadable " + summary_path.string() + ": " + e.what();
+          failed.insert(c.name);
+        }
+        const std::string csv = (out_dir / "metrics.csv").string();
+        const double tokens_per_step = double(c.batch_size * c.block_size * c.nproc);
+        const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
+        if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
+        if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;
       }
-      std::ifstream in(summary_path);
-      run.summary = nlohmann::json::parse(in);
-      const double step_s = median_step_seconds((out_dir / "metrics.csv").string());
-      if (step_s > 0 && c.block_size > 0)
-        run.median_step_tokens_per_s = double(c.batch_size * c.block_size * c.nproc) / step_s;
       runs.push_back(std::move(run));
       if (options.on_run) options.on_run(runs.back());
     }
@@ -520,10 +604,13 @@ int64_t model_state_bytes_max(const nlohmann::json& summary) {
   });
 }
 
-double median_step_seconds(const std::string& metrics_csv) {
+namespace {
+
+/// step_time_s of steps >= 2 in a strata-gpt metrics.csv (empty if unreadable).
+std::vector<double> step_seconds(const std::string& metrics_csv) {
   std::ifstream in(metrics_csv);
   std::string line;
-  if (!std::getline(in, line)) return 0.0;
+  if (!std::getline(in, line)) return {};
   auto split = [](const std::string& text) {
     std::vector<std::string> cells;
     std::stringstream cells_in(text);
@@ -532,7 +619,7 @@ double median_step_seconds(const std::string& metrics_csv) {
   };
   const auto header = split(line);
   const auto col = std::find(header.begin(), header.end(), "step_time_s") - header.begin();
-  if (col == static_cast<long>(header.size())) return 0.0;
+  if (col == static_cast<long>(header.size())) return {};
   std::vector<double> times;
   while (std::getline(in, line)) {
     const auto cells = split(line);
@@ -540,11 +627,141 @@ double median_step_seconds(const std::string& metrics_csv) {
     if (static_cast<long>(cells.size()) > col && !cells[col].empty() && std::stol(cells[0]) >= 2)
       times.push_back(std::stod(cells[col]));
   }
+  return times;
+}
+
+}  // namespace
+
+double median_step_seconds(const std::string& metrics_csv) {
+  const auto times = step_seconds(metrics_csv);
   return times.empty() ? 0.0 : compute_stats(times).median;
 }
 
+double min_step_seconds(const std::string& metrics_csv) {
+  const auto times = step_seconds(metrics_csv);
+  return times.empty() ? 0.0 : compute_stats(times).min;
+}
+
+namespace {
+
+std::optional<double> median_of(const std::vector<double>& values) {
+  if (values.empty()) return std::nullopt;
+  return compute_stats(values).median;
+}
+
+std::optional<int64_t> max_of(const std::vector<int64_t>& values) {
+  if (values.empty()) return std::nullopt;
+  return *std::max_element(values.begin(), values.end());
+}
+
+/// Per-rank numbers over runs: summary.json's "per_rank" array when present,
+/// else what the older per-rank arrays (peak_tensor_bytes, model_state_bytes,
+/// peak_rss_bytes) and rank 0's scalars give.
+std::vector<RankResult> aggregate_ranks(const std::vector<nlohmann::json>& summaries, int world_size) {
+  struct Samples {
+    std::vector<double> tps, forward, backward, comm_wait, optimizer, step;
+    std::vector<int64_t> peak, rss, params, grads, opt, other, pparams, pgrads, popt;
+    std::map<std::string, double> comm;
+  };
+  std::vector<Samples> samples(static_cast<size_t>(std::max(world_size, 1)));
+  auto put_d = [](std::vector<double>& v, const nlohmann::json& j, const char* key) {
+    if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<double>());
+  };
+  auto put_i = [](std::vector<int64_t>& v, const nlohmann::json& j, const char* key) {
+    if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<int64_t>());
+  };
+  for (const auto& s : summaries) {
+    if (s.contains("per_rank") && s.at("per_rank").is_array()) {
+      for (const auto& pr : s.at("per_rank")) {
+        const size_t r = pr.value("rank", 0);
+        if (r >= samples.size()) samples.resize(r + 1);
+        Samples& x = samples[r];
+        put_d(x.tps, pr, "tokens_per_s");
+        put_d(x.forward, pr, "forward_s");
+        put_d(x.backward, pr, "backward_s");
+        put_d(x.comm_wait, pr, "comm_wait_s");
+        put_d(x.optimizer, pr, "optimizer_s");
+        put_d(x.step, pr, "step_s");
+        put_i(x.peak, pr, "peak_tensor_bytes");
+        put_i(x.rss, pr, "peak_rss_bytes");
+        if (pr.contains("memory")) {
+          const auto& m = pr.at("memory");
+          put_i(x.params, m, "params");
+          put_i(x.grads, m, "grads");
+          put_i(x.opt, m, "optimizer");
+          put_i(x.other, m, "activations_other");
+        }
+        if (pr.contains("predicted")) {
+          const auto& m = pr.at("predicted");
+          put_i(x.pparams, m, "params");
+          put_i(x.pgrads, m, "grads");
+          put_i(x.popt, m, "optimizer");
+        }
+        if (x.comm.empty() && pr.contains("comm_bytes_per_step"))
+          for (const auto& item : pr.at("comm_bytes_per_step").items())
+            if (item.value().is_number()) x.comm[item.key()] = item.value().get<double>();
+      }
+      continue;
+    }
+    // Older summaries: per-rank memory arrays, rank 0's times and bytes.
+    for (size_t r = 0; r < samples.size(); ++r) {
+      Samples& x = samples[r];
+      if (s.contains("peak_tensor_bytes") && r < s.at("peak_tensor_bytes").size())
+        x.peak.push_back(s.at("peak_tensor_bytes")[r].get<int64_t>());
+      if (s.contains("peak_rss_bytes") && r < s.at("peak_rss_bytes").size())
+        x.rss.push_back(s.at("peak_rss_bytes")[r].get<int64_t>());
+      if (s.contains("model_state_bytes") && r < s.at("model_state_bytes").size()) {
+        const auto& m = s.at("model_state_bytes")[r];
+        put_i(x.params, m, "params");
+        put_i(x.grads, m, "grads");
+        put_i(x.opt, m, "optimizer");
+        put_i(x.other, m, "other");
+      }
+    }
+    Samples& zero = samples[0];
+    put_d(zero.backward, s, "backward_s_per_step");
+    put_d(zero.comm_wait, s, "grad_sync_s_per_step");
+    const int64_t steps = s.value("steps", int64_t{0});
+    if (zero.comm.empty() && steps > 0 && s.contains("comm_bytes_rank0"))
+      for (const auto& item : s.at("comm_bytes_rank0").items())
+        zero.comm[item.key()] = item.value().get<double>() / double(steps);
+  }
+  std::vector<RankResult> out;
+  for (size_t r = 0; r < samples.size(); ++r) {
+    const Samples& x = samples[r];
+    RankResult rr;
+    rr.rank = static_cast<int>(r);
+    if (!x.tps.empty()) rr.tokens_per_s = compute_stats(x.tps);
+    rr.forward_s = median_of(x.forward);
+    rr.backward_s = median_of(x.backward);
+    rr.comm_wait_s = median_of(x.comm_wait);
+    rr.optimizer_s = median_of(x.optimizer);
+    rr.step_s = median_of(x.step);
+    rr.peak_tensor_bytes = max_of(x.peak);
+    rr.peak_rss_bytes = max_of(x.rss);
+    rr.params = max_of(x.params);
+    rr.grads = max_of(x.grads);
+    rr.optimizer = max_of(x.opt);
+    rr.activations_other = max_of(x.other);
+    rr.predicted_params = max_of(x.pparams);
+    rr.predicted_grads = max_of(x.pgrads);
+    rr.predicted_optimizer = max_of(x.popt);
+    rr.comm_bytes_per_step = x.comm;
+    out.push_back(rr);
+  }
+  return out;
+}
+
+}  // namespace
+
+double comparable_tokens_per_s(const CaseResult& r) {
+  if (r.best_step_tokens_per_s > 0) return r.best_step_tokens_per_s;
+  return r.median_step_tokens_per_s > 0 ? r.median_step_tokens_per_s : r.tokens_per_s.median;
+}
+
 CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summaries,
-                     const std::vector<double>& median_step_tokens_per_s) {
+                     const std::vector<double>& median_step_tokens_per_s,
+                     const std::vector<double>& best_step_tokens_per_s) {
   TORCH_CHECK_VALUE(!summaries.empty(), "aggregate: no runs for case ", c.name);
   CaseResult r;
   r.bench_case = c;
@@ -566,6 +783,7 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   }
   r.tokens_per_s = compute_stats(tps);
   if (!median_step_tokens_per_s.empty()) r.median_step_tokens_per_s = compute_stats(median_step_tokens_per_s).median;
+  if (!best_step_tokens_per_s.empty()) r.best_step_tokens_per_s = compute_stats(best_step_tokens_per_s).max;
   r.mfu = compute_stats(mfu).median;
   r.peak_flops_per_rank = compute_stats(peak_flops).median;
   r.backward_s_per_step = compute_stats(backward).median;
@@ -577,20 +795,79 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   for (const auto& item : first.at("comm_bytes_rank0").items()) comm += item.value().get<int64_t>();
   const int64_t steps = first.at("steps").get<int64_t>();
   r.comm_bytes_per_step = steps > 0 ? double(comm) / double(steps) : 0.0;
+  for (const auto& item : first.at("comm_bytes_rank0").items())
+    r.comm_bytes_per_step_by_kind[item.key()] = steps > 0 ? item.value().get<double>() / double(steps) : 0.0;
+  r.ranks = aggregate_ranks(summaries, r.world_size);
+  // Without the planner's prediction: the ZeRO formula's split, where it
+  // applies (fp32 AdamW, nothing offloaded).
+  const bool offloaded = std::find(c.extra.begin(), c.extra.end(), "--offload") != c.extra.end();
+  if ((c.precision == "32" || c.precision == "fp32") && !offloaded) {
+    const double p = double(r.parameters), n = double(r.world_size);
+    std::optional<std::array<double, 3>> split;  // params, grads, optimizer bytes
+    if (c.strategy == "single" || c.strategy == "ddp") split = {{4 * p, 4 * p, 8 * p}};
+    if (c.strategy == "oss") split = {{4 * p, 4 * p, 8 * p / n}};
+    if (c.strategy == "sdp") split = {{4 * p, 4 * p / n, 8 * p / n}};
+    if (c.strategy == "fsdp") split = {{4 * p / n, 4 * p / n, 8 * p / n}};
+    for (RankResult& k : r.ranks) {
+      if (!split || k.predicted_params) continue;
+      k.predicted_params = static_cast<int64_t>((*split)[0]);
+      k.predicted_grads = static_cast<int64_t>((*split)[1]);
+      k.predicted_optimizer = static_cast<int64_t>((*split)[2]);
+    }
+  }
+  std::vector<double> psi, ratio, peak;
+  for (const auto& s : summaries) {
+    if (s.contains("psi") && s.at("psi").is_number()) psi.push_back(s.at("psi").get<double>());
+    if (s.contains("comm_ratio_to_psi") && s.at("comm_ratio_to_psi").is_number())
+      ratio.push_back(s.at("comm_ratio_to_psi").get<double>());
+    if (s.contains("matmul_peak_flops") && s.at("matmul_peak_flops").is_number())
+      peak.push_back(s.at("matmul_peak_flops").get<double>());
+  }
+  r.psi = median_of(psi);
+  r.comm_ratio_to_psi = median_of(ratio);
+  r.matmul_peak_flops = median_of(peak);
   return r;
 }
 
 std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, const std::vector<CaseRun>& runs) {
   std::vector<CaseResult> results;
   for (const BenchCase& c : cases) {
+    if (!c.skip_reason.empty()) {
+      CaseResult r;
+      r.bench_case = c;
+      r.status = "skipped";
+      r.error = c.skip_reason;
+      results.push_back(r);
+      continue;
+    }
     std::vector<nlohmann::json> summaries;
-    std::vector<double> step_tps;
+    std::vector<double> step_tps, best_tps;
+    std::string error;
+    bool any = false;
     for (const auto& run : runs) {
       if (run.bench_case->name != c.name) continue;
+      any = true;
+      if (!run.error.empty()) {
+        error = "run " + std::to_string(run.repeat + 1) + " " + run.error;
+        continue;
+      }
       summaries.push_back(run.summary);
       if (run.median_step_tokens_per_s > 0) step_tps.push_back(run.median_step_tokens_per_s);
+      if (run.best_step_tokens_per_s > 0) best_tps.push_back(run.best_step_tokens_per_s);
     }
-    if (!summaries.empty()) results.push_back(aggregate(c, summaries, step_tps));
+    if (!any) continue;
+    CaseResult r;
+    if (!summaries.empty()) {
+      r = aggregate(c, summaries, step_tps, best_tps);
+    } else {
+      r.bench_case = c;
+      r.world_size = c.nproc;
+    }
+    if (!error.empty()) {
+      r.status = "failed";
+      r.error = error;
+    }
+    results.push_back(r);
   }
   return results;
 }

@@ -8,13 +8,17 @@
 // memory (exact, from the tracking allocator) as a value.
 //
 // Example:
-//   auto suites = strata::bench::select_suites("smoke");
+//   strata::bench::SuiteRegistry registry;
+//   strata::bench::register_builtin_suites(registry);
+//   auto suites = registry.select("smoke");
 //   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
 //   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -37,8 +41,10 @@ struct BenchCase {
   int64_t batch_size = 8;        ///< per rank
   int64_t block_size = 0;        ///< 0: the data's natural length
   std::string data = kGeneratedText;
+  std::string device = "cpu";    ///< pinned (--device), so a CUDA build never meets CPU baselines
   std::vector<std::string> extra;  ///< further strata-gpt flags
   std::string reference;         ///< name of the case the "vs ref" columns divide by ("": none)
+  std::string skip_reason;       ///< non-empty: not run (an invalid sweep combination), reported as skipped
 };
 
 /// A named group of cases and what its comparisons mean.
@@ -48,12 +54,34 @@ struct Suite {
   std::vector<BenchCase> cases;
 };
 
-/// Names accepted by --suite, in report order.
+/// Suite name -> a function building it, as StrategyRegistry does for
+/// strategies. Filled explicitly (no self-registering statics): the built-in
+/// suites by register_builtin_suites(), suites defined in other files (planner,
+/// checkpoint) by their own register_*_suite(SuiteRegistry&) called from
+/// strata-bench's main.
+class SuiteRegistry {
+ public:
+  using Factory = std::function<Suite()>;
+  /// Adds `name` (listed in this order); a duplicate or empty name is an error.
+  void add(const std::string& name, Factory factory);
+  /// Names, in registration order.
+  std::vector<std::string> names() const;
+  /// The suites named in `csv` ("zero,memory"), in the order given. Throws
+  /// c10::ValueError naming the bad value and the allowed ones for an
+  /// unknown, empty or repeated name.
+  std::vector<Suite> select(const std::string& csv) const;
+
+ private:
+  std::vector<std::pair<std::string, Factory>> entries_;
+};
+
+/// single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale.
+void register_builtin_suites(SuiteRegistry& registry);
+
+/// Names of the built-in suites, in report order.
 std::vector<std::string> suite_names();
 
-/// The suites named in `csv` ("zero,memory"), in the order given. Throws
-/// c10::Error naming the bad value and the allowed ones for an unknown, empty
-/// or repeated name.
+/// The built-in suites named in `csv` (SuiteRegistry::select over them).
 std::vector<Suite> select_suites(const std::string& csv);
 
 /// The cases of `suites`, concatenated.
@@ -95,16 +123,8 @@ std::string git_commit(const std::string& source_dir);
 /// Current UTC time, ISO 8601.
 std::string utc_now();
 
-/// A case whose strata-gpt run failed; what() is one line, `output_tail` its last lines.
-class CaseFailure : public std::runtime_error {
- public:
-  CaseFailure(const std::string& message, std::string output_tail)
-      : std::runtime_error(message), output_tail_(std::move(output_tail)) {}
-  const std::string& output_tail() const { return output_tail_; }
-
- private:
-  std::string output_tail_;
-};
+/// LibTorch's version ("1.13.1"), compiled in.
+std::string libtorch_version();
 
 /// One finished run of one case.
 struct CaseRun {
@@ -112,10 +132,15 @@ struct CaseRun {
   int repeat = 0;                ///< 0-based
   std::string command;           ///< shell-quoted strata-gpt command line
   double wall_s = 0.0;           ///< whole subprocess, start-up included
+  std::string error;             ///< non-empty: the run failed (crash, OOM, timeout); summary is null
+  std::string output_tail;       ///< a failed run's last lines of output
   nlohmann::json summary;        ///< summary.json as written by strata-gpt
   /// Tokens per step (all ranks) ÷ the median step time of steps 2.. from
   /// metrics.csv: robust to a few stalled steps on a shared machine. 0 if unknown.
   double median_step_tokens_per_s = 0.0;
+  /// Tokens per step ÷ the fastest step of steps 2..: on a machine shared with
+  /// other work, the step least slowed by it. 0 if unknown.
+  double best_step_tokens_per_s = 0.0;
 };
 
 /// How to run cases.
@@ -126,20 +151,42 @@ struct RunOptions {
   std::string work_dir;        ///< holds the generated data, logs and output dirs
   int repeats = 1;
   double case_timeout_s = 600;  ///< SIGTERM (then SIGKILL) a run that takes longer
+  /// Case name that also gets strata-gpt's hidden --debug-extra-param-copy
+  /// (the gate test's injected memory regression); "" none.
+  std::string inject_regression;
   /// Called after each run (progress, JSON lines); may be empty.
   std::function<void(const CaseRun&)> on_run;
 };
 
-/// Runs every case `options.repeats` times, interleaved; throws CaseFailure
-/// for the first run that exits non-zero, times out or writes no summary.
+/// Runs every case that is not skipped `options.repeats` times, interleaved.
+/// A run that exits non-zero, times out or writes no summary is returned with
+/// its error (a case that failed once is not run again) and the sweep goes on.
 std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const RunOptions& options);
+
+/// One rank's numbers for a case (medians over runs for times, max over runs
+/// for memory); absent (nullopt, shown "—") when the summaries lack them.
+struct RankResult {
+  int rank = 0;
+  std::optional<Stats> tokens_per_s;
+  std::optional<double> forward_s, backward_s, comm_wait_s, optimizer_s, step_s;  ///< per step
+  std::optional<int64_t> peak_tensor_bytes, peak_rss_bytes;
+  /// At the peak: params, grads, optimizer, activations_other.
+  std::optional<int64_t> params, grads, optimizer, activations_other;
+  /// ZeRO prediction: the planner's (summary.json "predicted"), else the ZeRO
+  /// formula's split for fp32 AdamW without offload; params, grads, optimizer.
+  std::optional<int64_t> predicted_params, predicted_grads, predicted_optimizer;
+  std::map<std::string, double> comm_bytes_per_step;  ///< by collective kind (empty: unknown)
+};
 
 /// What a case's runs add up to.
 struct CaseResult {
   BenchCase bench_case;
+  std::string status = "ok";  ///< "ok", "failed" or "skipped"
+  std::string error;          ///< why failed / skipped
   int runs = 0;
   Stats tokens_per_s;                 ///< summary.json's (all steps but the first)
   double median_step_tokens_per_s = 0.0;  ///< median over runs of CaseRun's (0 if unknown)
+  double best_step_tokens_per_s = 0.0;    ///< max over runs of CaseRun's (0 if unknown)
   double mfu = 0.0;                 ///< median over runs
   double peak_flops_per_rank = 0.0; ///< median over runs
   int64_t parameters = 0;
@@ -154,7 +201,18 @@ struct CaseResult {
   /// over runs; 0 when the summaries lack them.
   double backward_s_per_step = 0.0;
   double grad_sync_s_per_step = 0.0;
+  /// Rank 0's bytes sent per step by collective kind (first run).
+  std::map<std::string, double> comm_bytes_per_step_by_kind;
+  std::vector<RankResult> ranks;  ///< one per rank
+  /// Top-level planner figures when summary.json has them (median over runs).
+  std::optional<double> psi, comm_ratio_to_psi, matmul_peak_flops;
 };
+
+/// tokens/s for ratios between cases of one run (the gate's): the best-step
+/// figure when known (the least disturbed by other work on a shared machine:
+/// ratios of medians moved by 2-4x between back-to-back runs here), else the
+/// median-step figure, else summary.json's median.
+double comparable_tokens_per_s(const CaseResult& r);
 
 /// Max over ranks of a summary's per-rank arrays.
 int64_t peak_tensor_bytes_max(const nlohmann::json& summary);
@@ -165,12 +223,17 @@ int64_t peak_rss_bytes_max(const nlohmann::json& summary);
 /// Aggregates the runs of `c` (summaries in repeat order; at least one), with
 /// their median-step throughputs when known.
 CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summaries,
-                     const std::vector<double>& median_step_tokens_per_s = {});
+                     const std::vector<double>& median_step_tokens_per_s = {},
+                     const std::vector<double>& best_step_tokens_per_s = {});
 
 /// Median step time (s) of steps >= 2 in a strata-gpt metrics.csv; 0 if unreadable.
 double median_step_seconds(const std::string& metrics_csv);
+/// The fastest step time (s) of steps >= 2; 0 if unreadable.
+double min_step_seconds(const std::string& metrics_csv);
 
-/// aggregate() for every case, from run_interleaved()'s output.
+/// aggregate() for every case, from run_interleaved()'s output; a skipped case
+/// or one with a failed run gives a CaseResult with that status and error
+/// (its metrics from the successful runs, if any).
 std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, const std::vector<CaseRun>& runs);
 
 }  // namespace strata::bench

@@ -204,6 +204,9 @@ std::vector<Field> fields() {
        "with --torchscript: after training, save the trained model here (torch.jit.load)"},
       {"dump-params", kTestingGroup, &C::dump_params,
        "rank 0 saves the final parameters here (torch::save archive; parity tests)"},
+      {"debug-extra-param-copy", kTestingGroup, &C::debug_extra_param_copy,
+       "every rank keeps an extra fp32 copy of the parameters' size alive for the run (an "
+       "injected memory regression: strata-bench's gate test)", true},
   };
 }
 

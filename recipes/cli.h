@@ -82,6 +82,9 @@ struct RunConfig {
   std::string export_torchscript; ///< rank 0 saves the trained TorchScript model here
   // testing aids (listed by --help-all only)
   std::string dump_params;        ///< rank 0 writes final params here (torch::save)
+  /// Every rank keeps an extra fp32 buffer of the model's parameter count
+  /// alive for the whole run (the bench gate test's injected memory regression).
+  bool debug_extra_param_copy = false;
 };
 
 /// Outcome of parsing: either a config to run, or text to print and an exit code.

@@ -750,6 +750,12 @@ int run_gpt(int argc, char** argv) {
                 << at::get_num_threads() << " thread(s) each | device " << device << " | precision " << config.precision << "\n"
                 << to_ini(resolved_config(config, *model_options, at::get_num_threads())) << std::flush;
     }
+    // Testing aid: one more copy of the parameters' bytes, allocated through
+    // the tracked allocator before the run so every rank's peak includes it.
+    torch::Tensor extra_param_copy;
+    if (config.debug_extra_param_copy) {
+      extra_param_copy = torch::zeros({module.model()->num_params()}, torch::TensorOptions().device(device));
+    }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
     FitResult result = trainer.fit(*module, *data);
 

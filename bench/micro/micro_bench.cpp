@@ -1,9 +1,16 @@
 // strata-micro-bench: the kernels under strata's throughput, in isolation.
 //
 //   BM_Matmul, BM_MatmulBf16       n×n products (2n³ FLOPs) on 1 or 2 threads; counter FLOP/s
-//   BM_AllReduce/bytes             in-place SUM all-reduce, 2 ranks as threads (Gloo)
-//   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (all-to-all + local sum)
-//   BM_AllGatherInto/bytes         Comm::all_gather_into (list all-gather into views)
+//   BM_AllReduce/bytes             Comm::all_reduce, in-place SUM, 2 ranks as threads (Gloo)
+//   BM_Broadcast/bytes, BM_Reduce/bytes   Comm::broadcast / Comm::reduce from/to rank 0
+//   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (emulated: Gloo 1.13 has none)
+//   BM_AllGatherInto/bytes         Comm::all_gather_into (flat output, emulated with a
+//                                  list all-gather into views)
+//   BM_GlooAllReduce/bytes         c10d ProcessGroupGloo::allreduce directly (the yardstick)
+//                                  collectives: 64 KiB - 64 MiB; counters GB (GB/s) and
+//                                  vs_gloo_allreduce (Gloo all-reduce time of the same
+//                                  bytes, interleaved call by call, ÷ this call's; > 1 is faster)
+//   BM_FlattenUnit, BM_UnflattenUnit, BM_AdamW*PerParam, BM_AdamWFlatShard  (flat_bench.cpp)
 //   BM_AdamW*, BM_Copy*, BM_Memcpy  the optimizer step (adamw_bench.cpp)
 //   BM_Attention/T/fused           causal attention core forward + backward, B 4, H 6,
 //                                  head 64 (gpt-mini's), fused (kernels/attention.h)
@@ -50,11 +57,19 @@ void matmul(benchmark::State& state, torch::Dtype dtype) {
 void BM_Matmul(benchmark::State& state) { matmul(state, torch::kFloat32); }
 void BM_MatmulBf16(benchmark::State& state) { matmul(state, torch::kBFloat16); }
 
-enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+enum class Collective { kAllReduce, kBroadcast, kReduce, kReduceScatter, kAllGather, kGlooAllReduce };
+
+using Seconds = std::chrono::duration<double>;
 
 /// Runs one collective per benchmark iteration on a 2-rank thread world: rank 0
 /// drives google/benchmark's loop, the peer makes the same number of calls
 /// (state.max_iterations, fixed for one invocation), so every call pairs up.
+/// Each iteration also runs Gloo's own all-reduce of the same bytes (the
+/// ProcessGroup's, bypassing Comm) right after, timed apart: interleaved, so a
+/// load change on a shared machine slows both alike. The benchmark's time is
+/// the collective's alone (manual time). Counters: GB (the full buffer's bytes
+/// per second, in GB) and vs_gloo_allreduce (Gloo all-reduce time ÷ this
+/// collective's; > 1: faster than an all-reduce of the same bytes).
 void collective(benchmark::State& state, Collective kind) {
   constexpr int kRanks = 2;
   const int64_t numel = state.range(0) / int64_t(sizeof(float));
@@ -62,34 +77,61 @@ void collective(benchmark::State& state, Collective kind) {
   // strata-gpt's ranks share them with --threads-per-rank 1.
   const int saved_threads = at::get_num_threads();
   at::set_num_threads(1);
+  double ours_s = 0.0, gloo_s = 0.0;
+  const bool yardstick = kind != Collective::kGlooAllReduce;
   strata::run_thread_world(
       kRanks,
       [&](strata::Comm& comm) {
         auto full = torch::ones({numel});
         auto shard = torch::ones({numel / kRanks});
+        auto yard = torch::ones({numel});
+        std::vector<torch::Tensor> tensors = {full}, yard_tensors = {yard};
         auto one_call = [&] {
           switch (kind) {
             case Collective::kAllReduce: comm.all_reduce(full); break;
+            case Collective::kBroadcast: comm.broadcast(full, 0); break;
+            case Collective::kReduce: comm.reduce(full, 0); break;
             case Collective::kReduceScatter: comm.reduce_scatter(shard, full); break;
             case Collective::kAllGather: comm.all_gather_into(full, shard); break;
+            case Collective::kGlooAllReduce: comm.process_group()->allreduce(tensors)->wait(); break;
           }
         };
+        auto gloo_call = [&] { comm.process_group()->allreduce(yard_tensors)->wait(); };
         one_call();  // warm-up: connections, buffers
+        if (yardstick) gloo_call();
         comm.barrier();
         if (comm.rank() == 0) {
-          for (auto _ : state) one_call();
+          for (auto _ : state) {
+            const auto t0 = std::chrono::steady_clock::now();
+            one_call();
+            const auto t1 = std::chrono::steady_clock::now();
+            if (yardstick) gloo_call();
+            const auto t2 = std::chrono::steady_clock::now();
+            state.SetIterationTime(Seconds(t1 - t0).count());
+            ours_s += Seconds(t1 - t0).count();
+            gloo_s += Seconds(t2 - t1).count();
+          }
         } else {
-          for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) one_call();
+          for (benchmark::IterationCount i = 0; i < state.max_iterations; ++i) {
+            one_call();
+            if (yardstick) gloo_call();
+          }
         }
       },
-      std::chrono::seconds(60));
+      std::chrono::seconds(120));
   at::set_num_threads(saved_threads);
   state.SetBytesProcessed(state.iterations() * state.range(0));
+  state.counters["GB"] =
+      benchmark::Counter(double(state.range(0)) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (yardstick && ours_s > 0) state.counters["vs_gloo_allreduce"] = gloo_s / ours_s;
 }
 
 void BM_AllReduce(benchmark::State& state) { collective(state, Collective::kAllReduce); }
+void BM_Broadcast(benchmark::State& state) { collective(state, Collective::kBroadcast); }
+void BM_Reduce(benchmark::State& state) { collective(state, Collective::kReduce); }
 void BM_ReduceScatterEmulated(benchmark::State& state) { collective(state, Collective::kReduceScatter); }
 void BM_AllGatherInto(benchmark::State& state) { collective(state, Collective::kAllGather); }
+void BM_GlooAllReduce(benchmark::State& state) { collective(state, Collective::kGlooAllReduce); }
 
 /// The attention core as CausalSelfAttention runs it: q, k, v are head views
 /// of one [B, T, 3C] projection, the result goes back to [B, T, C].
@@ -156,9 +198,16 @@ BENCHMARK(BM_Matmul)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n", "t
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_MatmulBf16)->ArgsProduct({{256, 512, 1024}, {1, 2}})->ArgNames({"n", "threads"})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_AllReduce)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_ReduceScatterEmulated)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
-BENCHMARK(BM_AllGatherInto)->Arg(1 << 20)->Arg(16 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+// Collectives: 64 KiB to 64 MiB of fp32 (x4 steps), 2 thread-ranks.
+#define STRATA_COLLECTIVE_BENCH(fn)                                                                          \
+  BENCHMARK(fn)->RangeMultiplier(4)->Range(64 << 10, 64 << 20)->ArgName("bytes")->Unit(benchmark::kMillisecond) \
+      ->UseManualTime()->MinTime(0.3)
+STRATA_COLLECTIVE_BENCH(BM_AllReduce);
+STRATA_COLLECTIVE_BENCH(BM_Broadcast);
+STRATA_COLLECTIVE_BENCH(BM_Reduce);
+STRATA_COLLECTIVE_BENCH(BM_ReduceScatterEmulated);
+STRATA_COLLECTIVE_BENCH(BM_AllGatherInto);
+STRATA_COLLECTIVE_BENCH(BM_GlooAllReduce);
 
 // Args: {T, fused (1) or naive (0), intra-op threads}.
 BENCHMARK(BM_Attention)->ArgsProduct({{128, 256, 512, 1024, 2048}, {0, 1}, {2, 1}})

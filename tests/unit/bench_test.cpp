@@ -1,7 +1,11 @@
 // bench_test - Unit tests for bench/harness.cpp and bench/report.cpp (the pure
 // logic; strata-gpt subprocesses run only in the bench_smoke_gate ctest).
+#include "bench/charts.h"
 #include "bench/harness.h"
 #include "bench/report.h"
+#include "bench/sweep.h"
+#include "recipes/gpt.h"
+#include "strategies/registry.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -10,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -113,7 +118,7 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   EXPECT_EQ(suites[0].name, "zero");
   EXPECT_EQ(suites[1].name, "smoke");
   // Case names are unique across all suites, and references name existing cases.
-  const auto cases = all_cases(select_suites("single,ddp,zero,memory,smoke,attention"));
+  const auto cases = all_cases(select_suites("single,ddp,zero,fsdp,memory,smoke,attention,kernels,scale"));
   std::vector<std::string> names;
   for (const auto& c : cases) names.push_back(c.name);
   std::sort(names.begin(), names.end());
@@ -130,7 +135,7 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   } catch (const c10::ValueError& e) {
     const std::string msg = e.what_without_backtrace();
     EXPECT_NE(msg.find("'fast'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("single, ddp, zero, fsdp, memory, smoke, attention, kernels"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale"), std::string::npos) << msg;
   }
   EXPECT_THROW(select_suites("zero,zero"), c10::ValueError);
   EXPECT_THROW(select_suites(""), c10::ValueError);
@@ -273,56 +278,111 @@ TEST(BenchTest, RunRecordsReadBackForReRendering) {
 class BaselineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    result_ = aggregate(make_case("smoke/gpt-nano/ddp-2x1"), {fake_summary(1000, 100, 100)});
-    baseline_[result_.bench_case.name] = {result_.bench_case.name, 1000, 100, 16004};
+    const BenchCase ref = make_case("smoke/gpt-nano/ddp-2x1");
+    const BenchCase oss = make_case("smoke/gpt-nano/oss-2x1", "oss", ref.name);
+    results_ = {aggregate(ref, {fake_summary(1000, 100, 100)}),
+                aggregate(oss, {fake_summary(800, 100, 100, 1000, "oss")})};
+    for (const auto& r : results_) baseline_[r.bench_case.name] = baseline_entry(r, results_);
   }
-  CaseResult result_;
+  std::vector<std::string> metrics(const std::vector<Regression>& regressions) {
+    std::vector<std::string> out;
+    for (const auto& r : regressions) out.push_back(r.case_name + ": " + r.metric);
+    return out;
+  }
+  CaseResult& oss() { return results_[1]; }
+  std::vector<CaseResult> results_;
   std::map<std::string, BaselineEntry> baseline_;
 };
 
+TEST_F(BaselineTest, EntryHoldsRatioDeviceAndBytesSent) {
+  const BaselineEntry& e = baseline_.at("smoke/gpt-nano/oss-2x1");
+  ASSERT_TRUE(e.tokens_per_s_vs_ref.has_value());
+  EXPECT_DOUBLE_EQ(*e.tokens_per_s_vs_ref, 0.8);
+  EXPECT_EQ(e.device, "cpu");
+  EXPECT_DOUBLE_EQ(e.comm_bytes_per_step.at("all_reduce"), 90.0);  // 900 bytes / 10 steps
+  EXPECT_FALSE(baseline_.at("smoke/gpt-nano/ddp-2x1").tokens_per_s_vs_ref.has_value());  // no reference
+}
+
 TEST_F(BaselineTest, PassesWithinTolerance) {
-  result_.tokens_per_s.median = 600;     // 40% slower: inside the generous 50%
-  result_.peak_tensor_bytes_max = 104;   // +4%
-  EXPECT_TRUE(compare_to_baseline({result_}, baseline_, GateOptions()).empty());
+  oss().peak_tensor_bytes_min = oss().peak_tensor_bytes_max = 102;  // +2%
+  results_[0].tokens_per_s.median = 500;  // absolute speed is not gated, only the ratio
+  oss().tokens_per_s.median = 400;        // 0.8, as in the baseline
+  EXPECT_TRUE(compare_to_baseline(results_, baseline_, GateOptions()).empty());
+  oss().tokens_per_s.median = 350;  // 0.70: -12.5%
+  EXPECT_TRUE(compare_to_baseline(results_, baseline_, GateOptions()).empty());
 }
 
-TEST_F(BaselineTest, FlagsSlowdown) {
-  result_.tokens_per_s.median = 400;
-  const auto regressions = compare_to_baseline({result_}, baseline_, GateOptions());
-  ASSERT_EQ(regressions.size(), 1u);
-  EXPECT_EQ(regressions[0].metric, "tokens_per_s");
-  EXPECT_DOUBLE_EQ(regressions[0].limit, 500);
+TEST_F(BaselineTest, FlagsARatioDropBeyondFifteenPercent) {
+  oss().tokens_per_s.median = 670;  // 0.67 < 0.85 x 0.8 = 0.68
+  const auto regressions = compare_to_baseline(results_, baseline_, GateOptions());
+  ASSERT_EQ(regressions.size(), 1u) << render_regressions(regressions);
+  EXPECT_EQ(regressions[0].metric, "tokens/s ÷ ref");
+  EXPECT_EQ(regressions[0].measured, "0.670");
+  EXPECT_NE(regressions[0].limit.find("0.680"), std::string::npos) << regressions[0].limit;
+}
+
+TEST_F(BaselineTest, FlagsMemoryGrowthOverTwoPercent) {
+  oss().peak_tensor_bytes_min = oss().peak_tensor_bytes_max = 103;
+  oss().model_state_bytes_min = oss().model_state_bytes_max = 20000;
+  const auto regressions = compare_to_baseline(results_, baseline_, GateOptions());
+  EXPECT_EQ(metrics(regressions), (std::vector<std::string>{"smoke/gpt-nano/oss-2x1: peak tensor bytes",
+                                                             "smoke/gpt-nano/oss-2x1: model-state bytes"}));
   const std::string msg = regressions[0].message();
-  EXPECT_NE(msg.find("smoke/gpt-nano/ddp-2x1"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("400.0 < limit 500.0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("regression: smoke/gpt-nano/oss-2x1 peak tensor bytes 103 (baseline 100"), std::string::npos)
+      << msg;
+  const std::string table = render_regressions(regressions);
+  EXPECT_NE(table.find("| smoke/gpt-nano/oss-2x1 | peak tensor bytes | 100 | 103 |"), std::string::npos) << table;
 }
 
-TEST_F(BaselineTest, FlagsMemoryGrowth) {
-  result_.peak_tensor_bytes_max = 106;
-  result_.model_state_bytes_max = 20000;
-  const auto regressions = compare_to_baseline({result_}, baseline_, GateOptions());
-  ASSERT_EQ(regressions.size(), 2u);
-  EXPECT_EQ(regressions[0].metric, "peak_tensor_bytes_max");
-  EXPECT_EQ(regressions[1].metric, "model_state_bytes_max");
-  EXPECT_NE(regressions[0].message().find("106 > limit 105"), std::string::npos) << regressions[0].message();
+TEST_F(BaselineTest, OneRepeatsTimingSpikeIsNotAMemoryRegression) {
+  // Repeats peaked at 100 and 110 bytes: the smallest is what every run needed.
+  oss() = aggregate(oss().bench_case, {fake_summary(800, 100, 100, 1000, "oss"), fake_summary(800, 110, 100, 1000, "oss")});
+  EXPECT_TRUE(compare_to_baseline(results_, baseline_, GateOptions()).empty());
+  oss() = aggregate(oss().bench_case, {fake_summary(800, 110, 100, 1000, "oss"), fake_summary(800, 104, 100, 1000, "oss")});
+  EXPECT_EQ(metrics(compare_to_baseline(results_, baseline_, GateOptions())),
+            (std::vector<std::string>{"smoke/gpt-nano/oss-2x1: peak tensor bytes"}));
 }
 
-TEST_F(BaselineTest, CasesWithoutBaselineAreNotGatedAndOptionsAreChecked) {
-  result_.bench_case.name = "smoke/gpt-nano/new-case";
-  result_.tokens_per_s.median = 1;
-  EXPECT_TRUE(compare_to_baseline({result_}, baseline_, GateOptions()).empty());
+TEST_F(BaselineTest, FlagsAnyChangeInBytesSent) {
+  oss().comm_bytes_per_step_by_kind["all_reduce"] += 1;  // one byte more per step
+  oss().comm_bytes_per_step_by_kind["all_gather"] = 4;   // a new kind
+  EXPECT_EQ(metrics(compare_to_baseline(results_, baseline_, GateOptions())),
+            (std::vector<std::string>{"smoke/gpt-nano/oss-2x1: bytes sent per step (all_gather)",
+                                      "smoke/gpt-nano/oss-2x1: bytes sent per step (all_reduce)"}));
+}
+
+TEST_F(BaselineTest, RenamedCaseAndEmptyBaselineFail) {
+  oss().bench_case.name = "smoke/gpt-nano/oss-renamed";
+  EXPECT_EQ(metrics(compare_to_baseline(results_, baseline_, GateOptions())),
+            (std::vector<std::string>{"smoke/gpt-nano/oss-renamed: missing from baseline",
+                                      "smoke/gpt-nano/oss-2x1: missing from results"}));
+  const auto empty = compare_to_baseline(results_, {}, GateOptions());
+  ASSERT_FALSE(empty.empty());
+  EXPECT_EQ(empty[0].metric, "baseline");
+}
+
+TEST_F(BaselineTest, DeviceMismatchAndFailedCasesFail) {
+  oss().bench_case.device = "cuda";
+  results_[0].status = "failed";
+  results_[0].error = "run 1 exited with code 1";
+  EXPECT_EQ(metrics(compare_to_baseline(results_, baseline_, GateOptions())),
+            (std::vector<std::string>{"smoke/gpt-nano/ddp-2x1: failed", "smoke/gpt-nano/oss-2x1: device"}));
   GateOptions bad;
-  bad.max_slowdown = 1.0;
-  EXPECT_THROW(compare_to_baseline({result_}, baseline_, bad), c10::ValueError);
+  bad.max_ratio_drop = 1.0;
+  EXPECT_THROW(compare_to_baseline(results_, baseline_, bad), c10::ValueError);
 }
 
 TEST_F(BaselineTest, RoundTripsThroughTheFileFormat) {
   const fs::path path = fs::temp_directory_path() / "strata_bench_test_baseline.jsonl";
-  std::ofstream(path) << baseline_text({result_}) << "\n";  // a blank line is allowed
+  std::ofstream(path) << baseline_text(results_) << "\n";  // a blank line is allowed
   const auto read = read_baseline(path.string());
-  ASSERT_EQ(read.count(result_.bench_case.name), 1u);
-  EXPECT_DOUBLE_EQ(read.at(result_.bench_case.name).tokens_per_s, 1000);
-  EXPECT_EQ(read.at(result_.bench_case.name).model_state_bytes_max, 16004);
+  ASSERT_EQ(read.size(), 2u);
+  const BaselineEntry& e = read.at("smoke/gpt-nano/oss-2x1");
+  EXPECT_DOUBLE_EQ(e.tokens_per_s, 800);
+  EXPECT_DOUBLE_EQ(*e.tokens_per_s_vs_ref, 0.8);
+  EXPECT_EQ(e.reference, "smoke/gpt-nano/ddp-2x1");
+  EXPECT_EQ(e.model_state_bytes_max, 16004);
+  EXPECT_TRUE(compare_to_baseline(results_, read, GateOptions()).empty());
   std::ofstream(path) << "{\"case\": \"x\"}\n";
   EXPECT_THROW(read_baseline(path.string()), c10::ValueError);
   fs::remove(path);
@@ -332,6 +392,188 @@ TEST_F(BaselineTest, RoundTripsThroughTheFileFormat) {
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find(path.string()), std::string::npos);
   }
+}
+
+TEST(BenchTest, CommittedSmokeBaselineCoversTheSmokeSuiteOnCpu) {
+  const auto baseline = read_baseline(std::string(STRATA_SOURCE_DIR) + "/bench/baselines/smoke.jsonl");
+  const auto cases = all_cases(select_suites("smoke"));
+  ASSERT_EQ(baseline.size(), cases.size());
+  std::set<std::string> strategies;
+  for (const auto& c : cases) {
+    ASSERT_EQ(baseline.count(c.name), 1u) << c.name;
+    EXPECT_EQ(baseline.at(c.name).device, "cpu") << c.name;
+    EXPECT_EQ(c.device, "cpu") << c.name;
+    strategies.insert(c.strategy);
+    if (c.strategy != "single") {
+      EXPECT_EQ(c.nproc, 2) << c.name;
+    }
+  }
+  EXPECT_EQ(strategies, (std::set<std::string>{"single", "ddp", "oss", "sdp", "fsdp"}));
+  EXPECT_EQ(baseline.count("smoke/gpt-nano/fsdp-ac-2x1"), 1u);
+  EXPECT_EQ(baseline.count("smoke/gpt-nano/fsdp-offload-disk-2x1"), 1u);
+}
+
+TEST(BenchTest, PerRankFieldsAreReadWhenPresentAndDashedWhenAbsent) {
+  const BenchCase c = make_case("fsdp/gpt-mini/fsdp-2x1", "fsdp");
+  auto s = fake_summary(1000, 100, 200, 1000, "fsdp");
+  s["psi"] = 4000;
+  s["per_rank"] = nlohmann::json::array();
+  for (int r = 0; r < 2; ++r) {
+    s["per_rank"].push_back({{"rank", r},
+                             {"forward_s", 0.010 * (r + 1)},
+                             {"backward_s", 0.020},
+                             {"comm_wait_s", 0.003},
+                             {"optimizer_s", 0.001},
+                             {"step_s", 0.040},
+                             {"tokens_per_s", 500.0},
+                             {"peak_tensor_bytes", 100 * (r + 1)},
+                             {"memory", {{"params", 10}, {"grads", 20}, {"optimizer", 30}, {"activations_other", 40}}},
+                             {"predicted", {{"params", 10}, {"grads", 20}, {"optimizer", 20}}},
+                             {"peak_rss_bytes", 5000},
+                             {"comm_bytes_per_step", {{"all_gather", 64}, {"reduce_scatter", 32}}}});
+  }
+  const CaseResult r = aggregate(c, {s});
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(*r.ranks[1].forward_s, 0.020);
+  EXPECT_EQ(*r.ranks[1].peak_tensor_bytes, 200);
+  EXPECT_EQ(*r.ranks[0].activations_other, 40);
+  EXPECT_EQ(*r.ranks[0].predicted_optimizer, 20);
+  EXPECT_DOUBLE_EQ(r.ranks[0].comm_bytes_per_step.at("all_gather"), 64);
+  EXPECT_DOUBLE_EQ(*r.psi, 4000);
+  const Suite suite{"fsdp", "", {c}};
+  const std::string md = render_per_rank_markdown({suite}, {r});
+  EXPECT_NE(md.find("| fsdp/gpt-mini/fsdp-2x1 | 1 | 500 | 20.0 | 20.0 | 3.0 | 1.0 | 40.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 1.200 |"), std::string::npos) << md;  // measured 60 ÷ predicted 50
+
+  // An older summary: memory from the per-rank arrays, times from rank 0's scalars, "—" elsewhere.
+  auto old = fake_summary(1000, 100, 200);
+  old["backward_s_per_step"] = 0.5;
+  const CaseResult o = aggregate(make_case("zero/gpt-mini/ddp-2x1"), {old});
+  ASSERT_EQ(o.ranks.size(), 2u);
+  EXPECT_EQ(*o.ranks[1].peak_tensor_bytes, 200);
+  EXPECT_EQ(*o.ranks[1].optimizer, 8004);
+  EXPECT_FALSE(o.ranks[0].forward_s.has_value());
+  EXPECT_DOUBLE_EQ(*o.ranks[0].backward_s, 0.5);
+  EXPECT_FALSE(o.ranks[1].backward_s.has_value());
+  // No planner prediction: the ZeRO formula's split (ddp: 4Ψ' + 4Ψ' + 8Ψ').
+  EXPECT_EQ(*o.ranks[0].predicted_params, 4000);
+  EXPECT_EQ(*o.ranks[0].predicted_optimizer, 8000);
+  const std::string old_md = render_per_rank_markdown({Suite{"zero", "", {o.bench_case}}}, {o});
+  EXPECT_NE(old_md.find("| zero/gpt-mini/ddp-2x1 | 0 | — | — | 500.0 |"), std::string::npos) << old_md;
+  EXPECT_NE(old_md.find("| 1.000 |"), std::string::npos) << old_md;  // 16000 ÷ 16000
+}
+
+TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
+  BenchCase ok = make_case("sweep/gpt-nano/ddp-2x1");
+  BenchCase bad = make_case("sweep/gpt-nano/sdp-2x1", "sdp");
+  BenchCase skipped = make_case("sweep/gpt-nano/ddp-offload-disk-2x1");
+  skipped.skip_reason = "--offload is for fsdp only";
+  const std::vector<BenchCase> cases = {ok, bad, skipped};
+  CaseRun good_run;
+  good_run.bench_case = &cases[0];
+  good_run.summary = fake_summary(1000, 1, 2);
+  CaseRun bad_run;
+  bad_run.bench_case = &cases[1];
+  bad_run.error = "killed by SIGKILL (exit 137; out of memory?)";
+  const auto results = aggregate_runs(cases, {good_run, bad_run});
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].status, "ok");
+  EXPECT_EQ(results[1].status, "failed");
+  EXPECT_NE(results[1].error.find("out of memory"), std::string::npos);
+  EXPECT_EQ(results[2].status, "skipped");
+  const std::string md = render_markdown({Suite{"sweep", "", cases}}, results, ReportHeader());
+  EXPECT_NE(md.find("**failed**: run 1 killed by SIGKILL"), std::string::npos) << md;
+  EXPECT_NE(md.find("**skipped**: --offload is for fsdp only"), std::string::npos) << md;
+  ReportHeader header;
+  header.libtorch = "1.13.1";
+  header.machine.nproc = 2;
+  const auto line = case_record(results[1], header);
+  EXPECT_EQ(line.at("status"), "failed");
+  EXPECT_EQ(line.at("libtorch"), "1.13.1");
+  EXPECT_EQ(line.at("cores"), 2);
+  EXPECT_EQ(case_record(results[0], header).at("per_rank").size(), 2u);
+}
+
+TEST(BenchTest, SuiteRegistryTakesSuitesFromOtherFiles) {
+  SuiteRegistry registry;
+  register_builtin_suites(registry);
+  registry.add("planner", [] { return Suite{"planner", "from another file", {make_case("planner/gpt-nano/x")}}; });
+  const auto suites = registry.select("smoke,planner");
+  ASSERT_EQ(suites.size(), 2u);
+  EXPECT_EQ(suites[1].cases.at(0).name, "planner/gpt-nano/x");
+  EXPECT_THROW(registry.add("planner", [] { return Suite{}; }), c10::ValueError);
+  EXPECT_EQ(registry.names().back(), "planner");
+  EXPECT_THROW(registry.select("plan"), c10::ValueError);
+}
+
+TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
+  const Suite s = make_sweep(SweepOptions()
+                                 .presets({"gpt-micro", "gpt-mini"})
+                                 .strategies({"ddp", "oss", "sdp", "fsdp"})
+                                 .ac({0, 1})
+                                 .offload({"none", "disk"})
+                                 .precision({"fp32", "bf16-mixed"})
+                                 .nproc({2}));
+  ASSERT_EQ(s.cases.size(), 2u * 4 * 2 * 2 * 2);
+  int skipped = 0;
+  for (const auto& c : s.cases) {
+    EXPECT_EQ(c.steps, 20) << c.name;
+    EXPECT_EQ(c.device, "cpu") << c.name;
+    if (!c.skip_reason.empty()) {
+      ++skipped;
+      EXPECT_NE(c.strategy, "fsdp") << c.name;  // only offload with another strategy is refused
+      continue;
+    }
+    const std::string ref = "sweep/" + c.preset + "/ddp-2x1-b8-t64";
+    EXPECT_EQ(c.reference, c.name == ref ? "" : ref) << c.name;
+  }
+  EXPECT_EQ(skipped, 2 * 3 * 2 * 2);  // presets x non-fsdp strategies x ac x precision, offload disk
+  const auto& fsdp = *std::find_if(s.cases.begin(), s.cases.end(), [](const BenchCase& c) {
+    return c.name == "sweep/gpt-mini/fsdp-ac1-offload-disk-bf16-2x1-b8-t64";
+  });
+  EXPECT_EQ(fsdp.precision, "bf16-mixed");
+  EXPECT_EQ(fsdp.extra, (std::vector<std::string>{"--activation-checkpointing", "1", "--offload", "disk"}));
+  EXPECT_THROW(make_sweep(SweepOptions().presets({"gpt-huge"})), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().nproc({0})), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().strategies({"ddp", "ddp"})), c10::ValueError);
+  EXPECT_THROW(split_int_list("1,x", "nproc"), c10::ValueError);
+  EXPECT_THROW(split_list("a,,b", "presets"), c10::ValueError);
+  EXPECT_EQ(split_list("a, b", "presets"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(BenchTest, SweepNamesMatchStrataGpt) {
+  EXPECT_EQ(sweep_presets(), strata::recipes::gpt_preset_names());
+  strata::StrategyRegistry registry;
+  strata::register_builtin_strategies(registry);
+  for (const auto& s : sweep_strategies()) EXPECT_TRUE(registry.contains(s)) << s;
+}
+
+TEST(BenchTest, ChartDataAndScripts) {
+  const BenchCase c = make_case("fsdp/gpt-mini/fsdp-2x1", "fsdp");
+  const CaseResult r = aggregate(c, {fake_summary(300, 10, 20), fake_summary(100, 10, 20)});
+  const std::string tokens = tokens_chart_data({r});
+  EXPECT_NE(tokens.find("\"gpt-mini/fsdp-2x1\" 200 100 300"), std::string::npos) << tokens;
+  const std::string memory = memory_chart_data({r});
+  EXPECT_NE(memory.find("\"gpt-mini/fsdp-2x1 r1\""), std::string::npos) << memory;
+  EXPECT_NE(memory_chart_script("m.dat", "m.png", "pngcairo").find("rowstacked"), std::string::npos);
+  EXPECT_NE(tokens_chart_script("t.dat", "t.png", "png").find("set output 't.png'"), std::string::npos);
+
+  const fs::path dir = fs::temp_directory_path() / "strata_bench_test_charts";
+  fs::remove_all(dir);
+  const ChartFiles missing = write_charts({r}, dir.string(), "/nonexistent/gnuplot");
+  EXPECT_NE(missing.note.find("gnuplot not found"), std::string::npos) << missing.note;
+  EXPECT_TRUE(fs::exists(dir / "tokens_per_s.dat"));
+  EXPECT_TRUE(fs::exists(dir / "memory.gp"));
+  EXPECT_FALSE(fs::exists(dir / "memory.png"));
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "gnuplot is not installed (scripts/setup installs gnuplot-nox): PNG drawing not tested";
+  }
+  const ChartFiles drawn = write_charts({r}, dir.string());
+  EXPECT_EQ(drawn.note, "");
+  EXPECT_GT(fs::file_size(dir / "tokens_per_s.png"), 1000u);
+  EXPECT_GT(fs::file_size(dir / "memory.png"), 1000u);
+  fs::remove_all(dir);
 }
 
 }  // namespace

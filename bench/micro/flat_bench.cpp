@@ -1,0 +1,170 @@
+// Flat-parameter micro-benchmarks, on one gpt-mini transformer block's
+// parameters (n_embd 192: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+// mlp.c_proj, weights and biases; 445k floats) and on the whole gpt-mini
+// parameter list for the optimizer:
+//
+//   BM_FlattenUnit/threads     copy a unit's parameters into one flat buffer (FlatParam's
+//                              layout: each parameter a contiguous range)
+//   BM_UnflattenUnit/threads   copy the flat buffer back into the parameters
+//   BM_AdamWTorchPerParam/threads  torch::optim::AdamW::step over gpt-mini's per-parameter
+//                              tensors (what a non-sharded strategy steps)
+//   BM_AdamWFlatShard/threads  the fused AdamW kernel over one flat buffer of the same
+//                              element count (what OSS/SDP/FSDP step on a rank's shard);
+//                              counter vs_torch_per_param: torch's time ÷ this one's,
+//                              the two stepped alternately
+//
+// Counter GB (GB/s): flatten/unflatten count read + write bytes; the AdamW steps count the
+// fused step's 7 x 4 bytes per element (read p, g, m, v; write p, m, v).
+//
+//   build/bin/strata-micro-bench --benchmark_filter='Flatten|Unflatten|PerParam|FlatShard'
+#include "kernels/fused_adamw.h"
+
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <chrono>
+
+namespace {
+
+constexpr int64_t kEmbd = 192, kLayers = 6, kVocab = 65, kBlock = 256;
+
+/// One transformer block's parameter shapes (gpt-mini, biases on).
+std::vector<std::vector<int64_t>> block_shapes() {
+  return {{kEmbd},           {kEmbd},  // ln_1
+          {3 * kEmbd, kEmbd}, {3 * kEmbd}, {kEmbd, kEmbd}, {kEmbd},  // attn
+          {kEmbd},           {kEmbd},  // ln_2
+          {4 * kEmbd, kEmbd}, {4 * kEmbd}, {kEmbd, 4 * kEmbd}, {kEmbd}};  // mlp
+}
+
+/// All of gpt-mini's parameters: embeddings, 6 blocks, final layer norm.
+std::vector<torch::Tensor> model_params() {
+  std::vector<torch::Tensor> out = {torch::randn({kVocab, kEmbd}), torch::randn({kBlock, kEmbd})};
+  for (int64_t l = 0; l < kLayers; ++l)
+    for (const auto& shape : block_shapes()) out.push_back(torch::randn(shape));
+  out.push_back(torch::randn({kEmbd}));
+  out.push_back(torch::randn({kEmbd}));
+  return out;
+}
+
+class Threads {
+ public:
+  explicit Threads(int64_t n) : saved_(at::get_num_threads()) { at::set_num_threads(static_cast<int>(n)); }
+  ~Threads() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+struct Unit {
+  std::vector<torch::Tensor> params;
+  torch::Tensor flat;
+  int64_t numel = 0;
+  Unit() {
+    for (const auto& shape : block_shapes()) {
+      params.push_back(torch::randn(shape));
+      numel += params.back().numel();
+    }
+    flat = torch::empty({numel});
+  }
+  void flatten() {
+    int64_t offset = 0;
+    for (const auto& p : params) {
+      flat.narrow(0, offset, p.numel()).copy_(p.reshape({-1}));
+      offset += p.numel();
+    }
+  }
+  void unflatten() {
+    int64_t offset = 0;
+    for (auto& p : params) {
+      p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+  }
+};
+
+void BM_FlattenUnit(benchmark::State& state) {
+  Threads threads(state.range(0));
+  Unit unit;
+  unit.flatten();
+  for (auto _ : state) {
+    unit.flatten();
+    benchmark::DoNotOptimize(unit.flat.data_ptr());
+  }
+  state.counters["GB"] = benchmark::Counter(2.0 * 4 * unit.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_UnflattenUnit(benchmark::State& state) {
+  Threads threads(state.range(0));
+  Unit unit;
+  unit.flatten();
+  unit.unflatten();
+  for (auto _ : state) {
+    unit.unflatten();
+    benchmark::DoNotOptimize(unit.params.back().data_ptr());
+  }
+  state.counters["GB"] = benchmark::Counter(2.0 * 4 * unit.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+torch::optim::AdamWOptions adamw_options() {
+  return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
+}
+
+/// torch::optim::AdamW over gpt-mini's per-parameter tensors.
+struct TorchPerParam {
+  std::vector<torch::Tensor> params = model_params();
+  std::unique_ptr<torch::optim::AdamW> opt;
+  int64_t numel = 0;
+  TorchPerParam() {
+    for (auto& p : params) {
+      p.requires_grad_(true);
+      p.mutable_grad() = torch::randn_like(p);
+      numel += p.numel();
+    }
+    opt = std::make_unique<torch::optim::AdamW>(params, adamw_options());
+    opt->step();  // warm-up: state allocated and touched
+  }
+};
+
+void BM_AdamWTorchPerParam(benchmark::State& state) {
+  Threads threads(state.range(0));
+  TorchPerParam t;
+  for (auto _ : state) {
+    t.opt->step();
+    benchmark::DoNotOptimize(t.params[0].data_ptr());
+  }
+  state.counters["GB"] = benchmark::Counter(7.0 * 4 * t.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_AdamWFlatShard(benchmark::State& state) {
+  Threads threads(state.range(0));
+  TorchPerParam reference;  // the same element count, and the yardstick
+  const int64_t n = reference.numel;
+  auto p = torch::randn({n}), g = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
+  int64_t step = 1;
+  auto opts = strata::AdamWStepOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
+  strata::fused_adamw_step(p, g, m, v, opts.step(step++));  // warm-up
+  // torch's per-parameter step interleaved step by step (a load change on a
+  // shared machine slows both alike); the benchmark's time is the fused step's.
+  double fused_s = 0.0, torch_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    strata::fused_adamw_step(p, g, m, v, opts.step(step++));
+    benchmark::DoNotOptimize(p.data_ptr());
+    const auto t1 = std::chrono::steady_clock::now();
+    reference.opt->step();
+    const auto t2 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    fused_s += std::chrono::duration<double>(t1 - t0).count();
+    torch_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  state.counters["GB"] = benchmark::Counter(7.0 * 4 * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (fused_s > 0) state.counters["vs_torch_per_param"] = torch_s / fused_s;
+}
+
+}  // namespace
+
+// Real time: the main thread's CPU time misses the second intra-op thread's work.
+BENCHMARK(BM_FlattenUnit)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.3);
+BENCHMARK(BM_UnflattenUnit)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.3);
+BENCHMARK(BM_AdamWTorchPerParam)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_AdamWFlatShard)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(0.5);

@@ -1,0 +1,58 @@
+#pragma once
+// A sweep: the cross product presets × strategies × activation checkpointing ×
+// offload × precision × world sizes × batch/block sizes, as one Suite for the
+// harness (same generated data and seed for every case). Combinations that
+// strata-gpt would refuse are kept as skipped cases with the reason, so the
+// report shows what was not run and why.
+//
+//   SweepOptions o;
+//   o.presets({"gpt-micro", "gpt-mini"}).strategies({"ddp", "fsdp"}).ac({0, 1});
+//   Suite s = make_sweep(o);   // s.cases: "sweep/gpt-micro/ddp-2x1-b8-t64", ...
+#include "bench/harness.h"
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+/// Every axis of a sweep (each a list; the cases are their product).
+struct SweepOptions {
+  TORCH_ARG(std::vector<std::string>, presets) = {"gpt-micro"};
+  TORCH_ARG(std::vector<std::string>, strategies) = {"ddp"};
+  TORCH_ARG(std::vector<int64_t>, ac) = {0};  ///< --activation-checkpointing values (0 off, n every n-th)
+  TORCH_ARG(std::vector<std::string>, offload) = {"none"};  ///< none, cpu, disk (fsdp only)
+  TORCH_ARG(std::vector<std::string>, precision) = {"fp32"};
+  TORCH_ARG(std::vector<int>, nproc) = {2};
+  TORCH_ARG(std::vector<int64_t>, batch_size) = {8};  ///< per rank
+  TORCH_ARG(std::vector<int64_t>, block_size) = {64};
+  TORCH_ARG(int64_t, steps) = 20;
+  TORCH_ARG(int, threads_per_rank) = 1;
+  TORCH_ARG(std::string, device) = "cpu";
+};
+
+/// Presets, strategies and precisions a sweep accepts (strata-gpt's; a unit
+/// test keeps them equal to recipes' and the strategy registry's).
+std::vector<std::string> sweep_presets();
+std::vector<std::string> sweep_strategies();
+std::vector<std::string> sweep_precisions();
+
+/// Throws c10::ValueError naming the axis, the bad value and what is allowed
+/// for an empty axis, an unknown name, a non-positive size or a repeated value.
+void validate(const SweepOptions& options);
+
+/// The sweep as a Suite named "sweep" (validates first). Case names are
+/// "sweep/<preset>/<strategy>[-ac<n>][-offload-<where>][-bf16]-<N>x<threads>-b<batch>-t<block>";
+/// each case's reference is the fp32 ddp case of its preset, world size and
+/// shape (else the first case run of that group).
+Suite make_sweep(const SweepOptions& options);
+
+/// "a,b,c" -> {"a", "b", "c"}; throws c10::ValueError naming `what` for an
+/// empty item.
+std::vector<std::string> split_list(const std::string& csv, const std::string& what);
+/// The same, each item an integer (c10::ValueError names the bad item).
+std::vector<int64_t> split_int_list(const std::string& csv, const std::string& what);
+
+}  // namespace strata::bench
