@@ -204,7 +204,8 @@ struct CaseResult {
   /// Rank 0's bytes sent per step by collective kind (first run).
   std::map<std::string, double> comm_bytes_per_step_by_kind;
   std::vector<RankResult> ranks;  ///< one per rank
-  /// Top-level planner figures when summary.json has them (median over runs).
+  /// Top-level figures when summary.json has them (median over runs): psi is
+  /// the parameter count (Ψ in bytes is 4 x psi for fp32).
   std::optional<double> psi, comm_ratio_to_psi, matmul_peak_flops;
 };
 

@@ -66,7 +66,7 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
       << (r.peak_rss_bytes_max > 0 ? format_mib(double(r.peak_rss_bytes_max)) : "–") << " | "
       << flagged(r.model_state_bytes_min, r.model_state_bytes_max) << " | " << state_vs_formula << " | "
       << format_mib(r.comm_bytes_per_step) << " | " << fixed(1e3 * r.backward_s_per_step, 1) << " | "
-      << fixed(1e3 * r.grad_sync_s_per_step, 1) << " | " << (r.psi ? format_mib(*r.psi) : "—") << " | "
+      << fixed(1e3 * r.grad_sync_s_per_step, 1) << " | " << (r.psi ? format_mib(4.0 * *r.psi) : "—") << " | "
       << (r.comm_ratio_to_psi ? fixed(*r.comm_ratio_to_psi, 2) : "—") << " |\n";
   return out.str();
 }
@@ -119,7 +119,7 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
     out << "\n### " << suite.name << "\n\n" << suite.about << "\n\n"
         << "| case | strategy | ranks×threads | precision | batch/rank | tokens/s | vs ref | tokens/s @ median step "
            "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/formula "
-           "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step | Ψ | comm/step ÷ Ψ |\n"
+           "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step | Ψ (fp32 params) | comm/step ÷ Ψ |\n"
         << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchCase& c : suite.cases) {
       auto it = by_name.find(c.name);

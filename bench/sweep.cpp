@@ -117,8 +117,6 @@ Suite make_sweep(const SweepOptions& o) {
                   // What strata-gpt would refuse (exit 2), kept as skipped rows.
                   if (strategy == "single" && n > 1)
                     c.skip_reason = "strategy single runs one process (--nproc " + std::to_string(n) + ")";
-                  else if (offload != "none" && strategy != "fsdp")
-                    c.skip_reason = "--offload is for fsdp only";
                   else if (offload == "cpu" && o.device() != "cuda")
                     c.skip_reason = "--offload cpu (pinned host memory) needs a CUDA device";
                   s.cases.push_back(c);

@@ -754,7 +754,7 @@ int run_gpt(int argc, char** argv) {
     // the tracked allocator before the run so every rank's peak includes it.
     torch::Tensor extra_param_copy;
     if (config.debug_extra_param_copy) {
-      extra_param_copy = torch::zeros({module.model()->num_params()}, torch::TensorOptions().device(device));
+      extra_param_copy = torch::zeros({n_params}, torch::TensorOptions().device(device));
     }
     Trainer trainer(trainer_options(config), strategy, callbacks, &memory);
     FitResult result = trainer.fit(*module, *data);

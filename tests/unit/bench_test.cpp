@@ -509,25 +509,25 @@ TEST(BenchTest, SuiteRegistryTakesSuitesFromOtherFiles) {
 TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
   const Suite s = make_sweep(SweepOptions()
                                  .presets({"gpt-micro", "gpt-mini"})
-                                 .strategies({"ddp", "oss", "sdp", "fsdp"})
+                                 .strategies({"single", "ddp", "oss", "sdp", "fsdp"})
                                  .ac({0, 1})
                                  .offload({"none", "disk"})
                                  .precision({"fp32", "bf16-mixed"})
                                  .nproc({2}));
-  ASSERT_EQ(s.cases.size(), 2u * 4 * 2 * 2 * 2);
+  ASSERT_EQ(s.cases.size(), 2u * 5 * 2 * 2 * 2);
   int skipped = 0;
   for (const auto& c : s.cases) {
     EXPECT_EQ(c.steps, 20) << c.name;
     EXPECT_EQ(c.device, "cpu") << c.name;
     if (!c.skip_reason.empty()) {
       ++skipped;
-      EXPECT_NE(c.strategy, "fsdp") << c.name;  // only offload with another strategy is refused
+      EXPECT_EQ(c.strategy, "single") << c.name;  // only single at 2 ranks is refused
       continue;
     }
     const std::string ref = "sweep/" + c.preset + "/ddp-2x1-b8-t64";
     EXPECT_EQ(c.reference, c.name == ref ? "" : ref) << c.name;
   }
-  EXPECT_EQ(skipped, 2 * 3 * 2 * 2);  // presets x non-fsdp strategies x ac x precision, offload disk
+  EXPECT_EQ(skipped, 2 * 2 * 2 * 2);  // single: presets x ac x offload x precision
   const auto& fsdp = *std::find_if(s.cases.begin(), s.cases.end(), [](const BenchCase& c) {
     return c.name == "sweep/gpt-mini/fsdp-ac1-offload-disk-bf16-2x1-b8-t64";
   });
