@@ -253,4 +253,36 @@ void IoQueue::run() {
   }
 }
 
+void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& read,
+                   const std::function<void(size_t)>& compute, const std::function<void(size_t)>& write) {
+  if (n == 0) return;
+  std::vector<std::future<void>> queued;
+  struct WaitAll {
+    std::vector<std::future<void>>& futures;
+    ~WaitAll() {
+      for (auto& f : futures) {
+        if (f.valid()) f.wait();
+      }
+    }
+  } wait_all{queued};
+  size_t next_read = queued.size();
+  queued.push_back(io.submit([&read] { read(0); }));
+  for (size_t i = 0; i < n; ++i) {
+    // Sync point: chunk i's bytes must be in its staging set before compute reads them.
+    queued[next_read].get();
+    if (i + 1 < n) {
+      // The other set was last used by chunk i-1, whose write was queued
+      // before this read: the FIFO I/O thread finishes that write first.
+      next_read = queued.size();
+      queued.push_back(io.submit([&read, i] { read(i + 1); }));
+    }
+    compute(i);
+    queued.push_back(io.submit([&write, i] { write(i); }));
+  }
+  // Sync point: whoever reads the tier next sees every chunk written back.
+  for (auto& f : queued) {
+    if (f.valid()) f.get();  // rethrows an I/O error
+  }
+}
+
 }  // namespace strata

@@ -141,4 +141,13 @@ class IoQueue {
   std::thread worker_;
 };
 
+/// Streams chunks 0..n-1 through two staging sets (chunk i uses set i % 2):
+/// `read(i)` and `write(i)` run on `io`'s thread, `compute(i)` on the
+/// caller's, with chunk i+1's read and chunk i-1's write overlapping chunk
+/// i's compute. Returns when every write is done (rethrowing an I/O error);
+/// on any exit it first waits for every queued task, since they use the
+/// caller's buffers.
+void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& read,
+                   const std::function<void(size_t)>& compute, const std::function<void(size_t)>& write);
+
 }  // namespace strata

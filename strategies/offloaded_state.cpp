@@ -123,35 +123,9 @@ torch::Tensor OffloadedStateOptimizer::step(LossClosure closure) {
     tier_->write(e.exp_avg_sq, at(chunks[i]), b.exp_avg_sq);
   };
 
-  // Every queued task refers to the staging sets and chunks on this stack:
-  // on any exit, an error included, wait for all of them first.
-  std::vector<std::future<void>> queued;
-  struct WaitAll {
-    std::vector<std::future<void>>& futures;
-    ~WaitAll() {
-      for (auto& f : futures) {
-        if (f.valid()) f.wait();
-      }
-    }
-  } wait_all{queued};
-  size_t next_read = queued.size();
-  queued.push_back(io_.submit([&] { read(0); }));
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    // Sync point: chunk i's moments must be staged before the step reads them.
-    queued[next_read].get();
-    if (i + 1 < chunks.size()) {
-      // The other set was last used by chunk i-1, whose write was queued
-      // before this read: the FIFO I/O thread finishes that write first.
-      next_read = queued.size();
-      queued.push_back(io_.submit([&, i] { read(i + 1); }));
-    }
-    step_chunk(chunks[i], view(i));
-    queued.push_back(io_.submit([&, i] { write(i); }));
-  }
-  // Sync point: the next step reads these moments back from the tier.
-  for (auto& f : queued) {
-    if (f.valid()) f.get();  // rethrows an I/O error
-  }
+  // Sync points inside: a chunk's moments are staged before its step, and
+  // every chunk is written back before the next step reads it.
+  stream_chunks(io_, chunks.size(), read, [&](size_t i) { step_chunk(chunks[i], view(i)); }, write);
   return {};
 }
 

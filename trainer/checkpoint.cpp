@@ -553,6 +553,32 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, 
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_metadata(dir).meta; }
 
+std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& dir, const std::string& prefix) {
+  const Metadata md = read_metadata(dir);
+  std::map<std::string, torch::Tensor> out;
+  std::map<std::string, std::vector<ReadRequest>> by_file;
+  for (const auto& [name, t] : md.body["tensors"].items()) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dtype = dtype_from(t["dtype"].get<std::string>(), "checkpoint '" + dir + "' tensor " + name);
+    const auto shape = t["shape"].get<std::vector<int64_t>>();
+    auto whole = torch::empty(shape, torch::TensorOptions().dtype(dtype));
+    auto flat = whole.view({-1});
+    const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
+    for (const auto& s : t["pieces"]) {
+      const int64_t lo = s["lo"].get<int64_t>(), hi = s["hi"].get<int64_t>();
+      by_file[s["file"].get<std::string>()].push_back({s["offset"].get<int64_t>(), (hi - lo) * esize, dtype,
+                                                      flat.narrow(0, lo, hi - lo)});
+    }
+    out[name.substr(prefix.size())] = whole;
+  }
+  for (auto& [file, requests] : by_file) {
+    TORCH_CHECK(md.body["files"].contains(file), "checkpoint '", dir, "': ", kMetadata, " names data file ", file,
+                " but has no record of it");
+    read_file(fs::path(dir) / file, md.body["files"][file], std::move(requests));
+  }
+  return out;
+}
+
 CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                const CheckpointMeta& expected) {
   const Metadata md = read_metadata(dir);

@@ -70,6 +70,13 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy,
 CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                const CheckpointMeta& expected);
 
+/// Consolidates, in this process alone (no strategy, no collective), every
+/// logical tensor whose name starts with `prefix` (e.g. "model/": the
+/// parameters and buffers) from a checkpoint of either format: whole tensors
+/// by name with the prefix removed, each block read verified. For export
+/// tools (strata-export); errors as load_checkpoint's.
+std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& dir, const std::string& prefix);
+
 /// Reads and verifies metadata.json alone (the meta, not the tensors).
 CheckpointMeta read_checkpoint_meta(const std::string& dir);
 

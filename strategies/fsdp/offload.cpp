@@ -160,40 +160,13 @@ torch::Tensor OffloadedOptimizer::step(LossClosure closure) {
     return v;
   };
 
-  // Every queued task refers to the staging sets and chunks on this stack:
-  // on any exit, an error included, wait for all of them first.
-  std::vector<std::future<void>> queued;
-  struct WaitAll {
-    std::vector<std::future<void>>& futures;
-    ~WaitAll() {
-      for (auto& f : futures) {
-        if (f.valid()) f.wait();
-      }
-    }
-  } wait_all{queued};
-  auto submit = [&](std::function<void()> task) {
-    queued.push_back(io_.submit(std::move(task)));
-    return queued.size() - 1;
-  };
-  size_t next_read = submit([&, b = view(0, chunks[0].numel)] { read_chunk(chunks[0], b); });
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Staging current = view(static_cast<int>(i % 2), chunks[i].numel);
-    // Sync point: chunk i's bytes must be in its staging set before the step reads them.
-    queued[next_read].get();
-    if (i + 1 < chunks.size()) {
-      // The other set was last used by chunk i-1, whose write was queued
-      // before this read: the FIFO I/O thread finishes that write first.
-      next_read = submit([&, b = view(static_cast<int>((i + 1) % 2), chunks[i + 1].numel), c = chunks[i + 1]] {
-        read_chunk(c, b);
-      });
-    }
-    step_chunk(chunks[i], current, active[chunks[i].unit]);
-    submit([&, b = current, c = chunks[i]] { write_chunk(c, b); });
-  }
-  // Sync point: the next gather reads the updated shards from the tier.
-  for (auto& f : queued) {
-    if (f.valid()) f.get();  // rethrows an I/O error
-  }
+  auto staged = [&](size_t i) { return view(static_cast<int>(i % 2), chunks[i].numel); };
+  // Sync points inside: a chunk is staged before its step, and every chunk
+  // is written back before the next gather reads the updated shards.
+  stream_chunks(
+      io_, chunks.size(), [&](size_t i) { read_chunk(chunks[i], staged(i)); },
+      [&](size_t i) { step_chunk(chunks[i], staged(i), active[chunks[i].unit]); },
+      [&](size_t i) { write_chunk(chunks[i], staged(i)); });
   return {};
 }
 

@@ -2,37 +2,23 @@
 // strategy made to keep one extra copy of its parameters
 // (strata-bench --inject-regression CASE -> strata-gpt --debug-extra-param-copy)
 // must fail against the committed baseline, naming the case and the metric.
+#include "tests/dist/run_binary.h"
+
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
+using strata::testing::BinaryRun;
+using strata::testing::run_command;
 
-struct BenchRun {
-  int exit_code = -1;
-  std::string output;
-};
-
-BenchRun run_bench(const std::string& args) {
-  const std::string command = std::string(STRATA_BENCH_BINARY) + " " + args + " 2>&1";
-  BenchRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) run.output += buf.data();
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return run;
-}
+BinaryRun run_bench(const std::string& args) { return run_command(std::string(STRATA_BENCH_BINARY) + " " + args); }
 
 const std::string kBaseline = std::string(STRATA_SOURCE_DIR) + "/bench/baselines/smoke.jsonl";
 
 TEST(BenchGateTest, ExtraParameterCopyFailsTheSmokeGateNamingCaseAndMetric) {
   const std::string victim = "smoke/gpt-nano/fsdp-2x1";
-  const BenchRun run = run_bench("--suite smoke --baseline " + kBaseline + " --inject-regression " + victim);
+  const BinaryRun run = run_bench("--suite smoke --baseline " + kBaseline + " --inject-regression " + victim);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   // The table row and the one-line message name the case and the metric.
   EXPECT_NE(run.output.find("| " + victim + " | peak tensor bytes |"), std::string::npos) << run.output;

@@ -37,6 +37,8 @@ namespace fs = std::filesystem;
 using strata::Batch;
 using strata::ShardInfo;
 using strata::testing::run_gpt_binary;
+using strata::testing::load_archive;
+using strata::testing::run_command;
 using namespace strata::recipes;
 
 constexpr const char* kPython = "/usr/bin/python3";  // Debian's, with python3-torch
@@ -210,22 +212,6 @@ else:
     sys.exit('unknown command ' + cmd)
 )PY";
 
-struct CommandRun {
-  int exit_code = -1;
-  std::string output;
-};
-
-CommandRun run_command(const std::string& command) {
-  CommandRun run;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) run.output += buf.data();
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return run;
-}
-
 /// Runs the script with `args`; the "key=value" lines it printed.
 std::map<std::string, std::string> python(const std::string& args) {
   const fs::path script = scratch() / "interop.py";
@@ -273,18 +259,6 @@ std::string gpt_flags(const fs::path& out) {
          " --output-dir " + out.string();
 }
 
-std::map<std::string, torch::Tensor> load_archive(const fs::path& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path.string());
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& key : archive.keys()) {
-    torch::Tensor t;
-    archive.read(key, t);
-    out[key] = t;
-  }
-  return out;
-}
-
 /// The "loss" column of metrics.csv's first row (step 1: the loss before any update).
 double first_logged_loss(const fs::path& metrics) {
   std::ifstream in(metrics);
@@ -313,10 +287,25 @@ TEST(InteropTest, ExportedWeightsGiveStrataLossInPython) {
   REQUIRE_PYTHON_TORCH();
   const fs::path dir = scratch() / "export";
   fs::create_directories(dir);
+  // Also a sharded checkpoint of the last step, which strata-export turns
+  // into the same kind of file.
   const auto run = run_gpt_binary(gpt_flags(dir / "out") + " --strategy fsdp --nproc 2 --batch-size 4 --max-steps 4 " +
                                   "--export-weights " + (dir / "weights.pt").string() + " --dump-params " +
-                                  (dir / "dump.pt").string());
+                                  (dir / "dump.pt").string() + " --checkpoint-every 4 --checkpoint-format sharded");
   ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto exported_run = run_command(std::string(STRATA_EXPORT_BINARY) + " " + (dir / "out").string() + " " +
+                                        (dir / "exported.pt").string());
+  ASSERT_EQ(exported_run.exit_code, 0) << exported_run.output;
+  {
+    // The checkpoint's weights are the trained ones, tensor for tensor.
+    const auto trained = strata::recipes::read_weights((dir / "weights.pt").string());
+    const auto exported = strata::recipes::read_weights((dir / "exported.pt").string());
+    ASSERT_EQ(trained.size(), exported.size());
+    for (const auto& [name, value] : trained) {
+      ASSERT_EQ(exported.count(name), 1u) << name;
+      EXPECT_TRUE(torch::equal(value, exported.at(name))) << name;
+    }
+  }
 
   const GPTOptions options = nano_options();
   GPTModule module(options);
@@ -334,11 +323,14 @@ TEST(InteropTest, ExportedWeightsGiveStrataLossInPython) {
   }
   save_dict(dir / "batch.pt", {{"input", batch.input}, {"target", batch.target}});
 
-  auto out = python("nanogpt_loss " + (dir / "weights.pt").string() + " " + (dir / "batch.pt").string() + " " +
-                    nano_args(options));
-  EXPECT_EQ(out["type"], "dict");
-  ASSERT_TRUE(out.count("loss")) << "python printed no loss";
-  EXPECT_NEAR(std::stod(out["loss"]), strata_loss, 1e-5);
+  for (const std::string file : {"weights.pt", "exported.pt"}) {
+    SCOPED_TRACE(file);
+    auto out = python("nanogpt_loss " + (dir / file).string() + " " + (dir / "batch.pt").string() + " " +
+                      nano_args(options));
+    EXPECT_EQ(out["type"], "dict");
+    ASSERT_TRUE(out.count("loss")) << "python printed no loss";
+    EXPECT_NEAR(std::stod(out["loss"]), strata_loss, 1e-5);
+  }
 }
 
 // Python's nanoGPT model writes its weights (a torch.save'd state_dict under

@@ -26,6 +26,7 @@
 namespace {
 namespace fs = std::filesystem;
 using strata::testing::run_gpt_binary;
+using strata::testing::load_archive;
 
 fs::path scratch() {
   static const fs::path dir = fs::temp_directory_path() / ("strata-parity-" + std::to_string(::getpid()));
@@ -33,17 +34,7 @@ fs::path scratch() {
   return dir;
 }
 
-std::map<std::string, torch::Tensor> load_params(const fs::path& path) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path.string());
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& key : archive.keys()) {
-    torch::Tensor t;
-    archive.read(key, t);
-    out[key] = t;
-  }
-  return out;
-}
+std::map<std::string, torch::Tensor> load_params(const fs::path& path) { return load_archive(path); }
 
 struct TrainRun {
   std::string strategy;
