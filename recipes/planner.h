@@ -45,7 +45,8 @@ struct PlanRequest {
   TORCH_ARG(Precision, precision) = Precision::kFp32;
   /// 0 off, n: every n-th block (as --activation-checkpointing).
   TORCH_ARG(int64_t, activation_checkpointing) = 0;
-  /// fsdp: none, cpu, disk.
+  /// none, cpu, disk: fsdp keeps its whole model state in the tier, the
+  /// other strategies their optimizer state.
   TORCH_ARG(std::string, offload) = "none";
   /// adamw (8 bytes of state per parameter) or sgd (none).
   TORCH_ARG(std::string, optimizer) = "adamw";

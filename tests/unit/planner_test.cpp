@@ -33,6 +33,11 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
   EXPECT_EQ(state("fsdp", 2).total(), 16 * half);
   EXPECT_EQ(state("ddp", 2, "sgd").optimizer, 0);
   EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).offload("disk")).total(), 0);
+  // The other strategies offload their optimizer state only.
+  const auto ddp_offloaded = predict_model_state(PlanRequest(model, "ddp", 2).offload("disk"));
+  EXPECT_EQ(ddp_offloaded.optimizer, 0);
+  EXPECT_EQ(ddp_offloaded.params + ddp_offloaded.grads, 8 * p);
+  EXPECT_EQ(predict_model_state(PlanRequest(model, "sdp", 2).offload("disk")).grads, 4 * half);
   EXPECT_THROW(state("zero9", 2), c10::ValueError);
 }
 
