@@ -19,6 +19,8 @@
 #include "kernels/fused_adamw.h"
 #include "kernels/fused_adamw_optimizer.h"
 
+#include "bench/micro/scoped_threads.h"
+
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -29,19 +31,9 @@ namespace {
 constexpr int64_t kParams = 10'000'000;
 constexpr double kFusedBytesPerParam = 7 * 4;
 
-/// Sets the intra-op threads for one benchmark, restoring them after.
-class Threads {
- public:
-  explicit Threads(int64_t n) : saved_(at::get_num_threads()) { at::set_num_threads(static_cast<int>(n)); }
-  ~Threads() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 template <typename Optimizer>
 void optimizer_step(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   auto p = torch::randn({kParams}).requires_grad_(true);
   p.mutable_grad() = torch::randn({kParams});
   Optimizer opt({p}, torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1));
@@ -57,7 +49,7 @@ void BM_AdamWTorch(benchmark::State& state) { optimizer_step<torch::optim::AdamW
 void BM_AdamWFused(benchmark::State& state) { optimizer_step<strata::FusedAdamW>(state); }
 
 void kernel_step(benchmark::State& state, bool bf16) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   const auto isa = state.range(1) == 1 ? strata::AdamWIsa::kAvx2 : strata::AdamWIsa::kDefault;
   if (isa == strata::AdamWIsa::kAvx2 && !strata::adamw_avx2_available()) {
     state.SkipWithError("no AVX2+FMA kernel in this build or CPU");
@@ -81,7 +73,7 @@ void BM_AdamWFusedKernel(benchmark::State& state) { kernel_step(state, false); }
 void BM_AdamWFusedBf16(benchmark::State& state) { kernel_step(state, true); }
 
 void BM_CopyBandwidth(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   auto src = torch::randn({4 * kParams}), dst = torch::zeros({4 * kParams});
   dst.copy_(src);
   for (auto _ : state) {

@@ -19,6 +19,8 @@
 //   build/bin/strata-micro-bench --benchmark_filter='Flatten|Unflatten|PerParam|FlatShard'
 #include "kernels/fused_adamw.h"
 
+#include "bench/micro/scoped_threads.h"
+
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -45,15 +47,6 @@ std::vector<torch::Tensor> model_params() {
   out.push_back(torch::randn({kEmbd}));
   return out;
 }
-
-class Threads {
- public:
-  explicit Threads(int64_t n) : saved_(at::get_num_threads()) { at::set_num_threads(static_cast<int>(n)); }
-  ~Threads() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 struct Unit {
   std::vector<torch::Tensor> params;
@@ -83,7 +76,7 @@ struct Unit {
 };
 
 void BM_FlattenUnit(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   Unit unit;
   unit.flatten();
   for (auto _ : state) {
@@ -94,7 +87,7 @@ void BM_FlattenUnit(benchmark::State& state) {
 }
 
 void BM_UnflattenUnit(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   Unit unit;
   unit.flatten();
   unit.unflatten();
@@ -126,7 +119,7 @@ struct TorchPerParam {
 };
 
 void BM_AdamWTorchPerParam(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   TorchPerParam t;
   for (auto _ : state) {
     t.opt->step();
@@ -136,7 +129,7 @@ void BM_AdamWTorchPerParam(benchmark::State& state) {
 }
 
 void BM_AdamWFlatShard(benchmark::State& state) {
-  Threads threads(state.range(0));
+  strata::bench::ScopedThreads threads(state.range(0));
   TorchPerParam reference;  // the same element count, and the yardstick
   const int64_t n = reference.numel;
   auto p = torch::randn({n}), g = torch::randn({n}), m = torch::zeros({n}), v = torch::zeros({n});
