@@ -176,16 +176,16 @@ MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& act
   if (r.strategy() == "fsdp") {
     // Gathered while a unit runs: the root (embeddings, ln_f: everything in
     // no block) whole for the micro-batch, params and gradient; and up to
-    // kMaxUnitsGathered (2) blocks' full params (bf16 under bf16-mixed), their
-    // full gradients (fp32), and up to 2 reduce-scatters in flight, each
-    // holding a unit's full gradient and Gloo's receive buffer of the same
-    // size. Measured: compute-bound steps (gpt-mini, block 128) finish the
-    // reduce-scatters early and peak ~8 bytes/param below this;
-    // communication-bound ones (11-token addition) reach it.
+    // kMaxUnitsGathered (2) blocks' full params (bf16 under bf16-mixed), the
+    // running block's full gradient (fp32), and one reduce-scatter in flight
+    // (kMaxReductionsInFlight), holding the previous block's full gradient
+    // and the receive buffer of the same size. Communication-bound steps reach
+    // it; compute-bound ones finish each reduce-scatter early and peak lower.
     const int64_t block = block_parameters(model);
     const int64_t root = count_parameters(model) - model.n_layer() * block;
     const int64_t param_bytes = r.precision() == Precision::kBf16Mixed ? 2 : 4;
-    m.gathered = 8 * root + std::min<int64_t>(2, model.n_layer()) * block * (param_bytes + 4 + 8);
+    const int64_t in_flight = model.n_layer() >= 2 ? 8 : 0;  // a previous block's reduction
+    m.gathered = 8 * root + block * (std::min<int64_t>(2, model.n_layer()) * param_bytes + 4 + in_flight);
   }
   m.activations = activations.total(model.n_layer(), r.activation_checkpointing());
   m.overhead = kOverheadBytes;

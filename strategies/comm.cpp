@@ -69,7 +69,13 @@ int64_t CommBytes::total_sent() const {
 
 PendingWork::PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete,
                          std::shared_ptr<std::atomic<int64_t>> wait_ns)
-    : work_(std::move(work)), on_complete_(std::move(on_complete)), wait_ns_(std::move(wait_ns)) {}
+    : on_complete_(std::move(on_complete)), wait_ns_(std::move(wait_ns)) {
+  if (work) works_.push_back(std::move(work));
+}
+
+PendingWork::PendingWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> on_complete,
+                         std::shared_ptr<std::atomic<int64_t>> wait_ns)
+    : works_(std::move(works)), on_complete_(std::move(on_complete)), wait_ns_(std::move(wait_ns)) {}
 
 PendingWork::~PendingWork() {
   if (!pending()) return;
@@ -88,14 +94,14 @@ PendingWork::~PendingWork() {
 void PendingWork::wait() {
   // Move both out first so that a failed wait leaves this handle complete
   // (a second wait() or the destructor must not rethrow or block again).
-  auto work = std::move(work_);
+  auto works = std::move(works_);
   auto on_complete = std::move(on_complete_);
-  work_.reset();
+  works_.clear();
   on_complete_ = nullptr;
   // Why: the collective runs on the process group's worker threads; its output
   // tensors are only valid after this returns. wait() rethrows its error.
   // Only the blocked time is counted (the step-time split's comm wait).
-  if (work) {
+  if (!works.empty()) {
     const auto start = std::chrono::steady_clock::now();
     struct AddWait {  // counts a failed wait too
       std::atomic<int64_t>* counter;
@@ -108,7 +114,17 @@ void PendingWork::wait() {
         }
       }
     } add_wait{wait_ns_.get(), start};
-    work->wait();
+    // All of them, even after one failed: none may still write into the
+    // caller's tensors once this returns. The first error is rethrown.
+    std::exception_ptr first_error;
+    for (auto& work : works) {
+      try {
+        work->wait();
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+    if (first_error) std::rethrow_exception(first_error);
   }
   // The completion step reads the collective's output, so it runs only now.
   if (on_complete) on_complete();
@@ -162,6 +178,10 @@ double Comm::wait_seconds() const {
 
 PendingWork Comm::pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete) const {
   return PendingWork(std::move(work), std::move(on_complete), counters_->wait_ns);
+}
+
+PendingWork Comm::pending(std::vector<c10::intrusive_ptr<c10d::Work>> works) const {
+  return PendingWork(std::move(works), {}, counters_->wait_ns);
 }
 
 // --- all_reduce -------------------------------------------------------------
@@ -242,13 +262,24 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   if (!needs_emulation(*pg_)) {
     return pending(pg_->_allgather_base(flat_out, flat_in));
   }
-  // Gloo: a list all-gather whose output list is views of `output`, so the
-  // result lands in place; rank r's chunk is [r*n, (r+1)*n).
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  outputs[0].reserve(size_);
-  for (int r = 0; r < size_; ++r) outputs[0].push_back(on_the_wire(flat_out.narrow(0, r * n, n)));
-  std::vector<at::Tensor> inputs{on_the_wire(flat_in)};
-  return pending(pg_->allgather(outputs, inputs));
+  // Gloo: rank r broadcasts its input into chunk r, [r*n, (r+1)*n), of every
+  // rank's output. Gloo's broadcast reads and writes the tensor it is given,
+  // so nothing is staged or copied; its list all-gather instead allocates a
+  // flat N·n buffer per call and copies out of it (measured: those fresh
+  // pages and copies cost FSDP ~10% of a gpt-mini step on this 2-core
+  // machine). Each rank roots one broadcast and relays in the others, so it
+  // sends (N-1)·n in all, as a ring all-gather does. All ranks issue the N
+  // broadcasts in the same order.
+  flat_out.narrow(0, rank_ * n, n).copy_(flat_in);
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  works.reserve(size_);
+  for (int r = 0; r < size_; ++r) {
+    std::vector<at::Tensor> chunk{on_the_wire(flat_out.narrow(0, r * n, n))};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = r;
+    works.push_back(pg_->broadcast(chunk, opts));
+  }
+  return pending(std::move(works));
 }
 
 // --- reduce_scatter ---------------------------------------------------------
@@ -257,7 +288,8 @@ void Comm::reduce_scatter(torch::Tensor& output, const torch::Tensor& input) {
   reduce_scatter_async(output, input).wait();
 }
 
-PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input) {
+PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                       const torch::Tensor& workspace) {
   check_contiguous(output, "output", "reduce_scatter");
   check_contiguous(input, "input", "reduce_scatter");
   check_same_kind(output, input, "reduce_scatter");
@@ -265,6 +297,12 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   TORCH_CHECK(input.numel() == size_ * n, "Comm::reduce_scatter: input numel ", input.numel(),
               " != world size ", size_, " * output numel ", n, " (input sizes ", input.sizes(),
               ", output sizes ", output.sizes(), ")");
+  if (workspace.defined()) {
+    check_contiguous(workspace, "workspace", "reduce_scatter");
+    check_same_kind(workspace, input, "reduce_scatter");
+    TORCH_CHECK(workspace.numel() == input.numel(), "Comm::reduce_scatter: workspace numel ",
+                workspace.numel(), " != input numel ", input.numel());
+  }
   if (size_ == 1) {
     output.view({-1}).copy_(input.view({-1}));
     return {};
@@ -279,7 +317,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
   // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
   // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
-  at::Tensor received = torch::empty_like(flat_in);
+  at::Tensor received = workspace.defined() ? workspace.view({-1}) : torch::empty_like(flat_in);
   std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
   auto received_wire = on_the_wire(received);
   auto sent_wire = on_the_wire(flat_in);
@@ -287,8 +325,12 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   const int64_t world = size_;
   // Why in on_complete: `received` is filled by the process group's worker
   // thread; the local sum may only read it after the all-to-all has finished.
+  // Row by row: element-wise adds of contiguous rows (one pass for two
+  // ranks), where at::sum over dim 0 of the [N, n] view showed up as a
+  // hot spot in FSDP's profile.
   auto local_sum = [received, flat_out, world, n]() mutable {
-    at::sum_out(flat_out, received.view({world, n}), /*dim=*/{0});
+    at::add_out(flat_out, received.narrow(0, 0, n), received.narrow(0, n, n));
+    for (int64_t r = 2; r < world; ++r) flat_out.add_(received.narrow(0, r * n, n));
   };
   return pending(std::move(work), std::move(local_sum));
 }

@@ -61,6 +61,10 @@ class PendingWork {
   /// issuing Comm's counter; null: not counted).
   PendingWork(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {},
               std::shared_ptr<std::atomic<int64_t>> wait_ns = nullptr);
+  /// Several collectives that together make one (an emulated all-gather's
+  /// broadcasts), waited in order.
+  PendingWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> on_complete = {},
+              std::shared_ptr<std::atomic<int64_t>> wait_ns = nullptr);
   PendingWork(PendingWork&&) noexcept = default;
   PendingWork& operator=(PendingWork&&) noexcept = default;
   PendingWork(const PendingWork&) = delete;
@@ -69,10 +73,10 @@ class PendingWork {
 
   /// Blocks until done; rethrows the collective's error (timeout, peer gone).
   void wait();
-  bool pending() const { return work_ || on_complete_; }
+  bool pending() const { return !works_.empty() || on_complete_; }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::function<void()> on_complete_;
   std::shared_ptr<std::atomic<int64_t>> wait_ns_;
 };
@@ -116,17 +120,22 @@ class Comm {
   PendingWork reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp op = c10d::ReduceOp::SUM);
 
   /// output (contiguous, numel == size() * input.numel()) receives every rank's
-  /// input, rank r at [r*n, (r+1)*n). Emulated for Gloo with a list all-gather
-  /// into views of `output` (no extra copy of the result).
+  /// input, rank r at [r*n, (r+1)*n). Emulated for Gloo with one broadcast per
+  /// rank, each straight into its chunk of `output`: no staging buffer and no
+  /// copy (Gloo's list all-gather allocates a flat N·n buffer per call and
+  /// copies out of it); each rank still sends (N-1)/N of the output in all.
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   PendingWork all_gather_into_async(torch::Tensor& output, const torch::Tensor& input);
 
   /// input (contiguous, numel == size() * output.numel()); output receives the
   /// SUM over ranks of input chunk rank(). Emulated for Gloo with one all-to-all
   /// of the chunks followed by a local sum: each rank sends (N-1)/N of the input,
-  /// the bandwidth-optimal amount, never a full all-reduce.
+  /// the bandwidth-optimal amount, never a full all-reduce. `workspace`
+  /// (optional; numel and dtype of `input`) receives the all-to-all, so a
+  /// caller that reuses buffers avoids a fresh allocation per call.
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input);
-  PendingWork reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input);
+  PendingWork reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
+                                   const torch::Tensor& workspace = {});
 
   void barrier();
 
@@ -154,6 +163,7 @@ class Comm {
 
   /// Wraps a started collective so that waiting on it is timed.
   PendingWork pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {}) const;
+  PendingWork pending(std::vector<c10::intrusive_ptr<c10d::Work>> works) const;
 
   struct Counters {
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent{};

@@ -18,12 +18,13 @@ void free_storage(const torch::Tensor& t) {
   impl->set_nbytes(0);
 }
 
-/// Gives `t`'s (freed) storage `nbytes` fresh bytes from its own allocator, so
-/// that every view of it (including views saved for backward) sees them.
-void allocate_storage(const torch::Tensor& t, size_t nbytes) {
+/// Gives `t`'s (freed) storage `nbytes` bytes from `pool` (or, without one,
+/// from its own allocator), so that every view of it (including views saved
+/// for backward) sees them.
+void allocate_storage(const torch::Tensor& t, size_t nbytes, BufferPool* pool) {
   auto* impl = t.storage().unsafeGetStorageImpl();
   TORCH_INTERNAL_ASSERT(impl->nbytes() == 0, "allocate_storage: storage is not freed");
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+  impl->set_data_ptr_noswap(pool != nullptr ? pool->allocate(nbytes) : impl->allocator()->allocate(nbytes));
   impl->set_nbytes(nbytes);
 }
 
@@ -126,14 +127,14 @@ void FlatParam::start_gather(Comm& comm, bool exact) {
     torch::NoGradGuard no_grad;
     // Straight into the low-precision buffer the parameters will view.
     gathered_low_ = true;
-    allocate_storage(low_, low_nbytes_);
+    allocate_storage(low_, low_nbytes_, pool_);
     wire_in_ = shard.to(low_.scalar_type());
     gather_work_ = comm.all_gather_into_async(low_, wire_in_);
     state_ = State::kGathering;
     return;
   }
   gathered_low_ = false;
-  allocate_storage(full_, full_nbytes_);
+  allocate_storage(full_, full_nbytes_, pool_);
   // Async: the caller may run other work (a unit's forward or backward) while
   // this unit's shards arrive; finish_gather() waits before anyone reads them.
   // The buffers sent are kept as members: the collective reads them until done.
@@ -197,7 +198,8 @@ void FlatParam::reshard() {
 void FlatParam::prepare_grads() {
   if (full_grad_.defined()) return;  // accumulating into the buffer already held
   // Zeros: padding and parameters that get no gradient contribute nothing.
-  full_grad_ = torch::zeros({layout_.padded_numel()}, full_.options());
+  full_grad_ = pool_ != nullptr ? pool_->empty(layout_.padded_numel(), full_.options()).zero_()
+                                 : torch::zeros({layout_.padded_numel()}, full_.options());
   for (size_t k = 0; k < params_.size(); ++k) {
     params_[k].mutable_grad() = full_view(full_grad_, k);
   }

@@ -31,6 +31,7 @@
 // from the tier just before sending it; reduced gradients are added into the
 // tier's copy; the optimizer (fsdp/offload.h) streams both through its
 // staging buffers. shard(), shard_grad() and pieces() are then empty.
+#include "strategies/buffer_pool.h"
 #include "strategies/comm.h"
 #include "strategies/flat_shard.h"
 #include "strategies/offload_tier.h"
@@ -108,6 +109,9 @@ class FlatParam {
   /// to cache a cast copy of. Overrides set_gather_dtype(). nullopt or the
   /// shard's dtype: off.
   void set_compute_dtype(c10::optional<torch::ScalarType> dtype);
+  /// Where the gathered and full-gradient buffers come from from now on
+  /// (null: the tensors' own allocator). Must outlive this FlatParam's use.
+  void set_buffer_pool(BufferPool* pool) { pool_ = pool; }
   /// The dtype the parameters have while gathered for compute.
   torch::ScalarType compute_dtype() const { return low_.defined() ? low_.scalar_type() : dtype_; }
   /// Allocates the full buffer and starts all-gathering the shards into it.
@@ -195,6 +199,7 @@ class FlatParam {
   c10::optional<torch::ScalarType> gather_dtype_;
   torch::Tensor wire_in_, wire_out_;  // a low-precision gather's send / receive buffers
   torch::Tensor sending_;             // an offloaded shard read for a gather in flight
+  BufferPool* pool_ = nullptr;        // gathered / full-gradient buffers (set_buffer_pool)
   // Offloaded state (offload()).
   OffloadTier* tier_ = nullptr;
   OffloadTier::Region shard_region_, grad_region_;

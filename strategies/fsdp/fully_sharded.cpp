@@ -46,6 +46,15 @@ void FSDPStrategy::setup(TrainingModule& module) {
   shard_world_ = shard_comm_.size();
   shard_rank_ = shard_comm_.rank();
 
+  if (device().is_cpu()) {
+    // Kept per size: at most what a step holds at once (two gathered units,
+    // a full gradient, a reduction in flight with its gradient and receive
+    // buffer); optimizer_step() trims it back to what the step's peak holds.
+    // Only buffers of 1 MiB and more (strata-gpt's mmap threshold): malloc
+    // reuses smaller ones itself, and keeping them would only add memory.
+    pool_ = std::make_unique<BufferPool>(c10::GetAllocator(c10::kCPU), /*max_free_per_size=*/8,
+                                         /*min_bytes=*/size_t{1} << 20);
+  }
   const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
   // Each parameter's AccumulateGrad node, created while the unit is gathered
   // and kept alive until grad_sync_ holds it: the node records its
@@ -72,6 +81,7 @@ void FSDPStrategy::setup(TrainingModule& module) {
       if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
     };
     auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
+    unit->set_buffer_pool(pool_.get());
     for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
     unit->reshard();
     if (tier_ != nullptr) unit->offload(*tier_);  // before the next unit: setup never holds two units' shards in memory
@@ -292,10 +302,11 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
   torch::NoGradGuard no_grad;
   if (unit.sharded()) {
     r.input = unit.full_grad().to(dtype);  // no copy when the dtype is the same
-    r.output = torch::empty({unit.layout().shard_numel()}, r.input.options());
+    r.output = scratch(unit.layout().shard_numel(), r.input.options());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
-    r.work = shard_comm_.reduce_scatter_async(r.output, r.input);
+    // (The workspace receives every rank's chunk of it on an emulating backend.)
+    r.work = shard_comm_.reduce_scatter_async(r.output, r.input, scratch(r.input.numel(), r.input.options()));
   } else {
     // no_shard: the full gradient, reduced in place (or in a cast copy)
     r.output = unit.shard_grad().to(dtype);
@@ -362,11 +373,20 @@ void FSDPStrategy::reshard_all() {
   for (auto& unit : units_) unit->reshard();
 }
 
+torch::Tensor FSDPStrategy::scratch(int64_t numel, const torch::TensorOptions& options) {
+  return pool_ != nullptr ? pool_->empty(numel, options) : torch::empty({numel}, options);
+}
+
 void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   while (!in_flight_.empty()) finish_oldest_reduction();
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
   reshard_all();
+  // Backward needed more buffers at once than the step's peak holds (early
+  // backward: all activations, two gathered units and the first unit's full
+  // gradient): keep per size only those three, so the kept buffers add
+  // nothing to that peak; backward's extra ones are allocated anew.
+  if (pool_ != nullptr) pool_->trim(kMaxUnitsGathered + 1);
   if (offloaded_optimizer_ != nullptr) {
     TORCH_CHECK(&optimizer == offloaded_optimizer_, name(), ": with offload, step the optimizer setup_optimizer() made");
     std::unordered_set<const void*> skipped;

@@ -57,6 +57,13 @@ std::map<std::string, double> FSDPStrategy::report() const {
     numbers["offload_io_s"] = io.seconds;
     if (offloaded_optimizer_ != nullptr) numbers["offload_staging_bytes"] = static_cast<double>(offloaded_optimizer_->staging_bytes());
   }
+  if (pool_ != nullptr) {
+    // Buffer reuse (buffer_pool.h): allocations served from a kept buffer vs
+    // fresh ones, and the bytes kept free now (counted in tensor memory).
+    numbers["buffer_pool_reused"] = static_cast<double>(pool_->reused());
+    numbers["buffer_pool_allocated"] = static_cast<double>(pool_->allocated());
+    numbers["buffer_pool_free_bytes"] = static_cast<double>(pool_->free_bytes());
+  }
   return numbers;
 }
 

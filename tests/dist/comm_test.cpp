@@ -208,6 +208,47 @@ TEST(CommTest, ReduceScatterSumsChunkOwnedByRank) {
   }
 }
 
+TEST(CommTest, ReduceScatterReceivesIntoTheGivenWorkspace) {
+  constexpr int64_t kChunk = 5;
+  for (int world = 2; world <= kMaxWorld; ++world) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    run_thread_world(world, [world](Comm& comm) {
+      const auto in = rank_input(comm.rank(), world * kChunk);
+      auto workspace = torch::full({world * kChunk}, -1.0f);
+      auto out = torch::full({kChunk}, -1.0f);
+      comm.reduce_scatter_async(out, in, workspace).wait();
+      EXPECT_TRUE(out.equal(reference_sum(world, world * kChunk).narrow(0, comm.rank() * kChunk, kChunk))) << out;
+      // The emulation's all-to-all landed in the caller's buffer: row r is
+      // rank r's copy of this rank's chunk.
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(workspace.narrow(0, r * kChunk, kChunk)
+                        .equal(rank_input(r, world * kChunk).narrow(0, comm.rank() * kChunk, kChunk)))
+            << "row " << r << ": " << workspace;
+      }
+      auto small = torch::zeros({kChunk});
+      const auto msg = what_of([&] { comm.reduce_scatter_async(out, in, small).wait(); });
+      EXPECT_NE(msg.find("workspace numel 5 != input numel " + std::to_string(world * kChunk)), std::string::npos)
+          << msg;
+    });
+  }
+}
+
+TEST(CommTest, AllGatherIntoMovesBfloat16BitsUnchanged) {
+  constexpr int64_t kChunk = 7;
+  run_thread_world(3, [](Comm& comm) {
+    const int world = comm.size();
+    // Values bf16 cannot hold exactly as fp16 (large and tiny): the bits
+    // travel, not the numbers.
+    auto in = (rank_input(comm.rank(), kChunk) * 1e30).to(torch::kBFloat16);
+    auto out = torch::zeros({world * kChunk}, torch::kBFloat16);
+    comm.all_gather_into(out, in);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(out.narrow(0, r * kChunk, kChunk).equal((rank_input(r, kChunk) * 1e30).to(torch::kBFloat16)))
+          << "rank " << r;
+    }
+  });
+}
+
 TEST(CommTest, ReduceScatterSumsIntegerTensorsExactly) {
   constexpr int64_t kChunk = 5;
   run_thread_world(3, [](Comm& comm) {

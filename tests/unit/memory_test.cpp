@@ -1,6 +1,8 @@
 // memory_test - Unit tests for trainer/memory.cpp
 #include "trainer/memory.h"
 
+#include "strategies/buffer_pool.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -61,4 +63,78 @@ TEST(MemoryTest, FormatsBytesAndReadsRss) {
   EXPECT_GT(strata::peak_rss_bytes(), 0);
   EXPECT_GE(strata::peak_rss_bytes(), strata::current_rss_bytes());
 }
+// ---- BufferPool (strategies/buffer_pool.h) ----
+
+TEST(BufferPoolTest, ReusesAFreedBufferOfTheSameSizeOnly) {
+  strata::BufferPool pool(c10::GetCPUAllocator(), /*max_free_per_size=*/4);
+  void* first = nullptr;
+  {
+    auto t = pool.empty(1000, torch::kFloat32);
+    EXPECT_EQ(t.numel(), 1000);
+    EXPECT_TRUE(t.is_contiguous());
+    t.fill_(3.0f);  // usable memory
+    first = t.data_ptr();
+  }
+  EXPECT_EQ(pool.free_bytes(), 4000);
+  auto same = pool.empty(1000, torch::kFloat32);
+  EXPECT_EQ(same.data_ptr(), first) << "a freed buffer of the same size must be handed out again";
+  EXPECT_EQ(pool.free_bytes(), 0);
+  auto other = pool.empty(999, torch::kFloat32);  // another size: a new buffer
+  EXPECT_NE(other.data_ptr(), first);
+  EXPECT_EQ(pool.reused(), 1);
+  EXPECT_EQ(pool.allocated(), 2);
+}
+
+TEST(BufferPoolTest, KeptBuffersCountAsTrackedMemoryUntilTrimmed) {
+  strata::MemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  strata::BufferPool pool(c10::GetCPUAllocator(), /*max_free_per_size=*/2);
+  {
+    auto a = pool.empty(256, torch::kFloat32);
+    auto b = pool.empty(256, torch::kFloat32);
+    auto c = pool.empty(256, torch::kFloat32);
+    EXPECT_EQ(tracker.current_bytes() - base, 3 * 1024);
+  }
+  // Two kept (max_free_per_size), the third released: still allocated memory.
+  EXPECT_EQ(pool.free_bytes(), 2 * 1024);
+  EXPECT_EQ(tracker.current_bytes() - base, 2 * 1024);
+  pool.trim(1);
+  EXPECT_EQ(pool.free_bytes(), 1024);
+  EXPECT_EQ(tracker.current_bytes() - base, 1024);
+  pool.trim(0);
+  EXPECT_EQ(tracker.current_bytes(), base);
+}
+
+TEST(BufferPoolTest, BuffersMayOutliveThePool) {
+  strata::MemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  torch::Tensor survivor;
+  {
+    strata::BufferPool pool(c10::GetCPUAllocator(), 4);
+    survivor = pool.empty(100, torch::kFloat64);
+    auto kept = pool.empty(50, torch::kFloat64);
+  }  // the pool releases `kept`; `survivor` is still in use
+  EXPECT_EQ(tracker.current_bytes() - base, 800);
+  survivor.fill_(1.0);
+  survivor = torch::Tensor();  // released to the allocator, not to the gone pool
+  EXPECT_EQ(tracker.current_bytes(), base);
+}
+
+TEST(BufferPoolTest, BuffersUnderTheMinimumAreNotKept) {
+  strata::MemoryTracker tracker;
+  const int64_t base = tracker.current_bytes();
+  strata::BufferPool pool(c10::GetCPUAllocator(), 4, /*min_bytes=*/4096);
+  { auto small = pool.empty(1000, torch::kFloat32); }  // 4000 B: straight back to the allocator
+  EXPECT_EQ(pool.free_bytes(), 0);
+  EXPECT_EQ(tracker.current_bytes(), base);
+  { auto large = pool.empty(1024, torch::kFloat32); }  // 4096 B: kept
+  EXPECT_EQ(pool.free_bytes(), 4096);
+  EXPECT_EQ(pool.allocated(), 1);
+}
+
+TEST(BufferPoolTest, ANegativeSizeIsAnError) {
+  strata::BufferPool pool(c10::GetCPUAllocator(), 1);
+  EXPECT_THROW(pool.empty(-1, torch::kFloat32), c10::Error);
+}
+
 }  // namespace
