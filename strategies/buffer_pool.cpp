@@ -15,6 +15,7 @@ struct BufferPool::State {
   size_t min_bytes;
   mutable std::mutex mutex;
   std::unordered_map<size_t, std::vector<c10::DataPtr>> free;  // by byte size
+  std::unordered_map<size_t, size_t> in_use;                   // leased, by byte size
   int64_t free_bytes = 0;
   int64_t reused = 0;
   int64_t allocated = 0;
@@ -64,7 +65,11 @@ c10::DataPtr BufferPool::allocate(size_t nbytes) {
       ++state_->allocated;
     }
   }
-  if (!buffer) buffer = state_->allocator->allocate(nbytes);
+  if (!buffer) buffer = state_->allocator->allocate(nbytes);  // outside the lock: may be slow, may throw
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    ++state_->in_use[nbytes];
+  }
   void* data = buffer.get();
   const c10::Device device = buffer.device();
   auto* lease = new Lease{std::move(buffer), nbytes, state_};
@@ -75,6 +80,7 @@ void BufferPool::give_back(void* ptr) {
   std::unique_ptr<Lease> lease(static_cast<Lease*>(ptr));
   State& state = *lease->state;
   std::lock_guard<std::mutex> lock(state.mutex);
+  --state.in_use[lease->nbytes];
   auto& same_size = state.free[lease->nbytes];
   if (state.closed || same_size.size() >= state.max_free_per_size) return;  // ~Lease releases it
   same_size.push_back(std::move(lease->buffer));
@@ -96,6 +102,34 @@ void BufferPool::trim(size_t keep_per_size) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     for (auto& [nbytes, buffers] : state_->free) {
       while (buffers.size() > keep_per_size) {
+        released.push_back(std::move(buffers.back()));
+        buffers.pop_back();
+        state_->free_bytes -= static_cast<int64_t>(nbytes);
+      }
+    }
+  }
+  // `released` frees the buffers here, outside the lock.
+}
+
+std::unordered_map<size_t, size_t> BufferPool::in_use() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::unordered_map<size_t, size_t> out;
+  for (const auto& [nbytes, count] : state_->in_use) {
+    if (count > 0) out[nbytes] = count;
+  }
+  return out;
+}
+
+void BufferPool::trim_to(const std::unordered_map<size_t, size_t>& keep) {
+  std::vector<c10::DataPtr> released;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    for (auto& [nbytes, buffers] : state_->free) {
+      const auto it = keep.find(nbytes);
+      const size_t wanted = it == keep.end() ? 0 : it->second;
+      const size_t used = state_->in_use[nbytes];
+      const size_t allowed = wanted > used ? wanted - used : 0;
+      while (buffers.size() > allowed) {
         released.push_back(std::move(buffers.back()));
         buffers.pop_back();
         state_->free_bytes -= static_cast<int64_t>(nbytes);

@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 
 namespace strata {
 
@@ -48,6 +49,12 @@ class BufferPool {
 
   /// Releases free buffers beyond `keep_per_size` of each size.
   void trim(size_t keep_per_size);
+  /// Buffers of each size in use now (handed out, not yet given back).
+  std::unordered_map<size_t, size_t> in_use() const;
+  /// Releases free buffers so that, per size, at most `keep[size]` (0 for a
+  /// size not listed) exist, in use and free together. With in_use() taken
+  /// at a step's peak, the kept buffers add nothing to the next step's peak.
+  void trim_to(const std::unordered_map<size_t, size_t>& keep);
 
   /// Bytes in free buffers the pool keeps now.
   int64_t free_bytes() const;

@@ -49,7 +49,7 @@ void FSDPStrategy::setup(TrainingModule& module) {
   if (device().is_cpu()) {
     // Kept per size: at most what a step holds at once (two gathered units,
     // a full gradient, a reduction in flight with its gradient and receive
-    // buffer); optimizer_step() trims it back to what the step's peak holds.
+    // buffer); optimizer_step() trims it back to what the step's peak held.
     // Only buffers of 1 MiB and more (strata-gpt's mmap threshold): malloc
     // reuses smaller ones itself, and keeping them would only add memory.
     pool_ = std::make_unique<BufferPool>(c10::GetAllocator(c10::kCPU), /*max_free_per_size=*/8,
@@ -259,6 +259,10 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   sync_backward_ = require_sync();
   if (root_ != nullptr) root_->prepare_grads();
   prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
+  // The step's peak so far (a model of one unit has no pre_backward); the
+  // first unit's pre_backward replaces it with the larger set it holds.
+  if (pool_ != nullptr) pool_at_peak_ = pool_->in_use();
+  peak_noted_ = false;
   struct InBackward {
     bool& flag;
     explicit InBackward(bool& f) : flag(f) { flag = true; }
@@ -276,6 +280,12 @@ void FSDPStrategy::pre_backward(int index) {
   gather(index);  // Sync point: the unit's backward reads its full parameters
   prefetch(index - 1);
   unit.prepare_grads();
+  if (pool_ != nullptr && !peak_noted_) {
+    // Every activation is still alive and the first unit's buffers are all
+    // held: what a step holds at its peak (optimizer_step keeps that much).
+    pool_at_peak_ = pool_->in_use();
+    peak_noted_ = true;
+  }
 }
 
 void FSDPStrategy::post_backward(size_t bucket) {
@@ -382,11 +392,12 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
   reshard_all();
-  // Backward needed more buffers at once than the step's peak holds (early
-  // backward: all activations, two gathered units and the first unit's full
-  // gradient): keep per size only those three, so the kept buffers add
+  // Backward needed more buffers at once than the step's activation peak
+  // holds (the start of backward: every activation, the root and its
+  // gradient, two gathered units and the first unit's full gradient): keep
+  // per size only as many as were in use there, so the kept buffers add
   // nothing to that peak; backward's extra ones are allocated anew.
-  if (pool_ != nullptr) pool_->trim(kMaxUnitsGathered + 1);
+  if (pool_ != nullptr) pool_->trim_to(pool_at_peak_);
   if (offloaded_optimizer_ != nullptr) {
     TORCH_CHECK(&optimizer == offloaded_optimizer_, name(), ": with offload, step the optimizer setup_optimizer() made");
     std::unordered_set<const void*> skipped;

@@ -71,6 +71,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace strata {
@@ -181,6 +182,10 @@ class FSDPStrategy : public Strategy {
   // CPU: reuses the units' gathered, gradient and reduce-scatter buffers
   // (buffer_pool.h); null on CUDA, whose caching allocator does it.
   std::unique_ptr<BufferPool> pool_;
+  // The pool's buffers in use when backward reached its first unit (the
+  // step's activation peak), per size: what optimizer_step() trims it to.
+  std::unordered_map<size_t, size_t> pool_at_peak_;
+  bool peak_noted_ = false;
   std::vector<std::unique_ptr<FlatParam>> units_;  // wrap units in forward order, then root
   int num_wrap_units_ = 0;                         // units_[0, num_wrap_units_) are wrap units
   FlatParam* root_ = nullptr;

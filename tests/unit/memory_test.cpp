@@ -105,6 +105,29 @@ TEST(BufferPoolTest, KeptBuffersCountAsTrackedMemoryUntilTrimmed) {
   EXPECT_EQ(tracker.current_bytes(), base);
 }
 
+TEST(BufferPoolTest, TrimToKeepsPerSizeWhatWasInUse) {
+  strata::BufferPool pool(c10::GetCPUAllocator(), 8);
+  std::unordered_map<size_t, size_t> at_peak;
+  {
+    auto a1 = pool.empty(100, torch::kFloat32);
+    auto a2 = pool.empty(100, torch::kFloat32);
+    auto b1 = pool.empty(50, torch::kFloat32);
+    at_peak = pool.in_use();
+    EXPECT_EQ(at_peak.at(400), 2u);
+    EXPECT_EQ(at_peak.at(200), 1u);
+    auto a3 = pool.empty(100, torch::kFloat32);  // after the peak: one more of 400 B
+    auto c1 = pool.empty(10, torch::kFloat32);   // a size not in use at the peak
+  }
+  EXPECT_TRUE(pool.in_use().empty());
+  EXPECT_EQ(pool.free_bytes(), 3 * 400 + 200 + 40);
+  pool.trim_to(at_peak);  // 2 of 400 B, 1 of 200 B, none of 40 B
+  EXPECT_EQ(pool.free_bytes(), 2 * 400 + 200);
+  // Buffers in use count toward what is kept.
+  auto held = pool.empty(100, torch::kFloat32);
+  pool.trim_to(at_peak);
+  EXPECT_EQ(pool.free_bytes(), 400 + 200);
+}
+
 TEST(BufferPoolTest, BuffersMayOutliveThePool) {
   strata::MemoryTracker tracker;
   const int64_t base = tracker.current_bytes();
