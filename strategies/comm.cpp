@@ -53,6 +53,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::kAllGather: return "all_gather";
     case CollectiveKind::kReduceScatter: return "reduce_scatter";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kSend: return "send";
     case CollectiveKind::kCount: break;
   }
   return "unknown";
@@ -342,6 +343,27 @@ void Comm::barrier() {
   count(CollectiveKind::kBarrier, 0);
   // Why: every rank blocks here until all ranks have arrived.
   pending(pg_->barrier()).wait();
+}
+
+// --- point-to-point -----------------------------------------------------------
+
+PendingWork Comm::send_async(const torch::Tensor& tensor, int dst, int tag) {
+  check_contiguous(tensor, "tensor", "send");
+  TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "Comm::send: destination rank ", dst,
+              " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
+  TORCH_CHECK(tag >= 0, "Comm::send: tag ", tag, " is negative");
+  count(CollectiveKind::kSend, tensor_bytes(tensor));
+  std::vector<at::Tensor> tensors{tensor};
+  return pending(pg_->send(tensors, dst, tag));
+}
+
+PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
+  check_contiguous(tensor, "tensor", "recv");
+  TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "Comm::recv: source rank ", src,
+              " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
+  TORCH_CHECK(tag >= 0, "Comm::recv: tag ", tag, " is negative");
+  std::vector<at::Tensor> tensors{tensor};
+  return pending(pg_->recv(tensors, src, tag));
 }
 
 }  // namespace strata

@@ -33,6 +33,7 @@ enum class CollectiveKind : int {
   kAllGather,
   kReduceScatter,
   kBarrier,
+  kSend,  // point-to-point (send_async), counted by the sender
   kCount
 };
 
@@ -138,6 +139,13 @@ class Comm {
                                    const torch::Tensor& workspace = {});
 
   void barrier();
+
+  /// Point-to-point: `tensor` (contiguous, any dtype: raw bytes) to rank
+  /// `dst`, which takes it with recv_async(tensor of the same size, src = this
+  /// rank, the same tag). Messages between one pair with the same tag arrive
+  /// in the order sent. The sender counts the tensor's bytes (kind "send").
+  PendingWork send_async(const torch::Tensor& tensor, int dst, int tag = 0);
+  PendingWork recv_async(torch::Tensor& tensor, int src, int tag = 0);
 
   /// Whether split() can build subgroups of more than one rank.
   bool can_split() const { return static_cast<bool>(make_subgroup_); }

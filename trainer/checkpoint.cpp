@@ -279,14 +279,24 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
   json mine = json::array();
   for (const auto& p : pieces) mine.push_back(piece_record(p));
   // Sync point: every rank learns every tensor and who holds which part, so
-  // all take part in the same reduces in the same order.
-  std::map<std::string, json> tensors;  // name -> {shape, dtype, ranks:[...]}
+  // all take part in the same transfers in the same order.
+  struct Range {
+    int64_t lo, hi;
+  };
+  struct TensorInfo {
+    json shape, dtype;
+    std::map<int, std::vector<Range>> held;  // rank -> its pieces, in its order
+  };
+  std::map<std::string, TensorInfo> tensors;
   const auto all = all_gather_strings(comm, mine.dump());
   for (size_t r = 0; r < all.size(); ++r) {
     for (const auto& rec : json::parse(all[r])) {
       auto& t = tensors[rec["name"].get<std::string>()];
-      if (t.is_null()) t = {{"shape", rec["shape"]}, {"dtype", rec["dtype"]}, {"ranks", json::array()}};
-      t["ranks"].push_back(static_cast<int>(r));
+      if (t.shape.is_null()) {
+        t.shape = rec["shape"];
+        t.dtype = rec["dtype"];
+      }
+      t.held[static_cast<int>(r)].push_back({rec["lo"].get<int64_t>(), rec["hi"].get<int64_t>()});
     }
   }
   std::unique_ptr<DataWriter> writer;
@@ -295,30 +305,49 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
   std::map<std::string, std::vector<const StatePiece*>> local;
   for (const auto& p : pieces) local[p.name].push_back(&p);
   for (const auto& [name, t] : tensors) {
-    const auto shape = t["shape"].get<std::vector<int64_t>>();
-    const auto dtype = dtype_from(t["dtype"].get<std::string>(), "saving " + name);
-    const bool only_rank0 = std::all_of(t["ranks"].begin(), t["ranks"].end(), [](const json& r) { return r == 0; });
-    torch::Tensor whole;
-    if (only_rank0) {
-      if (comm.rank() != 0) continue;
-      auto& mine_of = local[name];
-      if (mine_of.size() == 1 && mine_of.front()->lo == 0 && mine_of.front()->values.numel() == numel_of(shape)) {
-        whole = mine_of.front()->values;
+    const auto shape = t.shape.get<std::vector<int64_t>>();
+    const auto dtype = dtype_from(t.dtype.get<std::string>(), "saving " + name);
+    if (comm.rank() != 0) {
+      // Each piece straight to rank 0 from where it lives (a view of the
+      // shard): no copy, and each byte crosses the wire once.
+      std::vector<PendingWork> sends;
+      int tag = 0;
+      for (const auto* p : local[name]) {
+        if (p->values.numel() > 0) sends.push_back(comm.send_async(p->values.contiguous(), /*dst=*/0, tag));
+        ++tag;
       }
+      // Sync point: the pieces must stay untouched until rank 0 has them.
+      for (auto& s : sends) s.wait();
+      continue;
     }
-    if (!whole.defined()) {
-      // Zeros plus every rank's disjoint pieces, summed on rank 0: exact.
+    torch::Tensor whole;
+    auto& mine_of = local[name];
+    if (t.held.size() == 1 && mine_of.size() == 1 && mine_of.front()->lo == 0 &&
+        mine_of.front()->values.numel() == numel_of(shape)) {
+      whole = mine_of.front()->values;  // rank 0 holds it whole
+    } else {
+      // Zeros plus every rank's disjoint pieces, each received straight into
+      // place: rank 0 holds its own state plus this one tensor.
       whole = torch::zeros({numel_of(shape)}, torch::TensorOptions(dtype).device(comm.device()));
-      for (const auto* p : local[name]) whole.narrow(0, p->lo, p->values.numel()).copy_(p->values);
-      // Sync point: rank 0 needs every rank's part of this tensor; one
-      // tensor at a time bounds every rank's extra memory to one tensor.
-      if (!only_rank0 && whole.numel() > 0) comm.reduce(whole, /*root=*/0);
+      for (const auto* p : mine_of) whole.narrow(0, p->lo, p->values.numel()).copy_(p->values);
+      std::vector<PendingWork> recvs;
+      for (const auto& [r, ranges] : t.held) {
+        if (r == 0) continue;
+        int tag = 0;
+        for (const auto& range : ranges) {
+          if (range.hi > range.lo) {
+            auto target = whole.narrow(0, range.lo, range.hi - range.lo);
+            recvs.push_back(comm.recv_async(target, r, tag));
+          }
+          ++tag;
+        }
+      }
+      // Sync point: every rank's part of this tensor has arrived.
+      for (auto& w : recvs) w.wait();
     }
-    if (comm.rank() == 0) {
-      const int64_t offset = writer->append(whole);
-      records.push_back({{"name", name}, {"shape", shape}, {"dtype", t["dtype"]}, {"lo", 0},
-                         {"hi", numel_of(shape)}, {"file", "full.bin"}, {"offset", offset}});
-    }
+    const int64_t offset = writer->append(whole);
+    records.push_back({{"name", name}, {"shape", shape}, {"dtype", t.dtype}, {"lo", 0},
+                       {"hi", numel_of(shape)}, {"file", "full.bin"}, {"offset", offset}});
   }
   if (comm.rank() == 0) {
     body["files"]["full.bin"] = writer->finish();

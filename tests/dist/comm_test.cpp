@@ -249,6 +249,46 @@ TEST(CommTest, AllGatherIntoMovesBfloat16BitsUnchanged) {
   });
 }
 
+TEST(CommTest, SendRecvDeliversUnevenPiecesToOneRankInTagOrder) {
+  run_thread_world(3, [](Comm& comm) {
+    // Rank r sends r+1 pieces of r+2 elements each (bf16: raw bytes travel),
+    // all with distinct tags, to rank 0.
+    auto piece = [](int r, int k) { return (rank_input(r, r + 2) + 100 * k).to(torch::kBFloat16); };
+    if (comm.rank() == 0) {
+      std::vector<strata::PendingWork> recvs;
+      std::vector<torch::Tensor> got;
+      for (int r = 1; r < comm.size(); ++r) {
+        for (int k = 0; k <= r; ++k) {
+          got.push_back(torch::zeros({r + 2}, torch::kBFloat16));
+          recvs.push_back(comm.recv_async(got.back(), r, k));
+        }
+      }
+      for (auto& w : recvs) w.wait();
+      size_t i = 0;
+      for (int r = 1; r < comm.size(); ++r) {
+        for (int k = 0; k <= r; ++k, ++i) EXPECT_TRUE(got[i].equal(piece(r, k))) << "rank " << r << " piece " << k;
+      }
+      EXPECT_EQ(comm.bytes()[CollectiveKind::kSend], 0);
+    } else {
+      std::vector<strata::PendingWork> sends;
+      int64_t bytes = 0;
+      for (int k = 0; k <= comm.rank(); ++k) {
+        const auto t = piece(comm.rank(), k);
+        bytes += t.numel() * 2;
+        sends.push_back(comm.send_async(t, 0, k));
+      }
+      for (auto& w : sends) w.wait();
+      EXPECT_EQ(comm.bytes()[CollectiveKind::kSend], bytes);
+    }
+    auto t = torch::zeros({2});
+    auto msg = what_of([&] { comm.send_async(t, comm.rank()); });
+    EXPECT_NE(msg.find("destination rank " + std::to_string(comm.rank()) + " must be another rank"), std::string::npos)
+        << msg;
+    msg = what_of([&] { comm.recv_async(t, 3); });
+    EXPECT_NE(msg.find("source rank 3 must be another rank of the world [0, 3)"), std::string::npos) << msg;
+  });
+}
+
 TEST(CommTest, ReduceScatterSumsIntegerTensorsExactly) {
   constexpr int64_t kChunk = 5;
   run_thread_world(3, [](Comm& comm) {
@@ -371,6 +411,7 @@ TEST(CommTest, CollectiveNamesAreStable) {
   EXPECT_STREQ(strata::collective_name(CollectiveKind::kAllGather), "all_gather");
   EXPECT_STREQ(strata::collective_name(CollectiveKind::kReduceScatter), "reduce_scatter");
   EXPECT_STREQ(strata::collective_name(CollectiveKind::kBarrier), "barrier");
+  EXPECT_STREQ(strata::collective_name(CollectiveKind::kSend), "send");
 }
 
 // --- argument checks --------------------------------------------------------------
