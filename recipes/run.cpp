@@ -519,9 +519,9 @@ int run_gpt(int argc, char** argv) {
                   << world << " rank(s), batch " << config.batch_size << " x block "
                   << model_options->block_size() << ", precision " << config.precision << " ("
                   << (profile->measured ? "activations probed" : "activations by formula") << ")\n"
-                  << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: "
-                  << (world == 1 ? "single, single+ac" : "ddp, oss, sdp, fsdp, fsdp+ac, fsdp+offload-disk")
-                  << ")" << std::endl;
+                  << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
+        for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
+        std::cout << ")" << std::endl;
       }
       config.strategy = chosen.request.strategy();
       config.activation_checkpointing = chosen.request.activation_checkpointing();
@@ -529,8 +529,8 @@ int run_gpt(int argc, char** argv) {
       config.memory_budget.clear();
       std::vector<std::pair<std::string, std::string>> set = {
           {"strategy", config.strategy},
-          {"activation-checkpointing", std::to_string(config.activation_checkpointing)}};
-      if (config.strategy == "fsdp") set.emplace_back("offload", config.offload);
+          {"activation-checkpointing", std::to_string(config.activation_checkpointing)},
+          {"offload", config.offload}};  // every strategy takes --offload (sdp+offload-disk)
       args = rewrite_args(args, {"strategy", "activation-checkpointing", "offload", "memory-budget"}, set);
     }
     // The pre-flight memory check: once per machine, before any rank starts

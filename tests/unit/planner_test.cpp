@@ -62,7 +62,7 @@ TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
   a.checkpointed_per_block = 256 << 10;
   a.checkpointed_base = 8 << 20;
   const auto all = plan_candidates(base, a, int64_t(1) << 40);
-  ASSERT_EQ(all.size(), 6u);
+  ASSERT_EQ(all.size(), 7u);
   std::vector<int64_t> peaks;
   for (const auto& c : all) peaks.push_back(c.prediction.peak());
   EXPECT_EQ(all[*pick_fastest_fitting(all)].label, "ddp");
