@@ -96,21 +96,6 @@ torch::Tensor BufferPool::empty(int64_t numel, const torch::TensorOptions& optio
   return torch::empty({0}, options).set_(storage, 0, {numel}, {1});
 }
 
-void BufferPool::trim(size_t keep_per_size) {
-  std::vector<c10::DataPtr> released;
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    for (auto& [nbytes, buffers] : state_->free) {
-      while (buffers.size() > keep_per_size) {
-        released.push_back(std::move(buffers.back()));
-        buffers.pop_back();
-        state_->free_bytes -= static_cast<int64_t>(nbytes);
-      }
-    }
-  }
-  // `released` frees the buffers here, outside the lock.
-}
-
 std::unordered_map<size_t, size_t> BufferPool::in_use() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   std::unordered_map<size_t, size_t> out;

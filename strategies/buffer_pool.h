@@ -47,8 +47,6 @@ class BufferPool {
   /// comes from allocate().
   torch::Tensor empty(int64_t numel, const torch::TensorOptions& options);
 
-  /// Releases free buffers beyond `keep_per_size` of each size.
-  void trim(size_t keep_per_size);
   /// Buffers of each size in use now (handed out, not yet given back).
   std::unordered_map<size_t, size_t> in_use() const;
   /// Releases free buffers so that, per size, at most `keep[size]` (0 for a

@@ -315,8 +315,10 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
     r.output = scratch(unit.layout().shard_numel(), r.input.options());
     unit.release_full_grad();  // the parameters' grads go; r.input keeps the buffer for the collective
     // Async: the rest of backward runs while this unit's gradient is reduced.
-    // (The workspace receives every rank's chunk of it on an emulating backend.)
-    r.work = shard_comm_.reduce_scatter_async(r.output, r.input, scratch(r.input.numel(), r.input.options()));
+    // On CPU (Gloo's emulation) the all-to-all receives into a pooled buffer;
+    // NCCL reduce-scatters natively and needs none.
+    const auto workspace = pool_ != nullptr ? pool_->empty(r.input.numel(), r.input.options()) : torch::Tensor();
+    r.work = shard_comm_.reduce_scatter_async(r.output, r.input, workspace);
   } else {
     // no_shard: the full gradient, reduced in place (or in a cast copy)
     r.output = unit.shard_grad().to(dtype);

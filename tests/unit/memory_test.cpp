@@ -98,10 +98,10 @@ TEST(BufferPoolTest, KeptBuffersCountAsTrackedMemoryUntilTrimmed) {
   // Two kept (max_free_per_size), the third released: still allocated memory.
   EXPECT_EQ(pool.free_bytes(), 2 * 1024);
   EXPECT_EQ(tracker.current_bytes() - base, 2 * 1024);
-  pool.trim(1);
+  pool.trim_to({{1024, 1}});
   EXPECT_EQ(pool.free_bytes(), 1024);
   EXPECT_EQ(tracker.current_bytes() - base, 1024);
-  pool.trim(0);
+  pool.trim_to({});
   EXPECT_EQ(tracker.current_bytes(), base);
 }
 
