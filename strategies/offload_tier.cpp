@@ -285,4 +285,9 @@ void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& rea
   }
 }
 
+void refuse_offloaded_checkpoint(bool saving) {
+  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without --offload to ",
+              saving ? "checkpoint" : "resume");
+}
+
 }  // namespace strata

@@ -150,4 +150,8 @@ class IoQueue {
 void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& read,
                    const std::function<void(size_t)>& compute, const std::function<void(size_t)>& write);
 
+/// Throws the one error both offloading optimizers give for save() (`saving`)
+/// or load(): their state lives in a tier, which checkpoints do not read.
+[[noreturn]] void refuse_offloaded_checkpoint(bool saving);
+
 }  // namespace strata

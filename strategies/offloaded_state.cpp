@@ -129,15 +129,9 @@ torch::Tensor OffloadedStateOptimizer::step(LossClosure closure) {
   return {};
 }
 
-void OffloadedStateOptimizer::save(torch::serialize::OutputArchive&) const {
-  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
-              "--offload to checkpoint");
-}
+void OffloadedStateOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
 
-void OffloadedStateOptimizer::load(torch::serialize::InputArchive&) {
-  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
-              "--offload to resume");
-}
+void OffloadedStateOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
 
 OptimizerFactory offloading_optimizer_factory(OptimizerFactory factory, std::shared_ptr<OffloadTier> tier,
                                          int64_t chunk_numel) {

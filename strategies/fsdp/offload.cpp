@@ -170,14 +170,8 @@ torch::Tensor OffloadedOptimizer::step(LossClosure closure) {
   return {};
 }
 
-void OffloadedOptimizer::save(torch::serialize::OutputArchive&) const {
-  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
-              "--offload to checkpoint");
-}
+void OffloadedOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
 
-void OffloadedOptimizer::load(torch::serialize::InputArchive&) {
-  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without "
-              "--offload to resume");
-}
+void OffloadedOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
 
 }  // namespace strata
