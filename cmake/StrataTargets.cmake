@@ -3,7 +3,7 @@
 
 # Flags shared by every target, the PCH target included.
 function(strata_apply_common target)
-  target_compile_features(${target} PUBLIC cxx_std_17)
+  target_compile_features(${target} PUBLIC cxx_std_20)
   target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
   # LibTorch's include dirs come in as SYSTEM through the imported target, so
   # the warning flags below only hit project code.

@@ -15,30 +15,40 @@
 #endif
 
 #include <cstdlib>
-#include <string_view>
+#include <string>
+#include <vector>
 
 namespace strata {
 
+const std::vector<std::string>& nccl_timeout_variables() {
+  // The names LibTorch 2.x's ProcessGroupNCCL reads, first the current one,
+  // then the deprecated one it still honours (ProcessGroupNCCL.hpp's
+  // TORCH_NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_BLOCKING_WAIT). A unit test
+  // checks this list against the header in every build.
+  static const std::vector<std::string> names = {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING",
+                                                 "TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"};
+  return names;
+}
+
 bool enable_nccl_timeouts() {
-  // Why: in LibTorch 1.13 ProcessGroupNCCL's `timeout` is only enforced when
-  // one of these is set. Without them a collective whose peer died waits
-  // forever inside NCCL (the watchdog only logs), so a failing rank would
-  // leave the others hanging. Async error handling aborts the communicator
-  // and throws on the next use; the user's own choice (either variable, even
-  // "0") is left alone. Must run before the group is constructed: its
-  // constructor reads the variables.
-  if (std::getenv("NCCL_ASYNC_ERROR_HANDLING") != nullptr || std::getenv("NCCL_BLOCKING_WAIT") != nullptr) {
-    return false;
-  }
-  return ::setenv("NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0) == 0;
+  // Why: a collective whose peer died must end the rank, not wait forever
+  // inside NCCL. TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (tear down) makes the
+  // watchdog abort the communicator and end the process when a collective
+  // outlives the group's timeout; torchrun's agent sets the same for its
+  // workers. The user's own choice (any of the names, even "0") is left
+  // alone. Must run before the group is constructed: its constructor reads it.
+  for (const auto& name : nccl_timeout_variables())
+    if (std::getenv(name.c_str()) != nullptr) return false;
+  return ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0) == 0;
 }
 
 #ifdef STRATA_WITH_CUDA
 
-// enable_nccl_timeouts() sets and reads these names: they must be the ones this
-// LibTorch's ProcessGroupNCCL reads (checked by the cuda_support_compiles test).
-static_assert(std::string_view(c10d::NCCL_ASYNC_ERROR_HANDLING) == "NCCL_ASYNC_ERROR_HANDLING");
-static_assert(std::string_view(c10d::NCCL_BLOCKING_WAIT) == "NCCL_BLOCKING_WAIT");
+std::vector<std::string> nccl_timeout_variables_in_libtorch() {
+  std::vector<std::string> names = c10d::TORCH_NCCL_ASYNC_ERROR_HANDLING;
+  names.insert(names.end(), c10d::TORCH_NCCL_BLOCKING_WAIT.begin(), c10d::TORCH_NCCL_BLOCKING_WAIT.end());
+  return names;
+}
 
 bool built_with_cuda() { return true; }
 
@@ -57,18 +67,24 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_pt
   options->timeout = timeout;
   // Communicators are created lazily on the first collective, on the device
   // current at that time (set_cuda_device), so construction does not block.
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
+  // LibTorch 2.x: a ProcessGroup dispatches each collective to the Backend
+  // registered for its tensors' device type; NCCL serves CUDA tensors.
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, backend);
+  return group;
 }
 
 CudaAllocatedBytes cuda_allocated_bytes(int index) {
-  using c10::cuda::CUDACachingAllocator::StatType;
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  using c10::CachingAllocator::StatType;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   const auto& bytes = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
   return {bytes.current, bytes.peak};
 }
 
 void reset_cuda_peak_allocated_bytes(int index) {
-  c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
 }
 
 int64_t cuda_total_memory_bytes(int index) {
@@ -86,6 +102,7 @@ namespace {
 }  // namespace
 
 bool built_with_cuda() { return false; }
+std::vector<std::string> nccl_timeout_variables_in_libtorch() { no_cuda("nccl_timeout_variables_in_libtorch"); }
 void set_cuda_device(int) { no_cuda("set_cuda_device"); }
 c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_ptr<c10d::Store>&, int, int,
                                                          std::chrono::milliseconds) {

@@ -4,14 +4,15 @@
 // cuda_support.cpp is the one file that includes CUDA headers. CMake defines
 // STRATA_WITH_CUDA for it when LibTorch has CUDA; otherwise the same functions
 // exist and each one fails with an error saying this LibTorch is CPU-only, so
-// callers never need an #ifdef. A ctest (cuda_support_compiles) compiles the CUDA
-// half against LibTorch's and the CUDA toolkit's headers even in CPU-only builds,
-// so this branch cannot rot unseen.
+// callers never need an #ifdef. With the PyPI wheel (a CUDA build) the CUDA
+// half is compiled and linked into every binary.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace strata {
 
@@ -22,11 +23,17 @@ bool built_with_cuda();
 /// to the current device when its communicator is created).
 void set_cuda_device(int index);
 
-/// Makes LibTorch 1.13's NCCL process group honour its timeout: unless the
-/// user set NCCL_ASYNC_ERROR_HANDLING or NCCL_BLOCKING_WAIT, sets
-/// NCCL_ASYNC_ERROR_HANDLING=1 (what torchrun sets for its workers). Returns
-/// true when it set the variable. Called by create_nccl_group(); CPU-testable.
+/// Makes the NCCL process group end a rank whose collective outlives the
+/// timeout: unless the user set any of nccl_timeout_variables(), sets
+/// TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (what torchrun sets for its workers).
+/// Returns true when it set the variable. Called by create_nccl_group();
+/// CPU-testable.
 bool enable_nccl_timeouts();
+/// The variables enable_nccl_timeouts() respects, as strata spells them.
+const std::vector<std::string>& nccl_timeout_variables();
+/// The same names as this build's ProcessGroupNCCL.hpp spells them (CUDA
+/// builds; the test compares the two lists).
+std::vector<std::string> nccl_timeout_variables_in_libtorch();
 
 /// An NCCL process group over `store`; call set_cuda_device(LOCAL_RANK) first.
 /// A collective that does not finish within `timeout` aborts the communicator

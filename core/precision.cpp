@@ -20,19 +20,11 @@ AutocastGuard::AutocastGuard(Precision precision, c10::DeviceType device) {
   TORCH_CHECK_VALUE(device == c10::kCPU || device == c10::kCUDA, "bf16-mixed autocast supports cpu and cuda, not ",
                     device);
   active_ = true;
-  cuda_ = device == c10::kCUDA;
-  // ATen names CUDA autocast "enabled"/"gpu" and CPU autocast "cpu_enabled"/"cpu".
-  if (cuda_) {
-    prev_enabled_ = at::autocast::is_enabled();
-    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-  } else {
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  }
+  device_ = device;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, at::kBFloat16);
   at::autocast::increment_nesting();
 }
 
@@ -41,13 +33,8 @@ AutocastGuard::~AutocastGuard() {
   // The outermost guard drops the cached bf16 copies of the weights: they are
   // only valid until the optimizer changes the fp32 masters.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) {
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(prev_enabled_);
-    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
-  }
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
 }
 
 }  // namespace strata

@@ -28,7 +28,7 @@ class AutocastGuard {
 
  private:
   bool active_ = false;
-  bool cuda_ = false;
+  c10::DeviceType device_ = c10::kCPU;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };

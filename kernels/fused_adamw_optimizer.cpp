@@ -1,5 +1,6 @@
 #include "kernels/fused_adamw_optimizer.h"
 
+#include "core/optim_state_key.h"
 #include "kernels/fused_adamw.h"
 
 #include <cmath>
@@ -46,7 +47,7 @@ torch::optim::AdamWParamState& FusedAdamW::state_of(const torch::Tensor& p,
                                                     const torch::optim::AdamWOptions& options) {
   // The key and the lazily created zero state are AdamW's, so save()/load()
   // and optimizer_state_bytes() see the same state either class made.
-  const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+  void* const key = optim_state_key(p);
   auto it = state_.find(key);
   if (it == state_.end()) {
     auto state = std::make_unique<torch::optim::AdamWParamState>();

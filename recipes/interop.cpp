@@ -4,7 +4,9 @@
 
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <algorithm>
 #include <cctype>
@@ -59,6 +61,32 @@ std::string shape_of(const torch::Tensor& t) {
   return out.str();
 }
 
+
+// ---- Writing files torch.load reads with weights_only=True ------------------
+
+/// torch::pickle_save's zip archive (torch.save's format), but with the
+/// dict's types left untagged. pickle_save tags typed containers with a call
+/// to torch.jit._pickle.restore_type_tag, a global that torch.load's default
+/// (weights_only=True since torch 2.6) refuses; a plain dict of tensors needs
+/// no tag in Python.
+std::vector<char> plain_pickle_save(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&pickle](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) -> size_t {
+    const auto* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
+}
 
 // ---- Reading Python's torch.save files ------------------------------------
 //
@@ -352,7 +380,7 @@ void write_weights(const std::string& path, const NamedTensors& by_strata_name, 
                    [&](const std::string& a, const std::string& b) { return rank_of(a).first < rank_of(b).first; });
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& name : order) dict.insert(name, named.at(name));
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  const std::vector<char> bytes = plain_pickle_save(c10::IValue(dict));
   write_file_atomically(path, [&bytes](std::ostream& out) {
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   });

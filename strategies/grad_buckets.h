@@ -9,6 +9,7 @@
 // buckets 0..k are all ready: every rank must issue collectives in the same
 // order, and launching strictly in bucket order guarantees it even if two ranks
 // see hooks fire in different orders.
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -16,9 +17,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata {
+
+/// A parameter's AccumulateGrad node as LibTorch hands it out (an
+/// intrusive_ptr in 2.x; a shared_ptr before).
+using GradAccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
 
 /// Buckets as lists of indices into `params`; a parameter larger than the cap
 /// gets a bucket of its own; a bucket never mixes dtypes or devices. Buckets
@@ -94,7 +100,7 @@ class GradReadiness {
 
   // The AccumulateGrad nodes must stay alive, or autograd would create new ones
   // without our hooks.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // per parameter: the last one hooked
+  std::vector<GradAccumulatorPtr> accumulators_;  // per parameter: the last one hooked
   std::function<bool()> active_;
   std::shared_ptr<std::atomic<bool>> alive_ = std::make_shared<std::atomic<bool>>(true);
 };

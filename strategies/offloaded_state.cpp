@@ -9,8 +9,12 @@ namespace strata {
 
 OffloadedStateOptimizer::OffloadedStateOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                  std::shared_ptr<OffloadTier> tier, int64_t chunk_numel)
-    : torch::optim::Optimizer(std::move(groups), std::make_unique<torch::optim::AdamWOptions>()),
+    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<torch::optim::AdamWOptions>()),
       tier_(std::move(tier)) {
+  // The groups go in as built, not through the base constructor: LibTorch
+  // 2.x's add_param_group merges each group's options with the defaults (an
+  // SGD group against these AdamW defaults would lose its own options).
+  param_groups_ = std::move(groups);
   TORCH_CHECK(tier_ != nullptr, "OffloadedStateOptimizer needs a tier");
   TORCH_CHECK(chunk_numel > 0, "OffloadedStateOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (amsgrad off) or plain SGD,

@@ -8,8 +8,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 // The Gloo headers are guarded by USE_C10D_GLOO, which LibTorch's CMake config
-// does not export; Debian's LibTorch is built with Gloo (the symbols are in
-// libtorch_cpu), so declaring it here only unlocks the declarations.
+// does not export; the wheel's LibTorch is built with Gloo (the symbols are in
+// libtorch_cpu), so declaring it here only unlocks the declarations. This is
+// the one file that includes Gloo's own headers (Debian's libgloo-dev): what
+// of them is compiled in here is listed in docs/design.md ("Gloo headers").
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
@@ -92,12 +94,19 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_gloo_group(const c10::intrusive_pt
   }
   // The constructor connects the full mesh through the store: it blocks until
   // every rank has published its address and connected (bounded by `timeout`).
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> backend;
   try {
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", rank, " of ", world_size, " could not connect Gloo to its peers within ",
                 seconds_text(timeout), " (MASTER_ADDR ", master_addr, "): ", message_of(e));
   }
+  // LibTorch 2.x: a ProcessGroup dispatches each collective to the Backend
+  // registered for its tensors' device type; Gloo serves CPU tensors.
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world_size);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+  return group;
 }
 
 c10::intrusive_ptr<c10d::Store> create_store(const ProcessGroupOptions& o) {

@@ -3,13 +3,15 @@
 // checkpoint written by any strategy loads into any other (trainer/checkpoint.h).
 #include "strategies/strategy.h"
 
+#include "core/optim_state_key.h"
+
 #include <unordered_set>
 
 namespace strata {
 
 namespace {
 /// The key torch::optim uses for a parameter's state.
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+void* state_key(const torch::Tensor& p) { return optim_state_key(p); }
 
 void add_piece(std::vector<StatePiece>& out, std::string name, std::vector<int64_t> shape, int64_t lo,
                const torch::Tensor& values) {

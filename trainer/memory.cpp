@@ -29,7 +29,7 @@ TrackingAllocator::TrackingAllocator(c10::Allocator* underlying) : underlying_(u
   TORCH_CHECK(underlying_ != nullptr, "TrackingAllocator needs an underlying allocator");
 }
 
-c10::DataPtr TrackingAllocator::allocate(size_t nbytes) const {
+c10::DataPtr TrackingAllocator::allocate(size_t nbytes) {
   static_assert(sizeof(Context) <= kHeader && alignof(Context) <= kHeader, "header too small");
   auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
   new (base) Context{nbytes, counters_};

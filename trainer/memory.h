@@ -31,7 +31,10 @@ class TrackingAllocator final : public c10::Allocator {
   /// MemoryTracker); allocation itself uses c10::alloc_cpu like the default.
   explicit TrackingAllocator(c10::Allocator* underlying);
 
-  c10::DataPtr allocate(size_t nbytes) const override;
+  c10::DataPtr allocate(size_t nbytes) override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
   c10::DeleterFnPtr raw_deleter() const override { return &TrackingAllocator::release; }
 
   int64_t current_bytes() const { return counters_->current.load(); }

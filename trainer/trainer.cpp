@@ -87,12 +87,35 @@ std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(torch::nn::
   return groups;
 }
 
+namespace {
+/// Builds the optimizer over `groups`, then gives each group back exactly the
+/// options it was built with. Why: LibTorch 2.x merges every group's options
+/// with the optimizer's defaults and takes the default for each field whose
+/// value equals the options type's constructor default, so an SGD group that
+/// asks for weight_decay 0 (SGDOptions' own default) would decay with the
+/// defaults' rate (the no-decay group of biases and norms).
+template <typename Make>
+std::unique_ptr<torch::optim::Optimizer> with_exact_group_options(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                                  Make make) {
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> intended;
+  for (const auto& group : groups) intended.push_back(group.has_options() ? group.options().clone() : nullptr);
+  std::unique_ptr<torch::optim::Optimizer> optimizer = make(std::move(groups));
+  auto& built = optimizer->param_groups();
+  TORCH_CHECK(built.size() == intended.size(), "optimizer has ", built.size(), " parameter groups, built with ",
+              intended.size());
+  for (size_t g = 0; g < built.size(); ++g)
+    if (intended[g]) built[g].set_options(std::move(intended[g]));
+  return optimizer;
+}
+}  // namespace
+
 OptimizerFactory optimizer_factory(const TrainerOptions& options) {
   if (options.optimizer() == "sgd") {
     return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
-      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<torch::optim::SGD>(
-          std::move(groups),
-          torch::optim::SGDOptions(options.lr()).weight_decay(options.weight_decay())));
+      return with_exact_group_options(std::move(groups), [&](std::vector<torch::optim::OptimizerParamGroup> g) {
+        return std::make_unique<torch::optim::SGD>(
+            std::move(g), torch::optim::SGDOptions(options.lr()).weight_decay(options.weight_decay()));
+      });
     };
   }
   check_optimizer_name(options.optimizer());
@@ -101,11 +124,11 @@ OptimizerFactory optimizer_factory(const TrainerOptions& options) {
                               .betas({options.beta1(), options.beta2()})
                               .eps(options.eps())
                               .weight_decay(options.weight_decay());
-    if (options.fused_adamw()) {
-      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<FusedAdamW>(std::move(groups), defaults));
-    }
-    return std::unique_ptr<torch::optim::Optimizer>(
-        std::make_unique<torch::optim::AdamW>(std::move(groups), defaults));
+    return with_exact_group_options(std::move(groups), [&](std::vector<torch::optim::OptimizerParamGroup> g)
+                                                           -> std::unique_ptr<torch::optim::Optimizer> {
+      if (options.fused_adamw()) return std::make_unique<FusedAdamW>(std::move(g), defaults);
+      return std::make_unique<torch::optim::AdamW>(std::move(g), defaults);
+    });
   };
 }
 

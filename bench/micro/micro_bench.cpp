@@ -3,10 +3,14 @@
 //   BM_Matmul, BM_MatmulBf16       n×n products (2n³ FLOPs) on 1 or 2 threads; counter FLOP/s
 //   BM_AllReduce/bytes             Comm::all_reduce, in-place SUM, 2 ranks as threads (Gloo)
 //   BM_Broadcast/bytes, BM_Reduce/bytes   Comm::broadcast / Comm::reduce from/to rank 0
-//   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (emulated: Gloo 1.13 has none)
+//   BM_ReduceScatterEmulated/bytes Comm::reduce_scatter (emulated with one all-to-all)
 //   BM_AllGatherInto/bytes         Comm::all_gather_into (flat output, emulated with a
 //                                  list all-gather into views)
 //   BM_GlooAllReduce/bytes         c10d ProcessGroupGloo::allreduce directly (the yardstick)
+//   BM_GlooReduceScatterBase, BM_GlooAllGatherBase   LibTorch 2.x Gloo's native flat
+//                                  collectives, called directly (what Comm would use
+//                                  instead of its emulation)
+//   BM_GlooAllReduceBf16/bytes     Gloo's native bf16 all-reduce of the same bytes
 //                                  collectives: 64 KiB - 64 MiB; counters GB (GB/s) and
 //                                  vs_gloo_allreduce (Gloo all-reduce time of the same
 //                                  bytes, interleaved call by call, ÷ this call's; > 1 is faster)
@@ -57,7 +61,10 @@ void matmul(benchmark::State& state, torch::Dtype dtype) {
 void BM_Matmul(benchmark::State& state) { matmul(state, torch::kFloat32); }
 void BM_MatmulBf16(benchmark::State& state) { matmul(state, torch::kBFloat16); }
 
-enum class Collective { kAllReduce, kBroadcast, kReduce, kReduceScatter, kAllGather, kGlooAllReduce };
+enum class Collective {
+  kAllReduce, kBroadcast, kReduce, kReduceScatter, kAllGather, kGlooAllReduce,
+  kGlooReduceScatterBase, kGlooAllGatherBase, kGlooAllReduceBf16
+};
 
 using Seconds = std::chrono::duration<double>;
 
@@ -85,7 +92,9 @@ void collective(benchmark::State& state, Collective kind) {
         auto full = torch::ones({numel});
         auto shard = torch::ones({numel / kRanks});
         auto yard = torch::ones({numel});
-        std::vector<torch::Tensor> tensors = {full}, yard_tensors = {yard};
+        auto half = torch::ones({numel * 2}, torch::kBFloat16);  // the same bytes in bf16
+        std::vector<torch::Tensor> tensors = {full}, yard_tensors = {yard}, bf16_tensors = {half};
+        auto& pg = *comm.process_group();
         auto one_call = [&] {
           switch (kind) {
             case Collective::kAllReduce: comm.all_reduce(full); break;
@@ -93,7 +102,12 @@ void collective(benchmark::State& state, Collective kind) {
             case Collective::kReduce: comm.reduce(full, 0); break;
             case Collective::kReduceScatter: comm.reduce_scatter(shard, full); break;
             case Collective::kAllGather: comm.all_gather_into(full, shard); break;
-            case Collective::kGlooAllReduce: comm.process_group()->allreduce(tensors)->wait(); break;
+            case Collective::kGlooAllReduce: pg.allreduce(tensors)->wait(); break;
+            // LibTorch 2.x's Gloo has these natively; Comm emulates them
+            // (strategies/comm.cpp says which won and by how much).
+            case Collective::kGlooReduceScatterBase: pg._reduce_scatter_base(shard, full)->wait(); break;
+            case Collective::kGlooAllGatherBase: pg._allgather_base(full, shard)->wait(); break;
+            case Collective::kGlooAllReduceBf16: pg.allreduce(bf16_tensors)->wait(); break;
           }
         };
         auto gloo_call = [&] { comm.process_group()->allreduce(yard_tensors)->wait(); };
@@ -132,6 +146,9 @@ void BM_Reduce(benchmark::State& state) { collective(state, Collective::kReduce)
 void BM_ReduceScatterEmulated(benchmark::State& state) { collective(state, Collective::kReduceScatter); }
 void BM_AllGatherInto(benchmark::State& state) { collective(state, Collective::kAllGather); }
 void BM_GlooAllReduce(benchmark::State& state) { collective(state, Collective::kGlooAllReduce); }
+void BM_GlooReduceScatterBase(benchmark::State& state) { collective(state, Collective::kGlooReduceScatterBase); }
+void BM_GlooAllGatherBase(benchmark::State& state) { collective(state, Collective::kGlooAllGatherBase); }
+void BM_GlooAllReduceBf16(benchmark::State& state) { collective(state, Collective::kGlooAllReduceBf16); }
 
 /// The attention core as CausalSelfAttention runs it: q, k, v are head views
 /// of one [B, T, 3C] projection, the result goes back to [B, T, C].
@@ -208,6 +225,9 @@ STRATA_COLLECTIVE_BENCH(BM_Reduce);
 STRATA_COLLECTIVE_BENCH(BM_ReduceScatterEmulated);
 STRATA_COLLECTIVE_BENCH(BM_AllGatherInto);
 STRATA_COLLECTIVE_BENCH(BM_GlooAllReduce);
+STRATA_COLLECTIVE_BENCH(BM_GlooReduceScatterBase);
+STRATA_COLLECTIVE_BENCH(BM_GlooAllGatherBase);
+STRATA_COLLECTIVE_BENCH(BM_GlooAllReduceBf16);
 
 // Args: {T, fused (1) or naive (0), intra-op threads}.
 BENCHMARK(BM_Attention)->ArgsProduct({{128, 256, 512, 1024, 2048}, {0, 1}, {2, 1}})

@@ -4,6 +4,7 @@
 #include "strategies/ddp.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
+#include "strategies/grad_buckets.h"
 
 #include <torch/csrc/autograd/variable.h>
 
@@ -59,7 +60,7 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // Each parameter's AccumulateGrad node, created while the unit is gathered
   // and kept alive until grad_sync_ holds it: the node records its
   // parameter's shape when created, and must record the full one.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<GradAccumulatorPtr> accumulators;
   // Built, initialised and resharded one at a time: with a deferred module no
   // rank ever holds more than its shards so far plus one unit's full buffer.
   auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {

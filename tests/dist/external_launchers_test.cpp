@@ -3,16 +3,13 @@
 // launcher's variables. Each world must train to exactly the losses of the
 // same configuration self-launched with --nproc.
 //
-// torchrun is reproduced rather than called (Debian's fails on Python 3.11
-// before launching anything): python3-torch serves the agent's c10d TCPStore
-// on MASTER_PORT, as torchrun's default (static) rendezvous does, and the
-// ranks get the environment torch 1.13's LocalElasticAgent gives its workers.
+// torchrun is the real one, from the Python environment scripts/setup made
+// (STRATA_PYTHON, compiled in), with its static and c10d rendezvous.
 #include "tests/dist/process.h"
 #include "tests/dist/run_binary.h"
 #include "core/net.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 #include <filesystem>
@@ -32,7 +29,7 @@ using strata::testing::run_gpt_binary;
 using strata::testing::wait_until;
 using namespace std::chrono_literals;
 
-constexpr const char* kPython = "/usr/bin/python3";  // Debian's, with python3-torch
+constexpr const char* kPython = STRATA_PYTHON;  // scripts/setup's venv, with torch
 constexpr int kWorld = 2;
 
 fs::path scratch() {
@@ -89,66 +86,50 @@ fs::path run_world(const std::string& tag, const std::function<std::map<std::str
   return out;
 }
 
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+/// Runs the venv's real torchrun over strata-gpt (--no-python) with
+/// `rendezvous` flags; returns its output directory after checking it exited 0.
+fs::path run_torchrun(const std::string& tag, const std::vector<std::string>& rendezvous) {
+  const fs::path out = scratch() / tag;
+  std::vector<std::string> argv = {kPython, "-m", "torch.distributed.run", "--nproc-per-node", std::to_string(kWorld)};
+  argv.insert(argv.end(), rendezvous.begin(), rendezvous.end());
+  argv.insert(argv.end(), {"--no-python", STRATA_GPT_BINARY});
+  for (const auto& f : train_flags(out)) argv.push_back(f);
+  Process torchrun(argv, base_environment(), scratch() / (tag + ".log"));
+  EXPECT_TRUE(torchrun.started());
+  const auto code = torchrun.wait_for(120s);
+  EXPECT_TRUE(code.has_value()) << tag << ": torchrun still running after 120 s:\n" << torchrun.output();
+  EXPECT_EQ(code.value_or(-1), 0) << tag << ":\n" << torchrun.output();
+  return out;
+}
 
-TEST(TorchrunTest, RanksJoinTheAgentsStoreAndTrainLikeASelfLaunchedRun) {
+bool have_torchrun() {
+  static const bool ok = std::string(kPython).size() > 0 &&
+                         strata::testing::run_command(std::string(kPython) + " -c 'import torch.distributed.run'")
+                                 .exit_code == 0;
+  return ok;
+}
+
+// torchrun's default static rendezvous: its agent hosts a TCPStore on
+// MASTER_PORT and tells the workers (TORCHELASTIC_USE_AGENT_STORE) to join it
+// under its attempt prefix instead of hosting their own.
+TEST(TorchrunTest, StaticRendezvousTrainsLikeASelfLaunchedRun) {
+  if (!have_torchrun()) GTEST_SKIP() << "no Python with torch (STRATA_PYTHON='" << kPython << "'): run scripts/setup";
   ASSERT_FALSE(reference_losses().empty());
-  // The agent: a real c10d TCPStore server from python3-torch on a port it
-  // picks, with a key of its own and one under strata's unprefixed key name
-  // (a rank reading it would see WORLD_SIZE 99 and fail). It exits when the
-  // test does (parent gone) or after 120 s.
-  const fs::path port_file = scratch() / "agent.port";
-  const std::string script =
-      "import datetime, os, sys, time\n"
-      "import torch.distributed as dist\n"
-      "parent = os.getppid()\n"
-      "store = dist.TCPStore('127.0.0.1', 0, 1, True, datetime.timedelta(seconds=60), wait_for_workers=False)\n"
-      "store.set('strata/world_size', '99')\n"
-      "store.set('run-42/agent', 'the agent\\'s own key')\n"
-      "with open(sys.argv[1] + '.tmp', 'w') as f: f.write(str(store.port))\n"
-      "os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n"
-      "deadline = time.time() + 120\n"
-      "while os.getppid() == parent and time.time() < deadline: time.sleep(0.2)\n";
-  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing: scripts/setup installs python3-torch";
-  Process agent({kPython, "-c", script, port_file.string()}, base_environment(), scratch() / "agent.log");
-  ASSERT_TRUE(wait_until([&] { return fs::exists(port_file) || agent.wait_for(0ms).has_value(); }, 60s))
-      << "the python agent did not start within 60 s:\n" << agent.output();
-  ASSERT_TRUE(fs::exists(port_file)) << "python3-torch's TCPStore did not start (scripts/setup installs it):\n"
-                                     << agent.output();
-  const std::string port = strata::testing::read_text(port_file);
-
-  const fs::path out = run_world("torchrun", [&](int rank) -> std::map<std::string, std::string> {
-    // What torch 1.13's LocalElasticAgent._start_workers sets (one node).
-    return {{"LOCAL_RANK", std::to_string(rank)},
-            {"RANK", std::to_string(rank)},
-            {"GROUP_RANK", "0"},
-            {"ROLE_RANK", std::to_string(rank)},
-            {"ROLE_NAME", "default"},
-            {"LOCAL_WORLD_SIZE", std::to_string(kWorld)},
-            {"WORLD_SIZE", std::to_string(kWorld)},
-            {"GROUP_WORLD_SIZE", "1"},
-            {"ROLE_WORLD_SIZE", std::to_string(kWorld)},
-            {"MASTER_ADDR", "127.0.0.1"},
-            {"MASTER_PORT", port},
-            {"TORCHELASTIC_RESTART_COUNT", "0"},
-            {"TORCHELASTIC_MAX_RESTARTS", "0"},
-            {"TORCHELASTIC_RUN_ID", "run-42"},
-            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-            {"NCCL_ASYNC_ERROR_HANDLING", "1"},
-            {"OMP_NUM_THREADS", "1"}};
-  });
+  const std::string port = std::to_string(strata::find_free_port("127.0.0.1"));
+  const fs::path out =
+      run_torchrun("torchrun-static", {"--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", port});
   EXPECT_EQ(losses_of(out / "metrics.csv"), reference_losses());
+}
 
-  // The ranks met under torch's attempt prefix and left the agent's keys alone.
-  c10d::TCPStoreOptions client;
-  client.port = static_cast<uint16_t>(std::stoi(port));
-  client.waitWorkers = false;
-  client.timeout = 10s;
-  c10d::TCPStore store("127.0.0.1", client);
-  EXPECT_EQ(text(store.get("/worker/attempt_0/strata/world_size")), std::to_string(kWorld));
-  EXPECT_EQ(text(store.get("strata/world_size")), "99");
-  EXPECT_EQ(text(store.get("run-42/agent")), "the agent's own key");
-  EXPECT_TRUE(agent.running()) << "the agent's store must outlive the ranks";
+// The c10d rendezvous (what multi-node jobs use): the agents meet in a
+// TCPStore at --rdzv-endpoint and the workers get the agent's store.
+TEST(TorchrunTest, C10dRendezvousTrainsLikeASelfLaunchedRun) {
+  if (!have_torchrun()) GTEST_SKIP() << "no Python with torch (STRATA_PYTHON='" << kPython << "'): run scripts/setup";
+  ASSERT_FALSE(reference_losses().empty());
+  const std::string port = std::to_string(strata::find_free_port("127.0.0.1"));
+  const fs::path out = run_torchrun("torchrun-c10d", {"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                                      "127.0.0.1:" + port, "--rdzv-id", "strata-test"});
+  EXPECT_EQ(losses_of(out / "metrics.csv"), reference_losses());
 }
 
 TEST(SlurmTest, SrunStyleRanksTrainLikeASelfLaunchedRun) {

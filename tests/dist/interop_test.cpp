@@ -1,4 +1,4 @@
-// interop_test - strata-gpt against Python (Debian's python3-torch):
+// interop_test - strata-gpt against Python (the torch in scripts/setup's venv):
 //  * nanoGPT weights: --export-weights files load into a nanoGPT-shaped model
 //    written in Python and give strata's loss; weights written by Python
 //    (a state_dict, or a nanoGPT ckpt.pt) start strata-gpt (--init-from) at
@@ -41,7 +41,7 @@ using strata::testing::load_archive;
 using strata::testing::run_command;
 using namespace strata::recipes;
 
-constexpr const char* kPython = "/usr/bin/python3";  // Debian's, with python3-torch
+constexpr const char* kPython = STRATA_PYTHON;  // scripts/setup's venv, with torch
 constexpr const char* kData = "addition:2";
 constexpr uint64_t kSeed = 1337;
 
@@ -161,19 +161,19 @@ class TinyLM(nn.Module):
 cmd, a = sys.argv[1], sys.argv[2:]
 torch.manual_seed(0)
 if cmd == 'nanogpt_loss':      # weights batch n_layer n_head n_embd vocab block
-    sd = torch.load(a[0])
+    sd = torch.load(a[0])            # strata's file: torch.load's default (weights_only=True)
     print('type=' + type(sd).__name__)
     model = GPT(nano_config(a[2:]))
     model.load_state_dict(sd, strict=True)
     model.eval()
-    b = torch.load(a[1])
+    b = torch.load(a[1], weights_only=False)   # the test's own batches (a typed C++ dict)
     with torch.no_grad():
         print('loss=%.10f' % lm_loss(model(b['input']), b['target']).item())
 elif cmd == 'nanogpt_init':    # out_path ckpt|state_dict batch n_layer n_head n_embd vocab block
     model = GPT(nano_config(a[3:]))
     sd = model.state_dict()
     torch.save({'model': sd, 'iter_num': 5, 'config': {'lr': 0.1}} if a[1] == 'ckpt' else sd, a[0])
-    b = torch.load(a[2])
+    b = torch.load(a[2], weights_only=False)
     with torch.no_grad():
         print('loss=%.10f' % lm_loss(model(b['input']), b['target']).item())
 elif cmd == 'make_script':     # out_path vocab block width layers
@@ -183,7 +183,7 @@ elif cmd == 'make_script':     # out_path vocab block width layers
 elif cmd == 'train_script':    # model batches steps lr weight_decay strata_export
     model = torch.jit.load(a[0])
     model.train()
-    b = torch.load(a[1])
+    b = torch.load(a[1], weights_only=False)   # the test's own batches (a typed C++ dict)
     steps, lr, wd = int(a[2]), float(a[3]), float(a[4])
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW([
@@ -277,7 +277,7 @@ double first_logged_loss(const fs::path& metrics) {
 }
 
 #define REQUIRE_PYTHON_TORCH()                                                             \
-  if (!have_python_torch()) GTEST_SKIP() << kPython << " cannot import torch (python3-torch)"
+  if (!have_python_torch()) GTEST_SKIP() << "'" << kPython << "' cannot import torch (STRATA_PYTHON): run scripts/setup"
 
 // strata-gpt trains under fsdp x2 and exports (a collective: the shards are
 // gathered); the file is a plain dict that a nanoGPT model written in Python

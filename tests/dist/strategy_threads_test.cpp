@@ -471,15 +471,18 @@ std::vector<Params> run_ranks(const std::string& what, int world, const MakeStra
 
 /// Every parameter within `tol` of the reference; float64 parameters within
 /// 1e-12 (the tests keep their values independent of float32 ones).
+/// Parameters within `tol` (float32 ones) or `tol64` (float64 ones; default:
+/// `tol`) of the reference.
 void expect_close(const std::vector<Params>& want, const std::vector<Params>& got, double tol,
-                  const std::string& what) {
+                  const std::string& what, double tol64 = -1.0) {
+  if (tol64 < 0) tol64 = tol;
   ASSERT_EQ(want.size(), got.size()) << what;
   for (size_t m = 0; m < want.size(); ++m) {
     ASSERT_EQ(want[m].size(), got[m].size()) << what;
     for (size_t i = 0; i < want[m].size(); ++i) {
       const bool f64 = want[m][i].scalar_type() == torch::kFloat64;
       const double diff = (want[m][i] - got[m][i]).abs().max().item<double>();
-      EXPECT_LE(diff, f64 ? std::min(tol, 1e-12) : tol)
+      EXPECT_LE(diff, f64 ? tol64 : tol)
           << what << ": model " << m << " param " << i << " (" << want[m][i].scalar_type() << ")";
     }
   }
@@ -680,23 +683,43 @@ class MixedDtype : public strata::TrainingModule {
   torch::Tensor offset_;
 };
 
+// Tolerances follow from the arithmetic, not from one CPU. Without clipping
+// nothing of float32 reaches `offset` (float64): single and ddp differ only in
+// float64 rounding — each gradient element sums batch·T·8 terms (relative
+// error ≤ terms·eps64, passed at most twice into AdamW's m/√v, so ≤ 2·lr·that
+// per step), and each step rounds the parameter itself (≤ 2·|p|·eps64 with
+// decay). A float64 gradient that went through a float32 bucket is off by
+// ~eps32 = 1.2e-7 relative, i.e. ~lr·1e-7 per step: 4 orders of magnitude
+// above the bound. With clipping, the global norm (dominated by the float32
+// gradients) scales `offset`'s gradient: the clip coefficient's float32
+// rounding (a few eps32) then reaches the update, ≤ lr·8·eps32 per step.
 TEST(StrategyMixedDtypeTest, DdpBucketsNeverMixDtypesAndMatchSingleProcess) {
-  auto train = [](int64_t batch) {
-    return [batch](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
+  constexpr int64_t kSteps = 4, kBatch = 4, kBlock = 8;  // ToyData's block
+  constexpr double kLr = 1e-3, kEps32 = 1.1920929e-7, kEps64 = 2.220446049250313e-16;
+  constexpr double kMaxAbsParam = 8.0;  // randn(8): |offset| stays far below
+  auto train = [](int64_t batch, double clip) {
+    return [batch, clip](strata::Comm&, std::shared_ptr<strata::Strategy> s) {
       MixedDtype module;
       strata::testing::ToyData data;
-      strata::Trainer(options_for(batch, 1, 0.5, 4), s).fit(module, data);
+      strata::Trainer(options_for(batch, 1, clip, kSteps), s).fit(module, data);
       return std::vector<Params>{snapshot(module.module())};
     };
   };
-  const auto reference = run_ranks("single", 1, from_registry("single"), train(4));
-  // 25 MiB: one bucket per dtype; 0.0006 MiB: buckets float32 (head), float64
-  // (aux.offset), float32 (emb); 0: one parameter per bucket.
-  for (double cap : {25.0, 0.0006, 0.0}) {
-    const auto got = run_ranks("ddp", 2, [cap](strata::Comm& c) {
-      return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(cap));
-    }, train(2));
-    expect_close(reference, got, 1e-5, "ddp cap " + std::to_string(cap) + " MiB");
+  const double float64_rounding =
+      kSteps * (2 * kLr * (kBatch * kBlock * 8) * kEps64 + 2 * kMaxAbsParam * kEps64);
+  const double clip_rounding = kSteps * kLr * 8 * kEps32;
+  for (const double clip : {0.0, 0.5}) {
+    const double tol64 = clip > 0 ? clip_rounding : float64_rounding;
+    const auto reference = run_ranks("single", 1, from_registry("single"), train(kBatch, clip));
+    // 25 MiB: one bucket per dtype; 0.0006 MiB: buckets float32 (head), float64
+    // (aux.offset), float32 (emb); 0: one parameter per bucket.
+    for (double cap : {25.0, 0.0006, 0.0}) {
+      const auto got = run_ranks("ddp", 2, [cap](strata::Comm& c) {
+        return std::make_shared<strata::DDPStrategy>(c, strata::DDPOptions().bucket_cap_mb(cap));
+      }, train(kBatch / 2, clip));
+      expect_close(reference, got, 1e-5, "ddp cap " + std::to_string(cap) + " MiB, clip " + std::to_string(clip),
+                   tol64);
+    }
   }
 }
 

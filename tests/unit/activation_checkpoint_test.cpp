@@ -136,7 +136,7 @@ TEST(ActivationCheckpointTest, RecomputesUnderTheForwardsAutocast) {
   // bf16 is visible in the gradients, so a recompute in fp32 would show.
   EXPECT_GT(max_grad_diff(want, full), 1e-5);
   // And the recompute left this thread's autocast state as it found it.
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 }
 
 TEST(ActivationCheckpointTest, GradientHooksOnAccumulateGradFireOncePerParameter) {

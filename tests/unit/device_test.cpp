@@ -68,16 +68,16 @@ TEST(DeviceTest, ToDeviceMovesBothTensorsAndKeepsThemWhenAlreadyThere) {
 TEST(DeviceTest, CudaAutocastGuardSetsAndRestoresTheCudaFlags) {
   // ATen keeps CUDA autocast state even in CPU-only builds, so the guard's
   // CUDA branch is checkable here; CPU autocast must stay untouched.
-  ASSERT_FALSE(at::autocast::is_enabled());
-  const auto before = at::autocast::get_autocast_gpu_dtype();
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  const auto before = at::autocast::get_autocast_dtype(at::kCUDA);
   {
     strata::AutocastGuard guard(strata::Precision::kBf16Mixed, c10::kCUDA);
-    EXPECT_TRUE(at::autocast::is_enabled());
-    EXPECT_EQ(at::autocast::get_autocast_gpu_dtype(), at::kBFloat16);
-    EXPECT_FALSE(at::autocast::is_cpu_enabled());
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCUDA));
+    EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCUDA), at::kBFloat16);
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   }
-  EXPECT_FALSE(at::autocast::is_enabled());
-  EXPECT_EQ(at::autocast::get_autocast_gpu_dtype(), before);
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCUDA), before);
   const auto msg = what_of([] { strata::AutocastGuard guard(strata::Precision::kBf16Mixed, c10::kMeta); });
   EXPECT_TRUE(contains(msg, "supports cpu and cuda")) << msg;
 }
@@ -97,6 +97,17 @@ TEST(DeviceTest, CudaSeamSaysWhyOnACpuOnlyBuild) {
     strata::create_process_group(strata::ProcessGroupOptions(0, 1).backend("nccl"));
   });
   EXPECT_TRUE(contains(msg, "backend 'nccl' needs LibTorch with CUDA")) << msg;
+}
+
+TEST(DeviceTest, CudaBuildWithoutAVisibleGpuSaysSo) {
+  if (!strata::built_with_cuda()) GTEST_SKIP() << "this LibTorch is CPU-only (CudaSeamSaysWhyOnACpuOnlyBuild covers it)";
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is visible here: the no-GPU errors do not apply";
+  EXPECT_EQ(strata::resolve_device("auto", 0), torch::Device(torch::kCPU));
+  auto msg = what_of([] { strata::resolve_device("cuda", 0); });
+  EXPECT_TRUE(contains(msg, "--device cuda: no CUDA device is usable (LibTorch built with CUDA: yes, devices visible: 0)"))
+      << msg;
+  msg = what_of([] { strata::set_cuda_device(0); });
+  EXPECT_TRUE(contains(msg, "cuda:0 does not exist: 0 CUDA device(s) visible")) << msg;
 }
 
 }  // namespace

@@ -1,3 +1,4 @@
+#include "core/optim_state_key.h"
 #include "kernels/fused_adamw.h"
 #include "kernels/fused_adamw_optimizer.h"
 #include "trainer/trainer.h"
@@ -86,8 +87,8 @@ void expect_same_state(const std::vector<torch::Tensor>& expected_params, torch:
     const auto& p = expected_params[i];
     const auto& q = actual_params[i];
     EXPECT_TRUE(torch::allclose(q, p, 1e-6, 1e-6)) << "param " << i << " max rel diff " << max_rel_diff(q, p);
-    const auto e = expected.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
-    const auto a = actual.state().find(c10::guts::to_string(q.unsafeGetTensorImpl()));
+    const auto e = expected.state().find(strata::optim_state_key(p));
+    const auto a = actual.state().find(strata::optim_state_key(q));
     ASSERT_EQ(e == expected.state().end(), a == actual.state().end()) << "param " << i;
     if (e == expected.state().end()) continue;
     const auto& es = static_cast<torch::optim::AdamWParamState&>(*e->second);
@@ -120,7 +121,7 @@ TEST_P(FusedAdamWThreadsTest, MatchesTorchAdamWOver100StepsWithDecayGroups) {
   EXPECT_EQ(fused.fallback_steps(), 0);
   EXPECT_EQ(fused.fused_steps(), 100 * 6 + 50);  // the last param has a grad on even steps only
   const auto& last = static_cast<torch::optim::AdamWParamState&>(
-      *fused.state().at(c10::guts::to_string(fused_params.back().unsafeGetTensorImpl())));
+      *fused.state().at(strata::optim_state_key(fused_params.back())));
   EXPECT_EQ(last.step(), 50);
   RecordProperty("isa", strata::adamw_isa_name());
   RecordProperty("max_rel_diff_param0", std::to_string(max_rel_diff(fused_params[0], ref_params[0])));

@@ -26,7 +26,7 @@ TEST(AutocastGuardTest, Bf16MixedRunsMatmulInBf16AndRestores) {
     strata::AutocastGuard guard(Precision::kBf16Mixed);
     EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kBFloat16);
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat32);
   {
     strata::AutocastGuard guard(Precision::kFp32);

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Two strata-gpt builds side by side: the same cases, interleaved, repeated.
+
+    bench/compare_builds.py --old OLD/strata-gpt --new NEW/strata-gpt [--repeats 3]
+                            [--work DIR] [--steps 40] [-- extra strata-gpt flags]
+
+Each repeat runs every case on both builds, alternating which build goes first,
+so that load on a shared machine falls on both alike. Prints a Markdown table:
+tokens/s (median, min-max), peak RSS and peak tensor bytes (largest rank,
+median), bytes sent per step by rank 0 per collective kind, the new/old
+tokens/s ratio, and the matmul peak strata probes at start-up (the BLAS:
+OpenBLAS under Debian's LibTorch, MKL inside the wheel). Used for the LibTorch 1.13 -> 2.x move (README, "LibTorch 2.x").
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CASES = [  # name, strata-gpt flags
+    ("single", ["--strategy", "single", "--nproc", "1"]),
+    ("ddp x2", ["--strategy", "ddp", "--nproc", "2"]),
+    ("fsdp x2", ["--strategy", "fsdp", "--nproc", "2"]),
+]
+
+
+def run_case(binary, flags, out_dir):
+    result = subprocess.run([binary, *flags, "--output-dir", out_dir], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, check=False)
+    if result.returncode != 0:
+        sys.exit(f"{binary} {' '.join(flags)} failed ({result.returncode}):\n{result.stdout[-2000:]}")
+    with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def measure(summary):
+    rank0 = summary["per_rank"][0]
+    sent = {k: v for k, v in rank0.get("comm_bytes_per_step", {}).items() if v}
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "peak_rss": max(summary["peak_rss_bytes"]),
+        "peak_tensor": max(summary["peak_tensor_bytes"]),
+        "sent": sent,
+        "matmul_gflops": summary.get("matmul_peak_flops", 0.0) / 1e9,
+    }
+
+
+def fmt_sent(sent):
+    return ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in sorted(sent.items())) or "none"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", required=True)
+    parser.add_argument("--new", required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--work", default=None)
+    parser.add_argument("extra", nargs="*")
+    args = parser.parse_args()
+    for b in (args.old, args.new):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"compare_builds: {b} is not an executable file")
+    base = ["--preset", "gpt-mini", "--batch-size", "8", "--block-size", "128", "--max-steps", str(args.steps),
+            "--threads-per-rank", "1", "--log-every-n-steps", "10", "--val-check-interval", "0",
+            "--progress-bar", "false", "--device", "cpu", *args.extra]
+    work = args.work or tempfile.mkdtemp(prefix="strata-compare-")
+    results = {(case, build): [] for case, _ in CASES for build in ("old", "new")}
+    for rep in range(args.repeats):
+        order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+        for case, flags in CASES:
+            for build in order:
+                binary = args.old if build == "old" else args.new
+                out = os.path.join(work, f"{case.replace(' ', '')}-{build}-{rep}")
+                results[(case, build)].append(measure(run_case(binary, base + flags, out)))
+                print(f"repeat {rep + 1}/{args.repeats} {case} {build}: "
+                      f"{results[(case, build)][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
+    print(f"gpt-mini, batch 8, block 128, {args.steps} steps, 1 thread per rank, {args.repeats} interleaved repeats")
+    print()
+    print("| case | build | tokens/s median (min-max) | new/old | peak RSS MiB | peak tensor MiB | rank 0 sent per step "
+          "| matmul probe GFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case, _ in CASES:
+        medians = {}
+        for build in ("old", "new"):
+            runs = results[(case, build)]
+            tps = [r["tokens_per_s"] for r in runs]
+            medians[build] = statistics.median(tps)
+            ratio = f"{medians['new'] / medians['old']:.2f}x" if build == "new" else ""
+            rss = statistics.median(r["peak_rss"] for r in runs) / 2**20
+            tensor = statistics.median(r["peak_tensor"] for r in runs) / 2**20
+            print(f"| {case} | {build} | {medians[build]:,.0f} ({min(tps):,.0f}-{max(tps):,.0f}) | {ratio} | "
+                  f"{rss:.1f} | {tensor:.2f} | {fmt_sent(runs[0]['sent'])} | "
+                  f"{statistics.median(r['matmul_gflops'] for r in runs):.1f} |")
+
+
+if __name__ == "__main__":
+    main()

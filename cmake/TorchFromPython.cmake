@@ -1,0 +1,61 @@
+# LibTorch from a Python environment's `torch` package. The PyPI wheel ships
+# LibTorch whole (headers, share/cmake/Torch, lib/) and, for a CUDA build, the
+# NVIDIA libraries it was linked against under site-packages/nvidia/*/lib.
+# scripts/setup passes STRATA_PYTHON=<its venv>/bin/python; scripts/gpu-check
+# passes the GPU machine's Python. Without STRATA_PYTHON, find_package(Torch)
+# searches CMAKE_PREFIX_PATH as usual (a LibTorch zip, say).
+#
+# Sets: STRATA_TORCH_VERSION, STRATA_WITH_CUDA, STRATA_NVIDIA_LIB_DIRS.
+
+set(STRATA_PYTHON "" CACHE FILEPATH
+  "Python whose torch package provides LibTorch (scripts/setup's virtual environment)")
+
+set(STRATA_NVIDIA_LIB_DIRS "")
+if(STRATA_PYTHON)
+  execute_process(
+    COMMAND "${STRATA_PYTHON}" -c
+      "import os, torch, torch.utils; print(torch.utils.cmake_prefix_path); print(os.path.dirname(os.path.dirname(torch.__file__)))"
+    OUTPUT_VARIABLE _strata_torch_out ERROR_VARIABLE _strata_torch_err RESULT_VARIABLE _strata_torch_rc
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT _strata_torch_rc EQUAL 0)
+    message(FATAL_ERROR "STRATA_PYTHON=${STRATA_PYTHON} cannot import torch (run scripts/setup, "
+      "or point STRATA_PYTHON at a Python with torch installed): ${_strata_torch_err}")
+  endif()
+  string(REPLACE "\n" ";" _strata_torch_out "${_strata_torch_out}")
+  list(GET _strata_torch_out 0 _strata_torch_prefix)
+  list(GET _strata_torch_out 1 _strata_site_packages)
+  # First on the path: an installed Debian libtorch-dev (1.13) must not be
+  # found instead of the wheel.
+  list(PREPEND CMAKE_PREFIX_PATH "${_strata_torch_prefix}")
+  set(Torch_DIR "${_strata_torch_prefix}/Torch" CACHE PATH "LibTorch's CMake config (from STRATA_PYTHON)" FORCE)
+  # The wheel's libtorch_cuda.so needs the wheel's NCCL (2.30) and CUDA
+  # runtime, not the toolkit's: the linker must resolve them there
+  # (-rpath-link) and the loader must find them there first (rpath).
+  file(GLOB STRATA_NVIDIA_LIB_DIRS LIST_DIRECTORIES true "${_strata_site_packages}/nvidia/*/lib")
+endif()
+
+# Torch's CUDA support detects the GPU architectures with a CUDA20-dialect try-
+# compile that CMake 3.25 rejects, unless an explicit list is given. strata
+# compiles no CUDA kernels itself; 9.0 names the H100/H200 it is checked on.
+if(NOT TORCH_CUDA_ARCH_LIST AND "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
+  set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for torch's CMake config")
+endif()
+
+find_package(Torch REQUIRED)
+set(STRATA_TORCH_VERSION "${Torch_VERSION}")
+
+# LibTorch with CUDA: NCCL process groups and cuda:LOCAL_RANK (core/cuda_support.cpp).
+if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR TARGET torch_cuda)
+  set(STRATA_WITH_CUDA ON)
+else()
+  set(STRATA_WITH_CUDA OFF)
+endif()
+message(STATUS "strata: LibTorch ${Torch_VERSION} from ${Torch_DIR}; CUDA: ${STRATA_WITH_CUDA}")
+
+if(STRATA_NVIDIA_LIB_DIRS)
+  message(STATUS "strata: the wheel's NVIDIA libraries: ${STRATA_NVIDIA_LIB_DIRS}")
+  foreach(_dir IN LISTS STRATA_NVIDIA_LIB_DIRS)
+    add_link_options("LINKER:-rpath-link,${_dir}")
+  endforeach()
+  list(PREPEND CMAKE_BUILD_RPATH ${STRATA_NVIDIA_LIB_DIRS})
+endif()
