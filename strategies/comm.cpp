@@ -31,17 +31,16 @@ void check_root(int root, int size, const char* op) {
               " is outside the world [0, ", size, ")");
 }
 
-// Gloo (LibTorch 1.13) has neither _allgather_base nor reduce_scatter; NCCL has
-// both natively, so only Gloo takes the emulated paths.
+// Gloo takes the emulated all-gather and reduce-scatter below, NCCL its native
+// ones. LibTorch 2.x's Gloo has _allgather_base and _reduce_scatter_base too,
+// but on 2 thread-ranks here they were slower than these emulations: the
+// native reduce-scatter took 1.2-2.7x the time at every size from 64 KiB to
+// 64 MiB, the native all-gather 1.2-3.2x from 256 KiB up (it won only at
+// 64 KiB, 0.77 vs 1.16 ms). Gloo's bf16 all-reduce works natively now, and so
+// do bf16 broadcasts and all-to-alls (1.13 needed an fp16 view of the bits):
+// strata-micro-bench BM_GlooReduceScatterBase / BM_GlooAllGatherBase, README
+// "LibTorch 2.x".
 bool needs_emulation(const c10d::ProcessGroup& pg) { return pg.getBackendName() == "gloo"; }
-
-// Gloo (LibTorch 1.13) has no bfloat16 type. The emulated all-gather and
-// reduce-scatter move bytes only (the reduce-scatter sums locally, in the
-// tensor's own dtype), so bf16 travels as fp16 bit patterns: same size, the
-// bits unchanged. Other dtypes as they are.
-at::Tensor on_the_wire(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
-}
 
 }  // namespace
 
@@ -275,7 +274,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   works.reserve(size_);
   for (int r = 0; r < size_; ++r) {
-    std::vector<at::Tensor> chunk{on_the_wire(flat_out.narrow(0, r * n, n))};
+    std::vector<at::Tensor> chunk{flat_out.narrow(0, r * n, n)};
     c10d::BroadcastOptions opts;
     opts.rootRank = r;
     works.push_back(pg_->broadcast(chunk, opts));
@@ -320,9 +319,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
   at::Tensor received = workspace.defined() ? workspace.view({-1}) : torch::empty_like(flat_in);
   std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
-  auto received_wire = on_the_wire(received);
-  auto sent_wire = on_the_wire(flat_in);
-  auto work = pg_->alltoall_base(received_wire, sent_wire, equal_splits, equal_splits);
+  auto work = pg_->alltoall_base(received, flat_in, equal_splits, equal_splits);
   const int64_t world = size_;
   // Why in on_complete: `received` is filled by the process group's worker
   // thread; the local sum may only read it after the all-to-all has finished.
