@@ -25,8 +25,20 @@ if(STRATA_PYTHON)
   list(GET _strata_torch_out 0 _strata_torch_prefix)
   list(GET _strata_torch_out 1 _strata_site_packages)
   # First on the path: an installed Debian libtorch-dev (1.13) must not be
-  # found instead of the wheel.
-  list(PREPEND CMAKE_PREFIX_PATH "${_strata_torch_prefix}")
+  # found instead of the wheel. TorchConfig.cmake looks its libraries up with
+  # find_library(... PATHS <torch>/lib), which searches the system's /usr/lib
+  # *before* those PATHS: so the torch package's own root goes first too, and
+  # any cached LibTorch library from elsewhere (a configure that ran while
+  # Debian's was installed) is forgotten.
+  get_filename_component(_strata_torch_root "${_strata_site_packages}/torch" ABSOLUTE)
+  list(PREPEND CMAKE_PREFIX_PATH "${_strata_torch_prefix}" "${_strata_torch_root}")
+  get_cmake_property(_strata_cache_vars CACHE_VARIABLES)
+  foreach(_var IN LISTS _strata_cache_vars)
+    if(_var MATCHES "_LIBRARY$" AND "${${_var}}" MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$"
+       AND NOT "${${_var}}" MATCHES "^${_strata_torch_root}/")
+      unset(${_var} CACHE)
+    endif()
+  endforeach()
   set(Torch_DIR "${_strata_torch_prefix}/Torch" CACHE PATH "LibTorch's CMake config (from STRATA_PYTHON)" FORCE)
   # The wheel's libtorch_cuda.so needs the wheel's NCCL (2.30) and CUDA
   # runtime, not the toolkit's: the linker must resolve them there
@@ -43,6 +55,14 @@ endif()
 
 find_package(Torch REQUIRED)
 set(STRATA_TORCH_VERSION "${Torch_VERSION}")
+# Every LibTorch library must be the package's own: a libc10.so from another
+# LibTorch links, then crashes or misbehaves at run time.
+foreach(_lib IN LISTS TORCH_LIBRARIES)
+  if(_lib MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$" AND NOT _lib MATCHES "^${TORCH_INSTALL_PREFIX}/")
+    message(FATAL_ERROR "LibTorch library ${_lib} is not under ${TORCH_INSTALL_PREFIX} (another LibTorch, "
+      "e.g. Debian's libtorch-dev, shadows it): remove that one or put ${TORCH_INSTALL_PREFIX} first")
+  endif()
+endforeach()
 
 # LibTorch with CUDA: NCCL process groups and cuda:LOCAL_RANK (core/cuda_support.cpp).
 if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR TARGET torch_cuda)

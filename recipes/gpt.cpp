@@ -84,6 +84,12 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   if (fused_ && x.device().is_cpu()) {
     // Dropout inside the kernel: one seed from the default generator per call.
     y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
+  } else if (fused_ && x.device().is_cuda()) {
+    // LibTorch's fused attention on CUDA (flash / cuDNN / memory-efficient
+    // kernels, chosen by ATen): no [B, H, T, T] scores in memory. Dropout
+    // draws from the CUDA generator, which activation checkpointing replays.
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_dropout_p_ : 0.0,
+                                         /*is_causal=*/true);
   } else {
     y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
   }

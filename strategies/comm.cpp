@@ -42,6 +42,24 @@ void check_root(int root, int size, const char* op) {
 // "LibTorch 2.x".
 bool needs_emulation(const c10d::ProcessGroup& pg) { return pg.getBackendName() == "gloo"; }
 
+// The flat collectives under the names both supported LibTorch versions have.
+// LibTorch 2.15 renamed them (all_gather_single, reduce_scatter_single,
+// all_to_all_single) and deprecated the old names; 2.11, which the GPU
+// machines carry, has only the old ones. Only these three call them.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+c10::intrusive_ptr<c10d::Work> flat_all_gather(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in) {
+  return pg._allgather_base(out, in);
+}
+c10::intrusive_ptr<c10d::Work> flat_reduce_scatter(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in) {
+  return pg._reduce_scatter_base(out, in);
+}
+c10::intrusive_ptr<c10d::Work> equal_all_to_all(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in) {
+  std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
+  return pg.alltoall_base(out, in, equal_splits, equal_splits);
+}
+#pragma GCC diagnostic pop
+
 }  // namespace
 
 const char* collective_name(CollectiveKind kind) {
@@ -260,7 +278,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return pending(pg_->_allgather_base(flat_out, flat_in));
+    return pending(flat_all_gather(*pg_, flat_out, flat_in));
   }
   // Gloo: rank r broadcasts its input into chunk r, [r*n, (r+1)*n), of every
   // rank's output. Gloo's broadcast reads and writes the tensor it is given,
@@ -312,14 +330,13 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return pending(pg_->_reduce_scatter_base(flat_out, flat_in));
+    return pending(flat_reduce_scatter(*pg_, flat_out, flat_in));
   }
   // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
   // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
   // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
   at::Tensor received = workspace.defined() ? workspace.view({-1}) : torch::empty_like(flat_in);
-  std::vector<int64_t> equal_splits;  // empty: the input splits into N equal chunks
-  auto work = pg_->alltoall_base(received, flat_in, equal_splits, equal_splits);
+  auto work = equal_all_to_all(*pg_, received, flat_in);
   const int64_t world = size_;
   // Why in on_complete: `received` is filled by the process group's worker
   // thread; the local sum may only read it after the all-to-all has finished.

@@ -162,6 +162,11 @@ void check_world_options(const ProcessGroupOptions& options) {
               backend, "'; allowed values: 'gloo', 'nccl'");
   TORCH_CHECK(backend != "nccl" || built_with_cuda(),
               "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
+  // A CUDA build on a machine without a usable GPU (the wheel's LibTorch
+  // anywhere): ProcessGroupNCCL must not even be constructed there.
+  TORCH_CHECK(backend != "nccl" || torch::cuda::is_available(),
+              "backend 'nccl' needs a CUDA device; none is visible (LibTorch built with CUDA, rank ", rank,
+              "); use 'gloo'");
 }
 
 /// create_process_group after the store: checks the world size and connects.

@@ -105,8 +105,11 @@ void collective(benchmark::State& state, Collective kind) {
             case Collective::kGlooAllReduce: pg.allreduce(tensors)->wait(); break;
             // LibTorch 2.x's Gloo has these natively; Comm emulates them
             // (strategies/comm.cpp says which won and by how much).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // the names 2.11 has too (strategies/comm.cpp)
             case Collective::kGlooReduceScatterBase: pg._reduce_scatter_base(shard, full)->wait(); break;
             case Collective::kGlooAllGatherBase: pg._allgather_base(full, shard)->wait(); break;
+#pragma GCC diagnostic pop
             case Collective::kGlooAllReduceBf16: pg.allreduce(bf16_tensors)->wait(); break;
           }
         };

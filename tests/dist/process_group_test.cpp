@@ -3,6 +3,7 @@
 // launcher), c10d's TCPStore hosted by rank 0 (SLURM, mpirun, several nodes),
 // and torchrun's agent store (every rank a client, keys under a prefix).
 // Errors name the store, the rank and the world size; nothing hangs.
+#include "core/cuda_support.h"
 #include "core/net.h"
 #include "strategies/comm.h"
 #include "strategies/process_group.h"
@@ -193,10 +194,11 @@ TEST(ProcessGroupTest, BackendErrorsNameTheAllowedValues) {
   EXPECT_CONTAINS(msg, "'mpi'");
   EXPECT_CONTAINS(msg, "'gloo'");
   EXPECT_CONTAINS(msg, "'nccl'");
-  if (!at::hasCUDA()) {  // a CPU-only LibTorch: strata is built without NCCL
+  if (!torch::cuda::is_available()) {  // no GPU: NCCL is refused before any process group exists
     opts.backend("nccl");
     msg = what_of([&] { strata::create_process_group(opts); });
-    EXPECT_CONTAINS(msg, "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
+    EXPECT_CONTAINS(msg, strata::built_with_cuda() ? "backend 'nccl' needs a CUDA device; none is visible"
+                                                   : "backend 'nccl' needs LibTorch with CUDA; this build has only 'gloo'");
   }
   msg = what_of([&] { strata::create_process_group(ProcessGroupOptions(2, 2)); });
   EXPECT_CONTAINS(msg, "RANK 2");
