@@ -13,6 +13,7 @@ OpenBLAS under Debian's LibTorch, MKL inside the wheel). Used for the LibTorch 1
 """
 import argparse
 import json
+import random
 import os
 import statistics
 import subprocess
@@ -24,6 +25,14 @@ CASES = [  # name, strata-gpt flags
     ("ddp x2", ["--strategy", "ddp", "--nproc", "2"]),
     ("fsdp x2", ["--strategy", "fsdp", "--nproc", "2"]),
 ]
+
+
+def write_text(path, size=1 << 20):
+    """Printable pseudo-random bytes, the same on every run (a text file makes
+    --block-size apply; the built-in addition task has 11-token samples)."""
+    rng = random.Random(20240601)
+    with open(path, "w", encoding="ascii") as f:
+        f.write("".join(chr(32 + rng.randrange(95)) for _ in range(size)))
 
 
 def run_case(binary, flags, out_dir):
@@ -63,10 +72,13 @@ def main():
     for b in (args.old, args.new):
         if not os.access(b, os.X_OK):
             sys.exit(f"compare_builds: {b} is not an executable file")
-    base = ["--preset", "gpt-mini", "--batch-size", "8", "--block-size", "128", "--max-steps", str(args.steps),
-            "--threads-per-rank", "1", "--log-every-n-steps", "10", "--val-check-interval", "0",
-            "--progress-bar", "false", "--device", "cpu", *args.extra]
     work = args.work or tempfile.mkdtemp(prefix="strata-compare-")
+    os.makedirs(work, exist_ok=True)
+    text = os.path.join(work, "generated.txt")
+    write_text(text)
+    base = ["--preset", "gpt-mini", "--data", text, "--batch-size", "8", "--block-size", "128",
+            "--max-steps", str(args.steps), "--threads-per-rank", "1", "--log-every-n-steps", "10",
+            "--limit-val-batches", "0", "--progress-bar", "false", "--device", "cpu", *args.extra]
     results = {(case, build): [] for case, _ in CASES for build in ("old", "new")}
     for rep in range(args.repeats):
         order = ("old", "new") if rep % 2 == 0 else ("new", "old")
@@ -77,7 +89,8 @@ def main():
                 results[(case, build)].append(measure(run_case(binary, base + flags, out)))
                 print(f"repeat {rep + 1}/{args.repeats} {case} {build}: "
                       f"{results[(case, build)][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
-    print(f"gpt-mini, batch 8, block 128, {args.steps} steps, 1 thread per rank, {args.repeats} interleaved repeats")
+    print(f"gpt-mini on 1 MB of generated text, batch 8 per rank, block 128, {args.steps} steps, 1 thread per "
+          f"rank, {args.repeats} interleaved repeats; tokens/s: summary.json's (all ranks' tokens, first step excluded)")
     print()
     print("| case | build | tokens/s median (min-max) | new/old | peak RSS MiB | peak tensor MiB | rank 0 sent per step "
           "| matmul probe GFLOP/s |")

@@ -35,8 +35,9 @@ TEST(NcclTimeoutTest, AsyncErrorHandlingIsSwitchedOnUnlessTheUserChose) {
     ScopedEnv user(name.c_str(), "0");  // the user's choice, even "off", under any name LibTorch reads
     EXPECT_FALSE(strata::enable_nccl_timeouts()) << name;
     EXPECT_STREQ(std::getenv(name.c_str()), "0") << name;
-    if (name != "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    if (name != "TORCH_NCCL_ASYNC_ERROR_HANDLING") {
       EXPECT_EQ(std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING"), nullptr) << name;
+    }
   }
 }
 
