@@ -34,12 +34,17 @@ if(STRATA_PYTHON)
   list(PREPEND CMAKE_PREFIX_PATH "${_strata_torch_prefix}" "${_strata_torch_root}")
   get_cmake_property(_strata_cache_vars CACHE_VARIABLES)
   foreach(_var IN LISTS _strata_cache_vars)
-    if(_var MATCHES "_LIBRARY$" AND "${${_var}}" MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$"
-       AND NOT "${${_var}}" MATCHES "^${_strata_torch_root}/")
-      unset(${_var} CACHE)
+    if(_var MATCHES "_LIBRARY$" AND "${${_var}}" MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$")
+      string(FIND "${${_var}}" "${_strata_torch_root}/" _at)
+      if(NOT _at EQUAL 0)
+        unset(${_var} CACHE)
+      endif()
     endif()
   endforeach()
   set(Torch_DIR "${_strata_torch_prefix}/Torch" CACHE PATH "LibTorch's CMake config (from STRATA_PYTHON)" FORCE)
+  # TorchConfig finds Caffe2's config through a cached Caffe2_DIR: a build
+  # directory configured against another LibTorch would keep using its targets.
+  set(Caffe2_DIR "${_strata_torch_prefix}/Caffe2" CACHE PATH "LibTorch's Caffe2 config (from STRATA_PYTHON)" FORCE)
   # The wheel's libtorch_cuda.so needs the wheel's NCCL (2.30) and CUDA
   # runtime, not the toolkit's: the linker must resolve them there
   # (-rpath-link) and the loader must find them there first (rpath).
@@ -57,10 +62,29 @@ find_package(Torch REQUIRED)
 set(STRATA_TORCH_VERSION "${Torch_VERSION}")
 # Every LibTorch library must be the package's own: a libc10.so from another
 # LibTorch links, then crashes or misbehaves at run time.
-foreach(_lib IN LISTS TORCH_LIBRARIES)
-  if(_lib MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$" AND NOT _lib MATCHES "^${TORCH_INSTALL_PREFIX}/")
-    message(FATAL_ERROR "LibTorch library ${_lib} is not under ${TORCH_INSTALL_PREFIX} (another LibTorch, "
-      "e.g. Debian's libtorch-dev, shadows it): remove that one or put ${TORCH_INSTALL_PREFIX} first")
+# (Paths, and the imported targets' locations: TORCH_LIBRARIES also names
+# targets such as torch_cpu, whose files come from the Caffe2 config.)
+get_filename_component(_strata_torch_install "${TORCH_INSTALL_PREFIX}" ABSOLUTE)
+set(_strata_torch_files ${TORCH_LIBRARIES})
+foreach(_target IN ITEMS torch torch_cpu torch_cuda c10 c10_cuda)
+  if(TARGET ${_target})
+    get_target_property(_location ${_target} IMPORTED_LOCATION_RELEASE)
+    if(NOT _location)
+      get_target_property(_location ${_target} IMPORTED_LOCATION)
+    endif()
+    if(_location)
+      list(APPEND _strata_torch_files "${_location}")
+    endif()
+  endif()
+endforeach()
+foreach(_lib IN LISTS _strata_torch_files)
+  if(_lib MATCHES "/lib(c10|torch|caffe2|shm)[^/]*$")
+    get_filename_component(_lib_abs "${_lib}" ABSOLUTE)
+    string(FIND "${_lib_abs}" "${_strata_torch_install}/" _at)
+    if(NOT _at EQUAL 0)
+      message(FATAL_ERROR "LibTorch library ${_lib} is not under ${_strata_torch_install} (another LibTorch, "
+        "e.g. Debian's libtorch-dev, shadows it): remove that one or put ${_strata_torch_install} first")
+    endif()
   endif()
 endforeach()
 

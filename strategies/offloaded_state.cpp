@@ -14,6 +14,8 @@ OffloadedStateOptimizer::OffloadedStateOptimizer(std::vector<torch::optim::Optim
   // The groups go in as built, not through the base constructor: LibTorch
   // 2.x's add_param_group merges each group's options with the defaults (an
   // SGD group against these AdamW defaults would lose its own options).
+  for (const auto& group : groups)
+    TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
   param_groups_ = std::move(groups);
   TORCH_CHECK(tier_ != nullptr, "OffloadedStateOptimizer needs a tier");
   TORCH_CHECK(chunk_numel > 0, "OffloadedStateOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");

@@ -20,6 +20,8 @@ OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamG
   // The groups go in as built, not through the base constructor: LibTorch
   // 2.x's add_param_group merges each group's options with the defaults (an
   // SGD group against these AdamW defaults would lose its own options).
+  for (const auto& group : groups)
+    TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
   param_groups_ = std::move(groups);
   TORCH_CHECK(chunk_numel > 0, "OffloadedOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (with torch's defaults for
