@@ -232,6 +232,15 @@ nlohmann::json summary_of(const fs::path& dir) {
   return nlohmann::json::parse(in);
 }
 
+// Peak RSS moves by a few MB between identical runs (allocator arenas, the
+// I/O thread's stack, page granularity): measured 80-87 MB drops for an
+// 85 MB offload over repeated ddp runs on a ~585 MB process. Tensor bytes are
+// exact; RSS comparisons get this much slack on top, 2% of the larger run's
+// peak -- far less than any offload that failed to free what it moved.
+double rss_noise(const nlohmann::json& baseline, int rank) {
+  return 0.02 * baseline["peak_rss_bytes"][rank].get<double>();
+}
+
 TEST(FsdpOffloadBinaryTest, DiskOffloadLowersPeakTensorBytesAndRssByTheOffloadedStateLessStaging) {
   TempDir dir("strata-offload");
   // Wide enough that the model state (16 bytes x 10.7M parameters / 2 ranks,
@@ -264,7 +273,7 @@ TEST(FsdpOffloadBinaryTest, DiskOffloadLowersPeakTensorBytesAndRssByTheOffloaded
     const double rss_drop = a["peak_rss_bytes"][r].get<double>() - b["peak_rss_bytes"][r].get<double>();
     EXPECT_GE(tensor_drop, offloaded - allowance) << "peak tensor bytes " << a["peak_tensor_bytes"][r] << " -> "
                                                   << b["peak_tensor_bytes"][r] << ", offloaded " << offloaded;
-    EXPECT_GE(rss_drop, offloaded - allowance) << "peak RSS " << a["peak_rss_bytes"][r] << " -> "
+    EXPECT_GE(rss_drop, offloaded - allowance - rss_noise(a, r)) << "peak RSS " << a["peak_rss_bytes"][r] << " -> "
                                                << b["peak_rss_bytes"][r] << ", offloaded " << offloaded;
   }
   // The same training: losses as printed.
@@ -300,7 +309,7 @@ TEST(FsdpOffloadBinaryTest, DdpOptimizerStateOffloadLowersPeakTensorBytesAndRss)
     const double rss_drop = a["peak_rss_bytes"][r].get<double>() - b["peak_rss_bytes"][r].get<double>();
     EXPECT_GE(tensor_drop, offloaded - staging) << "peak tensor bytes " << a["peak_tensor_bytes"][r] << " -> "
                                                 << b["peak_tensor_bytes"][r] << ", offloaded " << offloaded;
-    EXPECT_GE(rss_drop, offloaded - staging) << "peak RSS " << a["peak_rss_bytes"][r] << " -> "
+    EXPECT_GE(rss_drop, offloaded - staging - rss_noise(a, r)) << "peak RSS " << a["peak_rss_bytes"][r] << " -> "
                                              << b["peak_rss_bytes"][r] << ", offloaded " << offloaded;
   }
   EXPECT_EQ(losses_of(dir.path() / "none" / "metrics.csv"), losses_of(dir.path() / "disk" / "metrics.csv"));
