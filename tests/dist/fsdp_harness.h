@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -120,6 +122,27 @@ inline std::vector<Trained> train_fsdp(const ModuleFactory& make, const TrainerO
     }
   }
   return per_rank;
+}
+
+/// bf16-mixed parity: elements may differ by bf16 rounding (a few 1e-3) while
+/// a few steps move no element by more than that, so an element check alone
+/// passes a run that never steps. This compares what the runs did: the L2
+/// norm over the model of (got - initial) - (reference - initial), relative
+/// to the reference's update. A run without a step, or with twice the step,
+/// is 1.0; correct bf16-mixed runs are a few percent (parity_test measures).
+inline double relative_update_error(const std::vector<torch::Tensor>& initial,
+                                    const std::vector<torch::Tensor>& reference,
+                                    const std::vector<torch::Tensor>& got) {
+  EXPECT_EQ(initial.size(), reference.size());
+  EXPECT_EQ(initial.size(), got.size());
+  double error2 = 0.0, update2 = 0.0;
+  for (size_t i = 0; i < std::min({initial.size(), reference.size(), got.size()}); ++i) {
+    const auto update = reference[i] - initial[i];
+    error2 += (got[i] - initial[i] - update).pow(2).sum().item<double>();
+    update2 += update.pow(2).sum().item<double>();
+  }
+  EXPECT_GT(update2, 0.0) << "the reference did not train";
+  return update2 > 0.0 ? std::sqrt(error2 / update2) : 1e30;
 }
 
 /// Largest absolute difference over all parameters.

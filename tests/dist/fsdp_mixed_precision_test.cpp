@@ -69,6 +69,9 @@ TEST(FsdpMixedPrecisionTest, Bf16ParamDtypeHalvesAllGatherBytesAndMatchesSingleP
   const double diff = max_param_diff(reference.params, bf16.ranks[0].params);
   std::cout << "[ fsdp bf16 ] max |param - single-process| after " << steps << " steps: " << diff << "\n";
   EXPECT_LE(diff, 5e-3);
+  const double relative = relative_update_error(clone_params(*gpt_nano()()), reference.params, bf16.ranks[0].params);
+  std::cout << "[ fsdp bf16 ] relative update error " << relative << "\n";
+  EXPECT_LE(relative, 0.1);
   // The master shards are fp32 and summon_full_params gathers them exactly.
   for (const auto& p : bf16.ranks[0].params) EXPECT_EQ(p.scalar_type(), torch::kFloat32);
 }

@@ -113,6 +113,9 @@ TEST(FsdpParityTest, Bf16MixedPrecisionMatchesSingleProcess) {
   FsdpRun run;
   const auto got = train_fsdp(gpt_nano(), options.batch_size(2), run);
   EXPECT_LE(max_param_diff(reference.params, got[0].params), 5e-3);
+  const double relative = relative_update_error(clone_params(*gpt_nano()()), reference.params, got[0].params);
+  std::cout << "[ fsdp bf16 ] relative update error " << relative << std::endl;
+  EXPECT_LE(relative, 0.1);
 }
 
 // ---- a unit with fewer elements than ranks -------------------------------
