@@ -17,6 +17,7 @@
 #include "bench/planner_suite.h"
 #include "bench/report.h"
 #include "bench/sweep.h"
+#include "core/atomic_file.h"
 
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>
@@ -69,6 +70,86 @@ void write_text(const std::string& path, const std::string& text, const char* fl
   std::ofstream out(path);
   out << text;
   TORCH_CHECK_VALUE(out.good(), flag, " file '", path, "' cannot be written");
+}
+
+/// The same file, whether or not it exists yet (symlinks and ".." resolved).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec1, ec2;
+  const auto x = fs::weakly_canonical(fs::absolute(a), ec1), y = fs::weakly_canonical(fs::absolute(b), ec2);
+  return !ec1 && !ec2 && x == y;
+}
+
+/// Exit-2 error unless `path` can be created or replaced: its directory
+/// exists and is writable, and it is not a directory.
+void check_writable_file(const std::string& flag, const std::string& path) {
+  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(parent, ec), flag, " '", path, "': directory '", parent.string(),
+                    "' does not exist");
+  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), flag, " '", path, "' is a directory");
+  const std::string problem = strata::directory_write_problem(parent.string());
+  TORCH_CHECK_VALUE(problem.empty(), flag, " '", path, "': directory '", parent.string(),
+                    "' does not take new files (", problem, ")");
+}
+
+/// Exit-2 error unless directory `dir` exists or can be created: its nearest
+/// existing ancestor (or itself) is a directory that takes new files.
+void check_creatable_dir(const char* flag, const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  fs::path existing = fs::absolute(dir, ec);
+  while (!fs::exists(existing, ec) && existing != existing.parent_path()) existing = existing.parent_path();
+  TORCH_CHECK_VALUE(fs::is_directory(existing, ec), flag, " '", dir, "': '", existing.string(),
+                    "' exists and is not a directory");
+  const std::string problem = strata::directory_write_problem(existing.string());
+  TORCH_CHECK_VALUE(problem.empty(), flag, " '", dir, "' cannot be created or written: '", existing.string(),
+                    "' does not take new files (", problem, ")");
+}
+
+/// Every file the run will write, with the flag that names it.
+std::vector<std::pair<std::string, std::string>> outputs_of(const CliOptions& cli) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!cli.json_path.empty()) out.emplace_back("--json", cli.json_path);
+  if (!cli.markdown_path.empty()) out.emplace_back("--markdown", cli.markdown_path);
+  if (!cli.write_baseline_path.empty()) out.emplace_back("--write-baseline", cli.write_baseline_path);
+  if (!cli.out_dir.empty()) {
+    for (const char* name : {"results.md", "results.jsonl", "runs.jsonl", "tokens_per_s.dat", "tokens_per_s.gp",
+                             "tokens_per_s.png", "memory.dat", "memory.gp", "memory.png"}) {
+      if (std::string(name) == "runs.jsonl" && !cli.json_path.empty()) continue;  // --json replaces it
+      out.emplace_back("--out", (fs::path(cli.out_dir) / name).string());
+    }
+  }
+  return out;
+}
+
+/// Bad input for the files: an output that is also an input (writing it
+/// would destroy what is being read), two outputs in one file, or an output
+/// that cannot be written. Checked before anything is read or written.
+void check_files(const CliOptions& cli) {
+  const std::vector<std::pair<std::string, std::string>> inputs = {
+      {"--from-json", cli.from_json}, {"--baseline", cli.baseline_path}, {"--sweep-config", cli.sweep_config}};
+  const auto outputs = outputs_of(cli);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [flag, path] = outputs[i];
+    for (const auto& [in_flag, in_path] : inputs) {
+      TORCH_CHECK_VALUE(in_path.empty() || !same_file(path, in_path), flag, " would write '", path,
+                        "', which is the ", in_flag, " input; write the outputs elsewhere");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK_VALUE(!same_file(path, outputs[j].second), flag, " and ", outputs[j].first, " both write '", path,
+                        "'; give them different files");
+    }
+    if (flag != "--out") check_writable_file(flag, path);
+  }
+  check_creatable_dir("--out", cli.out_dir);
+  check_creatable_dir("--work-dir", cli.work_dir);
+}
+
+/// Creates `dir` (and its parents) or says in one line why it cannot.
+void create_dir(const char* flag, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TORCH_CHECK_VALUE(!ec && fs::is_directory(dir), flag, " directory '", dir, "' cannot be created: ", ec.message());
 }
 
 std::string duration_text(double s) {
@@ -182,14 +263,16 @@ int run(const CliOptions& cli) {
                       "at '", run_options.gpt_binary, "'; build it (cmake --build build --target strata-gpt) or pass ",
                       "--gpt PATH");
   validate(cli.gate);
+  check_files(cli);
+  // The inputs are read in full before any output is created.
   std::map<std::string, BaselineEntry> baseline;
   if (!cli.baseline_path.empty()) baseline = read_baseline(cli.baseline_path);
-  if (!cli.out_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(cli.out_dir, ec);
-    TORCH_CHECK_VALUE(!ec && fs::is_directory(cli.out_dir), "--out directory '", cli.out_dir,
-                      "' cannot be created: ", ec.message());
-  }
+  ReportHeader header;
+  header.libtorch = libtorch_version();
+  std::vector<CaseRun> runs;
+  if (!cli.from_json.empty()) runs = read_runs(cli.from_json, cases, &header);
+  if (!cli.out_dir.empty()) create_dir("--out", cli.out_dir);
+  if (!cli.work_dir.empty()) create_dir("--work-dir", cli.work_dir);
   std::ofstream json;
   const std::string json_path =
       !cli.json_path.empty() ? cli.json_path : cli.out_dir.empty() ? "" : (fs::path(cli.out_dir) / "runs.jsonl").string();
@@ -198,11 +281,7 @@ int run(const CliOptions& cli) {
     TORCH_CHECK_VALUE(json.good(), "--json file '", json_path, "' cannot be written");
   }
 
-  ReportHeader header;
-  header.libtorch = libtorch_version();
-  std::vector<CaseRun> runs;
   if (!cli.from_json.empty()) {
-    runs = read_runs(cli.from_json, cases, &header);
     if (json.is_open())
       for (const auto& run : runs) json << run_record(run, header).dump() << "\n";
   } else {

@@ -15,6 +15,7 @@
 // the numbers are the checkpoint's alone.
 #include "bench/checkpoint_bench.h"
 
+#include "core/atomic_file.h"
 #include "core/training_module.h"
 #include "launch/environment.h"
 #include "launch/launcher.h"
@@ -127,7 +128,33 @@ std::string mib(double bytes) {
 }
 }  // namespace
 
-int run_checkpoint_suite(int argc, char** argv) {
+/// Exit-2 errors before anything is written: unknown presets, a --dir that
+/// is not a new or empty directory (the suite writes and deletes checkpoints
+/// there), a --json file that cannot be written.
+void check_suite_input(const std::vector<std::string>& presets, const std::string& dir, const std::string& json_path) {
+  const auto known = recipes::gpt_preset_names();
+  for (const auto& p : presets) {
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    TORCH_CHECK_VALUE(std::find(known.begin(), known.end(), p) != known.end(), "--presets: unknown preset '", p,
+                      "'; available: ", list);
+  }
+  std::error_code ec;
+  if (!dir.empty() && fs::exists(dir, ec)) {
+    TORCH_CHECK_VALUE(fs::is_directory(dir, ec) && fs::is_empty(dir, ec), "--dir '", dir,
+                      "' must be a new or empty directory (the suite writes and deletes checkpoints there)");
+    const std::string problem = directory_write_problem(dir);
+    TORCH_CHECK_VALUE(problem.empty(), "--dir '", dir, "' does not take new files (", problem, ")");
+  }
+  if (!json_path.empty()) {
+    const fs::path parent = fs::absolute(fs::path(json_path)).parent_path();
+    TORCH_CHECK_VALUE(fs::is_directory(parent, ec) && !fs::is_directory(json_path, ec) &&
+                          directory_write_problem(parent.string()).empty(),
+                      "--json '", json_path, "' cannot be written (its directory must exist and be writable)");
+  }
+}
+
+int checkpoint_suite(int argc, char** argv) {
   std::string presets = "gpt-mini,gpt2";
   std::string dir_arg, json_path, suite;
   po::options_description desc("strata-bench --suite checkpoint");
@@ -149,6 +176,11 @@ int run_checkpoint_suite(int argc, char** argv) {
                 "STRATA_CHECKPOINT_BENCH_PRESET / _DIR (run it without a launcher: it launches its own ranks)");
     return run_worker(*env, preset, dir);
   }
+  std::vector<std::string> preset_names;
+  std::stringstream preset_list(presets);
+  for (std::string preset; std::getline(preset_list, preset, ',');) preset_names.push_back(preset);
+  TORCH_CHECK_VALUE(!preset_names.empty(), "--presets is empty; name one or more presets");
+  check_suite_input(preset_names, dir_arg, json_path);
   const bool temp = dir_arg.empty();
   const fs::path dir = temp ? fs::temp_directory_path() / ("strata-ckpt-bench-" + std::to_string(::getpid())) : fs::path(dir_arg);
   fs::create_directories(dir);
@@ -164,8 +196,7 @@ int run_checkpoint_suite(int argc, char** argv) {
            "| rank 0 peak save / load (MiB) | rank 0 state before (MiB) |\n|---|---|---|---|---|---|---|---|---|\n";
   std::ofstream json_out;
   if (!json_path.empty()) json_out.open(json_path);
-  std::stringstream preset_list(presets);
-  for (std::string preset; std::getline(preset_list, preset, ',');) {
+  for (const std::string& preset : preset_names) {
     ::setenv("STRATA_CHECKPOINT_BENCH_PRESET", preset.c_str(), 1);
     ::setenv("STRATA_CHECKPOINT_BENCH_DIR", dir.c_str(), 1);
     LaunchOptions launch;
@@ -204,6 +235,21 @@ int run_checkpoint_suite(int argc, char** argv) {
   std::cout << table.str();
   if (temp) fs::remove_all(dir);
   return 0;
+}
+
+int run_checkpoint_suite(int argc, char** argv) {
+  try {
+    return checkpoint_suite(argc, argv);
+  } catch (const c10::ValueError& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
 }
 
 }  // namespace strata::bench

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -59,6 +60,15 @@ void write_file_atomically(const std::string& path, const std::function<void(std
 
 void write_file_atomically(const std::string& path, const std::string& contents) {
   write_file_atomically(path, [&](std::ostream& out) { out << contents; });
+}
+
+std::string directory_write_problem(const std::string& dir) {
+  std::string probe = (fs::path(dir) / ".strata-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
 }
 
 void publish_directory(const std::string& from, const std::string& to) {

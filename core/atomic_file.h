@@ -17,6 +17,11 @@ namespace strata {
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write);
 void write_file_atomically(const std::string& path, const std::string& contents);
 
+/// "" when a file can be created in directory `dir` (tried: a probe file is
+/// created there and removed at once; permission bits alone do not tell, e.g.
+/// for root or on a read-only mount), else why not (strerror text).
+std::string directory_write_problem(const std::string& dir);
+
 /// Renames a fully written directory `from` to `to` (replacing an existing
 /// `to`), after fsync-ing every file in `from`; then fsyncs the parent.
 void publish_directory(const std::string& from, const std::string& to);

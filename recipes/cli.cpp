@@ -1,5 +1,7 @@
 #include "recipes/cli.h"
 
+#include "recipes/cli_rules.h"
+
 #include <boost/program_options.hpp>
 
 #include <cerrno>
@@ -52,49 +54,6 @@ constexpr const char* kTestingEnvironment =
     "Testing aids in the environment:\n"
     "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
     "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)";
-
-std::vector<std::string> optimizer_names() { return {"adamw", "sgd"}; }
-
-/// Options that only some strategies read. Giving one to another strategy is
-/// bad input: it would be silently ignored.
-struct StrategyOption {
-  const char* key;
-  std::vector<std::string> strategies;  ///< names and aliases that read it
-  const char* applies_to;               ///< the same, for messages
-};
-
-std::vector<StrategyOption> strategy_options() {
-  const std::vector<std::string> distributed = {"ddp", "oss", "zero1", "sdp", "zero2"};
-  const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
-  return {
-      {"bucket-cap-mb", distributed, distributed_text},
-      {"find-unused-parameters", {"ddp", "oss", "zero1", "sdp", "zero2", "fsdp", "zero3"},
-       "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"},
-      {"overlap-comm", {"ddp"}, "ddp only"},
-      {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-  };
-}
-
-/// The entry for `key` when it is strategy-specific and `strategy` does not
-/// read it; nullopt otherwise.
-std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy) {
-  for (const auto& option : strategy_options()) {
-    if (key != option.key) continue;
-    for (const auto& name : option.strategies) {
-      if (name == strategy) return std::nullopt;
-    }
-    return option;
-  }
-  return std::nullopt;
-}
-
-std::vector<std::string> precision_names() {
-  return {"32", "32-true", "fp32", "bf16-mixed", "bf16"};
-}
 
 /// Every RunConfig field, in to_ini() and --help order.
 std::vector<Field> fields() {
@@ -210,21 +169,6 @@ std::vector<Field> fields() {
   };
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
-
-std::string format(const std::string& v) { return v; }
-std::string format(bool v) { return v ? "true" : "false"; }
-std::string format(double v) {
-  char buf[64];  // the shortest text that reads back as the same double
-  return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general).ptr);
-}
-template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
-std::string format(Int v) { return std::to_string(v); }
-
 /// The field's value in `config` as command-line / INI text.
 std::string text_of(const RunConfig& config, const Field& f) {
   return std::visit([&](auto member) { return format(config.*member); }, f.member);
@@ -307,145 +251,6 @@ std::vector<po::options_description> option_groups(const std::vector<std::string
   return groups;
 }
 
-/// Keys given explicitly (not defaulted), each with where it was given: "" for
-/// the command line, "config file 'x': " for --config.
-using GivenKeys = std::map<std::string, std::string>;
-
-std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const std::vector<std::string>& strategies, const GivenKeys& given) {
-  auto choice = [](const std::string& what, const std::string& value,
-                   const std::vector<std::string>& allowed) -> std::string {
-    if (allowed.empty()) return "";  // the caller gave no list: nothing to check against
-    for (const auto& name : allowed) {
-      if (value == name) return "";
-    }
-    return "unknown " + what + " '" + value + "'; available: " + join(allowed);
-  };
-  std::string error = choice("preset", c.preset, presets);
-  if (error.empty()) error = choice("strategy", c.strategy, strategies);
-  if (error.empty()) error = choice("precision", c.precision, precision_names());
-  if (error.empty()) error = choice("device", c.device, {"auto", "cpu", "cuda"});
-  if (error.empty()) error = choice("optimizer", c.optimizer, optimizer_names());
-  if (error.empty()) error = choice("attention", c.attention, {"fused", "naive"});
-  if (error.empty()) {
-    error = choice("sharding strategy", c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
-  }
-  if (error.empty()) error = choice("reshard-after-forward", c.reshard_after_forward, {"auto", "true", "false"});
-  if (error.empty()) error = choice("wrap policy", c.wrap_policy, {"block", "none"});
-  if (error.empty()) error = choice("reduce-dtype", c.reduce_dtype, {"fp32", "bf16"});
-  if (error.empty() && c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
-    error = "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, "
-            "shard_grad_op or hybrid_shard), not no_shard";
-  }
-  if (error.empty()) error = choice("offload", c.offload, {"none", "cpu", "disk"});
-  if (error.empty()) error = choice("checkpoint-format", c.checkpoint_format, {"auto", "full", "sharded"});
-  if (error.empty() && !c.memory_budget.empty() && c.strategy != "auto") {
-    error = "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
-  }
-  if (error.empty() && !c.offload_dir.empty() && c.offload != "disk") {
-    error = "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
-  }
-  if (error.empty() && !c.checkpoint_monitor.empty()) {
-    error = choice("checkpoint-monitor", c.checkpoint_monitor, {"val_loss", "val_accuracy", "loss"});
-  }
-  if (error.empty()) error = choice("checkpoint-mode", c.checkpoint_mode, {"min", "max"});
-  for (const char* key : {"checkpoint-mode", "checkpoint-keep-best"}) {
-    if (const auto it = given.find(key); error.empty() && it != given.end() && c.checkpoint_monitor.empty()) {
-      error = it->second + (it->second.empty() ? "--" : "") + key +
-              " applies only with --checkpoint-monitor (it would be ignored)";
-    }
-  }
-  if (error.empty() && c.offload != "none" &&
-      (c.checkpoint_every > 0 || !c.checkpoint_monitor.empty() || !c.resume.empty())) {
-    error = "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
-            "checkpoints of offloaded state are not supported";
-  }
-  if (error.empty() && c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
-      c.sharding_strategy != "hybrid_shard") {
-    error = "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
-            " (which keeps units gathered until their backward); use full_shard or leave it auto";
-  }
-  for (const auto& [key, where] : given) {
-    if (!error.empty()) break;
-    if (const auto option = unused_by(key, c.strategy)) {
-      error = where + (where.empty() ? "--" : "") + key + " does not apply to strategy '" +
-              c.strategy + "' (it would be ignored); it is for " + option->applies_to;
-    }
-  }
-  if (const auto it = given.find("fused-adamw"); error.empty() && it != given.end() && c.optimizer != "adamw") {
-    error = it->second + (it->second.empty() ? "--" : "") + "fused-adamw does not apply to optimizer '" +
-            c.optimizer + "' (it would be ignored); it is for adamw only";
-  }
-  if (error.empty() && !c.torchscript.empty()) {
-    // The scripted model brings its own architecture and weights.
-    for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention",
-                            "init-from", "export-weights"}) {
-      if (const auto it = given.find(key); it != given.end()) {
-        error = it->second + (it->second.empty() ? "--" : "") + key +
-                " does not apply with --torchscript (the scripted model defines the model and its weights)";
-        break;
-      }
-    }
-  }
-  if (error.empty() && !c.init_from.empty() && !c.resume.empty()) {
-    error = "--init-from and --resume both give the starting weights (the checkpoint would overwrite "
-            "the file's); give one";
-  }
-  if (error.empty() && !c.export_torchscript.empty() && c.torchscript.empty()) {
-    error = "--export-torchscript needs --torchscript (it saves the trained TorchScript model); "
-            "for the GPT use --export-weights";
-  }
-  auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
-    if (!ok && error.empty()) {
-      error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;
-    }
-  };
-  need(c.n_layer >= 0, "n-layer", c.n_layer, ">= 0 (0: the preset's)");
-  need(c.n_head >= 0, "n-head", c.n_head, ">= 0 (0: the preset's)");
-  need(c.n_embd >= 0, "n-embd", c.n_embd, ">= 0 (0: the preset's)");
-  need(c.block_size >= 0, "block-size", c.block_size, ">= 0 (0: the data's)");
-  need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
-  need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
-  need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
-  need(c.nnodes >= 1, "nnodes", c.nnodes, ">= 1");
-  need(c.node_rank >= 0 && c.node_rank < c.nnodes, "node-rank", c.node_rank,
-       ("in [0, nnodes) = [0, " + format(c.nnodes) + ")").c_str());
-  need(c.nnodes == 1 || c.master_port > 0, "master-port", c.master_port,
-       "> 0 with --nnodes > 1 (every node meets rank 0 there)");
-  need(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank, ">= 0 (0: automatic)");
-  need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
-       "in 0..65535 (0: none, for one machine)");
-  need(c.comm_timeout_s > 0, "comm-timeout", c.comm_timeout_s, "> 0 seconds");
-  need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
-       ">= 0 (0: off, n: every n-th block)");
-  if (c.strategy == "ddp") {
-    need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
-  } else {
-    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb,
-         "> 0 for strategy '" + c.strategy + "' (0, one all-reduce per gradient, is for ddp only)");
-  }
-  need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
-  need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
-  need(c.accumulate_grad_batches > 0, "accumulate-grad-batches", c.accumulate_grad_batches, "> 0");
-  need(c.lr > 0, "lr", c.lr, "> 0");
-  need(c.min_lr >= 0, "min-lr", c.min_lr, ">= 0");
-  need(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps, ">= 0");
-  need(c.weight_decay >= 0, "weight-decay", c.weight_decay, ">= 0");
-  need(c.gradient_clip_val >= 0, "gradient-clip-val", c.gradient_clip_val, ">= 0 (0: off)");
-  need(c.log_every_n_steps > 0, "log-every-n-steps", c.log_every_n_steps, "> 0");
-  need(c.val_check_interval >= 0, "val-check-interval", c.val_check_interval, ">= 0");
-  need(c.limit_val_batches >= 0, "limit-val-batches", c.limit_val_batches, ">= 0");
-  need(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, ">= 0 (0: never)");
-  need(c.checkpoint_keep >= 0, "checkpoint-keep", c.checkpoint_keep, ">= 0 (0: all)");
-  need(c.checkpoint_keep_best >= 1, "checkpoint-keep-best", c.checkpoint_keep_best, ">= 1");
-  need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience,
-       ">= 0 (0: off)");
-  if (error.empty() && c.n_embd > 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
-    error = "n_embd " + format(c.n_embd) + " is not divisible by n_head " + format(c.n_head);
-  }
-  return error;
-}
-
 ParseResult failure(std::string message) { return {std::nullopt, 2, std::move(message)}; }
 
 /// Reads --config FILE into `config` and records its keys in `given`; returns
@@ -466,7 +271,13 @@ std::string apply_config_file(const std::string& path, const po::options_descrip
     return where + e.what();
   }
   if (in.bad()) return "cannot read config file '" + path + "': " + std::strerror(errno);
+  std::map<std::string, int> seen;
   for (const po::option& option : parsed.options) {
+    // A key given twice is a mistake whichever value was meant (Boost would
+    // keep both and the last would silently win).
+    if (++seen[option.string_key] == 2) {
+      return where + "key '" + option.string_key + "' is given twice; give it once";
+    }
     if (option.unregistered) {
       std::vector<std::string> keys;
       for (const Field& f : fields()) keys.emplace_back(f.key);
@@ -516,7 +327,13 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   }
 
   std::optional<std::string> config_path;
+  std::map<std::string, int> seen;
   for (const po::option& option : parsed.options) {
+    // A repeated option is a mistake whichever value was meant: the last
+    // would silently win.
+    if (!option.string_key.empty() && ++seen[option.string_key] == 2) {
+      return failure("--" + option.string_key + " is given twice; give it once");
+    }
     if (option.string_key.empty() || option.position_key >= 0) {
       return failure("unexpected argument '" + option.original_tokens.at(0) +
                      "'; options are given as --key value");
@@ -593,6 +410,10 @@ std::string to_ini(const RunConfig& config) {
       continue;
     }
     const std::string key = f.key;
+    if (const auto why = data_ignores(key, config.data)) {
+      out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
+      continue;
+    }
     if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
       out << "# " << f.key << " = " << value << "  (not used without checkpoint-monitor)\n";
       continue;

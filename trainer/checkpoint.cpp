@@ -582,6 +582,26 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, 
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_metadata(dir).meta; }
 
+namespace {
+void check_optimizer(const std::string& dir, const CheckpointMeta& stored, const std::string& optimizer) {
+  TORCH_CHECK(stored.optimizer == optimizer, "checkpoint '", dir, "' holds ", stored.optimizer,
+              " optimizer state but this run's optimizer is ", optimizer);
+}
+}  // namespace
+
+void check_checkpoint_model(const std::string& dir, const std::map<std::string, std::vector<int64_t>>& model,
+                            const std::string& optimizer) {
+  const Metadata md = read_metadata(dir);
+  check_optimizer(dir, md.meta, optimizer);
+  json stored = json::object();
+  for (const auto& [name, t] : md.body["tensors"].items()) {
+    if (name.rfind("model/", 0) == 0) stored[name] = t;
+  }
+  std::map<std::string, json> expected;
+  for (const auto& [name, shape] : model) expected["model/" + name] = shape;
+  check_same_tensors(dir, stored, expected);
+}
+
 std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& dir, const std::string& prefix) {
   const Metadata md = read_metadata(dir);
   std::map<std::string, torch::Tensor> out;
@@ -611,8 +631,7 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
 CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                const CheckpointMeta& expected) {
   const Metadata md = read_metadata(dir);
-  TORCH_CHECK(md.meta.optimizer == expected.optimizer, "checkpoint '", dir, "' holds ", md.meta.optimizer,
-              " optimizer state but this run's optimizer is ", expected.optimizer);
+  check_optimizer(dir, md.meta, expected.optimizer);
   torch::NoGradGuard no_grad;
   auto pieces = strategy.state_pieces(optimizer, StateUse::kLoad);
   // The model's tensors: the union over ranks (a rank may hold no piece of

@@ -80,6 +80,14 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
 /// Reads and verifies metadata.json alone (the meta, not the tensors).
 CheckpointMeta read_checkpoint_meta(const std::string& dir);
 
+/// Reads metadata.json alone and raises load_checkpoint's errors that need no
+/// strategy: not a complete checkpoint, another optimizer kind than
+/// `optimizer`, or other model tensors than `model` (qualified name -> shape
+/// of every parameter and buffer). For checking a --resume before a run
+/// writes anything.
+void check_checkpoint_model(const std::string& dir, const std::map<std::string, std::vector<int64_t>>& model,
+                            const std::string& optimizer);
+
 /// Test-only fault injection: when the environment variable
 /// STRATA_CHECKPOINT_KILL_AT is "<point>[@<rank>][/<step>]" and matches, the
 /// process raise(SIGKILL)s itself here. Points: "after-shard" (this rank's

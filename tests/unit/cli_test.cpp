@@ -73,7 +73,7 @@ TEST(CliTest, OverridesEveryKind) {
       "--preset", "gpt-nano", "--n-layer", "2", "--n-head", "4", "--n-embd", "64",
       "--dropout", "-1", "--strategy", "fsdp", "--nproc", "4", "--master-port=29500",
       "--lr", "1e-3", "--min-lr", "0", "--seed", "18446744073709551615", "--precision",
-      "bf16-mixed", "--output-dir", "out/x", "--max-steps", "5", "--max-steps", "7"};
+      "bf16-mixed", "--output-dir", "out/x", "--max-steps", "7"};
   const ParseResult result = parse(args);
   ASSERT_TRUE(result.config.has_value()) << result.message;
   const RunConfig& c = *result.config;
@@ -90,7 +90,58 @@ TEST(CliTest, OverridesEveryKind) {
   EXPECT_EQ(c.seed, 18446744073709551615ULL);
   EXPECT_EQ(c.precision, "bf16-mixed");
   EXPECT_EQ(c.output_dir, "out/x");
-  EXPECT_EQ(c.max_steps, 7);  // the last occurrence wins
+  EXPECT_EQ(c.max_steps, 7);
+}
+
+TEST(CliTest, AKeyGivenTwiceIsRefusedWhereverItIs) {
+  // Either value may have been meant: refused, not "the last wins".
+  expect_error({"--max-steps", "5", "--max-steps", "7"}, {"--max-steps is given twice; give it once"});
+  expect_error({"--overlap-comm", "true", "--strategy", "ddp", "--overlap-comm=false"}, {"--overlap-comm is given twice"});
+  TempFile file("max-steps = 10\nlr = 0.01\nmax-steps = 12\n");
+  expect_error({"--config", file.path()}, {"config file '", "key 'max-steps' is given twice; give it once"});
+  // The command line over the file is one value each: still fine.
+  TempFile once("max-steps = 10\n");
+  const ParseResult result = parse({"--config", once.path(), "--max-steps", "3"});
+  ASSERT_TRUE(result.config.has_value()) << result.message;
+  EXPECT_EQ(result.config->max_steps, 3);
+}
+
+TEST(CliTest, DataShapeKeysTheDataIgnoresAreRefusedAndWrittenAsComments) {
+  expect_error({"--block-size", "64"}, {"--block-size would be ignored: addition data"});
+  expect_error({"--data", "addition:4", "--vocab-size", "99"}, {"--vocab-size would be ignored"});
+  const std::string text = (std::filesystem::temp_directory_path() / "strata-cli-text.txt").string();
+  { std::ofstream(text) << "some text"; }
+  expect_error({"--data", text, "--vocab-size", "99"}, {"is not a token directory"});
+  const ParseResult ok = parse({"--data", text, "--block-size", "64"});
+  ASSERT_TRUE(ok.config.has_value()) << ok.message;
+  // config.ini of an addition run: the data's own sizes, commented out, so
+  // the file is valid as --config again.
+  RunConfig c;
+  c.block_size = 11;
+  c.vocab_size = 12;
+  const std::string ini = to_ini(c);
+  EXPECT_NE(ini.find("# block-size = 11  (not read: addition data"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("# vocab-size = 12  (not read: addition data"), std::string::npos) << ini;
+  TempFile file(ini);
+  const ParseResult again = parse({"--config", file.path()});
+  EXPECT_TRUE(again.config.has_value()) << again.message;
+  std::filesystem::remove(text);
+}
+
+TEST(CliTest, ScheduleAndValidationValuesThatWouldBeIgnoredAreRefused) {
+  expect_error({"--comm-timeout", "0.0004"}, {"'0.0004'", "--comm-timeout", ">= 0.001 seconds"});
+  expect_error({"--lr", "0.001", "--min-lr", "0.002"}, {"--min-lr 0.002 is above --lr 0.001"});
+  expect_error({"--max-steps", "10", "--warmup-steps", "11"}, {"--warmup-steps 11 is above --max-steps 10"});
+  expect_error({"--early-stopping-patience", "2", "--limit-val-batches", "0"}, {"needs periodic validation"});
+  expect_error({"--early-stopping-patience", "2", "--val-check-interval", "0"}, {"needs periodic validation"});
+  // Defaults adapt instead: min-lr (3e-4) is capped at a smaller --lr, the
+  // default warmup (100) outlasts a short run.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--lr", "1e-4"}, {"--max-steps", "10"}, {"--min-lr", "1e-3", "--lr", "1e-3"},
+        {"--max-steps", "10", "--warmup-steps", "10"}, {"--comm-timeout", "0.001"}}) {
+    const ParseResult r = parse(args);
+    EXPECT_TRUE(r.config.has_value()) << r.message;
+  }
 }
 
 TEST(CliTest, ConfigFileThenCommandLine) {
@@ -357,7 +408,7 @@ TEST(CliTest, BoolForms) {
   EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters=1"}).find_unused_parameters);
   EXPECT_FALSE(config({"--progress-bar", "false"}).progress_bar);
   EXPECT_FALSE(config({"--progress-bar=no"}).progress_bar);
-  EXPECT_TRUE(config({"--progress-bar=no", "--progress-bar"}).progress_bar);
+  EXPECT_TRUE(config({"--progress-bar"}).progress_bar);
   expect_error({"--overlap-comm"}, {"--overlap-comm"});  // not a bare flag
 }
 
@@ -369,7 +420,7 @@ TEST(CliTest, IniRoundTrips) {
   c.n_embd = 48;
   c.block_size = 17;
   c.dropout = 0.125;
-  c.data = "addition:4";
+  c.data = std::filesystem::temp_directory_path().string();  // a directory: token data reads both sizes
   c.vocab_size = 1024;
   c.strategy = "ddp";  // reads every strategy-specific key below
   c.nproc = 2;
@@ -392,8 +443,8 @@ TEST(CliTest, IniRoundTrips) {
   c.precision = "bf16-mixed";
   c.seed = 1ULL << 63;
   c.log_every_n_steps = 1;
-  c.val_check_interval = 0;
-  c.limit_val_batches = 0;
+  c.val_check_interval = 2;  // early stopping needs validation
+  c.limit_val_batches = 1;
   c.output_dir = "runs/round trip";
   c.checkpoint_every = 5;
   c.checkpoint_keep = 7;

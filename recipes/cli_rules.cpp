@@ -1,0 +1,241 @@
+#include "recipes/cli_rules.h"
+
+#include <filesystem>
+#include <tuple>
+
+namespace strata::recipes {
+namespace {
+
+/// How a key was given, for messages: "--key" on the command line, "config
+/// file 'x': key" in --config.
+std::string named(const std::string& where, const std::string& key) {
+  return where + (where.empty() ? "--" : "") + key;
+}
+
+std::vector<StrategyOption> strategy_options() {
+  const std::vector<std::string> distributed = {"ddp", "oss", "zero1", "sdp", "zero2"};
+  const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
+  return {
+      {"bucket-cap-mb", distributed, distributed_text},
+      {"find-unused-parameters", {"ddp", "oss", "zero1", "sdp", "zero2", "fsdp", "zero3"},
+       "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"},
+      {"overlap-comm", {"ddp"}, "ddp only"},
+      {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+      {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
+  };
+}
+
+std::string choice(const std::string& what, const std::string& value, const std::vector<std::string>& allowed) {
+  if (allowed.empty()) return "";  // the caller gave no list: nothing to check against
+  for (const auto& name : allowed) {
+    if (value == name) return "";
+  }
+  return "unknown " + what + " '" + value + "'; available: " + join(allowed);
+}
+
+/// Every value that must be one of a list.
+std::string check_choices(const RunConfig& c, const std::vector<std::string>& presets,
+                          const std::vector<std::string>& strategies) {
+  const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> rules = {
+      {"preset", &c.preset, presets},
+      {"strategy", &c.strategy, strategies},
+      {"precision", &c.precision, precision_names()},
+      {"device", &c.device, {"auto", "cpu", "cuda"}},
+      {"optimizer", &c.optimizer, optimizer_names()},
+      {"attention", &c.attention, {"fused", "naive"}},
+      {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
+      {"reshard-after-forward", &c.reshard_after_forward, {"auto", "true", "false"}},
+      {"wrap policy", &c.wrap_policy, {"block", "none"}},
+      {"reduce-dtype", &c.reduce_dtype, {"fp32", "bf16"}},
+      {"offload", &c.offload, {"none", "cpu", "disk"}},
+      {"checkpoint-format", &c.checkpoint_format, {"auto", "full", "sharded"}},
+      {"checkpoint-mode", &c.checkpoint_mode, {"min", "max"}},
+  };
+  for (const auto& [what, value, allowed] : rules) {
+    if (auto error = choice(what, *value, allowed); !error.empty()) return error;
+  }
+  if (!c.checkpoint_monitor.empty()) return choice("checkpoint-monitor", c.checkpoint_monitor, {"val_loss", "val_accuracy", "loss"});
+  return "";
+}
+
+/// Options given where nothing reads them (they would be silently ignored).
+std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
+  if (!c.memory_budget.empty() && c.strategy != "auto") {
+    return "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
+  }
+  if (!c.offload_dir.empty() && c.offload != "disk") {
+    return "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
+  }
+  for (const char* key : {"checkpoint-mode", "checkpoint-keep-best"}) {
+    if (const auto it = given.find(key); it != given.end() && c.checkpoint_monitor.empty()) {
+      return named(it->second, key) + " applies only with --checkpoint-monitor (it would be ignored)";
+    }
+  }
+  for (const auto& [key, where] : given) {
+    if (const auto option = unused_by(key, c.strategy)) {
+      return named(where, key) + " does not apply to strategy '" + c.strategy + "' (it would be ignored); it is for " +
+             option->applies_to;
+    }
+    if (const auto why = data_ignores(key, c.data)) return named(where, key) + " would be ignored: " + *why;
+  }
+  if (const auto it = given.find("fused-adamw"); it != given.end() && c.optimizer != "adamw") {
+    return named(it->second, "fused-adamw") + " does not apply to optimizer '" + c.optimizer +
+           "' (it would be ignored); it is for adamw only";
+  }
+  if (!c.torchscript.empty()) {
+    // The scripted model brings its own architecture and weights.
+    for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "init-from",
+                            "export-weights"}) {
+      if (const auto it = given.find(key); it != given.end()) {
+        return named(it->second, key) +
+               " does not apply with --torchscript (the scripted model defines the model and its weights)";
+      }
+    }
+  }
+  if (c.early_stopping_patience > 0 && (c.limit_val_batches == 0 || c.val_check_interval == 0)) {
+    return "--early-stopping-patience " + format(c.early_stopping_patience) +
+           " needs periodic validation (--val-check-interval > 0 and --limit-val-batches > 0; got " +
+           format(c.val_check_interval) + " and " + format(c.limit_val_batches) + ")";
+  }
+  return "";
+}
+
+/// Options that contradict each other.
+std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
+  if (c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
+    return "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, shard_grad_op or "
+           "hybrid_shard), not no_shard";
+  }
+  if (c.offload != "none" && (c.checkpoint_every > 0 || !c.checkpoint_monitor.empty() || !c.resume.empty())) {
+    return "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
+           "checkpoints of offloaded state are not supported";
+  }
+  if (c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
+      c.sharding_strategy != "hybrid_shard") {
+    return "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
+           " (which keeps units gathered until their backward); use full_shard or leave it auto";
+  }
+  if (!c.init_from.empty() && !c.resume.empty()) {
+    return "--init-from and --resume both give the starting weights (the checkpoint would overwrite the file's); "
+           "give one";
+  }
+  if (!c.export_torchscript.empty() && c.torchscript.empty()) {
+    return "--export-torchscript needs --torchscript (it saves the trained TorchScript model); for the GPT use "
+           "--export-weights";
+  }
+  // The schedule's defaults adapt (min-lr is capped at lr; a warmup longer
+  // than the run never ends); values given explicitly must make sense.
+  if (given.count("min-lr") && c.min_lr > c.lr) {
+    return "--min-lr " + format(c.min_lr) + " is above --lr " + format(c.lr) + "; the cosine decay ends at min-lr <= lr";
+  }
+  if (given.count("warmup-steps") && c.warmup_steps > c.max_steps) {
+    return "--warmup-steps " + format(c.warmup_steps) + " is above --max-steps " + format(c.max_steps) +
+           " (the warmup would never end); give at most " + format(c.max_steps);
+  }
+  if (c.n_embd > 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
+    return "n_embd " + format(c.n_embd) + " is not divisible by n_head " + format(c.n_head);
+  }
+  return "";
+}
+
+/// Each number within its range.
+std::string check_ranges(const RunConfig& c) {
+  std::string error;
+  auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
+    if (!ok && error.empty()) error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;
+  };
+  need(c.n_layer >= 0, "n-layer", c.n_layer, ">= 0 (0: the preset's)");
+  need(c.n_head >= 0, "n-head", c.n_head, ">= 0 (0: the preset's)");
+  need(c.n_embd >= 0, "n-embd", c.n_embd, ">= 0 (0: the preset's)");
+  need(c.block_size >= 0, "block-size", c.block_size, ">= 0 (0: the data's)");
+  need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
+  need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
+  need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
+  need(c.nnodes >= 1, "nnodes", c.nnodes, ">= 1");
+  need(c.node_rank >= 0 && c.node_rank < c.nnodes, "node-rank", c.node_rank,
+       "in [0, nnodes) = [0, " + format(c.nnodes) + ")");
+  need(c.nnodes == 1 || c.master_port > 0, "master-port", c.master_port,
+       "> 0 with --nnodes > 1 (every node meets rank 0 there)");
+  need(c.threads_per_rank >= 0, "threads-per-rank", c.threads_per_rank, ">= 0 (0: automatic)");
+  need(c.master_port >= 0 && c.master_port <= 65535, "master-port", c.master_port,
+       "in 0..65535 (0: none, for one machine)");
+  // Counted in whole milliseconds, where 0 would mean no timeout at all.
+  need(c.comm_timeout_s >= 0.001, "comm-timeout", c.comm_timeout_s, ">= 0.001 seconds (1 ms)");
+  need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
+       ">= 0 (0: off, n: every n-th block)");
+  if (unused_by("bucket-cap-mb", c.strategy)) {
+    // check_ignored names the strategy that does not read it.
+  } else if (c.strategy == "ddp") {
+    need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
+  } else {
+    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb,
+         "> 0 for strategy '" + c.strategy + "' (0, one all-reduce per gradient, is for ddp only)");
+  }
+  need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
+  need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
+  need(c.accumulate_grad_batches > 0, "accumulate-grad-batches", c.accumulate_grad_batches, "> 0");
+  need(c.lr > 0, "lr", c.lr, "> 0");
+  need(c.min_lr >= 0, "min-lr", c.min_lr, ">= 0");
+  need(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps, ">= 0");
+  need(c.weight_decay >= 0, "weight-decay", c.weight_decay, ">= 0");
+  need(c.gradient_clip_val >= 0, "gradient-clip-val", c.gradient_clip_val, ">= 0 (0: off)");
+  need(c.log_every_n_steps > 0, "log-every-n-steps", c.log_every_n_steps, "> 0");
+  need(c.val_check_interval >= 0, "val-check-interval", c.val_check_interval, ">= 0");
+  need(c.limit_val_batches >= 0, "limit-val-batches", c.limit_val_batches, ">= 0");
+  need(c.checkpoint_every >= 0, "checkpoint-every", c.checkpoint_every, ">= 0 (0: never)");
+  need(c.checkpoint_keep >= 0, "checkpoint-keep", c.checkpoint_keep, ">= 0 (0: all)");
+  need(c.checkpoint_keep_best >= 1, "checkpoint-keep-best", c.checkpoint_keep_best, ">= 1");
+  need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience, ">= 0 (0: off)");
+  return error;
+}
+
+}  // namespace
+
+std::vector<std::string> optimizer_names() { return {"adamw", "sgd"}; }
+
+std::vector<std::string> precision_names() { return {"32", "32-true", "fp32", "bf16-mixed", "bf16"}; }
+
+std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy) {
+  for (const auto& option : strategy_options()) {
+    if (key != option.key) continue;
+    for (const auto& name : option.strategies) {
+      if (name == strategy) return std::nullopt;
+    }
+    return option;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> data_ignores(const std::string& key, const std::string& data) {
+  if (key != "block-size" && key != "vocab-size") return std::nullopt;
+  if (data == "addition" || data.rfind("addition:", 0) == 0) {
+    return "addition data ('" + data + "') has its own sequence length and vocabulary; " + key +
+           " applies to a text file or token directory";
+  }
+  std::error_code ec;
+  if (key == "vocab-size" && !std::filesystem::is_directory(data, ec)) {
+    return "data '" + data + "' is not a token directory (train.bin/val.bin); a text file's vocabulary is its 256 "
+           "byte values";
+  }
+  return std::nullopt;
+}
+
+std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
+                     const std::vector<std::string>& strategies, const GivenKeys& given) {
+  std::string error = check_choices(c, presets, strategies);
+  if (error.empty()) error = check_ranges(c);
+  if (error.empty()) error = check_ignored(c, given);
+  if (error.empty()) error = check_conflicts(c, given);
+  return error;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+}  // namespace strata::recipes

@@ -1,0 +1,57 @@
+#pragma once
+// The rules parse_run_config() checks once a config is assembled (recipes/
+// cli.cpp parses, this file judges): choices, combinations that would be
+// ignored or contradict each other, and value ranges. Internal to the recipes
+// library; every message is one line naming the key, the value and what is
+// allowed.
+#include "recipes/cli.h"
+
+#include <charconv>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace strata::recipes {
+
+std::vector<std::string> optimizer_names();
+std::vector<std::string> precision_names();
+
+/// Options that only some strategies read. Giving one to another strategy is
+/// bad input: it would be silently ignored.
+struct StrategyOption {
+  const char* key;
+  std::vector<std::string> strategies;  ///< names and aliases that read it
+  const char* applies_to;               ///< the same, for messages
+};
+
+/// The entry for `key` when it is strategy-specific and `strategy` does not
+/// read it; nullopt otherwise.
+std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy);
+
+/// Why `data` does not read the data-shape option `key` ("block-size",
+/// "vocab-size"): addition samples have their own length and vocabulary, a
+/// text file its 256 byte values. nullopt when it reads it.
+std::optional<std::string> data_ignores(const std::string& key, const std::string& data);
+
+/// Keys given explicitly (not defaulted), each with where it was given: "" for
+/// the command line, "config file 'x': " for --config.
+using GivenKeys = std::map<std::string, std::string>;
+
+/// "" or the first rule `c` breaks.
+std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
+                     const std::vector<std::string>& strategies, const GivenKeys& given);
+
+std::string join(const std::vector<std::string>& items);
+
+inline std::string format(const std::string& v) { return v; }
+inline std::string format(bool v) { return v ? "true" : "false"; }
+inline std::string format(double v) {
+  char buf[64];  // the shortest text that reads back as the same double
+  return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general).ptr);
+}
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
+std::string format(Int v) { return std::to_string(v); }
+
+}  // namespace strata::recipes

@@ -1,0 +1,420 @@
+#include "recipes/run_checks.h"
+
+#include "core/atomic_file.h"
+#include "core/cuda_support.h"
+#include "core/device.h"
+#include "launch/launcher.h"
+#include "recipes/data.h"
+#include "recipes/output_dir.h"
+#include "recipes/run.h"
+#include "recipes/torchscript.h"
+#include "strategies/fsdp/hybrid.h"
+#include "strategies/fsdp/options.h"
+#include "strategies/offload_tier.h"
+#include "callbacks/model_checkpoint.h"
+#include "trainer/checkpoint.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+namespace strata::recipes {
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The world the run will have: from the launcher's variables, or from
+/// --nproc (ranks per machine) x --nnodes when strata-gpt launches itself.
+struct WorldShape {
+  int world = 1;
+  int local_ranks = 1;
+  int local_rank = 0;  ///< this process's (0 for a launcher)
+};
+
+WorldShape world_shape(const RunConfig& c, const std::optional<DistEnv>& env) {
+  if (env) return {env->world_size, env->local_world_size, env->local_rank};
+  return {c.nproc * c.nnodes, c.nproc, 0};
+}
+
+/// args without `--key value` / `--key=value` for each of `keys`, then
+/// `--key value` for each of `set`: how the launcher hands its ranks the
+/// strategy --strategy auto chose (the command line wins over --config).
+std::vector<std::string> rewrite_args(const std::vector<std::string>& args, const std::vector<std::string>& keys,
+                                      const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    bool dropped = false;
+    for (const auto& key : keys) {
+      if (args[i] == "--" + key) {
+        ++i;  // its value
+        dropped = true;
+        break;
+      }
+      if (args[i].rfind("--" + key + "=", 0) == 0) {
+        dropped = true;
+        break;
+      }
+    }
+    if (!dropped) out.push_back(args[i]);
+  }
+  for (const auto& [key, value] : set) {
+    out.push_back("--" + key);
+    out.push_back(value);
+  }
+  return out;
+}
+
+/// A rank re-reads its launcher's command line: strata's own launcher passes
+/// --nproc (ranks per machine) and --nnodes on, and they must agree with the
+/// world it set up. Under another launcher, leave them out.
+void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
+  TORCH_CHECK_VALUE(!env || c.nproc == 1 || c.nproc == env->local_world_size, "--nproc ", c.nproc,
+                    " disagrees with LOCAL_WORLD_SIZE ", env->local_world_size,
+                    " set by the launcher; omit --nproc when joining an existing world");
+  TORCH_CHECK_VALUE(!env || c.nnodes == 1 || c.nnodes * c.nproc == env->world_size, "--nnodes ", c.nnodes,
+                    " x --nproc ", c.nproc, " disagrees with WORLD_SIZE ", env->world_size,
+                    " set by the launcher; omit --nnodes when joining an existing world");
+  TORCH_CHECK_VALUE(c.strategy != "single" || world_shape(c, env).world == 1,
+                    "strategy 'single' runs one process but --nproc is ", c.nproc,
+                    "; use ddp, oss, sdp or fsdp for several ranks");
+  // Every local rank must find its device: check the highest LOCAL_RANK now.
+  resolve_device(c.device, env ? env->local_rank : c.nproc - 1);
+  // strata's own launcher keeps its rendezvous files in TMPDIR.
+  if (!env && (c.nproc > 1 || c.nnodes > 1)) {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string dir = tmp && *tmp ? tmp : "/tmp";
+    const std::string problem = directory_write_problem(dir);
+    TORCH_CHECK_VALUE(problem.empty(), "TMPDIR '", dir, "' cannot hold the launcher's rendezvous files (", problem,
+                      "); set TMPDIR to a writable directory");
+  }
+  // More ranks than cores runs, slowly (a correctness test may want it): warn.
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (!env && cores > 0 && static_cast<unsigned>(c.nproc) > cores) {
+    std::cerr << "warning: --nproc " << c.nproc << " is more than this machine's " << cores
+              << " cores; the ranks will share them (slower, same results)" << std::endl;
+  }
+}
+
+/// Exit-2 error unless `path` can be written at the end of training: its
+/// directory exists and is writable, and `path` is not a directory.
+void check_output_file(const std::string& flag, const std::string& path) {
+  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(parent, ec), "cannot write --", flag, " '", path, "': directory '",
+                    parent.string(), "' does not exist");
+  TORCH_CHECK_VALUE(!fs::is_directory(fs::path(path), ec), "cannot write --", flag, " '", path,
+                    "': it is a directory");
+  // The file is written to a temporary beside it and renamed: the directory
+  // must take new files.
+  const std::string problem = directory_write_problem(parent.string());
+  TORCH_CHECK_VALUE(problem.empty(), "cannot write --", flag, " '", path, "': directory '", parent.string(),
+                    "' does not take new files (", problem, ")");
+}
+
+/// Exit-2 errors for a TorchScript model whose logits do not fit the data:
+/// one forward (eval mode, no grad) on a held-out sample must give [1, T, V]
+/// with V >= the data's vocabulary.
+void check_torchscript_model(TorchScriptModule& model, const DataSource& data, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  model.module().eval();
+  const Batch batch = data.val_batch(0, 1, ShardInfo{});
+  torch::Tensor logits;
+  try {
+    logits = model.forward(batch.input);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "TorchScript model '", path, "' fails on a batch of token ids ", batch.input.sizes(),
+                      ": ", e.what_without_backtrace());
+  }
+  TORCH_CHECK_VALUE(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == batch.input.size(1) &&
+                        logits.size(2) >= data.vocab_size(),
+                    "TorchScript model '", path, "' returns logits ", logits.sizes(), " for token ids ",
+                    batch.input.sizes(), "; expected [1, ", batch.input.size(1), ", V] with V >= ",
+                    data.vocab_size(), " (the data's vocabulary)");
+}
+
+/// The model's inputs: --init-from's weights, --torchscript's model and
+/// --resume's checkpoint, each checked against the model (and the data).
+void check_model_inputs(CheckedRun& run) {
+  const RunConfig& c = run.config;
+  if (!c.init_from.empty()) {
+    GPTModule shape_only(run.model, /*deferred=*/true);  // names and shapes, no memory
+    run.init_weights = from_nanogpt(read_weights(c.init_from), shape_only.module(), run.model, c.init_from);
+  }
+  if (!c.torchscript.empty()) {
+    TorchScriptModule probe(c.torchscript);
+    check_torchscript_model(probe, *run.data, c.torchscript);
+    if (!c.resume.empty()) check_resume_matches(c.resume, probe.module(), c.optimizer);
+  } else if (!c.resume.empty()) {
+    GPTModule shape_only(run.model, /*deferred=*/true);
+    check_resume_matches(c.resume, shape_only.module(), c.optimizer);
+  }
+  if (!c.export_weights.empty()) check_output_file("export-weights", c.export_weights);
+  if (!c.export_torchscript.empty()) check_output_file("export-torchscript", c.export_torchscript);
+}
+
+/// --strategy auto: the planner's fastest candidate predicted to fit the
+/// budget becomes the config's strategy, and the launcher's command line
+/// names it. Returns the activation profile it measured.
+ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env) {
+  RunConfig& c = run.config;
+  // The planner models strata's GPT: a --torchscript model is not planned.
+  TORCH_CHECK_VALUE(c.torchscript.empty(),
+                    "--strategy auto plans strata's GPT presets; with --torchscript name the strategy");
+  // Ranks of strata's own launcher never see "auto" (it passes them the
+  // choice); ranks of another launcher each decide, and must agree: a budget
+  // from MemAvailable would differ between them.
+  TORCH_CHECK_VALUE(!env || !c.memory_budget.empty(),
+                    "--strategy auto under an external launcher needs --memory-budget (every rank must "
+                    "make the same choice; available memory differs between them)");
+  const auto shape = world_shape(c, env);
+  const auto device = resolve_device(c.device, shape.local_rank);
+  const int64_t budget = !c.memory_budget.empty() ? parse_byte_size(c.memory_budget)
+                         : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
+                                                  : available_memory_bytes() / std::max(1, shape.local_ranks);
+  auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
+  const auto rows = plan_candidates(plan_request(c, run.model, shape.world == 1 ? "single" : "ddp", shape.world),
+                                    profile, budget);
+  const std::string table = format_plan_table(rows, budget);
+  const auto pick = pick_fastest_fitting(rows);
+  TORCH_CHECK_VALUE(pick.has_value(), "--strategy auto: no strategy is predicted to fit ", format_bytes(budget),
+                    " per rank (", shape.world, " rank(s), batch ", c.batch_size, "):\n", table);
+  const auto& chosen = rows[*pick];
+  if (!env || env->rank == 0) {
+    std::cout << "strata-gpt --strategy auto: per-rank peak predicted for " << c.preset << ", " << shape.world
+              << " rank(s), batch " << c.batch_size << " x block " << run.model.block_size() << ", precision "
+              << c.precision << " (" << (profile.measured ? "activations probed" : "activations by formula")
+              << ")\n"
+              << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
+    for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
+    std::cout << ")" << std::endl;
+  }
+  c.strategy = chosen.request.strategy();
+  c.activation_checkpointing = chosen.request.activation_checkpointing();
+  c.offload = chosen.request.offload();
+  c.memory_budget.clear();
+  run.args = rewrite_args(run.args, {"strategy", "activation-checkpointing", "offload", "memory-budget"},
+                          {{"strategy", c.strategy},
+                           {"activation-checkpointing", std::to_string(c.activation_checkpointing)},
+                           {"offload", c.offload}});  // every strategy takes --offload (sdp+offload-disk)
+  return profile;
+}
+
+/// The pre-flight memory check: the planner's predicted peak per rank times
+/// this machine's ranks must fit its available memory.
+void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const std::optional<DistEnv>& env,
+                  std::optional<ActivationProfile> profile) {
+  const RunConfig& c = run.config;
+  // Once per machine, before any rank starts (the launcher, a single
+  // process, or local rank 0 of another launcher; strata's own ranks were
+  // checked by their launcher).
+  const bool strata_rank = env && std::getenv("STRATA_ERROR_FILE") != nullptr;
+  const std::string planned = planner_strategy(registry, c);
+  if (c.no_memory_check || planned.empty() || !c.torchscript.empty() || strata_rank ||
+      (env && env->local_rank != 0) || !resolve_device(c.device, 0).is_cpu()) {
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto shape = world_shape(c, env);
+  const auto request = plan_request(c, run.model, planned, shape.world);
+  const int64_t available = available_memory_bytes();
+  // Fast path: when model state alone (no activations) cannot fit, refuse
+  // without probing (building even two blocks of a large model takes
+  // seconds); the list of what would fit then uses the formula.
+  const int64_t state_only = predict_peak(request, ActivationProfile{}).peak();
+  const bool hopeless = available > 0 && state_only * shape.local_ranks > available;
+  const auto precision = parse_precision(c.precision);
+  if (!profile) {
+    profile = hopeless ? estimate_activations(run.model, c.batch_size, precision)
+                       : activation_profile(run.model, c.batch_size, precision);
+  }
+  const int64_t peak = predict_peak(request, *profile).peak();
+  if (available <= 0 || peak * shape.local_ranks <= available) return;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string fitting;
+  for (const auto& row : plan_candidates(request, *profile, available / shape.local_ranks)) {
+    if (row.fits) fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) + ")";
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.2f", took);
+  TORCH_CHECK_VALUE(false, "pre-flight memory check: ", c.strategy, " x ", shape.local_ranks, " local rank(s) of ",
+                    c.preset, " at batch ", c.batch_size, " is predicted to peak at ", format_bytes(peak),
+                    " per rank, ", format_bytes(peak * shape.local_ranks), " in all, but this machine has ",
+                    format_bytes(available), " available; predicted to fit: ",
+                    fitting.empty() ? std::string("nothing at this batch size") : fitting, " (checked in ", seconds,
+                    " s; --no-memory-check skips this check)");
+}
+
+/// Exit-2 errors for a disk-offload directory that is missing, not writable,
+/// or too small for the offloaded state of `local_ranks` ranks, each holding
+/// `bytes_per_rank`. When the directory is the output directory, which may
+/// not exist yet, the space is checked where it will be created
+/// (check_output_dir checks that it can be).
+void check_offload_dir(const RunConfig& config, int64_t bytes_per_rank, int local_ranks) {
+  fs::path dir = offload_dir_of(config);
+  if (config.offload_dir.empty()) {
+    std::error_code ec;
+    dir = fs::absolute(dir, ec);
+    while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  } else {
+    const auto problem = disk_tier_problem(dir.string());
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+  }
+  const int64_t needed = bytes_per_rank * local_ranks;
+  const int64_t free = free_bytes_at(dir.string());
+  TORCH_CHECK_VALUE(free >= needed, "cannot use --offload-dir '", offload_dir_of(config), "': it has ",
+                    format_bytes(free), " free, but the offloaded state of ", local_ranks, " rank(s) needs ",
+                    format_bytes(needed));
+}
+
+/// Bytes one rank offloads: fsdp its fp32 shard, the shard's gradient and
+/// AdamW's two moments (1/shard_group of the model, plus at most one element
+/// of padding per rank and unit); the others AdamW's two moments of what
+/// their optimizer steps (the whole model; oss/sdp 1/world of it). SGD
+/// (no momentum) has no state.
+int64_t offloaded_bytes_per_rank(const RunConfig& config, const std::string& strategy, const GPTOptions& model,
+                                 int shard_group) {
+  const int64_t psi = count_parameters(model);
+  if (strategy == "fsdp") {
+    const int64_t units = model.n_layer() + 1;
+    return 4 * 4 * ((psi + shard_group - 1) / shard_group + units);
+  }
+  if (config.optimizer == "sgd") return 0;
+  return 2 * 4 * ((psi + shard_group - 1) / shard_group);
+}
+
+/// The strategy's own options: hybrid_shard's node size, and --offload's
+/// kind, device and (disk) directory.
+void check_strategy_options(const CheckedRun& run, const StrategyRegistry& registry,
+                            const std::optional<DistEnv>& env) {
+  const RunConfig& c = run.config;
+  if (!registry.contains(c.strategy)) return;
+  const std::string strategy = registry.resolve(c.strategy);
+  const auto shape = world_shape(c, env);
+  // hybrid_shard's nodes must tile the world.
+  if (strategy == "fsdp" && c.sharding_strategy == "hybrid_shard") check_hybrid_node_size(shape.local_ranks, shape.world);
+  if (c.offload == "none") return;
+  const auto device = resolve_device(c.device, shape.local_rank);
+  // The ranks that share one copy of the offloaded state.
+  int shard_group = 1;
+  if (strategy == "fsdp") {
+    shard_group = c.sharding_strategy == "hybrid_shard" ? shape.local_ranks : shape.world;
+    const auto options = FSDPOptions()
+                             .offload(parse_offload(c.offload))
+                             .offload_dir(offload_dir_of(c))
+                             .sharding_strategy(parse_sharding_strategy(c.sharding_strategy));
+    check_offload_options(options, device, shard_group);
+  } else {
+    if (strategy == "oss" || strategy == "sdp") shard_group = shape.world;
+    check_offload_kind(parse_offload(c.offload), offload_dir_of(c), device);
+  }
+  // Once per machine (its launcher, or its local rank 0, which the other
+  // ranks cannot overtake: setup's collectives wait for it): the directory
+  // must take the offload files of this machine's ranks. (Sized for the GPT:
+  // a --torchscript model's size is not checked.)
+  if (c.offload == "disk" && c.torchscript.empty() && shape.local_rank == 0) {
+    check_offload_dir(c, offloaded_bytes_per_rank(c, strategy, run.model, shard_group), shape.local_ranks);
+  }
+}
+
+}  // namespace
+
+std::string planner_strategy(const StrategyRegistry& registry, const RunConfig& c) {
+  if (!registry.contains(c.strategy)) return "";
+  const std::string name = registry.resolve(c.strategy);
+  if (name == "fsdp" && c.sharding_strategy != "full_shard") return "";
+  for (const char* known : {"single", "ddp", "oss", "sdp", "fsdp"}) {
+    if (name == known) return name;
+  }
+  return "";
+}
+
+PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, const std::string& strategy, int world) {
+  return PlanRequest(model, strategy, world)
+      .micro_batch(c.batch_size)
+      .precision(parse_precision(c.precision))
+      .activation_checkpointing(c.activation_checkpointing)
+      .offload(c.offload)
+      .optimizer(c.optimizer);
+}
+
+std::string offload_dir_of(const RunConfig& config) {
+  return config.offload_dir.empty() ? config.output_dir : config.offload_dir;
+}
+
+void check_resume_matches(const std::string& dir, torch::nn::Module& model, const std::string& optimizer) {
+  std::map<std::string, std::vector<int64_t>> tensors;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) tensors[item.key()] = item.value().sizes().vec();
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) tensors[item.key()] = item.value().sizes().vec();
+  try {
+    check_checkpoint_model(dir, tensors, optimizer);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "--resume: ", e.what_without_backtrace());
+  }
+}
+
+std::string checkpoints_dir(const RunConfig& config) {
+  return (fs::path(config.output_dir) / "checkpoints").string();
+}
+
+std::string resolve_resume(const RunConfig& config) {
+  std::string dir = config.resume;
+  if (dir.empty()) return dir;
+  if (dir == "last") {
+    dir = latest_checkpoint(checkpoints_dir(config));
+    TORCH_CHECK_VALUE(!dir.empty(), "--resume last: no checkpoint (step-<N> directory) in '",
+                      checkpoints_dir(config), "'");
+  }
+  std::error_code ec;
+  TORCH_CHECK_VALUE(fs::is_directory(dir, ec), "--resume '", config.resume, "': '", dir, "' is not a directory");
+  // A ModelCheckpoint directory names its step: a resume with nothing left to
+  // train is bad input (the Trainer checks the step inside any checkpoint too).
+  const int64_t step = checkpoint_step(dir);
+  TORCH_CHECK_VALUE(step < config.max_steps, "--resume '", config.resume, "': checkpoint '", dir,
+                    "' is at step ", step, ", not below --max-steps ", config.max_steps,
+                    "; nothing left to train (raise --max-steps)");
+  return dir;
+}
+
+GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
+  GPTOptions o = gpt_preset(c.preset);
+  if (c.n_layer > 0) o.n_layer(c.n_layer);
+  if (c.n_head > 0) o.n_head(c.n_head);
+  if (c.n_embd > 0) o.n_embd(c.n_embd);
+  if (c.dropout >= 0) o.dropout(c.dropout);
+  o.bias(c.bias);
+  o.attention(c.attention);
+  o.vocab_size(vocab_size).block_size(block_size);
+  validate(o);
+  return o;
+}
+
+CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
+                     const StrategyRegistry& registry) {
+  CheckedRun run;
+  config.resume = resolve_resume(config);
+  check_world(config, env);
+  run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
+  run.model = resolve_model_options(config, run.data->vocab_size(), run.data->block_size());
+  run.config = std::move(config);
+  run.args = std::move(args);
+  trainer_options(run.config);  // its own checks
+  check_model_inputs(run);
+  std::optional<ActivationProfile> profile;
+  if (run.config.strategy == "auto") profile = choose_strategy(run, env);
+  check_memory(run, registry, env, profile);
+  check_strategy_options(run, registry, env);
+  // Last, and only where rank 0's outputs will be written (the launcher of
+  // node 0, or rank 0 itself): an output directory that cannot be created is
+  // bad input, reported before any rank starts. Other nodes' launchers write
+  // nothing there.
+  if (env ? env->rank == 0 : run.config.node_rank == 0) check_output_dir(run.config.output_dir);
+  return run;
+}
+
+}  // namespace strata::recipes

@@ -1,0 +1,53 @@
+#pragma once
+// Phase 1 of strata-gpt (run_gpt): everything that can be wrong with the
+// input, checked before any rank starts and before anything is written. Every
+// error is a c10::Error with one line naming the value and what is allowed;
+// run_gpt prints it and exits 2, leaving the output directory and every input
+// as they were.
+#include "launch/environment.h"
+#include "recipes/cli.h"
+#include "recipes/gpt.h"
+#include "recipes/interop.h"
+#include "recipes/planner.h"
+#include "strategies/registry.h"
+#include "trainer/data_source.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata::recipes {
+
+/// What phase 1 resolved: the config to train with (--strategy auto and
+/// --resume resolved), the command line a launcher hands its ranks, the data,
+/// the model's options and --init-from's weights (checked against the model).
+struct CheckedRun {
+  RunConfig config;
+  std::vector<std::string> args;
+  std::unique_ptr<DataSource> data;
+  GPTOptions model{1, 1, 1};  ///< resolved by check_run
+  std::optional<NamedTensors> init_weights;
+};
+
+/// Runs every phase-1 check in order; throws the first error. `env`: the
+/// world a launcher set up (none when strata-gpt launches its own ranks).
+CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
+                     const StrategyRegistry& registry);
+
+/// The planner's name for the configured strategy; "" when it has no
+/// formula for it (an unknown strategy, fsdp's other sharding strategies).
+std::string planner_strategy(const StrategyRegistry& registry, const RunConfig& config);
+
+/// The planner's request for `config`'s run of `model` under `strategy`.
+PlanRequest plan_request(const RunConfig& config, const GPTOptions& model, const std::string& strategy, int world);
+
+/// --offload-dir, or the output directory when it is not given.
+std::string offload_dir_of(const RunConfig& config);
+
+/// One error unless checkpoint `dir` holds exactly `model`'s tensors (names
+/// and shapes of its parameters and buffers) and `optimizer`'s kind of state;
+/// reads metadata.json only.
+void check_resume_matches(const std::string& dir, torch::nn::Module& model, const std::string& optimizer);
+
+}  // namespace strata::recipes

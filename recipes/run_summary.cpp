@@ -1,0 +1,118 @@
+#include "recipes/run_summary.h"
+
+#include "strategies/comm.h"
+
+namespace strata::recipes {
+
+RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads) {
+  c.n_layer = model.n_layer();
+  c.n_head = model.n_head();
+  c.n_embd = model.n_embd();
+  c.block_size = model.block_size();
+  c.dropout = model.dropout();
+  c.vocab_size = model.vocab_size();
+  c.threads_per_rank = threads;
+  return c;
+}
+
+nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size,
+                            int64_t n_params, const std::string& data_name, double peak_flops,
+                            double mfu) {
+  nlohmann::json j;
+  j["strategy"] = config.strategy;
+  j["world_size"] = world_size;
+  j["preset"] = config.preset;
+  j["data"] = data_name;
+  j["precision"] = config.precision;
+  j["parameters"] = n_params;
+  j["steps"] = r.steps;
+  j["final_train_loss"] = r.final_train_loss;
+  j["val_loss"] = r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json(nullptr);
+  j["val_accuracy"] = r.val_accuracy ? nlohmann::json(*r.val_accuracy) : nlohmann::json(nullptr);
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["backward_s_per_step"] = r.backward_s_per_step;    // rank 0's
+  j["grad_sync_s_per_step"] = r.grad_sync_s_per_step;  // rank 0's
+  j["mfu"] = mfu;
+  j["peak_flops_per_rank"] = peak_flops;
+  j["elapsed_s"] = r.elapsed_s;
+  j["stopped_early"] = r.stopped_early;
+  j["stop_reason"] = r.stop_reason;
+  j["peak_tensor_bytes"] = r.peak_tensor_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["model_state_bytes"] = nlohmann::json::array();
+  for (size_t rank = 0; rank < r.model_state_bytes.size(); ++rank) {
+    const auto& m = r.model_state_bytes[rank];
+    // "other": what the peak held beyond model state (activations, buffers).
+    const int64_t other = rank < r.peak_tensor_bytes.size() ? r.peak_tensor_bytes[rank] - m.total() : 0;
+    j["model_state_bytes"].push_back(
+        {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"other", other}});
+  }
+  nlohmann::json comm;
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    comm[collective_name(static_cast<CollectiveKind>(k))] = r.comm_bytes.sent[k];
+  }
+  j["comm_bytes_rank0"] = comm;
+  // Per rank (see RankStepStats; "memory" splits peak_tensor_bytes: model
+  // state as the strategy reports it at the end of the first step, and
+  // activations_other = peak - that state, i.e. activations, gathered FSDP
+  // units, buckets and transients at the peak).
+  j["per_rank"] = nlohmann::json::array();
+  for (size_t rank = 0; rank < r.per_rank.size(); ++rank) {
+    const auto& s = r.per_rank[rank];
+    nlohmann::json e;
+    e["rank"] = rank;
+    e["forward_s"] = s.forward_s;
+    e["backward_s"] = s.backward_s;
+    e["comm_wait_s"] = s.comm_wait_s;
+    e["optimizer_s"] = s.optimizer_s;
+    e["step_s"] = s.step_s;
+    e["tokens_per_s"] = s.tokens_per_s;
+    if (rank < r.peak_tensor_bytes.size() && rank < r.model_state_bytes.size()) {
+      const auto& m = r.model_state_bytes[rank];
+      e["peak_tensor_bytes"] = r.peak_tensor_bytes[rank];
+      e["memory"] = {{"params", m.params},
+                     {"grads", m.grads},
+                     {"optimizer", m.optimizer},
+                     {"activations_other", r.peak_tensor_bytes[rank] - m.total()}};
+    }
+    if (rank < r.peak_rss_bytes.size()) e["peak_rss_bytes"] = r.peak_rss_bytes[rank];
+    nlohmann::json bytes;
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      bytes[collective_name(static_cast<CollectiveKind>(k))] = s.comm_bytes_per_step[k];
+    }
+    e["comm_bytes_per_step"] = bytes;
+    j["per_rank"].push_back(e);
+  }
+  j["matmul_peak_flops"] = peak_flops;
+  j["psi"] = n_params;
+  // Bytes rank 0 sent per step over Ψ·(N-1)/N, Ψ = fp32 parameter bytes: the
+  // ZeRO paper's multiple (ddp/oss/sdp 2, fsdp 3) independent of N.
+  if (world_size > 1 && !r.per_rank.empty() && n_params > 0) {
+    double sent = 0.0;
+    for (double b : r.per_rank[0].comm_bytes_per_step) sent += b;
+    j["comm_ratio_to_psi"] = sent / (4.0 * double(n_params) * double(world_size - 1) / double(world_size));
+  } else {
+    j["comm_ratio_to_psi"] = nullptr;
+  }
+  return j;
+}
+
+void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, int64_t predicted_peak) {
+  summary["predicted_peak_bytes"] = predicted_peak;
+  for (auto& e : summary["per_rank"]) {
+    e["predicted"] = {{"params", state.params}, {"grads", state.grads}, {"optimizer", state.optimizer},
+                      {"peak", predicted_peak}};
+    if (!e.contains("memory")) continue;
+    auto ratio = [](int64_t measured, int64_t predicted) {
+      return predicted > 0 ? nlohmann::json(double(measured) / double(predicted)) : nlohmann::json(nullptr);
+    };
+    const auto& m = e["memory"];
+    e["measured_over_predicted"] = {
+        {"params", ratio(m["params"].get<int64_t>(), state.params)},
+        {"grads", ratio(m["grads"].get<int64_t>(), state.grads)},
+        {"optimizer", ratio(m["optimizer"].get<int64_t>(), state.optimizer)},
+        {"peak", ratio(e["peak_tensor_bytes"].get<int64_t>(), predicted_peak)}};
+  }
+}
+
+}  // namespace strata::recipes

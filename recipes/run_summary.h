@@ -1,0 +1,30 @@
+#pragma once
+// What strata-gpt writes about a run: the resolved config (config.ini and the
+// printed header) and summary.json's document.
+#include "recipes/cli.h"
+#include "recipes/gpt.h"
+#include "recipes/planner.h"
+#include "trainer/trainer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace strata::recipes {
+
+/// What the run resolved, for the printed config and config.ini: the model's
+/// sizes, the thread count and the data's vocabulary instead of the flags'
+/// "0: automatic" defaults.
+RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads);
+
+/// summary.json's measured part: the run's result per rank, model state,
+/// communication bytes and their ratio to the ZeRO paper's multiple.
+nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size, int64_t n_params,
+                            const std::string& data_name, double peak_flops, double mfu);
+
+/// Adds the planner's prediction beside the measured numbers: per rank
+/// "predicted" (the ZeRO formula's params/grads/optimizer, with measured ÷
+/// predicted ratios) and "predicted_peak_bytes" (the planner's whole peak).
+void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, int64_t predicted_peak);
+
+}  // namespace strata::recipes
