@@ -106,7 +106,14 @@ TEST(FsdpMemoryTest, ModelStateIsSixteenPsiOverNPlusPadding) {
       const auto& state = got[0].result.model_state_bytes[r];  // measured after step 1's optimizer step
       EXPECT_EQ(state.params, 4 * shard_total) << "rank " << r;
       EXPECT_EQ(state.grads, 4 * shard_total) << "rank " << r;
-      EXPECT_LE(state.optimizer, 8 * shard_total) << "rank " << r;  // no state for padding
+      // AdamW's two moments of this rank's real elements, none for padding:
+      // unit n's shard r covers [r*c, (r+1)*c) with c = ceil(n/N), cut at n.
+      int64_t real = 0;
+      for (int64_t n : units) {
+        const int64_t c = ceil_div(n, world);
+        real += std::max<int64_t>(0, std::min(n, (r + 1) * c) - r * c);
+      }
+      EXPECT_EQ(state.optimizer, 8 * real) << "rank " << r;
       optimizer_sum += state.optimizer;
       const double formula = 16.0 * static_cast<double>(psi) / world;
       EXPECT_NEAR(static_cast<double>(state.total()), formula, 0.02 * formula) << "rank " << r;
@@ -323,7 +330,10 @@ TEST(FsdpErrorTest, RankFailingAroundAUnitGatherEndsEveryRankNotAHang) {
     if (inside) modules[1]->add_unit_runner(fail);  // before FSDP's setup: innermost
     std::mutex mu;
     std::vector<std::string> errors(2);
-    const auto timeout = std::chrono::seconds(3);
+    // Far above the bound below: a rank 0 that hung until the timeout freed
+    // it would fail the bound (measured: every rank ends in ~0.07 s, when
+    // rank 1's closed connection resets rank 0's pending all-gather).
+    const auto timeout = std::chrono::seconds(60);
     const auto start = std::chrono::steady_clock::now();
     strata::run_thread_world(2, [&](strata::Comm& comm) {
       auto& module = *modules[comm.rank()];
@@ -345,7 +355,7 @@ TEST(FsdpErrorTest, RankFailingAroundAUnitGatherEndsEveryRankNotAHang) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_NE(errors[1].find("injected failure at unit 1"), std::string::npos) << errors[1];
     EXPECT_FALSE(errors[0].empty()) << "rank 0 finished although rank 1 failed";
-    EXPECT_LT(elapsed, 2.0 * timeout.count()) << "rank 0 waited " << elapsed << " s";
+    EXPECT_LT(elapsed, 10.0) << "rank 0 waited " << elapsed << " s";
     std::cout << "[ fsdp failure ] " << (inside ? "inside" : "outside") << ": every rank ended after "
               << elapsed << " s; rank 0: " << errors[0].substr(0, errors[0].find('\n')) << "\n";
   }

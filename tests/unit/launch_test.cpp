@@ -367,11 +367,14 @@ TEST(LaunchTest, EchoFailuresAreReportedAfterTheRootCause) {
   ::testing::internal::CaptureStderr();
   const int rc = strata::launch_ranks(
       // Rank 1 fails only once rank 0 has installed its trap (a marker file),
-      // or SIGTERM could reach rank 0 first under load.
-      sh("marker=\"$(dirname \"$STRATA_ERROR_FILE\")/trap-set\"; "
-         "if [ \"$RANK\" = 1 ]; then while [ ! -e \"$marker\" ]; do sleep 0.01; done; "
-         "echo 'root cause' > \"$STRATA_ERROR_FILE\"; exit 3; fi; "
-         "trap '' TERM; touch \"$marker\"; sleep 0.3; echo 'peer went away' > \"$STRATA_ERROR_FILE\"; exit 4"),
+      // or SIGTERM could reach rank 0 first under load; rank 0 fails only
+      // once rank 1's error is written (a second marker): the order is the
+      // scripts', whatever the load.
+      sh("dir=\"$(dirname \"$STRATA_ERROR_FILE\")\"; "
+         "if [ \"$RANK\" = 1 ]; then while [ ! -e \"$dir/trap-set\" ]; do sleep 0.01; done; "
+         "echo 'root cause' > \"$STRATA_ERROR_FILE\"; touch \"$dir/root-written\"; exit 3; fi; "
+         "trap '' TERM; touch \"$dir/trap-set\"; while [ ! -e \"$dir/root-written\" ]; do sleep 0.01; done; "
+         "echo 'peer went away' > \"$STRATA_ERROR_FILE\"; exit 4"),
       opts);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
