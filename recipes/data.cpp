@@ -88,14 +88,22 @@ Batch train_windows(const std::vector<T>& data, int64_t block_size, uint64_t see
   });
 }
 
-/// Val window k (mod num_val): evenly spaced over the held-out part, so the
-/// held-out set is the same for every seed and covers the whole part.
+/// Which of `count` held-out samples global sample j is when a validation
+/// uses `used` of them (DataSource::spread_val_batch): evenly spread when
+/// used < count, else j mod count.
+int64_t held_out_sample(int64_t j, int64_t count, int64_t used) {
+  return used > 0 && used < count ? j * count / used : j % count;
+}
+
+/// Val window k of num_val: evenly spaced over the held-out part, so the
+/// held-out set is the same for every seed and covers the whole part; a
+/// validation using `used` windows takes every (num_val/used)-th.
 template <typename T>
-Batch val_windows(const std::vector<T>& data, int64_t block_size, int64_t num_val, int64_t first,
+Batch val_windows(const std::vector<T>& data, int64_t block_size, int64_t num_val, int64_t used, int64_t first,
                   int64_t batch_size) {
   const auto offsets = static_cast<int64_t>(data.size()) - block_size;
   return make_batch(batch_size, block_size, first, [&](int64_t j, int64_t* in, int64_t* tgt) {
-    const int64_t k = j % num_val;
+    const int64_t k = held_out_sample(j, num_val, used);
     copy_window(data, k * offsets / num_val, block_size, in, tgt);
   });
 }
@@ -104,13 +112,13 @@ Batch val_windows(const std::vector<T>& data, int64_t block_size, int64_t num_va
 /// (key, j mod wrap, attempt) until the pair's split is `want_val`; the attempt
 /// counter is hashed too, so every row stays a pure function of (seed, j).
 /// Only the digits + 1 answer tokens are scored.
-Batch addition_batch(const AdditionData& data, uint64_t key, bool want_val, int64_t wrap,
+Batch addition_batch(const AdditionData& data, uint64_t key, bool want_val, int64_t wrap, int64_t used,
                      int64_t first, int64_t batch_size) {
   const auto n = static_cast<uint64_t>(pow10(data.digits()));
   const int64_t length = data.block_size();
   const int64_t first_scored = 2 * data.digits() + 1;  // input position before answer digit 1
   return make_batch(batch_size, length, first, [&](int64_t j, int64_t* in, int64_t* tgt) {
-    const uint64_t row_key = hash2(key, static_cast<uint64_t>(j % wrap));
+    const uint64_t row_key = hash2(key, static_cast<uint64_t>(held_out_sample(j, wrap, used)));
     for (int attempt = 0;; ++attempt) {
       TORCH_CHECK(attempt < kMaxDrawAttempts, "addition: no pair accepted after ",
                   kMaxDrawAttempts, " draws for sample ", j);
@@ -221,12 +229,16 @@ std::vector<int64_t> AdditionData::encode_problem(int64_t a, int64_t b) const {
 
 Batch AdditionData::train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
   return addition_batch(*this, seed_ ^ kTrainStream, /*want_val=*/false,
-                        std::numeric_limits<int64_t>::max(),
+                        std::numeric_limits<int64_t>::max(), /*used=*/0,
                         first_sample(index, batch_size, shard), batch_size);
 }
 
 Batch AdditionData::val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
-  return addition_batch(*this, seed_ ^ kValStream, /*want_val=*/true, kAdditionValSamples,
+  return spread_val_batch(index, batch_size, shard, kAdditionValSamples);
+}
+
+Batch AdditionData::spread_val_batch(int64_t index, int64_t batch_size, ShardInfo shard, int64_t used) const {
+  return addition_batch(*this, seed_ ^ kValStream, /*want_val=*/true, kAdditionValSamples, used,
                         first_sample(index, batch_size, shard), batch_size);
 }
 
@@ -262,8 +274,12 @@ Batch WindowData<Token>::train_batch(int64_t index, int64_t batch_size, ShardInf
 
 template <typename Token>
 Batch WindowData<Token>::val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const {
-  return val_windows(val_, block_size_, num_val_samples(), first_sample(index, batch_size, shard),
-                     batch_size);
+  return spread_val_batch(index, batch_size, shard, num_val_samples());
+}
+
+template <typename Token>
+Batch WindowData<Token>::spread_val_batch(int64_t index, int64_t batch_size, ShardInfo shard, int64_t used) const {
+  return val_windows(val_, block_size_, num_val_samples(), used, first_sample(index, batch_size, shard), batch_size);
 }
 
 template <typename Token>

@@ -24,6 +24,7 @@ class AdditionData : public DataSource {
   std::string name() const override;
   Batch train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
   Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
+  Batch spread_val_batch(int64_t index, int64_t batch_size, ShardInfo shard, int64_t used) const override;
   int64_t num_val_samples() const override;
   int64_t vocab_size() const override { return 12; }  // 0-9, '+', '='
   int64_t block_size() const override;
@@ -48,6 +49,7 @@ class WindowData : public DataSource {
  public:
   Batch train_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
   Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const override;
+  Batch spread_val_batch(int64_t index, int64_t batch_size, ShardInfo shard, int64_t used) const override;
   /// min(1024, number of distinct held-out windows).
   int64_t num_val_samples() const override;
   int64_t block_size() const override { return block_size_; }

@@ -29,6 +29,18 @@ class DataSource {
   /// Held-out batch number `index`, sharded the same way.
   virtual Batch val_batch(int64_t index, int64_t batch_size, ShardInfo shard) const = 0;
 
+  /// Held-out batch `index` of a validation that uses `used` samples in all
+  /// (limit_val_batches x the global batch): global sample j is held-out
+  /// sample floor(j * num_val_samples() / used), so a partial validation
+  /// spreads evenly over the whole held-out set -- the same samples at every
+  /// world size with the same global batch. With used >= num_val_samples()
+  /// it is val_batch(). The default ignores `used` (held-out samples
+  /// 0..used-1), for sources whose held-out set has no order to spread over.
+  virtual Batch spread_val_batch(int64_t index, int64_t batch_size, ShardInfo shard, int64_t used) const {
+    (void)used;
+    return val_batch(index, batch_size, shard);
+  }
+
   /// Number of held-out samples (validation stops at this many).
   virtual int64_t num_val_samples() const = 0;
 

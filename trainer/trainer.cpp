@@ -168,97 +168,67 @@ void Trainer::request_stop(const std::string& reason) {
   if (stop_reason_.empty()) stop_reason_ = reason;
 }
 
+/// Sums over the steady steps (all but a fit's first, which pays one-off
+/// costs) for FitResult's throughput and its per-rank step split.
+struct Trainer::SteadyStats {
+  double tokens = 0.0, seconds = 0.0, backward = 0.0, grad_sync = 0.0, rank_tokens = 0.0;
+  int64_t steps = 0;
+  RankStepStats mine;  ///< sums, divided in finish()
+
+  void add(const StepMetrics& m, const CommBytes& before, const CommBytes& after, int world_size) {
+    tokens += static_cast<double>(m.tokens);
+    seconds += m.step_seconds;
+    backward += m.backward_seconds;
+    grad_sync += m.grad_sync_seconds;
+    ++steps;
+    mine.forward_s += m.forward_seconds;
+    mine.backward_s += m.backward_compute_seconds;
+    mine.comm_wait_s += m.comm_wait_seconds;
+    mine.optimizer_s += m.optimizer_seconds;
+    mine.step_s += m.step_seconds;
+    rank_tokens += static_cast<double>(m.tokens) / world_size;
+    for (size_t k = 0; k < mine.comm_bytes_per_step.size(); ++k) {
+      mine.comm_bytes_per_step[k] += static_cast<double>(after.sent[k] - before.sent[k]);
+    }
+  }
+
+  /// FitResult's rates, and this rank's per-step means.
+  RankStepStats finish(FitResult& result) {
+    result.tokens_per_s = seconds > 0 ? tokens / seconds : 0.0;
+    mine.tokens_per_s = mine.step_s > 0 ? rank_tokens / mine.step_s : 0.0;
+    if (steps == 0) return mine;
+    const double n = static_cast<double>(steps);
+    result.backward_s_per_step = backward / n;
+    result.grad_sync_s_per_step = grad_sync / n;
+    for (double* v : {&mine.forward_s, &mine.backward_s, &mine.comm_wait_s, &mine.optimizer_s, &mine.step_s}) *v /= n;
+    for (double& b : mine.comm_bytes_per_step) b /= n;
+    return mine;
+  }
+};
+
 FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module_ = &module;
-  std::map<std::string, std::string> resumed_state;
   strategy_->setup(module);
   optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
                                           optimizer_factory(options_));
-  if (!options_.resume_from().empty()) {
-    CheckpointMeta expected;
-    expected.optimizer = options_.optimizer();
-    // Every strategy loads its own pieces (FSDP: straight into its shards).
-    const CheckpointMeta meta = load_checkpoint(options_.resume_from(), *strategy_, *optimizer_, expected);
-    step_ = meta.step;
-    TORCH_CHECK_VALUE(step_ < options_.max_steps(), "checkpoint '", options_.resume_from(), "' is at step ",
-                      step_, ", not below max_steps ", options_.max_steps(),
-                      ": nothing left to train (raise max_steps)");
-    resumed_state = meta.state;
-    restore_trainer_state(resumed_state);
-    each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
-  } else {
-    micro_batch_ = step_ * options_.accumulate_grad_batches();  // step-aligned, as in every fresh fit
-  }
+  const auto resumed = load_resume_checkpoint();
   const WarmupCosineSchedule schedule = make_schedule(options_, options_.max_steps());
   FitResult result;
+  SteadyStats steady;
   const auto fit_start = Clock::now();
-  double steady_tokens = 0.0;
-  double steady_seconds = 0.0;
-  double steady_backward = 0.0;
-  double steady_grad_sync = 0.0;
-  int64_t steady_steps = 0;
-  RankStepStats mine;  // sums over steady steps, divided at the end
-  double steady_rank_tokens = 0.0;
   const int64_t first_step = step_;
   module.module().train();
   each_callback([&](Callback& cb) { cb.on_fit_start(*this, module); });
-  if (!options_.resume_from().empty()) {
-    // After on_fit_start, which may reset a callback for a new fit, or draw
-    // random numbers (the generators must hold the saved state at step 1).
-    restore_rng(resumed_state);
-    const auto keys = callback_state_keys();
-    for (size_t i = 0; i < callbacks_.size(); ++i) {
-      if (const auto it = resumed_state.find(keys[i]); it != resumed_state.end()) {
-        callbacks_[i]->load_state_dict(it->second);
-      }
-    }
-  }
+  // After on_fit_start, which may reset a callback for a new fit, or draw
+  // random numbers (the generators must hold the saved state at step 1).
+  if (resumed) restore_after_fit_start(*resumed);
   try {
     while (step_ < options_.max_steps() && !stop_requested_) {
-      const double lr = schedule(step_);
-      for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-      each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, module, step_ + 1); });
-      StepMetrics metrics;
-      metrics.lr = lr;
-      const CommBytes bytes_before = strategy_->comm().bytes();
-      run_step(module, data, metrics);
-      if (step_ > first_step + 1) {  // the first step pays one-off costs
-        steady_tokens += static_cast<double>(metrics.tokens);
-        steady_seconds += metrics.step_seconds;
-        steady_backward += metrics.backward_seconds;
-        steady_grad_sync += metrics.grad_sync_seconds;
-        ++steady_steps;
-        mine.forward_s += metrics.forward_seconds;
-        mine.backward_s += metrics.backward_compute_seconds;
-        mine.comm_wait_s += metrics.comm_wait_seconds;
-        mine.optimizer_s += metrics.optimizer_seconds;
-        mine.step_s += metrics.step_seconds;
-        steady_rank_tokens += static_cast<double>(metrics.tokens) / strategy_->world_size();
-        const CommBytes bytes_after = strategy_->comm().bytes();
-        for (size_t k = 0; k < mine.comm_bytes_per_step.size(); ++k) {
-          mine.comm_bytes_per_step[k] += static_cast<double>(bytes_after.sent[k] - bytes_before.sent[k]);
-        }
-      }
+      StepMetrics metrics = train_step(module, data, schedule(step_), step_ > first_step, steady);
       result.final_train_loss = metrics.loss;
       each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, module, metrics); });
-      if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
-        emit_log(step_, {{"loss", metrics.loss}, {"lr", lr}, {"grad_norm", metrics.grad_norm},
-                         {"step_time_s", metrics.step_seconds}, {"backward_s", metrics.backward_seconds},
-                         {"grad_sync_s", metrics.grad_sync_seconds}});
-      }
-      pending_log_.clear();
-      const bool last = step_ == options_.max_steps() || stop_requested_;
-      const bool periodic = options_.val_check_interval() > 0 && step_ % options_.val_check_interval() == 0;
-      if (options_.limit_val_batches() > 0 && (periodic || last)) {
-        auto val = validate(module, data);
-        result.val_loss = val.loss;
-        result.val_accuracy = val.accuracy;
-        each_callback([&](Callback& cb) { cb.on_validation_end(*this, module, val); });
-        LogRow row{{"val_loss", val.loss}};
-        if (val.accuracy) row.emplace_back("val_accuracy", *val.accuracy);
-        emit_log(step_, row);
-        pending_log_.clear();
-      }
+      log_step(metrics);
+      validate_if_due(module, data, result);
       each_callback([&](Callback& cb) { cb.on_train_step_end(*this, module, step_); });
     }
   } catch (const std::exception& error) {
@@ -269,23 +239,72 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
 
   result.steps = step_;
   result.elapsed_s = seconds_since(fit_start);
-  result.tokens_per_s = steady_seconds > 0 ? steady_tokens / steady_seconds : 0.0;
-  if (steady_steps > 0) {
-    result.backward_s_per_step = steady_backward / static_cast<double>(steady_steps);
-    result.grad_sync_s_per_step = steady_grad_sync / static_cast<double>(steady_steps);
-  }
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
   result.comm_bytes = strategy_->comm().bytes();
-  mine.tokens_per_s = mine.step_s > 0 ? steady_rank_tokens / mine.step_s : 0.0;
-  if (steady_steps > 0) {
-    const double n = static_cast<double>(steady_steps);
-    for (double* v : {&mine.forward_s, &mine.backward_s, &mine.comm_wait_s, &mine.optimizer_s, &mine.step_s}) *v /= n;
-    for (double& b : mine.comm_bytes_per_step) b /= n;
-  }
+  const RankStepStats mine = steady.finish(result);
   gather_memory(result);
   gather_step_stats(result, mine);
   return result;
+}
+
+std::optional<std::map<std::string, std::string>> Trainer::load_resume_checkpoint() {
+  if (options_.resume_from().empty()) {
+    micro_batch_ = step_ * options_.accumulate_grad_batches();  // step-aligned, as in every fresh fit
+    return std::nullopt;
+  }
+  CheckpointMeta expected;
+  expected.optimizer = options_.optimizer();
+  // Every strategy loads its own pieces (FSDP: straight into its shards).
+  const CheckpointMeta meta = load_checkpoint(options_.resume_from(), *strategy_, *optimizer_, expected);
+  step_ = meta.step;
+  TORCH_CHECK_VALUE(step_ < options_.max_steps(), "checkpoint '", options_.resume_from(), "' is at step ", step_,
+                    ", not below max_steps ", options_.max_steps(), ": nothing left to train (raise max_steps)");
+  restore_trainer_state(meta.state);
+  each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
+  return meta.state;
+}
+
+void Trainer::restore_after_fit_start(const std::map<std::string, std::string>& state) {
+  restore_rng(state);
+  const auto keys = callback_state_keys();
+  for (size_t i = 0; i < callbacks_.size(); ++i) {
+    if (const auto it = state.find(keys[i]); it != state.end()) callbacks_[i]->load_state_dict(it->second);
+  }
+}
+
+StepMetrics Trainer::train_step(TrainingModule& module, const DataSource& data, double lr, bool steady,
+                                SteadyStats& stats) {
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, module, step_ + 1); });
+  StepMetrics metrics;
+  metrics.lr = lr;
+  const CommBytes before = strategy_->comm().bytes();
+  run_step(module, data, metrics);
+  if (steady) stats.add(metrics, before, strategy_->comm().bytes(), strategy_->world_size());
+  return metrics;
+}
+
+void Trainer::log_step(const StepMetrics& m) {
+  if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
+    emit_log(step_, {{"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}, {"step_time_s", m.step_seconds},
+                     {"backward_s", m.backward_seconds}, {"grad_sync_s", m.grad_sync_seconds}});
+  }
+  pending_log_.clear();
+}
+
+void Trainer::validate_if_due(TrainingModule& module, const DataSource& data, FitResult& result) {
+  const bool last = step_ == options_.max_steps() || stop_requested_;
+  const bool periodic = options_.val_check_interval() > 0 && step_ % options_.val_check_interval() == 0;
+  if (options_.limit_val_batches() == 0 || !(periodic || last)) return;
+  auto val = validate(module, data);
+  result.val_loss = val.loss;
+  result.val_accuracy = val.accuracy;
+  each_callback([&](Callback& cb) { cb.on_validation_end(*this, module, val); });
+  LogRow row{{"val_loss", val.loss}};
+  if (val.accuracy) row.emplace_back("val_accuracy", *val.accuracy);
+  emit_log(step_, row);
+  pending_log_.clear();
 }
 
 void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics) {
@@ -294,6 +313,13 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   const double wait_at_start = comm.wait_seconds();
   const int64_t accum = options_.accumulate_grad_batches();
   const ShardInfo shard{strategy_->rank(), strategy_->world_size()};
+  // Wall time of `part` less the communication waits inside it.
+  auto seconds_outside_waits = [&comm](auto&& part) {
+    const auto part_start = Clock::now();
+    const double wait_before = comm.wait_seconds();
+    part();
+    return seconds_since(part_start) - (comm.wait_seconds() - wait_before);
+  };
   double loss_sum = 0.0;
   int64_t tokens = 0;
   int64_t samples = 0;
@@ -304,13 +330,10 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     std::optional<NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
     torch::Tensor loss;
-    const auto forward_start = Clock::now();
-    const double forward_wait = comm.wait_seconds();
-    {
+    metrics.forward_seconds += seconds_outside_waits([&] {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
       loss = strategy_->training_step(module, batch);
-    }
-    metrics.forward_seconds += seconds_since(forward_start) - (comm.wait_seconds() - forward_wait);
+    });
     loss_sum += loss.item<double>();
     tokens += batch.input.numel();
     samples += batch.input.size(0);
@@ -326,22 +349,15 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   const auto sync_start = Clock::now();
   strategy_->reduce_gradients();
   metrics.grad_sync_seconds = seconds_since(sync_start);
-  auto clip_start = Clock::now();
-  double clip_wait = comm.wait_seconds();
-  metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val());
-  metrics.optimizer_seconds += seconds_since(clip_start) - (comm.wait_seconds() - clip_wait);
+  // Clipping, the optimizer step and zeroing count as the optimizer's time.
+  metrics.optimizer_seconds +=
+      seconds_outside_waits([&] { metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val()); });
   each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
-  const auto optimizer_start = Clock::now();
-  const double optimizer_wait = comm.wait_seconds();
-  strategy_->optimizer_step(*optimizer_);
-  metrics.optimizer_seconds += seconds_since(optimizer_start) - (comm.wait_seconds() - optimizer_wait);
+  metrics.optimizer_seconds += seconds_outside_waits([&] { strategy_->optimizer_step(*optimizer_); });
   // Measured once, here, while gradients still exist (so they show in the
   // report); model state keeps its size from the first step on.
   if (last_state_bytes_.total() == 0) last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
-  clip_start = Clock::now();
-  clip_wait = comm.wait_seconds();
-  strategy_->zero_grad(*optimizer_);
-  metrics.optimizer_seconds += seconds_since(clip_start) - (comm.wait_seconds() - clip_wait);
+  metrics.optimizer_seconds += seconds_outside_waits([&] { strategy_->zero_grad(*optimizer_); });
   ++step_;
   metrics.step = step_;
   metrics.loss = strategy_->mean_over_ranks(loss_sum / static_cast<double>(accum));
@@ -364,12 +380,14 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
   const int64_t per_batch = options_.batch_size() * strategy_->world_size();
   const int64_t available = (data.num_val_samples() + per_batch - 1) / per_batch;
   const int64_t batches = std::min(options_.limit_val_batches(), available);
+  // What is used spreads over the whole held-out set (DataSource::spread_val_batch).
+  const int64_t used = batches * per_batch;
   double loss_sum = 0.0, tokens = 0.0, correct = 0.0, samples = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
     ValidationStep out;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      out = strategy_->validation_step(module, to_device(data.val_batch(i, options_.batch_size(), shard), strategy_->device()));
+      out = strategy_->validation_step(module, to_device(data.spread_val_batch(i, options_.batch_size(), shard, used), strategy_->device()));
     }
     loss_sum += out.loss_sum;
     tokens += static_cast<double>(out.tokens);

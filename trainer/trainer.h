@@ -144,6 +144,17 @@ class Trainer {
   int64_t micro_batches() const { return micro_batch_; }
 
  private:
+  struct SteadyStats;
+  /// With resume_from: loads the checkpoint (step, trainer state) and returns
+  /// its saved state for restore_after_fit_start(); nullopt for a fresh fit.
+  std::optional<std::map<std::string, std::string>> load_resume_checkpoint();
+  /// The generators and callback states a checkpoint saved.
+  void restore_after_fit_start(const std::map<std::string, std::string>& state);
+  /// One optimizer step at `lr`; `steady` steps count toward the rates.
+  StepMetrics train_step(TrainingModule& module, const DataSource& data, double lr, bool steady, SteadyStats& stats);
+  void log_step(const StepMetrics& metrics);
+  /// Validates on the val_check_interval and at the last step.
+  void validate_if_due(TrainingModule& module, const DataSource& data, FitResult& result);
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);
   void emit_log(int64_t step, const LogRow& base);
   void gather_memory(FitResult& result);

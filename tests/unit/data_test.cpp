@@ -218,6 +218,17 @@ TEST(AdditionDataTest, ValIndicesWrapAtNumValSamples) {
   EXPECT_TRUE(torch::equal(tail.target.slice(0, 2, 6), data.val_batch(0, 4, {}).target));
 }
 
+TEST(AdditionDataTest, APartialValidationSpreadsOverTheHeldOutRows) {
+  // 2048 held-out rows; a validation of 32 samples takes rows 0, 64, 128, ...
+  AdditionData data(3, 3);
+  const Batch spread = data.spread_val_batch(0, 32, {}, 32);
+  for (int64_t j = 0; j < 32; ++j) {
+    const Batch row = data.val_batch(j * 64, 1, {});
+    EXPECT_TRUE(torch::equal(spread.input[j], row.input[0])) << "sample " << j;
+  }
+  EXPECT_FALSE(same(spread, data.val_batch(0, 32, {})));
+}
+
 TEST(AdditionDataTest, ShardingContract) {
   AdditionData data(3, 11);
   expect_sharding_contract(data, /*val=*/false);
@@ -286,6 +297,43 @@ TEST(TextBytesDataTest, IsDeterministicAndSharded) {
   EXPECT_FALSE(same(data.train_batch(4, 8, {}), TextBytesData(path, 8, 4).train_batch(4, 8, {})));
   expect_sharding_contract(data, /*val=*/false);
   expect_sharding_contract(data, /*val=*/true);
+}
+
+TEST(TextBytesDataTest, APartialValidationSpreadsOverTheWholeHeldOutPartAtEveryWorldSize) {
+  // 300 held-out bytes, block 4: 296 windows. A validation of 2 batches x 8
+  // samples uses 16 of them: window floor(j * 296 / 16) for sample j, i.e.
+  // every 18.5th, from the first to the last stretch -- not windows 0..15.
+  TempDir dir;
+  const std::string path = dir.file("input.txt");
+  const std::vector<uint8_t> bytes = random_bytes(3000, 5);
+  write_bytes(path, bytes);
+  TextBytesData data(path, 4, 1);
+  const int64_t n = data.num_val_samples();
+  ASSERT_EQ(n, 296);
+  const int64_t used = 16;
+  auto window_start = [&](const torch::Tensor& row) {
+    std::vector<uint8_t> w;
+    for (int64_t t = 0; t < 4; ++t) w.push_back(static_cast<uint8_t>(row[t].item<int64_t>()));
+    const auto it = std::search(bytes.begin() + 2700, bytes.end(), w.begin(), w.end());
+    return static_cast<int64_t>(it - (bytes.begin() + 2700));
+  };
+  std::vector<int64_t> starts;
+  for (int64_t i = 0; i < 2; ++i) {
+    const Batch b = data.spread_val_batch(i, 8, {}, used);
+    for (int64_t r = 0; r < 8; ++r) starts.push_back(window_start(b.input[r]));
+  }
+  for (int64_t j = 0; j < used; ++j) EXPECT_EQ(starts[j], j * n / used) << "sample " << j;
+  EXPECT_GT(starts.back(), 270) << "the last used window is near the end of the held-out part";
+  // The same samples when 2 ranks each take 4 of each global batch of 8.
+  for (int64_t i = 0; i < 2; ++i) {
+    const Batch whole = data.spread_val_batch(i, 8, {}, used);
+    for (int rank = 0; rank < 2; ++rank) {
+      const Batch part = data.spread_val_batch(i, 4, {rank, 2}, used);
+      EXPECT_TRUE(torch::equal(part.input, whole.input.slice(0, 4 * rank, 4 * rank + 4))) << i << " " << rank;
+    }
+  }
+  // Using everything is the plain held-out order.
+  EXPECT_TRUE(same(data.spread_val_batch(3, 8, {}, n), data.val_batch(3, 8, {})));
 }
 
 TEST(TextBytesDataTest, RejectsBadInput) {
