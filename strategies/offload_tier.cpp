@@ -7,7 +7,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -33,16 +36,41 @@ class IoTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// An unnamed file in `dir`: O_TMPFILE, else a named one unlinked at once.
-/// Returns the descriptor, or -1 with errno set.
+constexpr const char* kNamedPrefix = ".strata-offload-";
+
+/// Removes the names of fallback offload files (below) whose process is gone:
+/// a process killed between mkostemp() and unlink() -- microseconds -- leaves
+/// one behind, and this is where it is collected. A name whose process lives
+/// (or whose pid was reused) stays; removing a name never affects a process
+/// that has the file open (its own next step is the same unlink).
+void remove_stale_named_files(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kNamedPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::strlen(kNamedPrefix));
+    const auto dash = rest.find('-');
+    if (dash == std::string::npos || dash == 0 || rest.find_first_not_of("0123456789") != dash) continue;
+    const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::unlink(entry.path().c_str());
+  }
+}
+
+/// An unnamed file in `dir`: O_TMPFILE (never has a name, so no kill can
+/// leave it behind), else a named one, ".strata-offload-<pid>-XXXXXX",
+/// unlinked at once; a name a kill left in that window is removed by the next
+/// run's remove_stale_named_files(). Returns the descriptor, or -1 with errno set.
 int open_unnamed_file(const std::string& dir) {
+  remove_stale_named_files(dir);
 #ifdef O_TMPFILE
-  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd >= 0) return fd;
-  // EISDIR / EOPNOTSUPP: the kernel or filesystem lacks O_TMPFILE; fall back.
-  if (errno != EISDIR && errno != EOPNOTSUPP) return -1;
+  if (std::getenv("STRATA_TEST_OFFLOAD_NO_TMPFILE") == nullptr) {  // testing aid: force the fallback
+    int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) return fd;
+    // EISDIR / EOPNOTSUPP: the kernel or filesystem lacks O_TMPFILE; fall back.
+    if (errno != EISDIR && errno != EOPNOTSUPP) return -1;
+  }
 #endif
-  std::string path = dir + "/.strata-offload-XXXXXX";
+  std::string path = dir + "/" + kNamedPrefix + std::to_string(::getpid()) + "-XXXXXX";
   int fd2 = ::mkostemp(path.data(), O_CLOEXEC);
   if (fd2 < 0) return -1;
   ::unlink(path.c_str());  // gone from the directory now; the space stays ours until close

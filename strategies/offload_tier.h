@@ -37,7 +37,7 @@ namespace strata {
 /// memory beside a CUDA device (cpu), or an unnamed file in a directory
 /// (disk). fsdp offloads its parameter shards, their gradients and the
 /// optimizer state (fsdp/offload.h); single, ddp, oss and sdp the optimizer
-/// state (offloaded_state.h).
+/// state (offloaded_moments.h).
 enum class OffloadKind { kNone, kCpu, kDisk };
 
 /// "none", "cpu", "disk"; anything else is an error listing them.

@@ -1,4 +1,4 @@
-#include "strategies/offloaded_state.h"
+#include "strategies/offloaded_moments.h"
 
 #include "kernels/fused_adamw.h"
 
@@ -7,7 +7,7 @@
 
 namespace strata {
 
-OffloadedStateOptimizer::OffloadedStateOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+OffloadedMomentsOptimizer::OffloadedMomentsOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                  std::shared_ptr<OffloadTier> tier, int64_t chunk_numel)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<torch::optim::AdamWOptions>()),
       tier_(std::move(tier)) {
@@ -17,11 +17,11 @@ OffloadedStateOptimizer::OffloadedStateOptimizer(std::vector<torch::optim::Optim
   for (const auto& group : groups)
     TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
   param_groups_ = std::move(groups);
-  TORCH_CHECK(tier_ != nullptr, "OffloadedStateOptimizer needs a tier");
-  TORCH_CHECK(chunk_numel > 0, "OffloadedStateOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
+  TORCH_CHECK(tier_ != nullptr, "OffloadedMomentsOptimizer needs a tier");
+  TORCH_CHECK(chunk_numel > 0, "OffloadedMomentsOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (amsgrad off) or plain SGD,
   // the two the Trainer builds.
-  TORCH_CHECK(!param_groups().empty(), "OffloadedStateOptimizer: no parameter groups");
+  TORCH_CHECK(!param_groups().empty(), "OffloadedMomentsOptimizer: no parameter groups");
   adamw_ = dynamic_cast<torch::optim::SGDOptions*>(&param_groups().front().options()) == nullptr;
   int64_t largest = 1;
   for (size_t g = 0; g < param_groups().size(); ++g) {
@@ -55,7 +55,7 @@ OffloadedStateOptimizer::OffloadedStateOptimizer(std::vector<torch::optim::Optim
   chunk_numel_ = std::min(chunk_numel, largest);
 }
 
-void OffloadedStateOptimizer::step_chunk(const Chunk& chunk, const Staging& moments) const {
+void OffloadedMomentsOptimizer::step_chunk(const Chunk& chunk, const Staging& moments) const {
   const Entry& e = entries_[chunk.entry];
   const auto& param = param_of(e);
   auto p = param.view({-1}).narrow(0, chunk.begin, chunk.numel);
@@ -83,8 +83,8 @@ void OffloadedStateOptimizer::step_chunk(const Chunk& chunk, const Staging& mome
   moments.exp_avg_sq.copy_(v);
 }
 
-torch::Tensor OffloadedStateOptimizer::step(LossClosure closure) {
-  TORCH_CHECK(closure == nullptr, "OffloadedStateOptimizer::step takes no closure");
+torch::Tensor OffloadedMomentsOptimizer::step(LossClosure closure) {
+  TORCH_CHECK(closure == nullptr, "OffloadedMomentsOptimizer::step takes no closure");
   torch::NoGradGuard no_grad;
   std::vector<Chunk> chunks;
   for (size_t k = 0; k < entries_.size(); ++k) {
@@ -135,9 +135,9 @@ torch::Tensor OffloadedStateOptimizer::step(LossClosure closure) {
   return {};
 }
 
-void OffloadedStateOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
+void OffloadedMomentsOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
 
-void OffloadedStateOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
+void OffloadedMomentsOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
 
 OptimizerFactory offloading_optimizer_factory(OptimizerFactory factory, std::shared_ptr<OffloadTier> tier,
                                          int64_t chunk_numel) {
@@ -151,7 +151,7 @@ OptimizerFactory offloading_optimizer_factory(OptimizerFactory factory, std::sha
     std::vector<torch::optim::OptimizerParamGroup> resolved;
     for (auto& group : inner->param_groups()) resolved.emplace_back(group.params(), group.options().clone());
     return std::unique_ptr<torch::optim::Optimizer>(
-        std::make_unique<OffloadedStateOptimizer>(std::move(resolved), tier, chunk_numel));
+        std::make_unique<OffloadedMomentsOptimizer>(std::move(resolved), tier, chunk_numel));
   };
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// OffloadedStateOptimizer: optimizer-state offload for the strategies whose
+// OffloadedMomentsOptimizer: optimizer-state offload for the strategies whose
 // parameters and gradients stay resident (single, ddp, oss, sdp): `--offload
 // disk|cpu` with them (ZeRO-Offload's idea applied to what each of them
 // holds). FSDP offloads its parameter shards and gradients too and has its
@@ -26,7 +26,7 @@
 // 0 optimizer bytes, state_bytes() what the tier holds. Checkpoints of
 // offloaded state are not supported yet (save()/load() raise).
 #include "strategies/offload_tier.h"
-#include "strategies/strategy.h"
+#include "strategies/optimizer_factory.h"
 
 #include <torch/torch.h>
 
@@ -35,12 +35,12 @@
 
 namespace strata {
 
-class OffloadedStateOptimizer : public torch::optim::Optimizer {
+class OffloadedMomentsOptimizer : public torch::optim::Optimizer {
  public:
   /// `groups` carry AdamWOptions (no amsgrad) or SGDOptions (no momentum);
   /// every parameter must be contiguous. The moments are allocated in
   /// `tier` (zero-filled, like torch's lazily created state).
-  OffloadedStateOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+  OffloadedMomentsOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                           std::shared_ptr<OffloadTier> tier, int64_t chunk_numel);
 
   torch::Tensor step(LossClosure closure = nullptr) override;
@@ -78,7 +78,7 @@ class OffloadedStateOptimizer : public torch::optim::Optimizer {
   IoQueue io_;
 };
 
-/// `factory` made to build an OffloadedStateOptimizer over the same groups
+/// `factory` made to build an OffloadedMomentsOptimizer over the same groups
 /// (with the options `factory`'s optimizer would have used), its moments in
 /// `tier`. The tier is shared by every optimizer the factory builds.
 OptimizerFactory offloading_optimizer_factory(OptimizerFactory factory, std::shared_ptr<OffloadTier> tier,

@@ -12,7 +12,7 @@
 // element-wise optimizer (SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS is not
 // supported. All trainable parameters must share one dtype (one flat buffer).
 // Parameters without a gradient: see grad_sync.h.
-#include "strategies/flat_shard.h"
+#include "strategies/flat_layout.h"
 #include "strategies/grad_sync.h"
 #include "strategies/strategy.h"
 
@@ -61,7 +61,6 @@ class OSSStrategy : public Strategy {
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
   /// The 1-D pieces the inner optimizer holds (this rank's shard).
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
-  bool grads_sharded() const override { return world_size() > 1; }
   int64_t round_numel() const;
   /// Fails (on every rank alike) if a parameter's requires_grad changed after setup.
   void check_trainable_unchanged() const;

@@ -67,7 +67,7 @@ std::string StrategyRegistry::description(const std::string& name) const {
 
 namespace {
 /// single, ddp, oss, sdp: `offload` keeps the optimizer state in a tier
-/// (offloaded_state.h); their parameters and gradients stay resident.
+/// (offloaded_moments.h); their parameters and gradients stay resident.
 std::unique_ptr<Strategy> with_offload(std::unique_ptr<Strategy> strategy, const StrategyConfig& c) {
   const OffloadKind kind = parse_offload(c.offload);
   if (kind == OffloadKind::kNone) return strategy;

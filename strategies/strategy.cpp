@@ -1,6 +1,7 @@
 #include "strategies/strategy.h"
 
-#include "strategies/offloaded_state.h"
+#include "strategies/offload_tier.h"
+#include "strategies/offloaded_moments.h"
 
 #include "core/deferred_init.h"
 
@@ -86,8 +87,6 @@ std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
   return grads;
 }
 
-std::vector<torch::Tensor> Strategy::grads_to_clip() const { return local_grads_for_norm(); }
-
 double Strategy::clip_grad_norm(double max_norm) {
   // One norm per tensor (no copy of the gradients), squared and summed in
   // float64 so the sharded and single-process totals agree far better than
@@ -116,7 +115,7 @@ std::vector<torch::Tensor> Strategy::local_grad_norms() const {
 }
 
 void Strategy::scale_grads(double coef) {
-  for (auto& g : grads_to_clip()) g.mul_(coef);
+  for (auto& g : local_grads_for_norm()) g.mul_(coef);
 }
 
 void Strategy::optimizer_step(torch::optim::Optimizer& optimizer) { optimizer.step(); }

@@ -7,6 +7,7 @@
 // A subclass overrides only what it changes; its class comment says what it
 // shards and what it communicates.
 #include "strategies/comm.h"
+#include "strategies/optimizer_factory.h"
 #include "core/training_module.h"
 
 #include <torch/torch.h>
@@ -26,11 +27,6 @@ struct ModelStateBytes {
   int64_t optimizer = 0;
   int64_t total() const { return params + grads + optimizer; }
 };
-
-/// Builds the inner optimizer over the parameter groups a strategy hands it
-/// (all of them, or only this rank's shard).
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
-    std::vector<torch::optim::OptimizerParamGroup>)>;
 
 class Strategy;
 class OffloadTier;
@@ -95,13 +91,14 @@ class Strategy {
   /// Called at the start of every fit: wrap, shard or register hooks. The base
   /// materialises a deferred module (TrainingModule::has_deferred_parameters)
   /// on device() and initialises it, then attach()es it.
-  /// Idempotent: a later call (another fit, the same or another module)
-  /// rebuilds every piece of state; hooks installed on an earlier module
-  /// become no-ops.
+  /// single, ddp, oss and sdp may be set up again (another fit, the same or
+  /// another module): every piece of state is rebuilt and hooks installed on
+  /// an earlier module become no-ops. FSDP shards one module once and refuses
+  /// a second call: a second fit needs a new FSDPStrategy.
   virtual void setup(TrainingModule& module);
 
   /// Keeps the optimizer's state in `tier` instead of memory
-  /// (OffloadedStateOptimizer, strategies/offloaded_state.h): `--offload`
+  /// (OffloadedMomentsOptimizer, strategies/offloaded_moments.h): `--offload`
   /// for the strategies whose parameters and gradients stay resident.
   /// Call before setup_optimizer(); FSDP offloads through its own options.
   void offload_optimizer_state(std::shared_ptr<OffloadTier> tier, int64_t chunk_numel);
@@ -169,7 +166,7 @@ class Strategy {
   /// The base builds them from param_pieces() and optimizer_param_pieces();
   /// frozen parameters and buffers are whole on every rank (saved by rank 0).
   /// Creates missing optimizer state first (create_optimizer_state).
-  virtual std::vector<StatePiece> state_pieces(torch::optim::Optimizer& optimizer, StateUse use);
+  std::vector<StatePiece> state_pieces(torch::optim::Optimizer& optimizer, StateUse use);
 
   /// Creates the optimizer's lazily made state (AdamW: zero moments, step 0)
   /// for every parameter that has none yet, so a checkpoint can fill it (and a
@@ -190,18 +187,19 @@ class Strategy {
   /// Gradients this rank contributes to the global norm, each element of the
   /// model's gradient exactly once over all ranks when grads_sharded().
   virtual std::vector<torch::Tensor> local_grads_for_norm() const;
-  /// Gradients the clip coefficient must scale on this rank.
-  virtual std::vector<torch::Tensor> grads_to_clip() const;
-  virtual bool grads_sharded() const { return false; }
+  /// Whether the ranks' norm contributions must be summed: a rank
+  /// contributes exactly the gradients its optimizer steps, so gradients are
+  /// sharded where the optimizer is (oss, sdp, fsdp over > 1 rank).
+  bool grads_sharded() const { return optimizer_sharded() && world_size() > 1; }
   /// 2-norms (0-dim tensors) of this rank's contributions: the base takes
   /// them from local_grads_for_norm(); FSDP from its shard gradients, which
   /// may be offloaded (their norms were taken when they were written).
   virtual std::vector<torch::Tensor> local_grad_norms() const;
   /// Multiplies this rank's gradients by `coef` (clipping): the base scales
-  /// grads_to_clip() in place; offloaded FSDP gradients when next read.
+  /// local_grads_for_norm() in place; offloaded FSDP gradients when next read.
   virtual void scale_grads(double coef);
 
-  /// `factory`, or one building an OffloadedStateOptimizer over the same
+  /// `factory`, or one building an OffloadedMomentsOptimizer over the same
   /// groups when offload_optimizer_state() was called. Subclasses that build
   /// their own groups (oss, sdp) call their factory through this too.
   OptimizerFactory optimizer_factory_for(const OptimizerFactory& factory) const;

@@ -33,7 +33,7 @@
 // staging buffers. shard(), shard_grad() and pieces() are then empty.
 #include "strategies/buffer_pool.h"
 #include "strategies/comm.h"
-#include "strategies/flat_shard.h"
+#include "strategies/flat_layout.h"
 #include "strategies/offload_tier.h"
 
 #include <torch/torch.h>

@@ -150,7 +150,7 @@ std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
     // per parameter piece, with the groups' options.
     std::vector<FlatParam*> units;
     for (auto& unit : units_) units.push_back(unit.get());
-    auto optimizer = std::make_unique<OffloadedOptimizer>(std::move(groups), std::move(units), *tier_,
+    auto optimizer = std::make_unique<FsdpOffloadedOptimizer>(std::move(groups), std::move(units), *tier_,
                                                           options_.offload_chunk_numel());
     offloaded_optimizer_ = optimizer.get();
     return optimizer;

@@ -61,7 +61,7 @@
 // gradient and optimizer state live in an OffloadTier (disk files or pinned
 // host memory) between uses; a gather reads the shard just before sending
 // it, reduced gradients are added into the tier, and the optimizer step is
-// streamed through a bounded staging buffer (OffloadedOptimizer).
+// streamed through a bounded staging buffer (FsdpOffloadedOptimizer).
 #include "strategies/fsdp/flat_param.h"
 #include "strategies/fsdp/offload.h"
 #include "strategies/fsdp/options.h"
@@ -142,7 +142,6 @@ class FSDPStrategy : public Strategy {
  protected:
   std::vector<torch::Tensor> local_grad_norms() const override;
   void scale_grads(double coef) override;
-  bool grads_sharded() const override { return shard_world_ > 1; }
   /// The units' shard pieces (the optimizer's tensors), whole or resharded
   /// alike; under hybrid_shard only the first replica saves them.
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
@@ -199,7 +198,7 @@ class FSDPStrategy : public Strategy {
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute
   int max_units_gathered_ = 0;
   std::unique_ptr<OffloadTier> tier_;                  // offload: holds every unit's state
-  OffloadedOptimizer* offloaded_optimizer_ = nullptr;  // offload: owned by the caller of setup_optimizer
+  FsdpOffloadedOptimizer* offloaded_optimizer_ = nullptr;  // offload: owned by the caller of setup_optimizer
 };
 
 }  // namespace strata

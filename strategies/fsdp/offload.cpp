@@ -12,7 +12,7 @@ namespace {
 int64_t element_bytes(const FlatParam& unit) { return static_cast<int64_t>(c10::elementSize(unit.dtype())); }
 }  // namespace
 
-OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+FsdpOffloadedOptimizer::FsdpOffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                        std::vector<FlatParam*> units, OffloadTier& tier, int64_t chunk_numel)
     : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<torch::optim::AdamWOptions>()),
       units_(std::move(units)),
@@ -23,7 +23,7 @@ OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamG
   for (const auto& group : groups)
     TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
   param_groups_ = std::move(groups);
-  TORCH_CHECK(chunk_numel > 0, "OffloadedOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
+  TORCH_CHECK(chunk_numel > 0, "FsdpOffloadedOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (with torch's defaults for
   // amsgrad = false) or plain SGD, the two the Trainer builds.
   std::unordered_map<const void*, size_t> group_of;
@@ -44,7 +44,7 @@ OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamG
   int64_t largest = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     FlatParam& unit = *units_[u];
-    TORCH_CHECK(unit.offloaded(), "OffloadedOptimizer: unit ", unit.name(), " is not offloaded");
+    TORCH_CHECK(unit.offloaded(), "FsdpOffloadedOptimizer: unit ", unit.name(), " is not offloaded");
     const int64_t numel = unit.layout().shard_numel();
     largest = std::max(largest, numel);
     if (adamw_) {
@@ -64,12 +64,12 @@ OffloadedOptimizer::OffloadedOptimizer(std::vector<torch::optim::OptimizerParamG
   chunk_numel_ = std::max<int64_t>(1, std::min(chunk_numel, largest));
 }
 
-int64_t OffloadedOptimizer::staging_bytes() const {
+int64_t FsdpOffloadedOptimizer::staging_bytes() const {
   // Two sets of {param, grad} (+ AdamW's two moments).
   return 2 * (adamw_ ? 4 : 2) * chunk_numel_ * static_cast<int64_t>(c10::elementSize(units_.front()->dtype()));
 }
 
-void OffloadedOptimizer::read_chunk(const Chunk& chunk, const Staging& b) const {
+void FsdpOffloadedOptimizer::read_chunk(const Chunk& chunk, const Staging& b) const {
   const FlatParam& unit = *units_[chunk.unit];
   const int64_t at = chunk.begin * element_bytes(unit);
   tier_.read(unit.shard_region(), at, b.param);
@@ -80,7 +80,7 @@ void OffloadedOptimizer::read_chunk(const Chunk& chunk, const Staging& b) const 
   }
 }
 
-void OffloadedOptimizer::write_chunk(const Chunk& chunk, const Staging& b) const {
+void FsdpOffloadedOptimizer::write_chunk(const Chunk& chunk, const Staging& b) const {
   const FlatParam& unit = *units_[chunk.unit];
   const int64_t at = chunk.begin * element_bytes(unit);
   tier_.write(unit.shard_region(), at, b.param);
@@ -90,7 +90,7 @@ void OffloadedOptimizer::write_chunk(const Chunk& chunk, const Staging& b) const
   }
 }
 
-void OffloadedOptimizer::step_chunk(const Chunk& chunk, const Staging& b,
+void FsdpOffloadedOptimizer::step_chunk(const Chunk& chunk, const Staging& b,
                                     const std::vector<size_t>& active) const {
   const double grad_scale = units_[chunk.unit]->pending_grad_scale();
   // Clipping scaled a resident gradient in place before the step; the same
@@ -120,8 +120,8 @@ void OffloadedOptimizer::step_chunk(const Chunk& chunk, const Staging& b,
   }
 }
 
-torch::Tensor OffloadedOptimizer::step(LossClosure closure) {
-  TORCH_CHECK(closure == nullptr, "OffloadedOptimizer::step takes no closure");
+torch::Tensor FsdpOffloadedOptimizer::step(LossClosure closure) {
+  TORCH_CHECK(closure == nullptr, "FsdpOffloadedOptimizer::step takes no closure");
   torch::NoGradGuard no_grad;
   // Which pieces step now; each advances its own count, as torch's
   // per-parameter state does (a skipped parameter keeps its count).
@@ -176,8 +176,8 @@ torch::Tensor OffloadedOptimizer::step(LossClosure closure) {
   return {};
 }
 
-void OffloadedOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
+void FsdpOffloadedOptimizer::save(torch::serialize::OutputArchive&) const { refuse_offloaded_checkpoint(/*saving=*/true); }
 
-void OffloadedOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
+void FsdpOffloadedOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
 
 }  // namespace strata

@@ -1,5 +1,5 @@
 #pragma once
-// OffloadedOptimizer: FSDP's optimizer step when the sharded state is
+// FsdpOffloadedOptimizer: FSDP's optimizer step when the sharded state is
 // offloaded (FSDPOptions::offload; ZeRO-Offload / ZeRO-Infinity).
 //
 // Between steps every unit's fp32 shard, its gradient and the optimizer
@@ -33,12 +33,12 @@
 
 namespace strata {
 
-class OffloadedOptimizer : public torch::optim::Optimizer {
+class FsdpOffloadedOptimizer : public torch::optim::Optimizer {
  public:
   /// `groups`: the module's parameters with AdamWOptions or SGDOptions (no
   /// momentum); `units`: the offloaded FlatParams whose pieces they step;
   /// `tier` holds the moments too. Both must outlive the optimizer.
-  OffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+  FsdpOffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                      std::vector<FlatParam*> units, OffloadTier& tier, int64_t chunk_numel);
 
   torch::Tensor step(LossClosure closure = nullptr) override;
