@@ -51,6 +51,18 @@ int deleted_files_open_in(pid_t pid, const fs::path& dir) {
   return n;
 }
 
+/// The processes that hold a deleted file of `dir` open.
+std::vector<pid_t> processes_holding_files_in(const fs::path& dir) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const auto name = e.path().filename().string();
+    if (!std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    if (deleted_files_open_in(std::stoi(name), dir) > 0) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
 // ---- the tier --------------------------------------------------------------
 
 TEST(OffloadTierTest, DiskTierRoundTripsRegionsInAnUnnamedFile) {
@@ -328,31 +340,57 @@ TEST(FsdpOffloadBinaryTest, NoOffloadFileOutlivesAFailedOrSignalledRun) {
   EXPECT_NE(failed.exit_code, 0) << failed.output;
   EXPECT_CONTAINS(failed.output, "injected failure at step 5");
   EXPECT_TRUE(entries(offload_dir).empty());
-  // SIGTERM and SIGINT to the launcher while the ranks train (and hold their files).
-  for (int sig : {SIGTERM, SIGINT}) {
-    SCOPED_TRACE(strsignal(sig));
-    const auto out = dir.path() / ("signalled-" + std::to_string(sig));
+  // Signals while the ranks train (and hold their files): SIGTERM and SIGINT
+  // to the launcher (it stops its ranks), SIGKILL to the launcher (the ranks'
+  // parent-death signal stops them) and SIGKILL to one rank (the launcher
+  // stops the rest). An unnamed file dies with its last descriptor.
+  struct Kill {
+    int sig;
+    bool rank;  ///< to a rank instead of the launcher
+  };
+  for (const Kill kill : {Kill{SIGTERM, false}, Kill{SIGINT, false}, Kill{SIGKILL, false}, Kill{SIGKILL, true}}) {
+    const std::string tag = std::to_string(kill.sig) + (kill.rank ? "-rank" : "");
+    SCOPED_TRACE(std::string(strsignal(kill.sig)) + (kill.rank ? " to rank" : " to the launcher"));
+    const auto out = dir.path() / ("signalled-" + tag);
     std::vector<std::string> argv = {STRATA_GPT_BINARY};
     std::istringstream words(common + "--max-steps 100000 --log-every-n-steps 1 --output-dir " + out.string());
     for (std::string w; words >> w;) argv.push_back(w);
-    Process run(argv, base_environment(), dir.path() / ("log-" + std::to_string(sig)));
+    Process run(argv, base_environment(), dir.path() / ("log-" + tag));
     ASSERT_TRUE(run.started());
     ASSERT_TRUE(wait_until([&] { return losses_of(out / "metrics.csv").size() >= 2; }, std::chrono::seconds(60)))
         << run.output();
     // While training, each rank holds an unnamed file there: nothing to see.
-    int held = 0;
-    for (const auto& e : fs::directory_iterator("/proc")) {
-      const auto name = e.path().filename().string();
-      if (std::all_of(name.begin(), name.end(), ::isdigit)) held += deleted_files_open_in(std::stoi(name), offload_dir);
-    }
-    EXPECT_EQ(held, 2) << "one offload file per rank";
+    const auto holders = processes_holding_files_in(offload_dir);
+    EXPECT_EQ(holders.size(), 2u) << "one offload file per rank";
     EXPECT_TRUE(entries(offload_dir).empty());
-    ::kill(run.pid(), sig);
+    ASSERT_FALSE(holders.empty());
+    ::kill(kill.rank ? holders.front() : run.pid(), kill.sig);
     const auto code = run.wait_for(std::chrono::seconds(60));
     ASSERT_TRUE(code.has_value()) << "the launcher did not stop";
-    EXPECT_NE(*code, 0);
+    if (kill.sig != SIGKILL || kill.rank) EXPECT_NE(*code, 0);
+    EXPECT_TRUE(wait_until([&] { return processes_holding_files_in(offload_dir).empty(); }, std::chrono::seconds(30)))
+        << "a rank outlived the run";
     EXPECT_TRUE(entries(offload_dir).empty());
   }
+}
+
+TEST(FsdpOffloadBinaryTest, WithoutOTmpfileANameAKillLeftBehindIsRemovedByTheNextRun) {
+  // The fallback for filesystems without O_TMPFILE names the file for the
+  // microseconds between mkostemp() and unlink(); a kill in that window
+  // leaves ".strata-offload-<pid>-XXXXXX", which the next run removes once
+  // that pid is gone. Other names stay.
+  TempDir dir("strata-offload");
+  const auto offload_dir = dir.path() / "offload";
+  fs::create_directories(offload_dir);
+  const std::string dead = ".strata-offload-999999999-aaaaaa";  // above any pid_max (2^22)
+  const std::string live = ".strata-offload-" + std::to_string(::getpid()) + "-bbbbbb";
+  for (const auto& name : {dead, live, std::string("notes.txt")}) std::ofstream(offload_dir / name) << "x";
+  const auto run = run_gpt_binary("--preset gpt-nano --strategy fsdp --nproc 2 --offload disk --offload-dir " +
+                                      offload_dir.string() + " --max-steps 3 --limit-val-batches 0 --output-dir " +
+                                      (dir.path() / "out").string(),
+                                  "STRATA_TEST_OFFLOAD_NO_TMPFILE=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(entries(offload_dir), (std::vector<std::string>{live, "notes.txt"}));
 }
 
 TEST(FsdpOffloadBinaryTest, BadOffloadInputIsAOneLineErrorAndExitTwo) {
