@@ -11,8 +11,13 @@
 namespace strata::bench {
 
 /// gpt-nano/micro/mini x ddp, oss, sdp, fsdp, fsdp + activation checkpointing,
-/// 2 ranks x 1 thread, block 128, batch 8, a few steps (memory is exact).
+/// 2 ranks x 1 thread, block 128, batch 8, a few steps (memory is exact): the
+/// cases the planner's constants were fitted on; then held-out cases
+/// (names starting kHeldOutPrefix) at other widths, block and batch sizes
+/// and world sizes.
 Suite planner_suite();
+
+inline constexpr const char* kHeldOutPrefix = "planner/held-out/";
 
 /// Markdown: case, predicted peak, measured peak (max over ranks and repeats),
 /// error (predicted ÷ measured - 1), and the max |error|. Runs without a
