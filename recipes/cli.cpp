@@ -49,11 +49,16 @@ constexpr int kTestingGroup = 6;
 constexpr int kInteropGroup = 5;
 
 /// Printed by --help-all after the testing options: fault injection read from
-/// the environment by recipes/run.cpp.
+/// the environment (recipes/run.cpp, trainer/checkpoint.cpp, strategies/offload_tier.cpp).
 constexpr const char* kTestingEnvironment =
     "Testing aids in the environment:\n"
     "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
-    "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)";
+    "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)\n"
+    "  STRATA_CHECKPOINT_KILL_AT=P[@R][/S]  the process SIGKILLs itself at checkpoint point P\n"
+    "                                (after-shard, before-metadata, before-rename), on rank R,\n"
+    "                                at step S (crash-consistency tests; trainer/checkpoint.h)\n"
+    "  STRATA_TEST_OFFLOAD_NO_TMPFILE=1  --offload disk uses its named-file fallback, as on a\n"
+    "                                filesystem without O_TMPFILE (strategies/offload_tier.cpp)";
 
 /// Every RunConfig field, in to_ini() and --help order.
 std::vector<Field> fields() {

@@ -114,7 +114,7 @@ ModelStatePrediction predict_model_state(const PlanRequest& r) {
     if (r.offload() != "none") s = {0, 0, 0};  // on the tier between uses
   }
   // single, ddp, oss, sdp: --offload keeps the optimizer state in the tier
-  // (strategies/offloaded_state.h); parameters and gradients stay.
+  // (strategies/offloaded_moments.h); parameters and gradients stay.
   if (name != "fsdp" && r.offload() != "none") s.optimizer = 0;
   return s;
 }

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 namespace strata::recipes {
 namespace fs = std::filesystem;
@@ -378,6 +379,13 @@ int run_gpt(int argc, char** argv) {
     launch.master_addr = c.master_addr;
     launch.master_port = c.master_port;
     launch.threads_per_rank = c.threads_per_rank;
+    // More ranks than cores runs, slowly (a correctness test may want it):
+    // warned, not refused, once the input is known to be good.
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores > 0 && static_cast<unsigned>(c.nproc) > cores) {
+      std::cerr << "warning: --nproc " << c.nproc << " is more than this machine's " << cores
+                << " cores; the ranks will share them (slower, same results)" << std::endl;
+    }
     try {
       return launch_ranks(run.args, launch);
     } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped

@@ -93,12 +93,6 @@ void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
     TORCH_CHECK_VALUE(problem.empty(), "TMPDIR '", dir, "' cannot hold the launcher's rendezvous files (", problem,
                       "); set TMPDIR to a writable directory");
   }
-  // More ranks than cores runs, slowly (a correctness test may want it): warn.
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (!env && cores > 0 && static_cast<unsigned>(c.nproc) > cores) {
-    std::cerr << "warning: --nproc " << c.nproc << " is more than this machine's " << cores
-              << " cores; the ranks will share them (slower, same results)" << std::endl;
-  }
 }
 
 /// Exit-2 error unless `path` can be written at the end of training: its
