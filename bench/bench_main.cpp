@@ -430,16 +430,5 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "; see --help" << std::endl;
     return 2;
   }
-  try {
-    return run(cli);
-  } catch (const c10::ValueError& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {  // e.g. an unparsable summary.json
-    std::cerr << "error: " << e.what() << std::endl;
-    return 1;
-  }
+  return exit_code_of([&] { return run(cli); });
 }

@@ -14,6 +14,7 @@
 // its own MemoryTracker peak from just before each phase. No training step:
 // the numbers are the checkpoint's alone.
 #include "bench/checkpoint_bench.h"
+#include "bench/harness.h"
 
 #include "core/atomic_file.h"
 #include "core/training_module.h"
@@ -238,18 +239,7 @@ int checkpoint_suite(int argc, char** argv) {
 }
 
 int run_checkpoint_suite(int argc, char** argv) {
-  try {
-    return checkpoint_suite(argc, argv);
-  } catch (const c10::ValueError& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return 1;
-  }
+  return exit_code_of([&] { return checkpoint_suite(argc, argv); });
 }
 
 }  // namespace strata::bench

@@ -123,6 +123,11 @@ std::string git_commit(const std::string& source_dir);
 /// Current UTC time, ISO 8601.
 std::string utc_now();
 
+/// `body`'s exit code, or a one-line error on stderr and strata-bench's exit
+/// code for it: 2 for bad input (c10::ValueError), 1 for anything else thrown
+/// (e.g. an unparsable summary.json).
+int exit_code_of(const std::function<int()>& body);
+
 /// LibTorch's version ("1.13.1"), compiled in.
 std::string libtorch_version();
 

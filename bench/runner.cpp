@@ -22,6 +22,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <set>
 #include <sstream>
@@ -143,6 +144,21 @@ std::vector<double> step_seconds(const std::string& metrics_csv) {
 }  // namespace
 
 std::string libtorch_version() { return TORCH_VERSION; }
+
+int exit_code_of(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const c10::ValueError& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}
 
 
 std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_binary, const std::string& data_path,

@@ -48,13 +48,27 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def last_step(metrics):
+def last_step(metrics, log=None):
+    """The last logged step: metrics.csv's (written at checkpoints and at the
+    end), else the progress lines of the run's output ("step N/M")."""
     try:
         with open(metrics) as f:
             rows = [r for r in csv.DictReader(f) if r.get("loss")]
-        return int(rows[-1]["step"]) if rows else 0
+        if rows:
+            return int(rows[-1]["step"])
     except (OSError, KeyError, ValueError, IndexError):
-        return 0
+        pass
+    if log:
+        try:
+            with open(log, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 65536))
+                tail = f.read().decode(errors="replace")
+            steps = [int(w.split("/")[0]) for w in tail.split("step ")[1:] if w.split("/")[0].isdigit()]
+            return steps[-1] if steps else 0
+        except OSError:
+            pass
+    return 0
 
 
 def slope(points):
@@ -100,7 +114,7 @@ def main():
                 pass
         files = len(os.listdir(a.offload_dir)) if a.offload_dir else 0
         offload_seen = max(offload_seen, files)
-        samples.append((time.time() - start, last_step(os.path.join(a.out, "metrics.csv")), per, files))
+        samples.append((time.time() - start, last_step(os.path.join(a.out, "metrics.csv"), a.out + ".log"), per, files))
         if len(samples) % 30 == 0:
             s = samples[-1]
             print(f"  {s[0]:7.0f} s  step {s[1]:6d}  rss " + " / ".join(f"{r:.0f}" for r, _ in s[2])
@@ -111,7 +125,9 @@ def main():
     ok = code == 0
     print(f"\nexit {code}, {steps} steps in {elapsed:.0f} s ({len(samples)} samples)")
     nranks = max((len(s[2]) for s in samples), default=0)
-    after = [s for s in samples if s[1] >= a.warmup * steps and len(s[2]) == nranks]
+    # While training: after warm-up and before the last step (the end of a
+    # run -- exports, the summary's planner probe, teardown -- is not a leak).
+    after = [s for s in samples if a.warmup * steps <= s[1] < steps and len(s[2]) == nranks]
     for r in range(nranks):
         pts = [(s[1], s[2][r][0]) for s in after]
         fds = [s[2][r][1] for s in after]
