@@ -8,6 +8,7 @@
 // whatever the parameter sizes (greedy whole-parameter assignment cannot do
 // this when one tensor, e.g. a tied embedding, is most of the model).
 #include "strategies/comm.h"
+#include "strategies/state_pieces.h"
 
 #include <torch/torch.h>
 
@@ -15,14 +16,6 @@
 #include <vector>
 
 namespace strata {
-
-/// The part of one parameter that lies in one rank's shard.
-struct ShardPiece {
-  size_t param_index;    ///< index into the params given to FlatLayout
-  int64_t param_offset;  ///< first element within the (flattened) parameter
-  int64_t flat_offset;   ///< first element in the flat index space
-  int64_t numel;
-};
 
 class FlatLayout {
  public:

@@ -9,14 +9,7 @@ namespace strata {
 
 OffloadedMomentsOptimizer::OffloadedMomentsOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                  std::shared_ptr<OffloadTier> tier, int64_t chunk_numel)
-    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<torch::optim::AdamWOptions>()),
-      tier_(std::move(tier)) {
-  // The groups go in as built, not through the base constructor: LibTorch
-  // 2.x's add_param_group merges each group's options with the defaults (an
-  // SGD group against these AdamW defaults would lose its own options).
-  for (const auto& group : groups)
-    TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
-  param_groups_ = std::move(groups);
+    : ExactGroupsOptimizer(std::move(groups), "offload"), tier_(std::move(tier)) {
   TORCH_CHECK(tier_ != nullptr, "OffloadedMomentsOptimizer needs a tier");
   TORCH_CHECK(chunk_numel > 0, "OffloadedMomentsOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (amsgrad off) or plain SGD,

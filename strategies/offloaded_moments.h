@@ -35,7 +35,7 @@
 
 namespace strata {
 
-class OffloadedMomentsOptimizer : public torch::optim::Optimizer {
+class OffloadedMomentsOptimizer : public ExactGroupsOptimizer {
  public:
   /// `groups` carry AdamWOptions (no amsgrad) or SGDOptions (no momentum);
   /// every parameter must be contiguous. The moments are allocated in

@@ -42,10 +42,12 @@ void Strategy::attach(TrainingModule& module) {
   move_materialized(module.module(), device());
   params_.clear();
   param_names_.clear();
+  param_shapes_.clear();
   for (const auto& item : module.module().named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;
     params_.push_back(item.value());
     param_names_.push_back(item.key());
+    param_shapes_.push_back(item.value().sizes().vec());  // deferred ones too: meta tensors have their shape
   }
 }
 
@@ -72,6 +74,7 @@ std::unique_ptr<torch::optim::Optimizer> Strategy::setup_optimizer(
 }
 
 std::map<std::string, double> Strategy::report() const {
+  if (sharded_) return sharded_->sharding_report();
   if (!offload_tier_) return {};
   return {{"offload_bytes", static_cast<double>(offload_tier_->bytes())},
           {"offload_io_s", offload_tier_->stats().seconds}};
@@ -109,12 +112,14 @@ double Strategy::clip_grad_norm(double max_norm) {
 }
 
 std::vector<torch::Tensor> Strategy::local_grad_norms() const {
+  if (sharded_) return sharded_->shard_grad_norms();
   std::vector<torch::Tensor> norms;
   for (const auto& g : local_grads_for_norm()) norms.push_back(g.detach().norm());
   return norms;
 }
 
 void Strategy::scale_grads(double coef) {
+  if (sharded_) return sharded_->scale_shard_grads(coef);
   for (auto& g : local_grads_for_norm()) g.mul_(coef);
 }
 
@@ -137,6 +142,7 @@ double Strategy::mean_over_ranks(double value) {
 }
 
 ModelStateBytes Strategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {
+  if (sharded_) return sharded_->held_state_bytes(optimizer);
   ModelStateBytes bytes;
   std::vector<torch::Tensor> all_params;
   std::vector<torch::Tensor> grads;

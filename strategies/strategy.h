@@ -8,6 +8,7 @@
 // shards and what it communicates.
 #include "strategies/comm.h"
 #include "strategies/optimizer_factory.h"
+#include "strategies/state_pieces.h"
 #include "core/training_module.h"
 
 #include <torch/torch.h>
@@ -31,28 +32,6 @@ struct ModelStateBytes {
 class Strategy;
 class OffloadTier;
 
-/// Whether state pieces are wanted for writing a checkpoint or for filling
-/// from one (Strategy::state_pieces).
-enum class StateUse { kSave, kLoad };
-
-/// One stored piece of a logical state tensor: elements [lo, lo +
-/// values.numel()) of the flattened tensor `name` (global `shape`). Names:
-/// "model/<qualified name>" for parameters and buffers, "optim/<parameter
-/// name>/<key>" for optimizer state (exp_avg, exp_avg_sq, step, ...), keyed by
-/// the parameter's name so any strategy's inner optimizer (whole tensors, 1-D
-/// pieces, FSDP flat shards) maps to it.
-struct StatePiece {
-  std::string name;
-  std::vector<int64_t> shape;
-  torch::ScalarType dtype = torch::kFloat;
-  int64_t lo = 0;
-  /// A live 1-D view (kSave: read; kLoad: written in place, cast to its dtype).
-  torch::Tensor values;
-  /// For state not held as a tensor (AdamW's step count): called with
-  /// `values` once they are loaded.
-  std::function<void(const torch::Tensor&)> on_loaded;
-};
-
 /// RAII: while alive, backward() accumulates gradients locally without
 /// communicating (gradient accumulation on all but the last micro-batch).
 class NoSyncGuard {
@@ -67,6 +46,28 @@ class NoSyncGuard {
  private:
   Strategy* strategy_;
   bool previous_ = true;
+};
+
+/// What a strategy whose module tensors do not hold this rank's state
+/// between steps answers in the base's place (FSDP: 0-element parameters
+/// outside a gather, state in flat shards, maybe offloaded). The base's
+/// full_params, model_state_bytes, report and the clip's norms and scaling
+/// route here when a subclass registered one (Strategy::set_sharded_state);
+/// no other strategy carries these methods. The names differ from
+/// Strategy's so that lookups through the subclass stay unambiguous.
+class ShardedState {
+ public:
+  virtual ~ShardedState() = default;
+  /// Strategy::full_params: gathers the full parameters until the handle dies.
+  virtual std::shared_ptr<void> gather_full_params(bool writeback) = 0;
+  /// Strategy::model_state_bytes: what the shards (and the tier) hold.
+  virtual ModelStateBytes held_state_bytes(const torch::optim::Optimizer& optimizer) const = 0;
+  /// Strategy::report.
+  virtual std::map<std::string, double> sharding_report() const = 0;
+  /// 2-norms of this rank's shard gradients (offloaded ones recorded when written).
+  virtual std::vector<torch::Tensor> shard_grad_norms() const = 0;
+  /// Multiplies the shard gradients by `coef` (offloaded ones when next read).
+  virtual void scale_shard_grads(double coef) = 0;
 };
 
 class Strategy {
@@ -124,8 +125,11 @@ class Strategy {
   /// their full values on this rank (checkpoints, export, evaluation outside
   /// the step). A collective where parameters are sharded (FSDP gathers
   /// them): every rank must call it. With `writeback`, values written to the
-  /// parameters meanwhile are kept. The base holds them anyway: nullptr.
-  virtual std::shared_ptr<void> full_params(bool writeback = false) { return nullptr; }
+  /// parameters meanwhile are kept. Where the module holds them anyway:
+  /// nullptr; a ShardedState gathers them.
+  std::shared_ptr<void> full_params(bool writeback = false) {
+    return sharded_ ? sharded_->gather_full_params(writeback) : nullptr;
+  }
 
   /// The base runs loss.backward().
   virtual void backward(const torch::Tensor& loss);
@@ -154,7 +158,7 @@ class Strategy {
   double mean_over_ranks(double value);
 
   /// What this rank holds of params / grads / optimizer state, in bytes.
-  virtual ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const;
+  ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const;
 
   /// True when each rank's optimizer holds only its shard (checkpoints are
   /// then written sharded by default).
@@ -181,7 +185,7 @@ class Strategy {
   /// it by strata-gpt: the base reports offloaded optimizer state
   /// (offload_bytes, offload_io_s) when offload_optimizer_state() is on;
   /// fsdp: max_units_gathered and its own offload.
-  virtual std::map<std::string, double> report() const;
+  std::map<std::string, double> report() const;
 
  protected:
   /// Gradients this rank contributes to the global norm, each element of the
@@ -194,23 +198,17 @@ class Strategy {
   /// 2-norms (0-dim tensors) of this rank's contributions: the base takes
   /// them from local_grads_for_norm(); FSDP from its shard gradients, which
   /// may be offloaded (their norms were taken when they were written).
-  virtual std::vector<torch::Tensor> local_grad_norms() const;
+  std::vector<torch::Tensor> local_grad_norms() const;
   /// Multiplies this rank's gradients by `coef` (clipping): the base scales
   /// local_grads_for_norm() in place; offloaded FSDP gradients when next read.
-  virtual void scale_grads(double coef);
+  void scale_grads(double coef);
 
   /// `factory`, or one building an OffloadedMomentsOptimizer over the same
   /// groups when offload_optimizer_state() was called. Subclasses that build
   /// their own groups (oss, sdp) call their factory through this too.
   OptimizerFactory optimizer_factory_for(const OptimizerFactory& factory) const;
 
-  /// Part of trainable parameter params()[index]: flattened elements
-  /// [offset, offset + values.numel()), `values` a 1-D view of them.
-  struct ParamPiece {
-    size_t index;
-    int64_t offset;
-    torch::Tensor values;
-  };
+  using ParamPiece = strata::ParamPiece;
   /// Parameter values this rank holds (kLoad) or writes (kSave). The base:
   /// every parameter whole (kSave: on rank 0 only).
   virtual std::vector<ParamPiece> param_pieces(StateUse use) const;
@@ -218,8 +216,13 @@ class Strategy {
   /// (each `values` IS the optimizer's tensor: its state is found by it).
   /// The base: every parameter whole (kSave: on rank 0 only).
   virtual std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const;
-  /// The global shape of params()[index] (FSDP: its data may be resharded).
-  virtual std::vector<int64_t> param_shape(size_t index) const { return params_[index].sizes().vec(); }
+  /// The global shape of params()[index], as attach() found it (FSDP's
+  /// parameters are 0-element between gathers).
+  const std::vector<int64_t>& param_shape(size_t index) const { return param_shapes_[index]; }
+
+  /// Routes full_params, model_state_bytes, report and the clip's norms and
+  /// scaling to `state` (FSDP registers itself in its constructor).
+  void set_sharded_state(ShardedState* state) { sharded_ = state; }
 
   /// What setup() does after materialising: remembers the module, moves its
   /// parameters and buffers that hold memory to device() and remembers its
@@ -239,6 +242,8 @@ class Strategy {
   TrainingModule* module_ = nullptr;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> param_names_;
+  std::vector<std::vector<int64_t>> param_shapes_;  ///< params_' shapes at attach()
+  ShardedState* sharded_ = nullptr;                 ///< set_sharded_state
   bool require_sync_ = true;
   std::shared_ptr<OffloadTier> offload_tier_;
   int64_t offload_chunk_numel_ = 0;

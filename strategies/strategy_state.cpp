@@ -1,6 +1,8 @@
 // Strategy's checkpoint state: the pieces of model and optimizer state a rank
 // holds, named independently of the strategy and the world size, so a
 // checkpoint written by any strategy loads into any other (trainer/checkpoint.h).
+// Implements the state-piece part of strategy.h (param_pieces,
+// optimizer_param_pieces, state_pieces); the piece types are in state_pieces.h.
 #include "strategies/strategy.h"
 
 #include "core/optim_state_key.h"

@@ -18,6 +18,9 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
       options_(std::move(options)),
       reshard_after_forward_(resolve_reshard_after_forward(options_)),
       grad_sync_(options_.find_unused_parameters()) {
+  // The module's tensors do not hold this rank's state between steps: the
+  // base routes full_params, model_state_bytes, report and the clip here.
+  set_sharded_state(this);
   // hybrid_shard's node size is checked now, before any collective.
   if (options_.sharding_strategy() == ShardingStrategy::kHybridShard)
     check_hybrid_node_size(options_.node_size(), world_size());
@@ -29,8 +32,30 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
 void FSDPStrategy::setup(TrainingModule& module) {
   TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
   set_up_ = true;
+  prepare_module(module);
+  // Each parameter's AccumulateGrad node, created while the unit is gathered
+  // and kept alive until grad_sync_ holds it: the node records its
+  // parameter's shape when created, and must record the full one.
+  std::vector<GradAccumulatorPtr> accumulators;
+  build_units(module, accumulators);
+  install_gradient_hooks();
+  // From here on each rank holds shards only (make_unit resharded each unit;
+  // with offload, not even those are in memory).
+  // Mixed precision: wrap units compute in param_dtype (gathered straight
+  // into a buffer of it: half the memory, nothing for autocast to cache);
+  // the root, gathered for the whole step and holding the embeddings whose
+  // outputs start the fp32 residual stream, keeps fp32 values in memory and
+  // only travels in param_dtype.
+  for (int i = 0; i < num_wrap_units_; ++i) units_[i]->set_compute_dtype(options_.param_dtype());
+  if (root_ != nullptr) root_->set_gather_dtype(options_.param_dtype());
+  module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
+    return run_unit(unit, x, forward);
+  });
+}
+
+void FSDPStrategy::prepare_module(TrainingModule& module) {
   // Not Strategy::setup: a deferred module stays deferred (no memory) until
-  // its units are built below, one at a time.
+  // its units are built, one at a time.
   attach(module);
   // Frozen parameters are not sharded (held whole): materialised whole now,
   // and broadcast with the rest of the module's state below.
@@ -46,7 +71,6 @@ void FSDPStrategy::setup(TrainingModule& module) {
   replicate_comm_ = groups.replicate;
   shard_world_ = shard_comm_.size();
   shard_rank_ = shard_comm_.rank();
-
   if (device().is_cpu()) {
     // Kept per size: at most what a step holds at once (two gathered units,
     // a full gradient, a reduction in flight with its gradient and receive
@@ -56,54 +80,58 @@ void FSDPStrategy::setup(TrainingModule& module) {
     pool_ = std::make_unique<BufferPool>(c10::GetAllocator(c10::kCPU), /*max_free_per_size=*/8,
                                          /*min_bytes=*/size_t{1} << 20);
   }
-  const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
-  // Each parameter's AccumulateGrad node, created while the unit is gathered
-  // and kept alive until grad_sync_ holds it: the node records its
-  // parameter's shape when created, and must record the full one.
-  std::vector<GradAccumulatorPtr> accumulators;
-  // Built, initialised and resharded one at a time: with a deferred module no
-  // rank ever holds more than its shards so far plus one unit's full buffer.
-  auto make_unit = [&](const std::string& unit_name, const std::vector<size_t>& members) {
-    std::vector<torch::Tensor> ps;
-    std::vector<std::string> names;
-    for (size_t k : members) {
-      ps.push_back(params()[k]);
-      names.push_back(param_names()[k]);
-    }
-    DeferredParamInit deferred;
-    deferred.device = device();
-    deferred.fill = [&](const torch::Tensor& full) {
-      for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
-      // Sync point: every rank cuts its shard from rank 0's values, as
-      // broadcast_module_state guarantees for an eager module (the module's
-      // init is seeded alike on every rank, but a rank seeded differently
-      // must not train a different model).
-      torch::Tensor buffer = full;
-      if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
-    };
-    auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
-    unit->set_buffer_pool(pool_.get());
-    for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
-    unit->reshard();
-    if (tier_ != nullptr) unit->offload(*tier_);  // before the next unit: setup never holds two units' shards in memory
-    return unit;
-  };
   if (options_.offload() != OffloadKind::kNone) {
     tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
   }
+}
+
+std::unique_ptr<FlatParam> FSDPStrategy::make_unit(TrainingModule& module, const std::string& unit_name,
+                                                   const std::vector<size_t>& members,
+                                                   std::vector<GradAccumulatorPtr>& accumulators) {
+  std::vector<torch::Tensor> ps;
+  std::vector<std::string> names;
+  for (size_t k : members) {
+    ps.push_back(params()[k]);
+    names.push_back(param_names()[k]);
+  }
+  DeferredParamInit deferred;
+  deferred.device = device();
+  deferred.fill = [&](const torch::Tensor& full) {
+    for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
+    // Sync point: every rank cuts its shard from rank 0's values, as
+    // broadcast_module_state guarantees for an eager module (the module's
+    // init is seeded alike on every rank, but a rank seeded differently
+    // must not train a different model).
+    torch::Tensor buffer = full;
+    if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
+  };
+  auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
+  unit->set_buffer_pool(pool_.get());
+  for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
+  unit->reshard();
+  if (tier_ != nullptr) unit->offload(*tier_);  // before the next unit: setup never holds two units' shards in memory
+  return unit;
+}
+
+void FSDPStrategy::build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators) {
+  const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
+  // Built, initialised and resharded one at a time: with a deferred module no
+  // rank ever holds more than its shards so far plus one unit's full buffer.
   // -1: the unit runs unwrapped (no trainable parameters, or wrap policy none).
   index_of_unit_.assign(module.wrap_units().size(), -1);
   for (size_t u = 0; u < assignment.units.size(); ++u) {
     if (assignment.units[u].empty()) continue;
     index_of_unit_[u] = static_cast<int>(units_.size());
-    units_.push_back(make_unit(assignment.unit_names[u], assignment.units[u]));
+    units_.push_back(make_unit(module, assignment.unit_names[u], assignment.units[u], accumulators));
   }
   num_wrap_units_ = static_cast<int>(units_.size());
   if (!assignment.root.empty()) {
-    units_.push_back(make_unit("root", assignment.root));
+    units_.push_back(make_unit(module, "root", assignment.root, accumulators));
     root_ = units_.back().get();
   }
+}
 
+void FSDPStrategy::install_gradient_hooks() {
   // One readiness bucket per unit, in the order backward finishes them: the
   // last wrap unit first, the root (embeddings, used first in forward) last.
   std::vector<torch::Tensor> hooked;
@@ -129,18 +157,6 @@ void FSDPStrategy::setup(TrainingModule& module) {
   // full one. Always active: under no_sync the hooks still free each unit.
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
                      [this](size_t b) { post_backward(b); }, [] { return true; });
-  // From here on each rank holds shards only (make_unit resharded each unit;
-  // with offload, not even those are in memory).
-  // Mixed precision: wrap units compute in param_dtype (gathered straight
-  // into a buffer of it: half the memory, nothing for autocast to cache);
-  // the root, gathered for the whole step and holding the embeddings whose
-  // outputs start the fp32 residual stream, keeps fp32 values in memory and
-  // only travels in param_dtype.
-  for (int i = 0; i < num_wrap_units_; ++i) units_[i]->set_compute_dtype(options_.param_dtype());
-  if (root_ != nullptr) root_->set_gather_dtype(options_.param_dtype());
-  module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
-    return run_unit(unit, x, forward);
-  });
 }
 
 std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
@@ -423,7 +439,7 @@ void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
   }
 }
 
-std::vector<torch::Tensor> FSDPStrategy::local_grad_norms() const {
+std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
   // hybrid_shard: the other nodes hold copies of node 0's shards; only node 0
   // contributes, so the world's sum counts each element once.
   if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
@@ -433,11 +449,11 @@ std::vector<torch::Tensor> FSDPStrategy::local_grad_norms() const {
   return norms;
 }
 
-void FSDPStrategy::scale_grads(double coef) {
+void FSDPStrategy::scale_shard_grads(double coef) {
   for (auto& unit : units_) unit->scale_shard_grad(coef);
 }
 
-ModelStateBytes FSDPStrategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {
+ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& optimizer) const {
   ModelStateBytes bytes;
   std::vector<torch::Tensor> frozen;  // parameters FSDP does not manage: held whole
   for (const auto& p : module().module().parameters()) {
@@ -480,16 +496,6 @@ std::vector<Strategy::ParamPiece> FSDPStrategy::optimizer_param_pieces(StateUse 
   return shard_pieces(use, /*detach=*/false);
 }
 
-std::vector<int64_t> FSDPStrategy::param_shape(size_t index) const {
-  const auto* impl = params()[index].unsafeGetTensorImpl();
-  for (const auto& unit : units_) {
-    for (size_t k = 0; k < unit->params().size(); ++k) {
-      if (unit->params()[k].unsafeGetTensorImpl() == impl) return unit->param_shape(k);
-    }
-  }
-  return Strategy::param_shape(index);
-}
-
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
   // exact: the full-precision values even under param_dtype (export, checkpoints).
@@ -497,7 +503,7 @@ FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   return FullParams(this, writeback);
 }
 
-std::shared_ptr<void> FSDPStrategy::full_params(bool writeback) {
+std::shared_ptr<void> FSDPStrategy::gather_full_params(bool writeback) {
   return std::make_shared<FullParams>(summon_full_params(writeback));
 }
 

@@ -76,7 +76,7 @@
 
 namespace strata {
 
-class FSDPStrategy : public Strategy {
+class FSDPStrategy : public Strategy, private ShardedState {
  public:
   /// limit_all_gathers: wrap units holding full parameters at once.
   static constexpr int kMaxUnitsGathered = 2;
@@ -100,13 +100,8 @@ class FSDPStrategy : public Strategy {
   void reduce_gradients() override;
   void optimizer_step(torch::optim::Optimizer& optimizer) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
-  ModelStateBytes model_state_bytes(const torch::optim::Optimizer& optimizer) const override;
   bool optimizer_sharded() const override { return shard_world_ > 1; }
-  /// summon_full_params(writeback), type-erased for the Trainer.
-  std::shared_ptr<void> full_params(bool writeback = false) override;
   std::string describe() const override;
-  /// {"max_units_gathered": max_units_gathered()}.
-  std::map<std::string, double> report() const override;
 
   const FSDPOptions& options() const { return options_; }
   /// reshard_after_forward as resolved from the options.
@@ -140,21 +135,39 @@ class FSDPStrategy : public Strategy {
   FullParams summon_full_params(bool writeback = false);
 
  protected:
-  std::vector<torch::Tensor> local_grad_norms() const override;
-  void scale_grads(double coef) override;
   /// The units' shard pieces (the optimizer's tensors), whole or resharded
   /// alike; under hybrid_shard only the first replica saves them.
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
-  std::vector<int64_t> param_shape(size_t index) const override;
 
  private:
+  // ShardedState: what the base routes here (see strategy.h).
+  /// summon_full_params(writeback), type-erased for the Trainer.
+  std::shared_ptr<void> gather_full_params(bool writeback) override;
+  ModelStateBytes held_state_bytes(const torch::optim::Optimizer& optimizer) const override;
+  /// max_units_gathered, offload and buffer-pool numbers.
+  std::map<std::string, double> sharding_report() const override;
+  std::vector<torch::Tensor> shard_grad_norms() const override;
+  void scale_shard_grads(double coef) override;
+
   struct Reduction {
     FlatParam* unit = nullptr;
     torch::Tensor input;   // the full gradient (kept alive until the collective ends)
     torch::Tensor output;  // reduce-scatter: this rank's part; all-reduce: the gradient itself
     PendingWork work;
   };
+  // setup()'s steps.
+  /// Attaches, materialises frozen parameters, broadcasts rank 0's state,
+  /// makes the shard/replicate groups, the CPU buffer pool and the tier.
+  void prepare_module(TrainingModule& module);
+  /// One FlatParam per wrap unit (and the root), each built, initialised,
+  /// resharded (and offloaded) before the next.
+  void build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators);
+  std::unique_ptr<FlatParam> make_unit(TrainingModule& module, const std::string& unit_name,
+                                       const std::vector<size_t>& members, std::vector<GradAccumulatorPtr>& accumulators);
+  /// One readiness bucket per unit, in the order backward finishes them.
+  void install_gradient_hooks();
+
   torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
   void begin_forward();
   void gather(int index);  // units_[index]

@@ -1,5 +1,5 @@
 // FSDPStrategy's reporting: describe() (printed at start by strata-gpt) and
-// report() (merged into summary.json). Kept apart from the sharding logic.
+// sharding_report() (Strategy::report, merged into summary.json). Kept apart from the sharding logic.
 #include "strategies/fsdp/fully_sharded.h"
 
 #include <sstream>
@@ -46,7 +46,7 @@ std::string FSDPStrategy::describe() const {
   return out.str();
 }
 
-std::map<std::string, double> FSDPStrategy::report() const {
+std::map<std::string, double> FSDPStrategy::sharding_report() const {
   std::map<std::string, double> numbers{{"max_units_gathered", static_cast<double>(max_units_gathered_)}};
   if (tier_ != nullptr) {
     // This rank's offloaded bytes and the I/O through them so far.

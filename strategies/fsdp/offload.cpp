@@ -14,15 +14,7 @@ int64_t element_bytes(const FlatParam& unit) { return static_cast<int64_t>(c10::
 
 FsdpOffloadedOptimizer::FsdpOffloadedOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
                                        std::vector<FlatParam*> units, OffloadTier& tier, int64_t chunk_numel)
-    : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{}, std::make_unique<torch::optim::AdamWOptions>()),
-      units_(std::move(units)),
-      tier_(tier) {
-  // The groups go in as built, not through the base constructor: LibTorch
-  // 2.x's add_param_group merges each group's options with the defaults (an
-  // SGD group against these AdamW defaults would lose its own options).
-  for (const auto& group : groups)
-    TORCH_CHECK(group.has_options(), "offload: every parameter group needs its own options (the Trainer's do)");
-  param_groups_ = std::move(groups);
+    : ExactGroupsOptimizer(std::move(groups), "offload"), units_(std::move(units)), tier_(tier) {
   TORCH_CHECK(chunk_numel > 0, "FsdpOffloadedOptimizer: chunk_numel must be > 0 (got ", chunk_numel, ")");
   // One kind of update for every group: AdamW (with torch's defaults for
   // amsgrad = false) or plain SGD, the two the Trainer builds.

@@ -24,6 +24,7 @@
 // supported yet (save()/load() raise an error saying so).
 #include "strategies/fsdp/flat_param.h"
 #include "strategies/offload_tier.h"
+#include "strategies/optimizer_factory.h"
 
 #include <torch/torch.h>
 
@@ -33,7 +34,7 @@
 
 namespace strata {
 
-class FsdpOffloadedOptimizer : public torch::optim::Optimizer {
+class FsdpOffloadedOptimizer : public ExactGroupsOptimizer {
  public:
   /// `groups`: the module's parameters with AdamWOptions or SGDOptions (no
   /// momentum); `units`: the offloaded FlatParams whose pieces they step;
