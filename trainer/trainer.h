@@ -11,6 +11,7 @@
 #include "core/precision.h"
 #include "strategies/strategy.h"
 #include "trainer/data_source.h"
+#include "trainer/lr_schedule.h"
 #include "trainer/memory.h"
 #include "core/training_module.h"
 
@@ -189,6 +190,10 @@ class Trainer {
   bool stop_requested_ = false;
   std::string stop_reason_;
 };
+
+/// The learning-rate schedule `options` give a run of `max_steps` steps:
+/// linear warmup, then a cosine to min_lr.
+WarmupCosineSchedule lr_schedule_of(const TrainerOptions& options, int64_t max_steps);
 
 /// The optimizers TrainerOptions::optimizer accepts: "adamw", "sgd".
 std::vector<std::string> optimizer_names();
