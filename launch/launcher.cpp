@@ -124,6 +124,24 @@ std::string first_line_of(const std::string& path) {
   return line;
 }
 
+/// When a rank failed, from its error file: the "time_ns=<ns since the epoch>"
+/// line record_rank_error() writes after the message (file timestamps tick
+/// every few milliseconds, too coarse to order two failures), else the file's
+/// mtime (a file written by something else).
+timespec failure_time(const std::string& path, const struct stat& st) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("time_ns=", 0) != 0) continue;
+    try {
+      const long long ns = std::stoll(line.substr(8));
+      return timespec{static_cast<time_t>(ns / 1000000000LL), static_cast<long>(ns % 1000000000LL)};
+    } catch (const std::exception&) {
+      break;
+    }
+  }
+  return st.st_mtim;
+}
+
 /// Variables the launcher sets (or, like MASTER_PORT on one machine and the
 /// torchrun agent's store flag, must not pass on): never inherited.
 const char* const kLaunchVars[] = {"RANK",
@@ -143,7 +161,7 @@ struct Rank {
   bool alive = false;
   bool signalled_by_launcher = false;  ///< we sent it SIGTERM/SIGKILL before it was reaped
   int status = 0;
-  timespec failed_at{};  ///< when it failed: its error file's mtime, else when reaped
+  timespec failed_at{};  ///< when it failed: its error file's time (failure_time), else when reaped
 };
 
 timespec now_realtime() {
@@ -193,7 +211,9 @@ std::filesystem::path make_temp_dir() {
 
 // ---------------------------------------------------------------------------
 
-int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& options) {
+namespace {
+
+void check_launch_options(const std::vector<std::string>& argv, const LaunchOptions& options) {
   TORCH_CHECK(!argv.empty(), "launch_ranks: argv is empty (argv[0] must be the executable)");
   TORCH_CHECK(options.nproc >= 1, "launch_ranks: nproc ", options.nproc, " must be >= 1");
   TORCH_CHECK(options.threads_per_rank >= 0, "launch_ranks: threads_per_rank ",
@@ -206,34 +226,35 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   TORCH_CHECK(options.nnodes == 1 || (options.master_port >= 1 && options.master_port <= 65535),
               "launch_ranks: master_port ", options.master_port, " must be in [1, 65535] with nnodes ",
               options.nnodes, ": every node's ranks meet rank 0's store at that port");
+}
+
+/// Each local rank's environment (ours minus the variables we set, plus the
+/// torchrun variables) and error file, in `dir`.
+std::vector<ChildSpec> child_specs(const std::vector<std::string>& argv, const LaunchOptions& options,
+                                   const std::filesystem::path& dir) {
   const int nproc = options.nproc;
   const int world_size = options.nnodes * nproc;
   const int first_rank = options.node_rank * nproc;
   const bool one_machine = options.nnodes == 1;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int threads = options.threads_per_rank > 0
-                          ? options.threads_per_rank
-                          : std::max(1, static_cast<int>(cores) / nproc);
-
-  // Environment shared by every rank: ours minus the variables we set.
+  const int threads = options.threads_per_rank > 0 ? options.threads_per_rank
+                                                   : std::max(1, static_cast<int>(cores) / nproc);
   std::vector<std::string> base_env;
   for (const auto& [key, value] : current_environment()) {
     if (std::find(std::begin(kLaunchVars), std::end(kLaunchVars), key) == std::end(kLaunchVars))
       base_env.push_back(key + "=" + value);
   }
-
-  RankSet set(make_temp_dir());
   // Why a FileStore on one machine: the ranks share a filesystem, so they can
   // meet without any listening socket — no port to pick (and lose to another
   // process before rank 0 binds it), nothing reachable from the network.
   // c10d's TCPStore server would listen on every interface (measured with
   // `ss -ltn`: *:PORT whatever host it is given).
-  const std::string store_file = one_machine ? (set.dir_ / "store").string() : std::string();
+  const std::string store_file = one_machine ? (dir / "store").string() : std::string();
   std::vector<ChildSpec> specs(nproc);
   for (int r = 0; r < nproc; ++r) {
     ChildSpec& s = specs[r];
     const int rank = first_rank + r;
-    s.error_file = (set.dir_ / ("rank-" + std::to_string(rank) + ".err")).string();
+    s.error_file = (dir / ("rank-" + std::to_string(rank) + ".err")).string();
     s.exec_failed_message = "cannot execute " + argv[0] + ": errno ";
     s.env_storage = base_env;
     std::vector<std::pair<std::string, std::string>> vars = {
@@ -254,26 +275,15 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
     for (auto& e : s.env_storage) s.envp.push_back(e.data());
     s.envp.push_back(nullptr);
   }
-  std::vector<std::string> argv_storage = argv;
-  std::vector<char*> child_argv;
-  for (auto& a : argv_storage) child_argv.push_back(a.data());
-  child_argv.push_back(nullptr);
+  return specs;
+}
 
-  // Installed before the first fork, so a Ctrl-C from here on is forwarded
-  // rather than killing the launcher and orphaning ranks.
-  StopSignals signals;
-  const pid_t self = ::getpid();
-  set.ranks_.resize(nproc);
-  for (int r = 0; r < nproc; ++r) {
-    const pid_t pid = ::fork();
-    TORCH_CHECK(pid >= 0, "launch_ranks: fork failed for rank ", r, " of ", nproc, ": ",
-                std::strerror(errno));  // RankSet's destructor stops those already started
-    if (pid == 0) exec_child(child_argv, specs[r], self);
-    set.ranks_[r].pid = pid;
-    set.ranks_[r].alive = true;
-  }
-
+/// Waits for every rank; when one fails (or a stop signal arrives) stops the
+/// others, SIGTERM then SIGKILL after the grace period. Returns the ranks
+/// that failed on their own, in the order they failed.
+std::vector<int> supervise(RankSet& set, const std::vector<ChildSpec>& specs, const LaunchOptions& options) {
   using Clock = std::chrono::steady_clock;
+  const int nproc = static_cast<int>(set.ranks_.size());
   std::vector<int> failed;  // ranks that failed on their own (not stopped by us)
   bool stopping = false;
   bool killed = false;
@@ -291,7 +301,6 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
     stop_all(SIGTERM);
     kill_at = Clock::now() + options.grace;
   };
-
   int alive = nproc;
   while (alive > 0) {
     // Checked before reaping, so that ranks which die from the same Ctrl-C
@@ -320,7 +329,7 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
       const bool has_error_file = ::stat(specs[r].error_file.c_str(), &st) == 0 && st.st_size > 0;
       const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !has_error_file;
       if (ok || stopped_by_us) continue;
-      rk.failed_at = has_error_file ? st.st_mtim : now_realtime();
+      rk.failed_at = has_error_file ? failure_time(specs[r].error_file, st) : now_realtime();
       failed.push_back(r);
       new_failure = true;
     }
@@ -336,12 +345,42 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
     // misses a signal; 10 ms is far below anything a user notices.
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-
   // The first rank to fail is usually the cause and the others its echo
   // ("connection reset by peer"): report in the order they failed.
   std::stable_sort(failed.begin(), failed.end(), [&](int a, int b) {
     return earlier(set.ranks_[a].failed_at, set.ranks_[b].failed_at);
   });
+  return failed;
+}
+
+}  // namespace
+
+int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& options) {
+  check_launch_options(argv, options);
+  const int nproc = options.nproc;
+  const int first_rank = options.node_rank * nproc;
+  RankSet set(make_temp_dir());
+  const std::vector<ChildSpec> specs = child_specs(argv, options, set.dir_);
+  std::vector<std::string> argv_storage = argv;
+  std::vector<char*> child_argv;
+  for (auto& a : argv_storage) child_argv.push_back(a.data());
+  child_argv.push_back(nullptr);
+
+  // Installed before the first fork, so a Ctrl-C from here on is forwarded
+  // rather than killing the launcher and orphaning ranks.
+  StopSignals signals;
+  const pid_t self = ::getpid();
+  set.ranks_.resize(nproc);
+  for (int r = 0; r < nproc; ++r) {
+    const pid_t pid = ::fork();
+    TORCH_CHECK(pid >= 0, "launch_ranks: fork failed for rank ", r, " of ", nproc, ": ",
+                std::strerror(errno));  // RankSet's destructor stops those already started
+    if (pid == 0) exec_child(child_argv, specs[r], self);
+    set.ranks_[r].pid = pid;
+    set.ranks_[r].alive = true;
+  }
+
+  const std::vector<int> failed = supervise(set, specs, options);
   for (int r : failed) {
     const int status = set.ranks_[r].status;
     std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
@@ -373,7 +412,9 @@ void record_rank_error(const std::string& message) {
     std::error_code ec;
     if (std::filesystem::file_size(path, ec) > 0 && !ec) return;
     std::ofstream out(path, std::ios::trunc);
-    out << message << "\n";
+    // The time on a line of its own: the launcher orders failures by it.
+    const timespec t = now_realtime();
+    out << message << "\ntime_ns=" << static_cast<long long>(t.tv_sec) * 1000000000LL + t.tv_nsec << "\n";
   } catch (...) {
     // Reporting an error must never raise another one.
   }

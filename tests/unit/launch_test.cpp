@@ -234,7 +234,14 @@ TEST(LaunchTest, RecordRankErrorWritesTheErrorFile) {
     strata::record_rank_error("loss is NaN at step 7");
     strata::record_rank_error("connection closed while unwinding");  // first error wins
   }
-  EXPECT_EQ(read_file(file), "loss is NaN at step 7\n");
+  // The message, then the failure time the launcher orders failures by.
+  const std::string text = read_file(file);
+  EXPECT_EQ(text.rfind("loss is NaN at step 7\ntime_ns=", 0), 0u) << text;
+  const long long ns = std::stoll(text.substr(text.find("time_ns=") + 8));
+  const long long now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_LE(now - ns, 60LL * 1000000000LL) << "a time_ns from the last minute";
+  EXPECT_GE(now, ns);
   ::unsetenv("STRATA_ERROR_FILE");
   EXPECT_EQ(strata::rank_error_file(), "");
   strata::record_rank_error("goes nowhere");  // must not throw
@@ -369,12 +376,14 @@ TEST(LaunchTest, EchoFailuresAreReportedAfterTheRootCause) {
       // Rank 1 fails only once rank 0 has installed its trap (a marker file),
       // or SIGTERM could reach rank 0 first under load; rank 0 fails only
       // once rank 1's error is written (a second marker): the order is the
-      // scripts', whatever the load.
+      // scripts', whatever the load. Each writes its failure time as
+      // record_rank_error does (time_ns=...): the files' mtimes tick every
+      // few milliseconds and could not order two failures this close.
       sh("dir=\"$(dirname \"$STRATA_ERROR_FILE\")\"; "
          "if [ \"$RANK\" = 1 ]; then while [ ! -e \"$dir/trap-set\" ]; do sleep 0.01; done; "
-         "echo 'root cause' > \"$STRATA_ERROR_FILE\"; touch \"$dir/root-written\"; exit 3; fi; "
+         "printf 'root cause\\ntime_ns=%s\\n' $(date +%s%N) > \"$STRATA_ERROR_FILE\"; touch \"$dir/root-written\"; exit 3; fi; "
          "trap '' TERM; touch \"$dir/trap-set\"; while [ ! -e \"$dir/root-written\" ]; do sleep 0.01; done; "
-         "echo 'peer went away' > \"$STRATA_ERROR_FILE\"; exit 4"),
+         "printf 'peer went away\\ntime_ns=%s\\n' $(date +%s%N) > \"$STRATA_ERROR_FILE\"; exit 4"),
       opts);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
