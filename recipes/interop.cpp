@@ -106,171 +106,209 @@ uint32_t le32(const std::string& s, size_t i) {
   return v;
 }
 
-/// The pickle with OrderedDicts made plain dicts (above); nullopt when it uses
-/// an opcode this does not know (the pickle is then left to the unpickler).
-std::optional<std::string> plain_dict_pickle(const std::string& in) {
-  struct Item {
-    size_t start;     // where the object's opcodes begin in `out`
-    bool mark;        // a MARK, not an object
-    bool ordered;     // an OrderedDict (now a dict)
-  };
-  std::string out;
-  out.reserve(in.size() + 64);
-  std::vector<Item> stack;
-  std::set<uint32_t> class_memo;  // memo slots holding the OrderedDict class
-  int pending = 0;                // 1: the class was pushed (dropped); 2: and its empty args
-  auto pop = [&stack](size_t n) -> std::optional<Item> {
-    if (stack.size() < n) return std::nullopt;
-    Item first = stack[stack.size() - n];
-    stack.resize(stack.size() - n);
-    return first;
-  };
-  auto pop_to_mark = [&stack]() -> std::optional<size_t> {
-    while (!stack.empty() && !stack.back().mark) stack.pop_back();
-    if (stack.empty()) return std::nullopt;
-    const size_t start = stack.back().start;
-    stack.pop_back();
-    return start;
-  };
-  size_t i = 0;
-  while (i < in.size()) {
-    const size_t op_pos = i;
-    const auto op = static_cast<unsigned char>(in[i++]);
-    size_t arg = 0;
-    switch (op) {
-      case 0x80: case 'q': case 'h': case 'K': arg = 1; break;      // PROTO, BINPUT, BINGET, BININT1
-      case 'r': case 'j': case 'J': arg = 4; break;                 // LONG_BINPUT, LONG_BINGET, BININT
-      case 'M': arg = 2; break;                                     // BININT2
-      case 'G': arg = 8; break;                                     // BINFLOAT
-      case 0x8a: case 'U': case 'C':                                // LONG1, SHORT_BINSTRING, SHORT_BINBYTES
-        if (i >= in.size()) return std::nullopt;
-        arg = 1 + static_cast<unsigned char>(in[i]);
-        break;
-      case 'X': case 'T': case 'B':                                 // BINUNICODE, BINSTRING, BINBYTES
-        if (i + 4 > in.size()) return std::nullopt;
-        arg = 4 + le32(in, i);
-        break;
-      case 'c': {                                                   // GLOBAL: module\nname\n
-        const size_t a = in.find('\n', i);
-        const size_t b = a == std::string::npos ? a : in.find('\n', a + 1);
-        if (b == std::string::npos) return std::nullopt;
-        arg = b + 1 - i;
-        break;
-      }
-      case '(': case ')': case ']': case '}': case 'N': case 0x88: case 0x89: case 't': case 'l': case 'd':
-      case 0x85: case 0x86: case 0x87: case 'e': case 'u': case 'a': case 's': case 'R': case 'b': case 0x81:
-      case 'Q': case '.': case '0': case '1': case '2':
-        break;
-      default:
-        return std::nullopt;
+/// Bytes of the argument opcode `op` reads at `in[i]`; nullopt for an opcode
+/// plain_dict_pickle does not know, or a truncated pickle.
+std::optional<size_t> argument_bytes(unsigned char op, const std::string& in, size_t i) {
+  switch (op) {
+    case 0x80: case 'q': case 'h': case 'K': return 1;              // PROTO, BINPUT, BINGET, BININT1
+    case 'r': case 'j': case 'J': return 4;                         // LONG_BINPUT, LONG_BINGET, BININT
+    case 'M': return 2;                                             // BININT2
+    case 'G': return 8;                                             // BINFLOAT
+    case 0x8a: case 'U': case 'C':                                  // LONG1, SHORT_BINSTRING, SHORT_BINBYTES
+      if (i >= in.size()) return std::nullopt;
+      return 1 + static_cast<unsigned char>(in[i]);
+    case 'X': case 'T': case 'B':                                   // BINUNICODE, BINSTRING, BINBYTES
+      if (i + 4 > in.size()) return std::nullopt;
+      return 4 + le32(in, i);
+    case 'c': {                                                     // GLOBAL: module\nname\n
+      const size_t a = in.find('\n', i);
+      const size_t b = a == std::string::npos ? a : in.find('\n', a + 1);
+      if (b == std::string::npos) return std::nullopt;
+      return b + 1 - i;
     }
-    if (i + arg > in.size()) return std::nullopt;
-    const std::string_view args(in.data() + i, arg);
-    i += arg;
-    const size_t here = out.size();
+    case '(': case ')': case ']': case '}': case 'N': case 0x88: case 0x89: case 't': case 'l': case 'd':
+    case 0x85: case 0x86: case 0x87: case 'e': case 'u': case 'a': case 's': case 'R': case 'b': case 0x81:
+    case 'Q': case '.': case '0': case '1': case '2':
+      return 0;
+    default:
+      return std::nullopt;
+  }
+}
+
+/// plain_dict_pickle's state: the output so far and a model of the
+/// unpickler's stack (where each object's opcodes start in `out`).
+class PlainDictRewriter {
+ public:
+  explicit PlainDictRewriter(const std::string& in) : in_(in) { out_.reserve(in.size() + 64); }
+
+  /// Copies or rewrites the opcode at `op_pos` (its argument bytes `args`);
+  /// false when the pickle does something this does not model.
+  bool step(unsigned char op, size_t op_pos, std::string_view args) {
     const bool is_put = op == 'q' || op == 'r';
-    if (pending == 1 && !(is_put || op == ')')) return std::nullopt;  // OrderedDict(...) with arguments
-    if (pending == 2 && op != 'R') return std::nullopt;
+    if (pending_ == 1 && !(is_put || op == ')')) return false;  // OrderedDict(...) with arguments
+    if (pending_ == 2 && op != 'R') return false;
     bool emit = true;
+    const std::optional<bool> special = ordered_dict_op(op, op_pos, args, emit);
+    if (!(special ? *special : stack_op(op, emit))) return false;
+    if (emit) out_.append(in_, op_pos, 1 + args.size());
+    return true;
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  struct Item {
+    size_t start;  // where the object's opcodes begin in `out_`
+    bool mark;     // a MARK, not an object
+    bool ordered;  // an OrderedDict (now a dict)
+  };
+
+  std::optional<Item> pop(size_t n) {
+    if (stack_.size() < n) return std::nullopt;
+    Item first = stack_[stack_.size() - n];
+    stack_.resize(stack_.size() - n);
+    return first;
+  }
+  std::optional<size_t> pop_to_mark() {
+    while (!stack_.empty() && !stack_.back().mark) stack_.pop_back();
+    if (stack_.empty()) return std::nullopt;
+    const size_t start = stack_.back().start;
+    stack_.pop_back();
+    return start;
+  }
+
+  /// The opcodes that build objects (GLOBAL, memo, REDUCE/NEWOBJ, BUILD):
+  /// where an OrderedDict is dropped and a dict emitted instead;
+  /// nullopt when `op` is not one of them, else whether the pickle is well formed.
+  std::optional<bool> ordered_dict_op(unsigned char op, size_t op_pos, std::string_view args, bool& emit) {
+    const size_t here = out_.size();
     switch (op) {
       case 'c':
         if (args == "collections\nOrderedDict\n") {
           emit = false;
-          pending = 1;
+          pending_ = 1;
         }
-        stack.push_back({here, false, false});
-        break;
+        stack_.push_back({here, false, false});
+        return true;
       case 'q': case 'r':
-        if (pending == 1) {  // memoizes the (dropped) class
-          class_memo.insert(op == 'q' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1));
+        if (pending_ == 1) {  // memoizes the (dropped) class
+          class_memo_.insert(op == 'q' ? static_cast<unsigned char>(args[0]) : le32(in_, op_pos + 1));
           emit = false;
         }
-        break;
+        return true;
       case 'h': case 'j': {
-        const uint32_t slot = op == 'h' ? static_cast<unsigned char>(args[0]) : le32(in, op_pos + 1);
-        if (class_memo.count(slot)) {
+        const uint32_t slot = op == 'h' ? static_cast<unsigned char>(args[0]) : le32(in_, op_pos + 1);
+        if (class_memo_.count(slot)) {
           emit = false;
-          pending = 1;
+          pending_ = 1;
         }
-        stack.push_back({here, false, false});
-        break;
+        stack_.push_back({here, false, false});
+        return true;
       }
       case ')':
-        if (pending == 1) {
+        if (pending_ == 1) {
           emit = false;
-          pending = 2;
+          pending_ = 2;
         }
-        stack.push_back({here, false, false});
-        break;
+        stack_.push_back({here, false, false});
+        return true;
       case 'R': case 0x81: {
         auto first = pop(2);
-        if (!first) return std::nullopt;
-        const bool ordered = pending == 2;
+        if (!first) return false;
+        const bool ordered = pending_ == 2;
         if (ordered) {
-          out.push_back('}');
+          out_.push_back('}');
           emit = false;
-          pending = 0;
+          pending_ = 0;
         }
-        stack.push_back({first->start, false, ordered});
-        break;
+        stack_.push_back({first->start, false, ordered});
+        return true;
       }
       case 'b': {
         auto state = pop(1);
-        if (!state || stack.empty()) return std::nullopt;
-        if (stack.back().ordered) {
+        if (!state || stack_.empty()) return false;
+        if (stack_.back().ordered) {
           // obj state BUILD -> obj key state SETITEM
           const std::string key(kPickleStateKey);
           std::string put = "X";
           for (int b = 0; b < 4; ++b) put.push_back(static_cast<char>((key.size() >> (8 * b)) & 0xff));
-          out.insert(state->start, "(" + put + key);
-          out.push_back('u');
+          out_.insert(state->start, "(" + put + key);
+          out_.push_back('u');
           emit = false;
         }
-        break;
+        return true;
       }
+      default:
+        return std::nullopt;
+    }
+  }
+
+  /// The other opcodes: the stack model only, plus APPEND/SETITEM rewritten
+  /// as their MARK ... APPENDS/SETITEMS forms.
+  bool stack_op(unsigned char op, bool& emit) {
+    const size_t here = out_.size();
+    switch (op) {
       case '(':
-        stack.push_back({here, true, false});
-        break;
+        stack_.push_back({here, true, false});
+        return true;
       case 't': case 'l': case 'd': {
         auto start = pop_to_mark();
-        if (!start) return std::nullopt;
-        stack.push_back({*start, false, false});
-        break;
+        if (!start) return false;
+        stack_.push_back({*start, false, false});
+        return true;
       }
       case 0x85: case 0x86: case 0x87: {
         auto first = pop(op - 0x84);
-        if (!first) return std::nullopt;
-        stack.push_back({first->start, false, false});
-        break;
+        if (!first) return false;
+        stack_.push_back({first->start, false, false});
+        return true;
       }
       case 'e': case 'u': case '1':
-        if (!pop_to_mark()) return std::nullopt;
-        break;
+        return pop_to_mark().has_value();
       case 'a': case 's': {
         // APPEND / SETITEM, which the unpickler lacks: MARK item(s) APPENDS / SETITEMS.
         auto first = pop(op == 'a' ? 1 : 2);
-        if (!first) return std::nullopt;
-        out.insert(first->start, "(");
-        out.push_back(op == 'a' ? 'e' : 'u');
+        if (!first) return false;
+        out_.insert(first->start, "(");
+        out_.push_back(op == 'a' ? 'e' : 'u');
         emit = false;
-        break;
+        return true;
       }
       case '0':
-        if (!pop(1)) return std::nullopt;
-        break;
+        return pop(1).has_value();
       case '2':
-        if (stack.empty()) return std::nullopt;
-        stack.push_back({here, false, stack.back().ordered});
-        break;
+        if (stack_.empty()) return false;
+        stack_.push_back({here, false, stack_.back().ordered});
+        return true;
       case 'Q': case 0x80: case '.':
-        break;
+        return true;
       default:  // an object pushed by the opcode itself
-        stack.push_back({here, false, false});
-        break;
+        stack_.push_back({here, false, false});
+        return true;
     }
-    if (emit) out.append(in, op_pos, 1 + arg);
   }
-  return out;
+
+  const std::string& in_;
+  std::string out_;
+  std::vector<Item> stack_;
+  std::set<uint32_t> class_memo_;  // memo slots holding the OrderedDict class
+  int pending_ = 0;                // 1: the class was pushed (dropped); 2: and its empty args
+};
+
+/// The pickle with OrderedDicts made plain dicts (above); nullopt when it uses
+/// an opcode this does not know (the pickle is then left to the unpickler).
+std::optional<std::string> plain_dict_pickle(const std::string& in) {
+  PlainDictRewriter rewriter(in);
+  size_t i = 0;
+  while (i < in.size()) {
+    const size_t op_pos = i;
+    const auto op = static_cast<unsigned char>(in[i++]);
+    const auto arg = argument_bytes(op, in, i);
+    if (!arg || i + *arg > in.size()) return std::nullopt;
+    const std::string_view args(in.data() + i, *arg);
+    i += *arg;
+    if (!rewriter.step(op, op_pos, args)) return std::nullopt;
+  }
+  return rewriter.take();
 }
 
 /// A torch.save zip archive whose data.pkl went through plain_dict_pickle();
