@@ -230,6 +230,82 @@ Suite sweep_from(const CliOptions& cli) {
                         .device(cli.device));
 }
 
+/// The run's options from the command line; exit-2 errors for bad values.
+RunOptions run_options_of(const CliOptions& cli, const std::vector<Suite>& suites, const std::vector<BenchCase>& cases) {
+  bool only_smoke = !cli.sweep;
+  for (const auto& s : suites) only_smoke &= s.name == "smoke";
+  RunOptions options(cli.gpt.empty() ? default_gpt_binary() : cli.gpt, cli.work_dir);
+  options.repeats = cli.repeats.value_or(only_smoke || cli.sweep ? 1 : 3);
+  options.case_timeout_s = cli.case_timeout_s;
+  options.inject_regression = cli.inject_regression;
+  TORCH_CHECK_VALUE(options.repeats >= 1, "--repeats must be >= 1, got ", options.repeats);
+  TORCH_CHECK_VALUE(cli.case_timeout_s > 0, "--case-timeout must be > 0 seconds, got ", cli.case_timeout_s);
+  if (!cli.inject_regression.empty()) {
+    bool known = false;
+    for (const auto& c : cases) known |= c.name == cli.inject_regression;
+    TORCH_CHECK_VALUE(known, "--inject-regression '", cli.inject_regression, "' names no selected case");
+  }
+  return options;
+}
+
+void list_cases(const std::vector<BenchCase>& cases, const RunOptions& options) {
+  for (const auto& c : cases) {
+    std::cout << c.name << (c.reference.empty() ? "" : " (vs " + c.reference + ")")
+              << (c.skip_reason.empty() ? "" : " (skipped: " + c.skip_reason + ")") << "\n ";
+    for (const auto& arg : gpt_command(c, options.gpt_binary, "<generated-text>", "<out>")) std::cout << " " << arg;
+    std::cout << "\n";
+  }
+}
+
+/// The report: Markdown on stdout (and --markdown), --out's files, --write-baseline.
+void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, const std::vector<CaseResult>& results,
+                   const std::vector<CaseRun>& runs, const ReportHeader& header) {
+  std::string markdown = render_markdown(suites, results, header);
+  markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
+  bool planner = false;
+  for (const auto& s : suites) planner |= s.name == "planner";
+  if (planner) markdown += planner_markdown(runs);
+  std::cout << markdown << std::flush;
+  if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
+  if (!cli.out_dir.empty()) {
+    const fs::path out(cli.out_dir);
+    write_text((out / "results.md").string(), markdown, "--out");
+    std::string lines;
+    for (const auto& r : results) lines += case_record(r, header).dump() + "\n";
+    write_text((out / "results.jsonl").string(), lines, "--out");
+    const ChartFiles charts = write_charts(results, cli.out_dir);
+    if (!charts.note.empty()) std::cerr << "note: " << charts.note << std::endl;
+    std::cerr << "wrote " << (out / "results.md").string() << ", results.jsonl, runs.jsonl";
+    for (const auto& f : charts.written) std::cerr << ", " << fs::path(f).filename().string();
+    std::cerr << std::endl;
+  }
+  if (!cli.write_baseline_path.empty()) {
+    write_text(cli.write_baseline_path, baseline_text(results), "--write-baseline");
+    std::cerr << "wrote baseline " << cli.write_baseline_path << std::endl;
+  }
+}
+
+/// Exit code: 1 when a case failed or the gate found a regression.
+int gate(const CliOptions& cli, const std::vector<CaseResult>& results,
+         const std::map<std::string, BaselineEntry>& baseline) {
+  int failed = 0;
+  for (const auto& r : results) failed += r.status == "failed";
+  if (failed > 0) std::cerr << failed << " case(s) failed (see above)" << std::endl;
+  if (cli.baseline_path.empty()) return failed > 0 ? 1 : 0;
+  const auto regressions = compare_to_baseline(results, baseline, cli.gate);
+  if (!regressions.empty()) {
+    std::cerr << "\nregression gate FAILED against " << cli.baseline_path << ": " << regressions.size()
+              << " check(s) moved\n\n"
+              << render_regressions(regressions) << std::endl;
+    for (const auto& r : regressions) std::cerr << r.message() << std::endl;
+    return 1;
+  }
+  std::cerr << "regression gate passed against " << cli.baseline_path << " (memory +"
+            << cli.gate.max_memory_growth * 100 << "%, bytes sent exact, tokens/s ÷ ref -"
+            << cli.gate.max_ratio_drop * 100 << "%)" << std::endl;
+  return failed > 0 ? 1 : 0;
+}
+
 int run(const CliOptions& cli) {
   // ---- Everything that can be wrong with the input, before any case runs (exit 2). ----
   SuiteRegistry registry;
@@ -237,25 +313,9 @@ int run(const CliOptions& cli) {
   // Suites defined in other files register here: register_<name>_suite(registry).
   const std::vector<Suite> suites = cli.sweep ? std::vector<Suite>{sweep_from(cli)} : registry.select(cli.suites);
   const std::vector<BenchCase> cases = all_cases(suites);
-  bool only_smoke = !cli.sweep;
-  for (const auto& s : suites) only_smoke &= s.name == "smoke";
-  RunOptions run_options(cli.gpt.empty() ? default_gpt_binary() : cli.gpt, cli.work_dir);
-  run_options.repeats = cli.repeats.value_or(only_smoke || cli.sweep ? 1 : 3);
-  run_options.case_timeout_s = cli.case_timeout_s;
-  run_options.inject_regression = cli.inject_regression;
-  TORCH_CHECK_VALUE(run_options.repeats >= 1, "--repeats must be >= 1, got ", run_options.repeats);
-  TORCH_CHECK_VALUE(cli.case_timeout_s > 0, "--case-timeout must be > 0 seconds, got ", cli.case_timeout_s);
-  if (!cli.inject_regression.empty()) {
-    bool known = false;
-    for (const auto& c : cases) known |= c.name == cli.inject_regression;
-    TORCH_CHECK_VALUE(known, "--inject-regression '", cli.inject_regression, "' names no selected case");
-  }
+  const RunOptions run_options = run_options_of(cli, suites, cases);
   if (cli.list) {
-    for (const auto& c : cases) {
-      std::cout << c.name << (c.skip_reason.empty() ? "" : " (skipped: " + c.skip_reason + ")") << "\n ";
-      for (const auto& arg : gpt_command(c, run_options.gpt_binary, "<generated-text>", "<out>")) std::cout << " " << arg;
-      std::cout << "\n";
-    }
+    list_cases(cases, run_options);
     return 0;
   }
   if (cli.from_json.empty())
@@ -281,6 +341,7 @@ int run(const CliOptions& cli) {
     TORCH_CHECK_VALUE(json.good(), "--json file '", json_path, "' cannot be written");
   }
 
+  // ---- Run (or re-read), report, gate. ----
   if (!cli.from_json.empty()) {
     if (json.is_open())
       for (const auto& run : runs) json << run_record(run, header).dump() << "\n";
@@ -292,60 +353,13 @@ int run(const CliOptions& cli) {
     runs = run_cases(cases, run_options, cli.keep_work_dir, header, json);
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
-
-  std::string markdown = render_markdown(suites, results, header);
-  markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
-  bool planner = false;
-  for (const auto& s : suites) planner |= s.name == "planner";
-  if (planner) markdown += planner_markdown(runs);
-  std::cout << markdown << std::flush;
-  if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
-  if (!cli.out_dir.empty()) {
-    const fs::path out(cli.out_dir);
-    write_text((out / "results.md").string(), markdown, "--out");
-    std::string lines;
-    for (const auto& r : results) lines += case_record(r, header).dump() + "\n";
-    write_text((out / "results.jsonl").string(), lines, "--out");
-    const ChartFiles charts = write_charts(results, cli.out_dir);
-    if (!charts.note.empty()) std::cerr << "note: " << charts.note << std::endl;
-    std::cerr << "wrote " << (out / "results.md").string() << ", results.jsonl, runs.jsonl";
-    for (const auto& f : charts.written) std::cerr << ", " << fs::path(f).filename().string();
-    std::cerr << std::endl;
-  }
-  if (!cli.write_baseline_path.empty()) {
-    write_text(cli.write_baseline_path, baseline_text(results), "--write-baseline");
-    std::cerr << "wrote baseline " << cli.write_baseline_path << std::endl;
-  }
-  int failed = 0;
-  for (const auto& r : results) failed += r.status == "failed";
-  if (failed > 0) std::cerr << failed << " case(s) failed (see above)" << std::endl;
-
-  if (cli.baseline_path.empty()) return failed > 0 ? 1 : 0;
-  const auto regressions = compare_to_baseline(results, baseline, cli.gate);
-  if (!regressions.empty()) {
-    std::cerr << "\nregression gate FAILED against " << cli.baseline_path << ": " << regressions.size()
-              << " check(s) moved\n\n"
-              << render_regressions(regressions) << std::endl;
-    for (const auto& r : regressions) std::cerr << r.message() << std::endl;
-    return 1;
-  }
-  std::cerr << "regression gate passed against " << cli.baseline_path << " (memory +"
-            << cli.gate.max_memory_growth * 100 << "%, bytes sent exact, tokens/s ÷ ref -"
-            << cli.gate.max_ratio_drop * 100 << "%)" << std::endl;
-  return failed > 0 ? 1 : 0;
+  write_reports(cli, suites, results, runs, header);
+  return gate(cli, results, baseline);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // The checkpoint suite runs in-process on its own ranks (checkpoint_bench.h).
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--suite=checkpoint" || (a == "--suite" && i + 1 < argc && std::string(argv[i + 1]) == "checkpoint")) {
-      return run_checkpoint_suite(argc, argv);
-    }
-  }
-  CliOptions cli;
+/// Reads the command line (and --sweep-config) into `cli`; an exit code when
+/// strata-bench should stop here (--help: 0, bad input: 2).
+std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
   int repeats = 0;
   std::string suites_help = "comma-separated suites: ";
   {
@@ -430,5 +444,20 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "; see --help" << std::endl;
     return 2;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The checkpoint suite runs in-process on its own ranks (checkpoint_bench.h).
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--suite=checkpoint" || (a == "--suite" && i + 1 < argc && std::string(argv[i + 1]) == "checkpoint")) {
+      return run_checkpoint_suite(argc, argv);
+    }
+  }
+  CliOptions cli;
+  if (const auto code = parse_cli(argc, argv, cli)) return *code;
   return exit_code_of([&] { return run(cli); });
 }

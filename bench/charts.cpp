@@ -2,7 +2,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,15 +17,6 @@ namespace strata::bench {
 namespace fs = std::filesystem;
 
 namespace {
-
-/// The case name without its suite: "gpt-mini/fsdp-2x1".
-std::string label(const CaseResult& r) {
-  const std::string& n = r.bench_case.name;
-  const auto slash = n.find('/');
-  return slash == std::string::npos ? n : n.substr(slash + 1);
-}
-
-double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
 /// Output of a shell command and its exit status.
 int capture(const std::string& command, std::string* out) {
@@ -46,68 +42,144 @@ void write_file(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-std::string tokens_chart_data(const std::vector<CaseResult>& results) {
-  std::ostringstream out;
-  out << "# case median_tokens_per_s min max (all ranks, over repeats)\n";
-  for (const auto& r : results) {
-    if (r.runs == 0) continue;
-    out << '"' << label(r) << "\" " << r.tokens_per_s.median << " " << r.tokens_per_s.min << " "
-        << r.tokens_per_s.max << "\n";
+namespace {
+
+/// What sets a case apart from its strategy within a preset: precision,
+/// activation checkpointing and offload ("fp32", "bf16 + ac1", "fp32 + offload disk").
+std::string variant_of(const BenchCase& c) {
+  std::string v = c.precision == "bf16-mixed" || c.precision == "bf16" ? "bf16" : "fp32";
+  for (size_t i = 0; i + 1 < c.extra.size(); ++i) {
+    if (c.extra[i] == "--activation-checkpointing" && c.extra[i + 1] != "0") v += " + ac" + c.extra[i + 1];
+    if (c.extra[i] == "--offload" && c.extra[i + 1] != "none") v += " + offload " + c.extra[i + 1];
   }
-  return out.str();
+  return v;
 }
 
-std::string memory_chart_data(const std::vector<CaseResult>& results) {
-  std::ostringstream out;
-  out << "# case/rank params grads optimizer activations_other (MiB, at the rank's peak)\n";
+/// The rest of a case's shape, which a ratio must hold fixed: world size,
+/// threads, batch, block, and any other flag (a model override such as
+/// --n-embd 384, a kernel choice).
+std::string shape_of(const BenchCase& c) {
+  std::string shape = std::to_string(c.nproc) + "x" + std::to_string(c.threads_per_rank) + " b" +
+                      std::to_string(c.batch_size) + " t" + std::to_string(c.block_size);
+  for (size_t i = 0; i < c.extra.size(); ++i) {
+    const bool variant_flag = c.extra[i] == "--activation-checkpointing" || c.extra[i] == "--offload";
+    if (variant_flag) {
+      ++i;  // its value
+      continue;
+    }
+    shape += " " + c.extra[i];
+  }
+  return shape;
+}
+
+const std::vector<std::string>& strategy_order() {
+  static const std::vector<std::string> order = {"single", "ddp", "oss", "sdp", "fsdp"};
+  return order;
+}
+
+/// A cell's value for `metric`; nullopt when unknown.
+std::optional<double> metric_of(const CaseResult& r, ChartMetric metric) {
+  if (metric == ChartMetric::kTokensPerS) {
+    const double v = comparable_tokens_per_s(r);
+    return v > 0 ? std::optional<double>(v) : std::nullopt;
+  }
+  return r.peak_tensor_bytes_max > 0 ? std::optional<double>(double(r.peak_tensor_bytes_max)) : std::nullopt;
+}
+
+}  // namespace
+
+PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric) {
+  PanelChart chart;
+  // (variant, preset, shape) -> strategy -> value; the order of first appearance.
+  std::map<std::tuple<std::string, std::string, std::string>, std::map<std::string, double>> cells;
   for (const auto& r : results) {
-    if (r.runs == 0) continue;
-    for (const RankResult& k : r.ranks) {
-      out << '"' << label(r) << " r" << k.rank << "\" " << mib(k.params.value_or(0)) << " "
-          << mib(k.grads.value_or(0)) << " " << mib(k.optimizer.value_or(0)) << " "
-          << mib(k.activations_other.value_or(0)) << "\n";
+    if (r.runs == 0 || r.status != "ok") continue;
+    const auto value = metric_of(r, metric);
+    if (!value) continue;
+    const BenchCase& c = r.bench_case;
+    const std::string variant = variant_of(c);
+    if (std::find(chart.panels.begin(), chart.panels.end(), variant) == chart.panels.end()) chart.panels.push_back(variant);
+    if (std::find(chart.strategies.begin(), chart.strategies.end(), c.strategy) == chart.strategies.end())
+      chart.strategies.push_back(c.strategy);
+    cells[{variant, c.preset, shape_of(c)}][c.strategy] = *value;
+  }
+  // Bars in a fixed strategy order (so a strategy keeps its colour), others after.
+  std::vector<std::string> ordered;
+  for (const auto& s : strategy_order())
+    if (std::find(chart.strategies.begin(), chart.strategies.end(), s) != chart.strategies.end()) ordered.push_back(s);
+  for (const auto& s : chart.strategies)
+    if (std::find(ordered.begin(), ordered.end(), s) == ordered.end()) ordered.push_back(s);
+  chart.strategies = ordered;
+  // Rows are named by preset alone when every case has the same shape.
+  std::set<std::string> shapes;
+  for (const auto& [key, unused] : cells) shapes.insert(std::get<2>(key));
+  const bool one_shape = shapes.size() <= 1;
+  chart.long_labels = !one_shape;
+  std::ostringstream out;
+  if (one_shape && !shapes.empty()) out << "# every case: " << *shapes.begin() << "\n";
+  out << "# one block per panel (variant); rows: preset (and shape); columns: each strategy's "
+      << (metric == ChartMetric::kTokensPerS ? "tokens/s" : "peak tensor bytes per rank")
+      << " divided by ddp's in the same row ('?' = no such case; a row without ddp is divided by its first strategy)\n";
+  for (size_t p = 0; p < chart.panels.size(); ++p) {
+    if (p > 0) out << "\n\n";
+    out << "# panel " << p << ": " << chart.panels[p] << "\n\"preset\"";
+    for (const auto& s : chart.strategies) out << " \"" << s << "\"";
+    out << "\n";
+    for (const auto& [key, by_strategy] : cells) {
+      if (std::get<0>(key) != chart.panels[p]) continue;
+      const auto ddp = by_strategy.find("ddp");
+      double base = ddp != by_strategy.end() ? ddp->second : 0.0;
+      for (const auto& s : chart.strategies) {
+        if (base > 0) break;
+        if (const auto it = by_strategy.find(s); it != by_strategy.end()) base = it->second;
+      }
+      out << '"' << std::get<1>(key) << (one_shape ? "" : " (" + std::get<2>(key) + ")") << '"';
+      for (const auto& s : chart.strategies) {
+        const auto it = by_strategy.find(s);
+        if (it == by_strategy.end() || base <= 0) {
+          out << " ?";
+        } else {
+          out << " " << it->second / base;
+        }
+      }
+      out << "\n";
     }
   }
-  return out.str();
+  chart.data = out.str();
+  return chart;
 }
 
-std::string tokens_chart_script(const std::string& dat, const std::string& png, const std::string& terminal) {
+std::string panel_chart_script(const PanelChart& chart, const std::string& dat, const std::string& png,
+                               const std::string& terminal, const std::string& title) {
+  const size_t panels = std::max<size_t>(1, chart.panels.size());
+  const size_t cols = std::min<size_t>(panels, 4), rows = (panels + cols - 1) / cols;
+  static const char* palette = "#4477aa #ee6677 #228833 #ccbb44 #66ccee #aa3377 #bbbbbb";
   std::ostringstream out;
-  out << "set terminal " << terminal << " size 1400,700 font ',10'\n"
+  out << "set terminal " << terminal << " size " << (chart.long_labels ? 480 : 380) * cols << ","
+      << (chart.long_labels ? 420 : 320) * rows + 110 << " font ',10'\n"
       << "set output '" << png << "'\n"
-      << "set title 'tokens/s per case (all ranks; bar: median, whiskers: min-max over repeats)'\n"
+      << "set datafile missing '?'\n"
       << "set style data histograms\n"
-      << "set style histogram errorbars gap 1 lw 1\n"
-      << "set style fill solid 0.7 border -1\n"
-      << "set boxwidth 0.8\n"
-      << "set ylabel 'tokens/s'\n"
+      << "set style histogram clustered gap 1\n"
+      << "set style fill solid 0.85 border -1\n"
+      << "set boxwidth 0.9\n"
       << "set yrange [0:*]\n"
       << "set grid ytics\n"
-      << "set key off\n"
-      << "set xtics rotate by -40 scale 0 font ',8'\n"
-      << "set bmargin 14\n"
-      << "plot '" << dat << "' using 2:3:4:xtic(1) lc rgb '#4477aa'\n";
-  return out.str();
-}
-
-std::string memory_chart_script(const std::string& dat, const std::string& png, const std::string& terminal) {
-  std::ostringstream out;
-  out << "set terminal " << terminal << " size 1400,700 font ',10'\n"
-      << "set output '" << png << "'\n"
-      << "set title 'tensor memory per rank at its peak, by category (MiB)'\n"
-      << "set style data histograms\n"
-      << "set style histogram rowstacked\n"
-      << "set style fill solid 0.8 border -1\n"
-      << "set boxwidth 0.8\n"
-      << "set ylabel 'MiB'\n"
-      << "set yrange [0:*]\n"
-      << "set grid ytics\n"
-      << "set key outside right top\n"
-      << "set xtics rotate by -40 scale 0 font ',8'\n"
-      << "set bmargin 14\n"
-      << "plot '" << dat << "' using 2:xtic(1) title 'params' lc rgb '#4477aa', "
-      << "'' using 3 title 'grads' lc rgb '#ee6677', '' using 4 title 'optimizer' lc rgb '#228833', "
-      << "'' using 5 title 'activations+other' lc rgb '#ccbb44'\n";
+      << (chart.long_labels ? "set xtics scale 0 font ',8' rotate by -35\n" : "set xtics scale 0 font ',9'\n")
+      << "set ylabel 'ratio to ddp'\n"
+      << "colors = '" << palette << "'\n"
+      << "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'\n"
+      // The legend once, between the title and the panels.
+      << "set multiplot layout " << rows << "," << cols << " title '" << title << "' margins 0.07,0.98,"
+      << (chart.long_labels ? "0.2" : "0.07") << ",0.84 spacing 0.07,0.14\n";
+  const size_t columns = chart.strategies.size() + 1;
+  for (size_t p = 0; p < chart.panels.size(); ++p) {
+    out << "set title '" << chart.panels[p] << "'\n";
+    out << (p == 0 ? "set key at screen 0.5, screen 0.935 center top horizontal font ',9'\n" : "unset key\n");
+    out << "plot for [i=2:" << columns << "] '" << dat << "' index " << p
+        << " using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)\n";
+  }
+  out << "unset multiplot\n";
   return out.str();
 }
 
@@ -121,18 +193,21 @@ ChartFiles write_charts(const std::vector<CaseResult>& results, const std::strin
   const std::string terminal = terminals.find("pngcairo") != std::string::npos ? "pngcairo" : "png";
   struct Chart {
     const char* name;
-    std::string data;
-    std::string (*script)(const std::string&, const std::string&, const std::string&);
+    const PanelChart* chart;
+    const char* title;
   };
-  const Chart charts[] = {{"tokens_per_s", tokens_chart_data(results), tokens_chart_script},
-                          {"memory", memory_chart_data(results), memory_chart_script}};
+  const PanelChart tokens = panel_chart_data(results, ChartMetric::kTokensPerS);
+  const PanelChart memory = panel_chart_data(results, ChartMetric::kPeakTensorBytes);
+  const Chart charts[] = {
+      {"tokens_per_s", &tokens, "tokens/s (best step, all ranks) as a ratio to ddp: higher is faster"},
+      {"memory", &memory, "peak tensor memory per rank as a ratio to ddp: lower is smaller"}};
   std::vector<std::string> scripts;
   for (const Chart& c : charts) {
     const fs::path dat = d / (std::string(c.name) + ".dat"), gp = d / (std::string(c.name) + ".gp"),
                    png = d / (std::string(c.name) + ".png");
-    write_file(dat, c.data);
+    write_file(dat, c.chart->data);
     // Relative names: the script runs in `dir`, so the folder can be moved and re-drawn.
-    write_file(gp, c.script(dat.filename().string(), png.filename().string(), terminal));
+    write_file(gp, panel_chart_script(*c.chart, dat.filename().string(), png.filename().string(), terminal, c.title));
     files.written.push_back(dat.string());
     files.written.push_back(gp.string());
     scripts.push_back(gp.filename().string());

@@ -1,8 +1,9 @@
 #pragma once
 // Charts for strata-bench results, drawn by gnuplot (a subprocess): tokens/s
-// per case (median, min–max whiskers over repeats) and per-rank memory at the
-// peak, stacked by category (params, grads, optimizer, activations+other),
-// per case. The data (.dat) and the scripts (.gp) are always written beside
+// and peak tensor memory per rank, each as a ratio to ddp, one panel per
+// variant (precision, activation checkpointing, offload), presets along the
+// x axis, a colour per strategy -- readable at the README sweep's 64 cases.
+// The per-rank split by category is in the Markdown report. The data (.dat) and the scripts (.gp) are always written beside
 // the PNGs, so a machine without gnuplot still has what it needs to draw them.
 //
 //   ChartFiles f = write_charts(results, "out/");  // out/tokens_per_s.{dat,gp,png}, out/memory.{dat,gp,png}
@@ -19,16 +20,27 @@ struct ChartFiles {
   std::string note;                  ///< "" or why no PNG was drawn (one line)
 };
 
-/// The gnuplot script that draws `png` from `dat` (tokens/s bars).
-std::string tokens_chart_script(const std::string& dat, const std::string& png, const std::string& terminal);
-/// The gnuplot script for the stacked per-rank memory chart.
-std::string memory_chart_script(const std::string& dat, const std::string& png, const std::string& terminal);
+/// What a chart shows per case: tokens/s (comparable_tokens_per_s) or the
+/// peak tensor bytes per rank (max over ranks and runs).
+enum class ChartMetric { kTokensPerS, kPeakTensorBytes };
 
-/// Data files for the two charts: one line per case ("label" median min max),
-/// one per case and rank ("label r<k>" params grads optimizer other, MiB).
-/// Failed and skipped cases are left out.
-std::string tokens_chart_data(const std::vector<CaseResult>& results);
-std::string memory_chart_data(const std::vector<CaseResult>& results);
+/// A chart with one panel per variant (precision, activation checkpointing,
+/// offload), a cluster per preset (and shape: world size, batch, block) and a
+/// bar per strategy, each bar the case's value divided by ddp's in the same
+/// cluster (a cluster without ddp: by its first strategy). Failed and skipped
+/// cases are left out.
+struct PanelChart {
+  std::vector<std::string> panels;      ///< variant labels, in order of first appearance
+  std::vector<std::string> strategies;  ///< bar order: single, ddp, oss, sdp, fsdp, then others
+  std::string data;                     ///< gnuplot data: one block (index) per panel
+  bool long_labels = false;             ///< rows named by preset and shape (cases differ in shape)
+};
+PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric);
+
+/// The gnuplot script drawing `png` from `dat` (panel_chart_data's data):
+/// multiplot, clustered histograms, a dashed line at 1 (= ddp).
+std::string panel_chart_script(const PanelChart& chart, const std::string& dat, const std::string& png,
+                               const std::string& terminal, const std::string& title);
 
 /// Writes the .dat and .gp files into `dir` and runs `gnuplot` on them when
 /// it is on the PATH (pngcairo, else png terminal).

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <tuple>
 #include <set>
 #include <sstream>
 
@@ -38,144 +39,154 @@ BenchCase make_case(const std::string& suite, const std::string& preset, const s
   return c;
 }
 
-Suite single_suite() {
-  Suite s{"single",
-          "One process, 2 threads. MFU is against the fp32 matmul peak measured by strata-gpt "
-          "(issue target: gpt-mini fp32 >= 60%); bf16-mixed MFU uses the same fp32 peak, so it "
-          "can exceed 100%. vs ref: bf16-mixed tokens/s ÷ fp32.",
-          {}};
-  for (const char* preset : {"gpt-micro", "gpt-mini"}) {
-    BenchCase fp32 = make_case("single", preset, "fp32", "single", 1, 2);
-    BenchCase bf16 = make_case("single", preset, "bf16-mixed", "single", 1, 2);
-    bf16.precision = "bf16-mixed";
-    bf16.reference = fp32.name;
-    s.cases.push_back(fp32);
-    s.cases.push_back(bf16);
+/// One case of a suite table: what differs from make_case's defaults. The
+/// case is named "<suite>/<preset>/<variant>"; `reference` names the variant
+/// (same preset) whose case its "vs ref" columns divide by.
+struct CaseRow {
+  std::string preset, variant, strategy;
+  int nproc = 2;
+  int threads = 1;
+  std::string precision = "32";
+  std::vector<std::string> extra = {};
+  std::string reference = "";
+  int64_t batch = 0, block = 0, steps = 0;  ///< 0: make_case's
+};
+
+Suite table_suite(const std::string& name, const std::string& about, const std::vector<CaseRow>& rows) {
+  Suite s{name, about, {}};
+  for (const CaseRow& row : rows) {
+    BenchCase c = make_case(name, row.preset, row.variant, row.strategy, row.nproc, row.threads);
+    c.precision = row.precision;
+    c.extra = row.extra;
+    if (!row.reference.empty()) c.reference = name + "/" + row.preset + "/" + row.reference;
+    if (row.batch > 0) c.batch_size = row.batch;
+    if (row.block > 0) c.block_size = row.block;
+    if (row.steps > 0) c.steps = row.steps;
+    s.cases.push_back(c);
   }
   return s;
+}
+
+const std::vector<std::string> kBucket1Mib = {"--bucket-cap-mb", "1"};
+
+Suite single_suite() {
+  return table_suite(
+      "single",
+      "One process, 2 threads. MFU is against the fp32 matmul peak measured by strata-gpt "
+      "(issue target: gpt-mini fp32 >= 60%); bf16-mixed MFU uses the same fp32 peak, so it "
+      "can exceed 100%. vs ref: bf16-mixed tokens/s ÷ fp32.",
+      {
+          {.preset = "gpt-micro", .variant = "fp32", .strategy = "single", .nproc = 1, .threads = 2},
+          {.preset = "gpt-micro", .variant = "bf16-mixed", .strategy = "single", .nproc = 1, .threads = 2,
+           .precision = "bf16-mixed", .reference = "fp32"},
+          {.preset = "gpt-mini", .variant = "fp32", .strategy = "single", .nproc = 1, .threads = 2},
+          {.preset = "gpt-mini", .variant = "bf16-mixed", .strategy = "single", .nproc = 1, .threads = 2,
+           .precision = "bf16-mixed", .reference = "fp32"},
+      });
 }
 
 Suite ddp_suite() {
-  Suite s{"ddp",
-          "Same global batch: single 1 rank x 2 threads at batch 2B vs ddp 2 ranks x 1 thread at "
-          "batch B. vs ref: ddp ÷ single (ideal ~1.0 on 2 cores); per-grad-after-bw (one "
-          "all-reduce per gradient after backward: --bucket-cap-mb 0 --overlap-comm false) ÷ ddp "
-          "shows what bucketing plus overlap buy; 1mib (bucketed, several buckets) ÷ ddp, and "
-          "1mib-after-bw ÷ 1mib isolates the overlap (at 25 MiB these models fit one bucket, which "
-          "can only start when backward ends).",
-          {}};
-  for (const char* preset : {"gpt-micro", "gpt-mini"}) {
-    BenchCase single = make_case("ddp", preset, "single-1x2", "single", 1, 2);
-    BenchCase ddp = make_case("ddp", preset, "ddp-2x1", "ddp", 2, 1);
-    ddp.batch_size = single.batch_size / 2;
-    ddp.reference = single.name;
-    auto variant = [&ddp](const std::string& suffix, std::vector<std::string> flags,
-                          const std::string& reference) {
-      BenchCase c = ddp;
-      c.name += "-" + suffix;
-      c.extra = std::move(flags);
-      c.reference = reference;
-      return c;
+  std::vector<CaseRow> rows;
+  // ddp at half single's batch: the same global batch (micro 16, mini 8 per process).
+  for (const auto& [preset, half] : std::vector<std::pair<std::string, int64_t>>{{"gpt-micro", 8}, {"gpt-mini", 4}}) {
+    const std::vector<CaseRow> group = {
+        {.preset = preset, .variant = "single-1x2", .strategy = "single", .nproc = 1, .threads = 2},
+        {.preset = preset, .variant = "ddp-2x1", .strategy = "ddp", .reference = "single-1x2", .batch = half},
+        {.preset = preset, .variant = "ddp-2x1-per-grad-after-bw", .strategy = "ddp",
+         .extra = {"--bucket-cap-mb", "0", "--overlap-comm", "false"}, .reference = "ddp-2x1", .batch = half},
+        {.preset = preset, .variant = "ddp-2x1-1mib", .strategy = "ddp", .extra = kBucket1Mib,
+         .reference = "ddp-2x1", .batch = half},
+        {.preset = preset, .variant = "ddp-2x1-1mib-after-bw", .strategy = "ddp",
+         .extra = {"--bucket-cap-mb", "1", "--overlap-comm", "false"}, .reference = "ddp-2x1-1mib", .batch = half},
     };
-    BenchCase per_grad = variant("per-grad-after-bw", {"--bucket-cap-mb", "0", "--overlap-comm", "false"}, ddp.name);
-    BenchCase small = variant("1mib", {"--bucket-cap-mb", "1"}, ddp.name);
-    BenchCase small_after = variant("1mib-after-bw", {"--bucket-cap-mb", "1", "--overlap-comm", "false"}, small.name);
-    s.cases.insert(s.cases.end(), {single, ddp, per_grad, small, small_after});
+    rows.insert(rows.end(), group.begin(), group.end());
   }
-  return s;
+  return table_suite(
+      "ddp",
+      "Same global batch: single 1 rank x 2 threads at batch 2B vs ddp 2 ranks x 1 thread at "
+      "batch B. vs ref: ddp ÷ single (ideal ~1.0 on 2 cores); per-grad-after-bw (one "
+      "all-reduce per gradient after backward: --bucket-cap-mb 0 --overlap-comm false) ÷ ddp "
+      "shows what bucketing plus overlap buy; 1mib (bucketed, several buckets) ÷ ddp, and "
+      "1mib-after-bw ÷ 1mib isolates the overlap (at 25 MiB these models fit one bucket, which "
+      "can only start when backward ends).",
+      rows);
 }
 
 Suite zero_suite() {
-  Suite s{"zero",
-          "gpt-mini, 2 ranks x 1 thread. state/formula: measured model-state bytes per rank ÷ the "
-          "ZeRO formula (fp32 AdamW: ddp 16Ψ', oss 8Ψ'+8Ψ'/N, sdp 4Ψ'+12Ψ'/N); expect 1.00 "
-          "within 5% plus bucket buffers. vs ref: ÷ ddp.",
-          {}};
-  BenchCase ddp = make_case("zero", "gpt-mini", "ddp-2x1", "ddp", 2, 1);
-  s.cases.push_back(ddp);
-  for (const char* strategy : {"oss", "sdp"}) {
-    BenchCase c = make_case("zero", "gpt-mini", std::string(strategy) + "-2x1", strategy, 2, 1);
-    c.reference = ddp.name;
-    s.cases.push_back(c);
-  }
-  return s;
+  return table_suite("zero",
+                     "gpt-mini, 2 ranks x 1 thread. state/formula: measured model-state bytes per rank ÷ the "
+                     "ZeRO formula (fp32 AdamW: ddp 16Ψ', oss 8Ψ'+8Ψ'/N, sdp 4Ψ'+12Ψ'/N); expect 1.00 "
+                     "within 5% plus bucket buffers. vs ref: ÷ ddp.",
+                     {
+                         {.preset = "gpt-mini", .variant = "ddp-2x1", .strategy = "ddp"},
+                         {.preset = "gpt-mini", .variant = "oss-2x1", .strategy = "oss", .reference = "ddp-2x1"},
+                         {.preset = "gpt-mini", .variant = "sdp-2x1", .strategy = "sdp", .reference = "ddp-2x1"},
+                     });
 }
 
 Suite memory_suite() {
-  Suite s{"memory",
-          "gpt-mini, N ranks x 1 thread, batch 8 per rank, a few steps: memory is exact, tokens/s "
-          "are incidental (N=4 puts 4 ranks on 2 cores). peak vs ref: peak tensor bytes per rank "
-          "÷ the same strategy at N=1.",
-          {}};
-  for (const char* strategy : {"oss", "sdp"}) {
-    std::string n1;
+  std::vector<CaseRow> rows;
+  for (const std::string strategy : {"oss", "sdp"}) {
     for (int n : {1, 2, 4}) {
-      BenchCase c = make_case("memory", "gpt-mini", std::string(strategy) + "-n" + std::to_string(n), strategy, n, 1);
-      c.steps = 8;
-      c.reference = n1;
-      if (n == 1) n1 = c.name;
-      s.cases.push_back(c);
+      rows.push_back({.preset = "gpt-mini", .variant = strategy + "-n" + std::to_string(n), .strategy = strategy,
+                      .nproc = n, .reference = n == 1 ? "" : strategy + "-n1", .steps = 8});
     }
   }
-  return s;
+  return table_suite("memory",
+                     "gpt-mini, N ranks x 1 thread, batch 8 per rank, a few steps: memory is exact, tokens/s "
+                     "are incidental (N=4 puts 4 ranks on 2 cores). peak vs ref: peak tensor bytes per rank "
+                     "÷ the same strategy at N=1.",
+                     rows);
 }
 
 Suite fsdp_suite() {
-  Suite s{"fsdp",
-          "gpt-mini, 2 ranks x 1 thread, the same global batch: ddp (the reference), oss, sdp, fsdp, "
-          "and fsdp with activation checkpointing of every block (ac), --precision bf16-mixed (units "
-          "all-gathered in bf16, fp32 shards and reduce-scatter), and --offload disk (shards, grads "
-          "and AdamW state in an unnamed file in the case's output directory, the step streamed "
-          "through 8 MiB of staging). comm/step is rank 0's bytes sent (ddp ~2Ψ, fsdp ~3Ψ, fsdp "
-          "bf16 ~2Ψ, Ψ = fp32 parameter bytes); the model state of offloaded fsdp is what stays "
-          "in memory. vs ref: ÷ ddp.",
-          {}};
-  BenchCase ddp = make_case("fsdp", "gpt-mini", "ddp-2x1", "ddp", 2, 1);
-  s.cases.push_back(ddp);
-  auto add = [&](const std::string& variant, const std::string& strategy, std::vector<std::string> extra,
-                 const std::string& precision = "32") {
-    BenchCase c = make_case("fsdp", "gpt-mini", variant, strategy, 2, 1);
-    c.extra = std::move(extra);
-    c.precision = precision;
-    c.reference = ddp.name;
-    s.cases.push_back(c);
-  };
-  add("oss-2x1", "oss", {});
-  add("sdp-2x1", "sdp", {});
-  add("fsdp-2x1", "fsdp", {});
-  add("fsdp-ac-2x1", "fsdp", {"--activation-checkpointing", "1"});
-  add("fsdp-bf16-2x1", "fsdp", {}, "bf16-mixed");
-  add("fsdp-offload-disk-2x1", "fsdp", {"--offload", "disk"});
-  return s;
+  const std::string ref = "ddp-2x1";
+  return table_suite(
+      "fsdp",
+      "gpt-mini, 2 ranks x 1 thread, the same global batch: ddp (the reference), oss, sdp, fsdp, "
+      "and fsdp with activation checkpointing of every block (ac), --precision bf16-mixed (units "
+      "all-gathered in bf16, fp32 shards and reduce-scatter), and --offload disk (shards, grads "
+      "and AdamW state in an unnamed file in the case's output directory, the step streamed "
+      "through 8 MiB of staging). comm/step is rank 0's bytes sent (ddp ~2Ψ, fsdp ~3Ψ, fsdp "
+      "bf16 ~2Ψ, Ψ = fp32 parameter bytes); the model state of offloaded fsdp is what stays "
+      "in memory. vs ref: ÷ ddp.",
+      {
+          {.preset = "gpt-mini", .variant = "ddp-2x1", .strategy = "ddp"},
+          {.preset = "gpt-mini", .variant = "oss-2x1", .strategy = "oss", .reference = ref},
+          {.preset = "gpt-mini", .variant = "sdp-2x1", .strategy = "sdp", .reference = ref},
+          {.preset = "gpt-mini", .variant = "fsdp-2x1", .strategy = "fsdp", .reference = ref},
+          {.preset = "gpt-mini", .variant = "fsdp-ac-2x1", .strategy = "fsdp",
+           .extra = {"--activation-checkpointing", "1"}, .reference = ref},
+          {.preset = "gpt-mini", .variant = "fsdp-bf16-2x1", .strategy = "fsdp", .precision = "bf16-mixed",
+           .reference = ref},
+          {.preset = "gpt-mini", .variant = "fsdp-offload-disk-2x1", .strategy = "fsdp",
+           .extra = {"--offload", "disk"}, .reference = ref},
+      });
 }
 
 Suite smoke_suite() {
-  Suite s{"smoke",
-          "CI regression gate: every strategy at 2 ranks on gpt-nano (fsdp also with activation "
-          "checkpointing and with --offload disk), single as one process; block 64, batch 8 per "
-          "rank, a few steps, 1 thread per process (gpt-nano's tiny matmuls on 2 threads slow down "
-          "several-fold on a loaded machine, which would make the gate flaky). vs ref: ddp ÷ single "
-          "(ideal 2.0), the others ÷ ddp.",
-          {}};
-  auto add = [&s](const std::string& variant, const std::string& strategy, int nproc,
-                  std::vector<std::string> extra, const std::string& reference) {
-    BenchCase c = make_case("smoke", "gpt-nano", variant, strategy, nproc, 1);
-    c.block_size = 64;
-    c.batch_size = 8;
-    c.steps = 20;
-    c.extra = std::move(extra);
-    c.reference = reference;
-    s.cases.push_back(c);
-    return c.name;
+  // gpt-nano, block 64, batch 8 per rank, 20 steps.
+  auto row = [](const std::string& variant, const std::string& strategy, int nproc, std::vector<std::string> extra,
+                const std::string& reference) {
+    return CaseRow{.preset = "gpt-nano", .variant = variant, .strategy = strategy, .nproc = nproc,
+                   .extra = std::move(extra), .reference = reference, .batch = 8, .block = 64, .steps = 20};
   };
-  const std::string single = add("single-1x1", "single", 1, {}, "");
-  const std::string ddp = add("ddp-2x1", "ddp", 2, {}, single);
-  add("oss-2x1", "oss", 2, {}, ddp);
-  add("sdp-2x1", "sdp", 2, {}, ddp);
-  add("fsdp-2x1", "fsdp", 2, {}, ddp);
-  add("fsdp-ac-2x1", "fsdp", 2, {"--activation-checkpointing", "1"}, ddp);
-  add("fsdp-offload-disk-2x1", "fsdp", 2, {"--offload", "disk"}, ddp);
-  return s;
+  return table_suite(
+      "smoke",
+      "CI regression gate: every strategy at 2 ranks on gpt-nano (fsdp also with activation "
+      "checkpointing and with --offload disk), single as one process; block 64, batch 8 per "
+      "rank, a few steps, 1 thread per process (gpt-nano's tiny matmuls on 2 threads slow down "
+      "several-fold on a loaded machine, which would make the gate flaky). vs ref: ddp ÷ single "
+      "(ideal 2.0), the others ÷ ddp.",
+      {
+          row("single-1x1", "single", 1, {}, ""),
+          row("ddp-2x1", "ddp", 2, {}, "single-1x1"),
+          row("oss-2x1", "oss", 2, {}, "ddp-2x1"),
+          row("sdp-2x1", "sdp", 2, {}, "ddp-2x1"),
+          row("fsdp-2x1", "fsdp", 2, {}, "ddp-2x1"),
+          row("fsdp-ac-2x1", "fsdp", 2, {"--activation-checkpointing", "1"}, "ddp-2x1"),
+          row("fsdp-offload-disk-2x1", "fsdp", 2, {"--offload", "disk"}, "ddp-2x1"),
+      });
 }
 
 Suite scale_suite() {
@@ -207,59 +218,45 @@ Suite scale_suite() {
 }
 
 Suite attention_suite() {
-  Suite s{"attention",
-          "gpt-mini, one process x 2 threads, --attention naive vs fused (kernels/attention.h) at "
-          "block 256 and 1024, fp32 and bf16-mixed. vs ref: fused ÷ naive at the same block size "
-          "and precision (tokens/s; peak: tensor bytes).",
-          {}};
+  std::vector<CaseRow> rows;
   for (int64_t block : {256, 1024}) {
-    for (const char* precision : {"32", "bf16-mixed"}) {
-      const std::string tag = std::string(precision == std::string("32") ? "fp32" : "bf16") + "-t" +
-                              std::to_string(block);
-      BenchCase naive = make_case("attention", "gpt-mini", "naive-" + tag, "single", 1, 2);
-      BenchCase fused = make_case("attention", "gpt-mini", "fused-" + tag, "single", 1, 2);
-      for (BenchCase* c : {&naive, &fused}) {
-        c->precision = precision;
-        c->block_size = block;
-        c->batch_size = block == 256 ? 8 : 2;  // the same tokens per step
-        c->steps = 20;
+    for (const std::string precision : {"32", "bf16-mixed"}) {
+      const std::string tag = std::string(precision == "32" ? "fp32" : "bf16") + "-t" + std::to_string(block);
+      const int64_t batch = block == 256 ? 8 : 2;  // the same tokens per step
+      for (const std::string attention : {"naive", "fused"}) {
+        rows.push_back({.preset = "gpt-mini", .variant = attention + "-" + tag, .strategy = "single", .nproc = 1,
+                        .threads = 2, .precision = precision, .extra = {"--attention", attention},
+                        .reference = attention == "fused" ? "naive-" + tag : "", .batch = batch, .block = block,
+                        .steps = 20});
       }
-      naive.extra = {"--attention", "naive"};
-      fused.extra = {"--attention", "fused"};
-      fused.reference = naive.name;
-      s.cases.push_back(naive);
-      s.cases.push_back(fused);
     }
   }
-  return s;
+  return table_suite("attention",
+                     "gpt-mini, one process x 2 threads, --attention naive vs fused (kernels/attention.h) at "
+                     "block 256 and 1024, fp32 and bf16-mixed. vs ref: fused ÷ naive at the same block size "
+                     "and precision (tokens/s; peak: tensor bytes).",
+                     rows);
 }
 
 Suite kernels_suite() {
-  Suite s{"kernels",
-          "Both fused kernels (--attention fused, --fused-adamw true: the defaults) against both "
-          "off (--attention naive --fused-adamw false), block 256, batch 8 per rank: gpt-mini as "
-          "one process x 2 threads and as ddp 2 ranks x 1 thread, and a 384-wide gpt-mini "
-          "(--n-embd 384) as one process. vs ref: fused ÷ unfused.",
-          {}};
-  auto pair = [&](const std::string& tag, const std::string& strategy, int nproc, int threads,
-                  std::vector<std::string> model) {
-    BenchCase off = make_case("kernels", "gpt-mini", "unfused-" + tag, strategy, nproc, threads);
-    BenchCase on = make_case("kernels", "gpt-mini", "fused-" + tag, strategy, nproc, threads);
-    for (BenchCase* c : {&off, &on}) {
-      c->block_size = 256;
-      c->batch_size = 8;
-      c->steps = 20;
-      c->extra = model;
-    }
-    off.extra.insert(off.extra.end(), {"--attention", "naive", "--fused-adamw", "false"});
-    on.reference = off.name;
-    s.cases.push_back(off);
-    s.cases.push_back(on);
-  };
-  pair("single-1x2", "single", 1, 2, {});
-  pair("ddp-2x1", "ddp", 2, 1, {});
-  pair("384-single-1x2", "single", 1, 2, {"--n-embd", "384"});
-  return s;
+  std::vector<CaseRow> rows;
+  const std::vector<std::tuple<std::string, std::string, int, int, std::vector<std::string>>> shapes = {
+      {"single-1x2", "single", 1, 2, {}}, {"ddp-2x1", "ddp", 2, 1, {}}, {"384-single-1x2", "single", 1, 2, {"--n-embd", "384"}}};
+  for (const auto& [tag, strategy, nproc, threads, model] : shapes) {
+    std::vector<std::string> off = model;
+    off.insert(off.end(), {"--attention", "naive", "--fused-adamw", "false"});
+    rows.push_back({.preset = "gpt-mini", .variant = "unfused-" + tag, .strategy = strategy, .nproc = nproc,
+                    .threads = threads, .extra = off, .batch = 8, .block = 256, .steps = 20});
+    rows.push_back({.preset = "gpt-mini", .variant = "fused-" + tag, .strategy = strategy, .nproc = nproc,
+                    .threads = threads, .extra = model, .reference = "unfused-" + tag, .batch = 8, .block = 256,
+                    .steps = 20});
+  }
+  return table_suite("kernels",
+                     "Both fused kernels (--attention fused, --fused-adamw true: the defaults) against both "
+                     "off (--attention naive --fused-adamw false), block 256, batch 8 per rank: gpt-mini as "
+                     "one process x 2 threads and as ddp 2 ranks x 1 thread, and a 384-wide gpt-mini "
+                     "(--n-embd 384) as one process. vs ref: fused ÷ unfused.",
+                     rows);
 }
 
 }  // namespace

@@ -550,18 +550,47 @@ TEST(BenchTest, SweepNamesMatchStrataGpt) {
 }
 
 TEST(BenchTest, ChartDataAndScripts) {
-  const BenchCase c = make_case("fsdp/gpt-mini/fsdp-2x1", "fsdp");
-  const CaseResult r = aggregate(c, {fake_summary(300, 10, 20), fake_summary(100, 10, 20)});
-  const std::string tokens = tokens_chart_data({r});
-  EXPECT_NE(tokens.find("\"gpt-mini/fsdp-2x1\" 200 100 300"), std::string::npos) << tokens;
-  const std::string memory = memory_chart_data({r});
-  EXPECT_NE(memory.find("\"gpt-mini/fsdp-2x1 r1\""), std::string::npos) << memory;
-  EXPECT_NE(memory_chart_script("m.dat", "m.png", "pngcairo").find("rowstacked"), std::string::npos);
-  EXPECT_NE(tokens_chart_script("t.dat", "t.png", "png").find("set output 't.png'"), std::string::npos);
+  // gpt-mini: ddp, fsdp, and fsdp + bf16 (a second panel, whose row has no
+  // ddp: divided by its first strategy); tokens/s 200 (ddp) and 100 (fsdp).
+  const BenchCase ddp_case = make_case("fsdp/gpt-mini/ddp-2x1", "ddp");
+  BenchCase fsdp_case = make_case("fsdp/gpt-mini/fsdp-2x1", "fsdp");
+  BenchCase bf16_case = make_case("fsdp/gpt-mini/fsdp-bf16-2x1", "fsdp");
+  bf16_case.precision = "bf16-mixed";
+  BenchCase plain_ddp = ddp_case;
+  for (BenchCase* c : {&plain_ddp, &fsdp_case, &bf16_case}) {
+    c->preset = "gpt-mini";
+    c->block_size = 128;
+    c->threads_per_rank = 1;
+  }
+  const CaseResult ddp = aggregate(plain_ddp, {fake_summary(200, 10, 20)});
+  const CaseResult r = aggregate(fsdp_case, {fake_summary(100, 10, 20)});
+  const CaseResult bf16 = aggregate(bf16_case, {fake_summary(300, 10, 20)});
+  const PanelChart tokens = panel_chart_data({ddp, r, bf16}, ChartMetric::kTokensPerS);
+  EXPECT_EQ(tokens.panels, (std::vector<std::string>{"fp32", "bf16"}));
+  EXPECT_EQ(tokens.strategies, (std::vector<std::string>{"ddp", "fsdp"}));
+  // One shape for every case: rows are named by preset.
+  EXPECT_FALSE(tokens.long_labels);
+  EXPECT_NE(tokens.data.find("\"preset\" \"ddp\" \"fsdp\"\n\"gpt-mini\" 1 0.5\n"), std::string::npos) << tokens.data;
+  EXPECT_NE(tokens.data.find("\"gpt-mini\" ? 1\n"), std::string::npos) << tokens.data;
+  const std::string script = panel_chart_script(tokens, "t.dat", "t.png", "png", "title");
+  EXPECT_NE(script.find("set output 't.png'"), std::string::npos);
+  EXPECT_NE(script.find("set multiplot layout 1,2"), std::string::npos) << script;
+  EXPECT_NE(script.find("'t.dat' index 1 using i:xtic(1)"), std::string::npos) << script;
+  const PanelChart memory = panel_chart_data({ddp, r}, ChartMetric::kPeakTensorBytes);
+  EXPECT_NE(memory.data.find("\"gpt-mini\" 1 1\n"), std::string::npos) << memory.data;
+  // Another shape (block 256): rows name it, and a ratio never crosses shapes.
+  BenchCase wide_case = fsdp_case;
+  wide_case.name = "fsdp/gpt-mini/fsdp-2x1-t256";
+  wide_case.block_size = 256;
+  const CaseResult wide = aggregate(wide_case, {fake_summary(50, 10, 20)});
+  const PanelChart mixed = panel_chart_data({ddp, r, wide}, ChartMetric::kTokensPerS);
+  EXPECT_TRUE(mixed.long_labels);
+  EXPECT_NE(mixed.data.find("\"gpt-mini (2x1 b8 t128)\" 1 0.5\n"), std::string::npos) << mixed.data;
+  EXPECT_NE(mixed.data.find("\"gpt-mini (2x1 b8 t256)\" ? 1\n"), std::string::npos) << mixed.data;
 
   const fs::path dir = fs::temp_directory_path() / "strata_bench_test_charts";
   fs::remove_all(dir);
-  const ChartFiles missing = write_charts({r}, dir.string(), "/nonexistent/gnuplot");
+  const ChartFiles missing = write_charts({ddp, r, bf16}, dir.string(), "/nonexistent/gnuplot");
   EXPECT_NE(missing.note.find("gnuplot not found"), std::string::npos) << missing.note;
   EXPECT_TRUE(fs::exists(dir / "tokens_per_s.dat"));
   EXPECT_TRUE(fs::exists(dir / "memory.gp"));
@@ -570,7 +599,7 @@ TEST(BenchTest, ChartDataAndScripts) {
     fs::remove_all(dir);
     GTEST_SKIP() << "gnuplot is not installed (scripts/setup installs gnuplot-nox): PNG drawing not tested";
   }
-  const ChartFiles drawn = write_charts({r}, dir.string());
+  const ChartFiles drawn = write_charts({ddp, r, bf16}, dir.string());
   EXPECT_EQ(drawn.note, "");
   EXPECT_GT(fs::file_size(dir / "tokens_per_s.png"), 1000u);
   EXPECT_GT(fs::file_size(dir / "memory.png"), 1000u);
