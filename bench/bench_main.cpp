@@ -82,14 +82,8 @@ bool same_file(const std::string& a, const std::string& b) {
 /// Exit-2 error unless `path` can be created or replaced: its directory
 /// exists and is writable, and it is not a directory.
 void check_writable_file(const std::string& flag, const std::string& path) {
-  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
-  std::error_code ec;
-  TORCH_CHECK_VALUE(fs::is_directory(parent, ec), flag, " '", path, "': directory '", parent.string(),
-                    "' does not exist");
-  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), flag, " '", path, "' is a directory");
-  const std::string problem = strata::directory_write_problem(parent.string());
-  TORCH_CHECK_VALUE(problem.empty(), flag, " '", path, "': directory '", parent.string(),
-                    "' does not take new files (", problem, ")");
+  const std::string problem = strata::output_file_problem(path);
+  TORCH_CHECK_VALUE(problem.empty(), flag, " '", path, "': ", problem);
 }
 
 /// Exit-2 error unless directory `dir` exists or can be created: its nearest

@@ -148,10 +148,8 @@ void check_suite_input(const std::vector<std::string>& presets, const std::strin
     TORCH_CHECK_VALUE(problem.empty(), "--dir '", dir, "' does not take new files (", problem, ")");
   }
   if (!json_path.empty()) {
-    const fs::path parent = fs::absolute(fs::path(json_path)).parent_path();
-    TORCH_CHECK_VALUE(fs::is_directory(parent, ec) && !fs::is_directory(json_path, ec) &&
-                          directory_write_problem(parent.string()).empty(),
-                      "--json '", json_path, "' cannot be written (its directory must exist and be writable)");
+    const std::string problem = output_file_problem(json_path);
+    TORCH_CHECK_VALUE(problem.empty(), "--json '", json_path, "' cannot be written: ", problem);
   }
 }
 

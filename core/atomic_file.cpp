@@ -71,6 +71,16 @@ std::string directory_write_problem(const std::string& dir) {
   return "";
 }
 
+std::string output_file_problem(const std::string& path) {
+  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(parent, ec)) return "directory '" + parent.string() + "' does not exist";
+  if (fs::is_directory(fs::path(path), ec)) return "it is a directory";
+  const std::string problem = directory_write_problem(parent.string());
+  if (!problem.empty()) return "directory '" + parent.string() + "' does not take new files (" + problem + ")";
+  return "";
+}
+
 void publish_directory(const std::string& from, const std::string& to) {
   const fs::path source(from);
   const fs::path target(to);

@@ -22,6 +22,11 @@ void write_file_atomically(const std::string& path, const std::string& contents)
 /// for root or on a read-only mount), else why not (strerror text).
 std::string directory_write_problem(const std::string& dir);
 
+/// "" when file `path` can be written (atomically: a temporary beside it,
+/// then renamed) -- its directory exists and takes new files, and `path` is
+/// not a directory -- else why not, e.g. "directory '/x' does not exist".
+std::string output_file_problem(const std::string& path);
+
 /// Renames a fully written directory `from` to `to` (replacing an existing
 /// `to`), after fsync-ing every file in `from`; then fsyncs the parent.
 void publish_directory(const std::string& from, const std::string& to);

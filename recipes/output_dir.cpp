@@ -1,5 +1,7 @@
 #include "recipes/output_dir.h"
 
+#include "core/atomic_file.h"
+
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
@@ -49,13 +51,8 @@ void check_output_dir(const std::string& dir) {
   if (failure.empty()) {
     // Creating a directory is not writing into it (a directory can exist but be
     // read-only, or be a mount that refuses files): probe with a file.
-    std::string probe = (path / ".strata-write-test-XXXXXX").string();
-    const int fd = ::mkstemp(probe.data());
-    if (fd < 0) {
-      failure = "cannot create files in '" + path.string() + "': " + std::strerror(errno);
-    } else {
-      ::close(fd);
-      ::unlink(probe.c_str());
+    if (const std::string problem = directory_write_problem(path.string()); !problem.empty()) {
+      failure = "cannot create files in '" + path.string() + "': " + problem;
     }
   }
   // On success the directories stay: the run writes into them next. Removing

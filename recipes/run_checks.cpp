@@ -98,17 +98,8 @@ void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
 /// Exit-2 error unless `path` can be written at the end of training: its
 /// directory exists and is writable, and `path` is not a directory.
 void check_output_file(const std::string& flag, const std::string& path) {
-  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
-  std::error_code ec;
-  TORCH_CHECK_VALUE(fs::is_directory(parent, ec), "cannot write --", flag, " '", path, "': directory '",
-                    parent.string(), "' does not exist");
-  TORCH_CHECK_VALUE(!fs::is_directory(fs::path(path), ec), "cannot write --", flag, " '", path,
-                    "': it is a directory");
-  // The file is written to a temporary beside it and renamed: the directory
-  // must take new files.
-  const std::string problem = directory_write_problem(parent.string());
-  TORCH_CHECK_VALUE(problem.empty(), "cannot write --", flag, " '", path, "': directory '", parent.string(),
-                    "' does not take new files (", problem, ")");
+  const std::string problem = output_file_problem(path);
+  TORCH_CHECK_VALUE(problem.empty(), "cannot write --", flag, " '", path, "': ", problem);
 }
 
 /// Exit-2 errors for a TorchScript model whose logits do not fit the data:
