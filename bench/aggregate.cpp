@@ -30,101 +30,118 @@ std::optional<int64_t> max_of(const std::vector<int64_t>& values) {
   return *std::max_element(values.begin(), values.end());
 }
 
+namespace {
+
+/// One rank's numbers, one entry per run that reported them.
+struct RankSamples {
+  std::vector<double> tps, forward, backward, comm_wait, optimizer, step;
+  std::vector<int64_t> peak, rss, params, grads, opt, other, pparams, pgrads, popt;
+  std::map<std::string, double> comm;
+};
+
+void put_d(std::vector<double>& v, const nlohmann::json& j, const char* key) {
+  if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<double>());
+}
+void put_i(std::vector<int64_t>& v, const nlohmann::json& j, const char* key) {
+  if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<int64_t>());
+}
+
+/// One entry of summary.json's "per_rank" array.
+void add_rank_entry(const nlohmann::json& pr, RankSamples& x) {
+  put_d(x.tps, pr, "tokens_per_s");
+  put_d(x.forward, pr, "forward_s");
+  put_d(x.backward, pr, "backward_s");
+  put_d(x.comm_wait, pr, "comm_wait_s");
+  put_d(x.optimizer, pr, "optimizer_s");
+  put_d(x.step, pr, "step_s");
+  put_i(x.peak, pr, "peak_tensor_bytes");
+  put_i(x.rss, pr, "peak_rss_bytes");
+  if (pr.contains("memory")) {
+    const auto& m = pr.at("memory");
+    put_i(x.params, m, "params");
+    put_i(x.grads, m, "grads");
+    put_i(x.opt, m, "optimizer");
+    put_i(x.other, m, "activations_other");
+  }
+  if (pr.contains("predicted")) {
+    const auto& m = pr.at("predicted");
+    put_i(x.pparams, m, "params");
+    put_i(x.pgrads, m, "grads");
+    put_i(x.popt, m, "optimizer");
+  }
+  if (x.comm.empty() && pr.contains("comm_bytes_per_step"))
+    for (const auto& item : pr.at("comm_bytes_per_step").items())
+      if (item.value().is_number()) x.comm[item.key()] = item.value().get<double>();
+}
+
+/// Older summaries: per-rank memory arrays, rank 0's times and bytes.
+void add_legacy_summary(const nlohmann::json& s, std::vector<RankSamples>& samples) {
+  for (size_t r = 0; r < samples.size(); ++r) {
+    RankSamples& x = samples[r];
+    if (s.contains("peak_tensor_bytes") && r < s.at("peak_tensor_bytes").size())
+      x.peak.push_back(s.at("peak_tensor_bytes")[r].get<int64_t>());
+    if (s.contains("peak_rss_bytes") && r < s.at("peak_rss_bytes").size())
+      x.rss.push_back(s.at("peak_rss_bytes")[r].get<int64_t>());
+    if (s.contains("model_state_bytes") && r < s.at("model_state_bytes").size()) {
+      const auto& m = s.at("model_state_bytes")[r];
+      put_i(x.params, m, "params");
+      put_i(x.grads, m, "grads");
+      put_i(x.opt, m, "optimizer");
+      put_i(x.other, m, "other");
+    }
+  }
+  RankSamples& zero = samples[0];
+  put_d(zero.backward, s, "backward_s_per_step");
+  put_d(zero.comm_wait, s, "grad_sync_s_per_step");
+  const int64_t steps = s.value("steps", int64_t{0});
+  if (zero.comm.empty() && steps > 0 && s.contains("comm_bytes_rank0"))
+    for (const auto& item : s.at("comm_bytes_rank0").items())
+      zero.comm[item.key()] = item.value().get<double>() / double(steps);
+}
+
+/// Medians of the times, maxima of the bytes.
+RankResult rank_result(int rank, const RankSamples& x) {
+  RankResult rr;
+  rr.rank = rank;
+  if (!x.tps.empty()) rr.tokens_per_s = compute_stats(x.tps);
+  rr.forward_s = median_of(x.forward);
+  rr.backward_s = median_of(x.backward);
+  rr.comm_wait_s = median_of(x.comm_wait);
+  rr.optimizer_s = median_of(x.optimizer);
+  rr.step_s = median_of(x.step);
+  rr.peak_tensor_bytes = max_of(x.peak);
+  rr.peak_rss_bytes = max_of(x.rss);
+  rr.params = max_of(x.params);
+  rr.grads = max_of(x.grads);
+  rr.optimizer = max_of(x.opt);
+  rr.activations_other = max_of(x.other);
+  rr.predicted_params = max_of(x.pparams);
+  rr.predicted_grads = max_of(x.pgrads);
+  rr.predicted_optimizer = max_of(x.popt);
+  rr.comm_bytes_per_step = x.comm;
+  return rr;
+}
+
+}  // namespace
+
 /// Per-rank numbers over runs: summary.json's "per_rank" array when present,
 /// else what the older per-rank arrays (peak_tensor_bytes, model_state_bytes,
 /// peak_rss_bytes) and rank 0's scalars give.
 std::vector<RankResult> aggregate_ranks(const std::vector<nlohmann::json>& summaries, int world_size) {
-  struct Samples {
-    std::vector<double> tps, forward, backward, comm_wait, optimizer, step;
-    std::vector<int64_t> peak, rss, params, grads, opt, other, pparams, pgrads, popt;
-    std::map<std::string, double> comm;
-  };
-  std::vector<Samples> samples(static_cast<size_t>(std::max(world_size, 1)));
-  auto put_d = [](std::vector<double>& v, const nlohmann::json& j, const char* key) {
-    if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<double>());
-  };
-  auto put_i = [](std::vector<int64_t>& v, const nlohmann::json& j, const char* key) {
-    if (j.contains(key) && j.at(key).is_number()) v.push_back(j.at(key).get<int64_t>());
-  };
+  std::vector<RankSamples> samples(static_cast<size_t>(std::max(world_size, 1)));
   for (const auto& s : summaries) {
-    if (s.contains("per_rank") && s.at("per_rank").is_array()) {
-      for (const auto& pr : s.at("per_rank")) {
-        const size_t r = pr.value("rank", 0);
-        if (r >= samples.size()) samples.resize(r + 1);
-        Samples& x = samples[r];
-        put_d(x.tps, pr, "tokens_per_s");
-        put_d(x.forward, pr, "forward_s");
-        put_d(x.backward, pr, "backward_s");
-        put_d(x.comm_wait, pr, "comm_wait_s");
-        put_d(x.optimizer, pr, "optimizer_s");
-        put_d(x.step, pr, "step_s");
-        put_i(x.peak, pr, "peak_tensor_bytes");
-        put_i(x.rss, pr, "peak_rss_bytes");
-        if (pr.contains("memory")) {
-          const auto& m = pr.at("memory");
-          put_i(x.params, m, "params");
-          put_i(x.grads, m, "grads");
-          put_i(x.opt, m, "optimizer");
-          put_i(x.other, m, "activations_other");
-        }
-        if (pr.contains("predicted")) {
-          const auto& m = pr.at("predicted");
-          put_i(x.pparams, m, "params");
-          put_i(x.pgrads, m, "grads");
-          put_i(x.popt, m, "optimizer");
-        }
-        if (x.comm.empty() && pr.contains("comm_bytes_per_step"))
-          for (const auto& item : pr.at("comm_bytes_per_step").items())
-            if (item.value().is_number()) x.comm[item.key()] = item.value().get<double>();
-      }
+    if (!s.contains("per_rank") || !s.at("per_rank").is_array()) {
+      add_legacy_summary(s, samples);
       continue;
     }
-    // Older summaries: per-rank memory arrays, rank 0's times and bytes.
-    for (size_t r = 0; r < samples.size(); ++r) {
-      Samples& x = samples[r];
-      if (s.contains("peak_tensor_bytes") && r < s.at("peak_tensor_bytes").size())
-        x.peak.push_back(s.at("peak_tensor_bytes")[r].get<int64_t>());
-      if (s.contains("peak_rss_bytes") && r < s.at("peak_rss_bytes").size())
-        x.rss.push_back(s.at("peak_rss_bytes")[r].get<int64_t>());
-      if (s.contains("model_state_bytes") && r < s.at("model_state_bytes").size()) {
-        const auto& m = s.at("model_state_bytes")[r];
-        put_i(x.params, m, "params");
-        put_i(x.grads, m, "grads");
-        put_i(x.opt, m, "optimizer");
-        put_i(x.other, m, "other");
-      }
+    for (const auto& pr : s.at("per_rank")) {
+      const size_t r = pr.value("rank", 0);
+      if (r >= samples.size()) samples.resize(r + 1);
+      add_rank_entry(pr, samples[r]);
     }
-    Samples& zero = samples[0];
-    put_d(zero.backward, s, "backward_s_per_step");
-    put_d(zero.comm_wait, s, "grad_sync_s_per_step");
-    const int64_t steps = s.value("steps", int64_t{0});
-    if (zero.comm.empty() && steps > 0 && s.contains("comm_bytes_rank0"))
-      for (const auto& item : s.at("comm_bytes_rank0").items())
-        zero.comm[item.key()] = item.value().get<double>() / double(steps);
   }
   std::vector<RankResult> out;
-  for (size_t r = 0; r < samples.size(); ++r) {
-    const Samples& x = samples[r];
-    RankResult rr;
-    rr.rank = static_cast<int>(r);
-    if (!x.tps.empty()) rr.tokens_per_s = compute_stats(x.tps);
-    rr.forward_s = median_of(x.forward);
-    rr.backward_s = median_of(x.backward);
-    rr.comm_wait_s = median_of(x.comm_wait);
-    rr.optimizer_s = median_of(x.optimizer);
-    rr.step_s = median_of(x.step);
-    rr.peak_tensor_bytes = max_of(x.peak);
-    rr.peak_rss_bytes = max_of(x.rss);
-    rr.params = max_of(x.params);
-    rr.grads = max_of(x.grads);
-    rr.optimizer = max_of(x.opt);
-    rr.activations_other = max_of(x.other);
-    rr.predicted_params = max_of(x.pparams);
-    rr.predicted_grads = max_of(x.pgrads);
-    rr.predicted_optimizer = max_of(x.popt);
-    rr.comm_bytes_per_step = x.comm;
-    out.push_back(rr);
-  }
+  for (size_t r = 0; r < samples.size(); ++r) out.push_back(rank_result(static_cast<int>(r), samples[r]));
   return out;
 }
 

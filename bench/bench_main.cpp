@@ -13,6 +13,7 @@
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
 #include "bench/checkpoint_bench.h"
 #include "bench/charts.h"
+#include "bench/gate.h"
 #include "bench/harness.h"
 #include "bench/planner_suite.h"
 #include "bench/report.h"
@@ -353,22 +354,25 @@ int run(const CliOptions& cli) {
 
 /// Reads the command line (and --sweep-config) into `cli`; an exit code when
 /// strata-bench should stop here (--help: 0, bad input: 2).
-std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
-  int repeats = 0;
-  std::string suites_help = "comma-separated suites: ";
-  {
-    SuiteRegistry registry;
-    register_builtin_suites(registry);
-    const auto names = registry.names();
-    for (size_t i = 0; i < names.size(); ++i) suites_help += (i ? "," : "") + names[i];
-    suites_help += "; or checkpoint alone (save/load times, checkpoint_bench.cpp)";
-  }
+/// "comma-separated suites: a,b,...; or checkpoint alone (...)".
+std::string suites_help() {
+  SuiteRegistry registry;
+  register_builtin_suites(registry);
+  std::string help = "comma-separated suites: ";
+  const auto names = registry.names();
+  for (size_t i = 0; i < names.size(); ++i) help += (i ? "," : "") + names[i];
+  return help + "; or checkpoint alone (save/load times, checkpoint_bench.cpp)";
+}
+
+/// The main options, bound to `cli` (and --repeats to `repeats`).
+po::options_description main_options(CliOptions& cli, int& repeats) {
+  const std::string suites_text = suites_help();
   po::options_description desc(
       "strata-bench: run strata-gpt over strategy/recipe suites or a sweep and report throughput and memory\n"
       "Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input");
   desc.add_options()
       ("help,h", "show this help")
-      ("suite", po::value(&cli.suites)->default_value(cli.suites), suites_help.c_str())
+      ("suite", po::value(&cli.suites)->default_value(cli.suites), suites_text.c_str())
       ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone or a sweep, else 3)")
       ("gpt", po::value(&cli.gpt), "strata-gpt binary (default: next to strata-bench)")
       ("out", po::value(&cli.out_dir),
@@ -388,6 +392,11 @@ std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
       ("list", po::bool_switch(&cli.list), "print the cases and their strata-gpt commands, run nothing")
       ("from-json", po::value(&cli.from_json),
        "run nothing: report (and gate) the runs in FILE, a --json output, for the cases of --suite");
+  return desc;
+}
+
+/// The sweep's axes, bound to `cli` (also read from --sweep-config).
+po::options_description sweep_options(CliOptions& cli) {
   po::options_description sweep("Sweep options (instead of --suite; also as key = value lines in --sweep-config)");
   sweep.add_options()
       ("sweep", po::bool_switch(&cli.sweep), "run the cross product of the axes below")
@@ -404,6 +413,13 @@ std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
       ("threads-per-rank", po::value(&cli.threads_per_rank)->default_value(cli.threads_per_rank),
        "intra-op threads per rank")
       ("device", po::value(&cli.device)->default_value(cli.device), "cpu or cuda (pinned per case)");
+  return sweep;
+}
+
+std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
+  int repeats = 0;
+  const auto desc = main_options(cli, repeats);
+  const auto sweep = sweep_options(cli);
   po::options_description hidden;
   hidden.add_options()
       ("inject-regression", po::value(&cli.inject_regression),

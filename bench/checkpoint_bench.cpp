@@ -153,6 +153,42 @@ void check_suite_input(const std::vector<std::string>& presets, const std::strin
   }
 }
 
+/// The table's two rows (sharded, full) of `preset` from its ranks' results.
+void append_rows(std::ostream& table, const std::string& preset, const std::vector<json>& ranks, double disk) {
+  const double params = ranks[0]["params"].get<double>();
+  for (const std::string format : {"sharded", "full"}) {
+    double save_s = 0, load_s = 0, total = 0;
+    std::string per_rank;
+    for (const auto& r : ranks) {
+      save_s = std::max(save_s, r[format]["save_s"].get<double>());
+      load_s = std::max(load_s, r[format]["load_s"].get<double>());
+      total += r[format]["bytes_written"].get<double>();
+      per_rank += (per_rank.empty() ? "" : " / ") + mib(r[format]["bytes_written"].get<double>());
+    }
+    const double mbps = total / 1e6 / save_s;
+    table << "| " << preset << " | " << format << " | " << std::setprecision(2) << save_s << " | " << load_s << " | "
+          << per_rank << " | " << std::setprecision(3) << total / (12.0 * params) << " | " << std::setprecision(0)
+          << mbps << " (" << 100.0 * mbps / disk << "%) | " << mib(ranks[0][format]["save_peak_bytes"].get<double>())
+          << " / " << mib(ranks[0][format]["load_peak_bytes"].get<double>()) << " | "
+          << mib(ranks[0][format]["base_bytes"].get<double>()) << " |\n";
+  }
+}
+
+/// The disk's sequential write speed (into `disk`, MB/s) and the table's header.
+std::string table_header(const fs::path& dir, double& disk) {
+  // Median of three: on a shared machine single runs vary several-fold
+  // (write-back caching, other writers).
+  std::vector<double> runs;
+  for (int i = 0; i < 3; ++i) runs.push_back(disk_write_mb_per_s(dir, int64_t{256} << 20));
+  std::sort(runs.begin(), runs.end());
+  disk = runs[1];
+  std::ostringstream table;
+  table << std::fixed << "disk sequential write (256 MiB + fsync, median of 3: " << std::setprecision(0) << runs[0] << " / " << runs[1] << " / " << runs[2] << "): " << std::fixed << std::setprecision(0) << disk << " MB/s\n\n"
+        << "| preset | format | save s | load s | bytes written per rank (MiB) | total / 12Ψ' | save MB/s (% of disk) "
+           "| rank 0 peak save / load (MiB) | rank 0 state before (MiB) |\n|---|---|---|---|---|---|---|---|---|\n";
+  return table.str();
+}
+
 int checkpoint_suite(int argc, char** argv) {
   std::string presets = "gpt-mini,gpt2";
   std::string dir_arg, json_path, suite;
@@ -183,16 +219,9 @@ int checkpoint_suite(int argc, char** argv) {
   const bool temp = dir_arg.empty();
   const fs::path dir = temp ? fs::temp_directory_path() / ("strata-ckpt-bench-" + std::to_string(::getpid())) : fs::path(dir_arg);
   fs::create_directories(dir);
-  // Median of three: on a shared machine single runs vary several-fold
-  // (write-back caching, other writers).
-  std::vector<double> runs;
-  for (int i = 0; i < 3; ++i) runs.push_back(disk_write_mb_per_s(dir, int64_t{256} << 20));
-  std::sort(runs.begin(), runs.end());
-  const double disk = runs[1];
+  double disk = 0;
   std::ostringstream table;
-  table << std::fixed << "disk sequential write (256 MiB + fsync, median of 3: " << std::setprecision(0) << runs[0] << " / " << runs[1] << " / " << runs[2] << "): " << std::fixed << std::setprecision(0) << disk << " MB/s\n\n"
-        << "| preset | format | save s | load s | bytes written per rank (MiB) | total / 12Ψ' | save MB/s (% of disk) "
-           "| rank 0 peak save / load (MiB) | rank 0 state before (MiB) |\n|---|---|---|---|---|---|---|---|---|\n";
+  table << std::fixed << table_header(dir, disk);
   std::ofstream json_out;
   if (!json_path.empty()) json_out.open(json_path);
   for (const std::string& preset : preset_names) {
@@ -213,23 +242,7 @@ int checkpoint_suite(int argc, char** argv) {
       ranks.push_back(json::parse(in));
       if (json_out.is_open()) json_out << ranks.back().dump() << "\n";
     }
-    const double params = ranks[0]["params"].get<double>();
-    for (const std::string format : {"sharded", "full"}) {
-      double save_s = 0, load_s = 0, total = 0;
-      std::string per_rank;
-      for (const auto& r : ranks) {
-        save_s = std::max(save_s, r[format]["save_s"].get<double>());
-        load_s = std::max(load_s, r[format]["load_s"].get<double>());
-        total += r[format]["bytes_written"].get<double>();
-        per_rank += (per_rank.empty() ? "" : " / ") + mib(r[format]["bytes_written"].get<double>());
-      }
-      const double mbps = total / 1e6 / save_s;
-      table << "| " << preset << " | " << format << " | " << std::setprecision(2) << save_s << " | " << load_s << " | "
-            << per_rank << " | " << std::setprecision(3) << total / (12.0 * params) << " | " << std::setprecision(0)
-            << mbps << " (" << 100.0 * mbps / disk << "%) | " << mib(ranks[0][format]["save_peak_bytes"].get<double>())
-            << " / " << mib(ranks[0][format]["load_peak_bytes"].get<double>()) << " | "
-            << mib(ranks[0][format]["base_bytes"].get<double>()) << " |\n";
-    }
+    append_rows(table, preset, ranks, disk);
   }
   std::cout << table.str();
   if (temp) fs::remove_all(dir);

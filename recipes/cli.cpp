@@ -60,8 +60,8 @@ constexpr const char* kTestingEnvironment =
     "  STRATA_TEST_OFFLOAD_NO_TMPFILE=1  --offload disk uses its named-file fallback, as on a\n"
     "                                filesystem without O_TMPFILE (strategies/offload_tier.cpp)";
 
-/// Every RunConfig field, in to_ini() and --help order.
-std::vector<Field> fields() {
+/// Model and data options (groups 0, 1).
+std::vector<Field> model_data_fields() {
   using C = RunConfig;
   return {
       {"preset", 0, &C::preset, "model preset"},
@@ -76,6 +76,13 @@ std::vector<Field> fields() {
        "B×H×T×T scores) or naive (the reference; CUDA tensors always run it)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
+  };
+}
+
+/// Strategy and launch options (group 2).
+std::vector<Field> launch_fields() {
+  using C = RunConfig;
+  return {
       {"strategy", 2, &C::strategy, "distributed strategy"},
       {"device", 2, &C::device, "auto (cuda:LOCAL_RANK when CUDA is usable, else cpu), cpu or cuda"},
       {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
@@ -119,6 +126,13 @@ std::vector<Field> fields() {
       {"no-memory-check", 2, &C::no_memory_check,
        "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
        "machine has available", true},
+  };
+}
+
+/// Optimisation options (group 3).
+std::vector<Field> optimisation_fields() {
+  using C = RunConfig;
+  return {
       {"max-steps", 3, &C::max_steps, "optimizer steps"},
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
@@ -134,6 +148,13 @@ std::vector<Field> fields() {
       {"gradient-clip-val", 3, &C::gradient_clip_val, "global gradient norm limit (0: off)"},
       {"precision", 3, &C::precision, "32, 32-true, fp32, bf16-mixed or bf16"},
       {"seed", 3, &C::seed, "random seed"},
+  };
+}
+
+/// Loop and outputs options (group 4).
+std::vector<Field> loop_fields() {
+  using C = RunConfig;
+  return {
       {"log-every-n-steps", 4, &C::log_every_n_steps, "log every N steps"},
       {"val-check-interval", 4, &C::val_check_interval, "validate every N steps (0: at the end)"},
       {"limit-val-batches", 4, &C::limit_val_batches, "validation batches per check (0: none)"},
@@ -156,6 +177,13 @@ std::vector<Field> fields() {
        "checkpoint directory to resume from, or 'last' (the newest in <output-dir>/checkpoints); "
        "continues exactly, appending to <output-dir>/metrics.csv"},
       {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
+  };
+}
+
+/// Python interop options and testing aids (groups 5, 6).
+std::vector<Field> interop_testing_fields() {
+  using C = RunConfig;
+  return {
       {"init-from", kInteropGroup, &C::init_from,
        "start the GPT from this weights file (nanoGPT parameter names: a torch.save'd state_dict, "
        "a nanoGPT ckpt.pt, or an --export-weights file)"},
@@ -172,6 +200,16 @@ std::vector<Field> fields() {
        "every rank keeps an extra fp32 copy of the parameters' size alive for the run (an "
        "injected memory regression: strata-bench's gate test)", true},
   };
+}
+
+/// Every RunConfig field, in to_ini() and --help order.
+std::vector<Field> fields() {
+  std::vector<Field> all;
+  for (auto group : {model_data_fields, launch_fields, optimisation_fields, loop_fields, interop_testing_fields}) {
+    auto part = group();
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return all;
 }
 
 /// The field's value in `config` as command-line / INI text.
@@ -295,6 +333,44 @@ std::string apply_config_file(const std::string& path, const po::options_descrip
   return "";
 }
 
+/// boost's parse of the command line into `parsed`; "" or the one-line error.
+std::string parse_command_line(const std::vector<std::string>& argv, const po::options_description& cli,
+                               po::parsed_options& parsed) {
+  try {
+    const std::vector<std::string> args(argv.empty() ? argv.begin() : argv.begin() + 1, argv.end());
+    parsed = po::command_line_parser(args)
+                 .options(cli)
+                 .style(po::command_line_style::default_style &
+                        ~po::command_line_style::allow_guessing)
+                 .run();
+  } catch (const po::unknown_option& e) {
+    return "unknown option '" + e.get_option_name() + "'; run with --help for the list of options";
+  } catch (const po::invalid_command_line_syntax& e) {
+    if (e.kind() == po::invalid_syntax::missing_parameter ||
+        e.kind() == po::invalid_syntax::empty_adjacent_parameter) {
+      return "missing value for " + e.get_option_name();
+    }
+    return std::string(e.what()) + "; run with --help for the list of options";
+  } catch (const po::error& e) {  // e.g. --help=3
+    return std::string(e.what()) + "; run with --help for the list of options";
+  }
+  return "";
+}
+
+/// --help (all = false: without the testing aids) or --help-all.
+std::string usage_text(const po::options_description& general, const std::vector<po::options_description>& groups,
+                       bool all) {
+  std::ostringstream usage;
+  usage << "Usage: strata-gpt [options]\n\n" << general;  // groups print aligned per group
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (all || static_cast<int>(g) != kTestingGroup) usage << '\n' << groups[g];
+  }
+  if (all) usage << '\n' << kTestingEnvironment << '\n';
+  std::string text = usage.str();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
 ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::string>& presets,
                   const std::vector<std::string>& strategies) {
   const auto groups = option_groups(presets, strategies);
@@ -311,25 +387,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   }
 
   po::parsed_options parsed(&cli);
-  try {
-    const std::vector<std::string> args(argv.empty() ? argv.begin() : argv.begin() + 1, argv.end());
-    parsed = po::command_line_parser(args)
-                 .options(cli)
-                 .style(po::command_line_style::default_style &
-                        ~po::command_line_style::allow_guessing)
-                 .run();
-  } catch (const po::unknown_option& e) {
-    return failure("unknown option '" + e.get_option_name() +
-                   "'; run with --help for the list of options");
-  } catch (const po::invalid_command_line_syntax& e) {
-    if (e.kind() == po::invalid_syntax::missing_parameter ||
-        e.kind() == po::invalid_syntax::empty_adjacent_parameter) {
-      return failure("missing value for " + e.get_option_name());
-    }
-    return failure(std::string(e.what()) + "; run with --help for the list of options");
-  } catch (const po::error& e) {  // e.g. --help=3
-    return failure(std::string(e.what()) + "; run with --help for the list of options");
-  }
+  if (std::string error = parse_command_line(argv, cli, parsed); !error.empty()) return failure(error);
 
   std::optional<std::string> config_path;
   std::map<std::string, int> seen;
@@ -344,15 +402,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
                      "'; options are given as --key value");
     }
     if (option.string_key == "help" || option.string_key == "help-all") {
-      const bool all = option.string_key == "help-all";
-      std::ostringstream usage;
-      usage << "Usage: strata-gpt [options]\n\n" << general;  // groups print aligned per group
-      for (size_t g = 0; g < groups.size(); ++g) {
-        if (all || static_cast<int>(g) != kTestingGroup) usage << '\n' << groups[g];
-      }
-      if (all) usage << '\n' << kTestingEnvironment << '\n';
-      std::string text = usage.str();
-      while (!text.empty() && text.back() == '\n') text.pop_back();
+      const std::string text = usage_text(general, groups, option.string_key == "help-all");
       return {std::nullopt, 0, text};
     }
     if (option.string_key == "config") config_path = option.value.at(0);

@@ -15,6 +15,45 @@ RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads) {
   return c;
 }
 
+namespace {
+
+/// Per rank (see RankStepStats; "memory" splits peak_tensor_bytes: model
+/// state as the strategy reports it at the end of the first step, and
+/// activations_other = peak - that state, i.e. activations, gathered FSDP
+/// units, buckets and transients at the peak).
+nlohmann::json per_rank_json(const FitResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t rank = 0; rank < r.per_rank.size(); ++rank) {
+    const auto& s = r.per_rank[rank];
+    nlohmann::json e;
+    e["rank"] = rank;
+    e["forward_s"] = s.forward_s;
+    e["backward_s"] = s.backward_s;
+    e["comm_wait_s"] = s.comm_wait_s;
+    e["optimizer_s"] = s.optimizer_s;
+    e["step_s"] = s.step_s;
+    e["tokens_per_s"] = s.tokens_per_s;
+    if (rank < r.peak_tensor_bytes.size() && rank < r.model_state_bytes.size()) {
+      const auto& m = r.model_state_bytes[rank];
+      e["peak_tensor_bytes"] = r.peak_tensor_bytes[rank];
+      e["memory"] = {{"params", m.params},
+                     {"grads", m.grads},
+                     {"optimizer", m.optimizer},
+                     {"activations_other", r.peak_tensor_bytes[rank] - m.total()}};
+    }
+    if (rank < r.peak_rss_bytes.size()) e["peak_rss_bytes"] = r.peak_rss_bytes[rank];
+    nlohmann::json bytes;
+    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+      bytes[collective_name(static_cast<CollectiveKind>(k))] = s.comm_bytes_per_step[k];
+    }
+    e["comm_bytes_per_step"] = bytes;
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size,
                             int64_t n_params, const std::string& data_name, double peak_flops,
                             double mfu) {
@@ -52,37 +91,7 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
     comm[collective_name(static_cast<CollectiveKind>(k))] = r.comm_bytes.sent[k];
   }
   j["comm_bytes_rank0"] = comm;
-  // Per rank (see RankStepStats; "memory" splits peak_tensor_bytes: model
-  // state as the strategy reports it at the end of the first step, and
-  // activations_other = peak - that state, i.e. activations, gathered FSDP
-  // units, buckets and transients at the peak).
-  j["per_rank"] = nlohmann::json::array();
-  for (size_t rank = 0; rank < r.per_rank.size(); ++rank) {
-    const auto& s = r.per_rank[rank];
-    nlohmann::json e;
-    e["rank"] = rank;
-    e["forward_s"] = s.forward_s;
-    e["backward_s"] = s.backward_s;
-    e["comm_wait_s"] = s.comm_wait_s;
-    e["optimizer_s"] = s.optimizer_s;
-    e["step_s"] = s.step_s;
-    e["tokens_per_s"] = s.tokens_per_s;
-    if (rank < r.peak_tensor_bytes.size() && rank < r.model_state_bytes.size()) {
-      const auto& m = r.model_state_bytes[rank];
-      e["peak_tensor_bytes"] = r.peak_tensor_bytes[rank];
-      e["memory"] = {{"params", m.params},
-                     {"grads", m.grads},
-                     {"optimizer", m.optimizer},
-                     {"activations_other", r.peak_tensor_bytes[rank] - m.total()}};
-    }
-    if (rank < r.peak_rss_bytes.size()) e["peak_rss_bytes"] = r.peak_rss_bytes[rank];
-    nlohmann::json bytes;
-    for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
-      bytes[collective_name(static_cast<CollectiveKind>(k))] = s.comm_bytes_per_step[k];
-    }
-    e["comm_bytes_per_step"] = bytes;
-    j["per_rank"].push_back(e);
-  }
+  j["per_rank"] = per_rank_json(r);
   j["matmul_peak_flops"] = peak_flops;
   j["psi"] = n_params;
   // Bytes rank 0 sent per step over Ψ·(N-1)/N, Ψ = fp32 parameter bytes: the

@@ -59,26 +59,22 @@ std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine)
 
 // ---- writing ---------------------------------------------------------------
 
+/// Where the parts of one logical tensor live, as every rank learns it.
+struct HeldTensor {
+  struct Range {
+    int64_t lo, hi;
+  };
+  json shape, dtype;
+  std::map<int, std::vector<Range>> held;  ///< rank -> its pieces, in its order
+};
 
-
-
-
-
-/// Format "full": each logical tensor gathered to rank 0 in turn and written.
-void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& pieces, json& body,
-                CheckpointSaveStats& stats) {
+/// Every logical tensor of every rank's pieces, and who holds which part.
+std::map<std::string, HeldTensor> who_holds_what(Comm& comm, const std::vector<StatePiece>& pieces) {
   json mine = json::array();
   for (const auto& p : pieces) mine.push_back(piece_record(p));
   // Sync point: every rank learns every tensor and who holds which part, so
   // all take part in the same transfers in the same order.
-  struct Range {
-    int64_t lo, hi;
-  };
-  struct TensorInfo {
-    json shape, dtype;
-    std::map<int, std::vector<Range>> held;  // rank -> its pieces, in its order
-  };
-  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, HeldTensor> tensors;
   const auto all = all_gather_strings(comm, mine.dump());
   for (size_t r = 0; r < all.size(); ++r) {
     for (const auto& rec : json::parse(all[r])) {
@@ -90,53 +86,73 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
       t.held[static_cast<int>(r)].push_back({rec["lo"].get<int64_t>(), rec["hi"].get<int64_t>()});
     }
   }
+  return tensors;
+}
+
+/// Ranks other than 0: each of `mine` (this rank's pieces of one tensor)
+/// straight to rank 0 from where it lives (a view of the shard): no copy, and
+/// each byte crosses the wire once.
+void send_pieces_to_rank0(Comm& comm, const std::vector<const StatePiece*>& mine) {
+  std::vector<PendingWork> sends;
+  int tag = 0;
+  for (const auto* p : mine) {
+    if (p->values.numel() > 0) sends.push_back(comm.send_async(p->values.contiguous(), /*dst=*/0, tag));
+    ++tag;
+  }
+  // Sync point: the pieces must stay untouched until rank 0 has them.
+  for (auto& s : sends) s.wait();
+}
+
+/// Rank 0: the whole tensor `t`, from its own pieces `mine` and every other
+/// rank's (the counterpart of send_pieces_to_rank0).
+torch::Tensor assemble_on_rank0(Comm& comm, const HeldTensor& t, const std::vector<const StatePiece*>& mine,
+                                const std::string& name) {
+  const auto shape = t.shape.get<std::vector<int64_t>>();
+  if (t.held.size() == 1 && mine.size() == 1 && mine.front()->lo == 0 &&
+      mine.front()->values.numel() == numel_of(shape)) {
+    return mine.front()->values;  // rank 0 holds it whole
+  }
+  // Zeros plus every rank's disjoint pieces, each received straight into
+  // place: rank 0 holds its own state plus this one tensor.
+  const auto dtype = dtype_from(t.dtype.get<std::string>(), "saving " + name);
+  auto whole = torch::zeros({numel_of(shape)}, torch::TensorOptions(dtype).device(comm.device()));
+  for (const auto* p : mine) whole.narrow(0, p->lo, p->values.numel()).copy_(p->values);
+  std::vector<PendingWork> recvs;
+  for (const auto& [r, ranges] : t.held) {
+    if (r == 0) continue;
+    int tag = 0;
+    for (const auto& range : ranges) {
+      if (range.hi > range.lo) {
+        auto target = whole.narrow(0, range.lo, range.hi - range.lo);
+        recvs.push_back(comm.recv_async(target, r, tag));
+      }
+      ++tag;
+    }
+  }
+  // Sync point: every rank's part of this tensor has arrived.
+  for (auto& w : recvs) w.wait();
+  return whole;
+}
+
+/// Format "full": each logical tensor gathered to rank 0 in turn and written.
+void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& pieces, json& body,
+                CheckpointSaveStats& stats) {
+  const auto tensors = who_holds_what(comm, pieces);
   std::unique_ptr<DataWriter> writer;
   if (comm.rank() == 0) writer = std::make_unique<DataWriter>(dir / "full.bin", "full.bin");
   std::vector<json> records;
   std::map<std::string, std::vector<const StatePiece*>> local;
   for (const auto& p : pieces) local[p.name].push_back(&p);
   for (const auto& [name, t] : tensors) {
-    const auto shape = t.shape.get<std::vector<int64_t>>();
-    const auto dtype = dtype_from(t.dtype.get<std::string>(), "saving " + name);
+    // Every rank checks the dtype before any transfer: an unknown one fails
+    // all ranks alike instead of leaving rank 0 waiting for pieces.
+    dtype_from(t.dtype.get<std::string>(), "saving " + name);
     if (comm.rank() != 0) {
-      // Each piece straight to rank 0 from where it lives (a view of the
-      // shard): no copy, and each byte crosses the wire once.
-      std::vector<PendingWork> sends;
-      int tag = 0;
-      for (const auto* p : local[name]) {
-        if (p->values.numel() > 0) sends.push_back(comm.send_async(p->values.contiguous(), /*dst=*/0, tag));
-        ++tag;
-      }
-      // Sync point: the pieces must stay untouched until rank 0 has them.
-      for (auto& s : sends) s.wait();
+      send_pieces_to_rank0(comm, local[name]);
       continue;
     }
-    torch::Tensor whole;
-    auto& mine_of = local[name];
-    if (t.held.size() == 1 && mine_of.size() == 1 && mine_of.front()->lo == 0 &&
-        mine_of.front()->values.numel() == numel_of(shape)) {
-      whole = mine_of.front()->values;  // rank 0 holds it whole
-    } else {
-      // Zeros plus every rank's disjoint pieces, each received straight into
-      // place: rank 0 holds its own state plus this one tensor.
-      whole = torch::zeros({numel_of(shape)}, torch::TensorOptions(dtype).device(comm.device()));
-      for (const auto* p : mine_of) whole.narrow(0, p->lo, p->values.numel()).copy_(p->values);
-      std::vector<PendingWork> recvs;
-      for (const auto& [r, ranges] : t.held) {
-        if (r == 0) continue;
-        int tag = 0;
-        for (const auto& range : ranges) {
-          if (range.hi > range.lo) {
-            auto target = whole.narrow(0, range.lo, range.hi - range.lo);
-            recvs.push_back(comm.recv_async(target, r, tag));
-          }
-          ++tag;
-        }
-      }
-      // Sync point: every rank's part of this tensor has arrived.
-      for (auto& w : recvs) w.wait();
-    }
-    const int64_t offset = writer->append(whole);
+    const auto shape = t.shape.get<std::vector<int64_t>>();
+    const int64_t offset = writer->append(assemble_on_rank0(comm, t, local[name], name));
     records.push_back({{"name", name}, {"shape", shape}, {"dtype", t.dtype}, {"lo", 0},
                        {"hi", numel_of(shape)}, {"file", "full.bin"}, {"offset", offset}});
   }

@@ -1,6 +1,7 @@
 // bench_test - Unit tests for bench/harness.cpp and bench/report.cpp (the pure
 // logic; strata-gpt subprocesses run only in the bench_smoke_gate ctest).
 #include "bench/charts.h"
+#include "bench/gate.h"
 #include "bench/harness.h"
 #include "bench/report.h"
 #include "bench/sweep.h"

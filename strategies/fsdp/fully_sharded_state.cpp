@@ -1,0 +1,86 @@
+// FSDPStrategy's state, as the rest of strata sees it: the ShardedState seam
+// (norms and scaling of the gradient shards for clipping, the bytes it holds,
+// the full parameters gathered on request) and the pieces checkpoints save.
+// Kept apart from the forward/backward/step logic of fully_sharded.cpp.
+#include "strategies/fsdp/fully_sharded.h"
+
+#include <torch/csrc/autograd/variable.h>
+
+namespace strata {
+
+std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
+  // hybrid_shard: the other nodes hold copies of node 0's shards; only node 0
+  // contributes, so the world's sum counts each element once.
+  if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
+  // Shard gradients, padding included: padding gradients are zero.
+  std::vector<torch::Tensor> norms;
+  for (const auto& unit : units_) norms.push_back(unit->shard_grad_norm());
+  return norms;
+}
+
+void FSDPStrategy::scale_shard_grads(double coef) {
+  for (auto& unit : units_) unit->scale_shard_grad(coef);
+}
+
+ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& optimizer) const {
+  ModelStateBytes bytes;
+  std::vector<torch::Tensor> frozen;  // parameters FSDP does not manage: held whole
+  for (const auto& p : module().module().parameters()) {
+    if (!p.requires_grad()) frozen.push_back(p);
+  }
+  bytes.params = unique_storage_bytes(frozen);
+  for (const auto& unit : units_) {
+    bytes.params += unit->param_bytes();
+    bytes.grads += unit->grad_bytes();
+  }
+  bytes.optimizer = optimizer_state_bytes(optimizer);
+  return bytes;
+}
+
+std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool detach) const {
+  TORCH_CHECK(tier_ == nullptr, name(), ": checkpoints of offloaded state (FSDPOptions::offload, --offload) "
+              "are not supported; train without offload to save or resume");
+  std::vector<ParamPiece> out;
+  // hybrid_shard / no_shard: the other replicas hold copies of these shards.
+  if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;
+  std::unordered_map<const void*, size_t> index_of;
+  for (size_t k = 0; k < params().size(); ++k) index_of[params()[k].unsafeGetTensorImpl()] = k;
+  for (const auto& unit : units_) {
+    const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
+    for (size_t j = 0; j < unit->pieces().size(); ++j) {
+      const auto& lp = layout_pieces[j];  // pieces() are cut in this order (flat_param.cpp)
+      const auto& values = unit->pieces()[j];
+      out.push_back({index_of.at(unit->params()[lp.param_index].unsafeGetTensorImpl()), lp.param_offset,
+                     detach ? values.detach() : values});
+    }
+  }
+  return out;
+}
+
+std::vector<Strategy::ParamPiece> FSDPStrategy::param_pieces(StateUse use) const {
+  return shard_pieces(use, /*detach=*/true);
+}
+
+std::vector<Strategy::ParamPiece> FSDPStrategy::optimizer_param_pieces(StateUse use) const {
+  return shard_pieces(use, /*detach=*/false);
+}
+
+FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
+  // Sync point: every rank gathers every unit, in unit order.
+  // exact: the full-precision values even under param_dtype (export, checkpoints).
+  for (auto& unit : units_) unit->finish_gather(shard_comm_, /*exact=*/true);
+  return FullParams(this, writeback);
+}
+
+std::shared_ptr<void> FSDPStrategy::gather_full_params(bool writeback) {
+  return std::make_shared<FullParams>(summon_full_params(writeback));
+}
+
+FSDPStrategy::FullParams::~FullParams() {
+  if (strategy_ == nullptr) return;
+  if (writeback_) {
+    for (auto& unit : strategy_->units_) unit->write_back();
+  }
+  strategy_->reshard_all();
+}
+}  // namespace strata
