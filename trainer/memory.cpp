@@ -21,18 +21,24 @@ namespace strata {
 struct TrackingAllocator::Context {
   size_t nbytes;
   std::shared_ptr<MemoryCounters> counters;
+  size_t capacity;                    ///< of the block, header included
+  std::shared_ptr<BlockCache> cache;  ///< where the block goes back to, or null
 };
 namespace {
 constexpr size_t kHeader = 64;
 }  // namespace
-TrackingAllocator::TrackingAllocator(c10::Allocator* underlying) : underlying_(underlying) {
+TrackingAllocator::TrackingAllocator(c10::Allocator* underlying, std::shared_ptr<BlockCache> cache)
+    : underlying_(underlying), cache_(std::move(cache)) {
   TORCH_CHECK(underlying_ != nullptr, "TrackingAllocator needs an underlying allocator");
 }
 
 c10::DataPtr TrackingAllocator::allocate(size_t nbytes) {
   static_assert(sizeof(Context) <= kHeader && alignof(Context) <= kHeader, "header too small");
-  auto* base = static_cast<char*>(c10::alloc_cpu(nbytes + kHeader));
-  new (base) Context{nbytes, counters_};
+  const size_t total = nbytes + kHeader;
+  const bool cached = cache_ && cache_->handles(total);
+  size_t capacity = total;
+  auto* base = static_cast<char*>(cached ? cache_->take(total, &capacity) : c10::alloc_cpu(total));
+  new (base) Context{nbytes, counters_, capacity, cached ? cache_ : nullptr};
   void* data = base + kHeader;
   auto& c = *counters_;
   const int64_t now = c.current.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
@@ -48,15 +54,22 @@ void TrackingAllocator::release(void* data) {
   char* base = static_cast<char*>(data) - kHeader;
   auto* ctx = reinterpret_cast<Context*>(base);
   ctx->counters->current.fetch_sub(static_cast<int64_t>(ctx->nbytes));
+  std::shared_ptr<BlockCache> cache = std::move(ctx->cache);
+  const size_t capacity = ctx->capacity;
   ctx->~Context();  // drops this allocation's reference to the counters
-  c10::free_cpu(base);
+  if (cache) {
+    cache->give(base, capacity);
+  } else {
+    c10::free_cpu(base);
+  }
 }
 
 void TrackingAllocator::reset_peak() { counters_->peak.store(counters_->current.load()); }
 
-MemoryTracker::MemoryTracker()
-    : previous_(c10::GetCPUAllocator()),
-      allocator_(std::make_unique<TrackingAllocator>(previous_)) {
+MemoryTracker::MemoryTracker(std::shared_ptr<BlockCache> cache)
+    : cache_(cache),
+      previous_(c10::GetCPUAllocator()),
+      allocator_(std::make_unique<TrackingAllocator>(previous_, std::move(cache))) {
   // Priority above the default so our allocator wins; restored in the destructor.
   c10::SetCPUAllocator(allocator_.get(), /*priority=*/100);
 }

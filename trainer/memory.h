@@ -7,6 +7,11 @@
 // previous one in its destructor. Tensors may outlive it: each allocation holds
 // a reference to the counters it was counted in (MemoryCounters), so freeing it
 // later updates those counters and never touches a destroyed allocator.
+// With a BlockCache (trainer/block_cache.h), large blocks come from and go
+// back to it instead of the system (the cache, too, lives as long as the
+// last allocation made from it).
+#include "trainer/block_cache.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
@@ -28,8 +33,9 @@ struct MemoryCounters {
 class TrackingAllocator final : public c10::Allocator {
  public:
   /// `underlying` is the allocator this one replaces (restored by
-  /// MemoryTracker); allocation itself uses c10::alloc_cpu like the default.
-  explicit TrackingAllocator(c10::Allocator* underlying);
+  /// MemoryTracker); allocation itself uses c10::alloc_cpu like the default,
+  /// or for blocks it handles `cache` when one is given.
+  explicit TrackingAllocator(c10::Allocator* underlying, std::shared_ptr<BlockCache> cache = nullptr);
 
   c10::DataPtr allocate(size_t nbytes) override;
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -50,12 +56,15 @@ class TrackingAllocator final : public c10::Allocator {
   static void release(void* ctx);
 
   c10::Allocator* underlying_;
+  std::shared_ptr<BlockCache> cache_;
   std::shared_ptr<MemoryCounters> counters_ = std::make_shared<MemoryCounters>();
 };
 
 class MemoryTracker {
  public:
-  MemoryTracker();
+  /// With `cache`, large CPU blocks are reused through it (strata-gpt's
+  /// default; trim it once per step, callbacks/block_cache_trim.h).
+  explicit MemoryTracker(std::shared_ptr<BlockCache> cache = nullptr);
   ~MemoryTracker();
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
@@ -67,8 +76,11 @@ class MemoryTracker {
   int64_t current_bytes() const;
   int64_t peak_bytes() const;
   void reset_peak();
+  /// The block cache given to the constructor (null when none).
+  const std::shared_ptr<BlockCache>& cache() const { return cache_; }
 
  private:
+  std::shared_ptr<BlockCache> cache_;
   c10::Device device_ = c10::kCPU;
   c10::Allocator* previous_;
   std::unique_ptr<TrackingAllocator> allocator_;

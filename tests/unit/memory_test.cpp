@@ -161,3 +161,72 @@ TEST(BufferPoolTest, ANegativeSizeIsAnError) {
 }
 
 }  // namespace
+
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+TEST(BlockCacheTest, ReusesAFreedBlockOfTheSameSizeAndKeepsTensorBytesExact) {
+  auto cache = std::make_shared<strata::BlockCache>();
+  strata::MemoryTracker tracker(cache);
+  const int64_t base = tracker.current_bytes();
+  void* first = nullptr;
+  {
+    auto a = torch::empty({2 * kMiB / 4}, torch::kFloat32);  // 2 MiB: cached
+    first = a.data_ptr();
+    EXPECT_EQ(tracker.current_bytes() - base, 2 * kMiB);
+  }
+  EXPECT_EQ(tracker.current_bytes(), base);  // a cached block is no tensor
+  EXPECT_GE(cache->stats().cached_bytes, 2 * kMiB);
+  auto b = torch::empty({2 * kMiB / 4}, torch::kFloat32);
+  EXPECT_EQ(b.data_ptr(), first);  // the same block, no fresh pages
+  EXPECT_EQ(cache->stats().hits, 1);
+  EXPECT_EQ(cache->stats().cached_bytes, 0);
+  // A small tensor never reaches the cache.
+  { auto small = torch::empty({1024}, torch::kFloat32); }
+  EXPECT_EQ(cache->stats().cached_bytes, 0);
+  EXPECT_EQ(cache->stats().misses, 1);
+}
+
+TEST(BlockCacheTest, TakesNoBlockMoreThanAnEighthLarger) {
+  auto cache = std::make_shared<strata::BlockCache>();
+  strata::MemoryTracker tracker(cache);
+  { auto big = torch::empty({8 * kMiB / 4}, torch::kFloat32); }
+  auto smaller = torch::empty({4 * kMiB / 4}, torch::kFloat32);  // half: a new block
+  EXPECT_EQ(cache->stats().hits, 0);
+  EXPECT_EQ(cache->stats().misses, 2);
+  auto close = torch::empty({(8 * kMiB - 64 * 1024) / 4}, torch::kFloat32);  // within 1/8: reused
+  EXPECT_EQ(cache->stats().hits, 1);
+}
+
+TEST(BlockCacheTest, TrimFreesWhatAWholeStepDidNotReuse) {
+  auto cache = std::make_shared<strata::BlockCache>();
+  strata::MemoryTracker tracker(cache);
+  { auto once = torch::empty({3 * kMiB / 4}, torch::kFloat32); }  // step 0 only
+  for (int step = 0; step < 3; ++step) {
+    auto every_step = torch::empty({2 * kMiB / 4}, torch::kFloat32);
+    every_step.reset();
+    cache->trim();  // end of step
+    // The block every step reuses stays; the one-off goes at the end of step 1.
+    const int64_t expected = step == 0 ? 5 * kMiB : 2 * kMiB;
+    EXPECT_NEAR(static_cast<double>(cache->stats().cached_bytes), static_cast<double>(expected), 1024.0)
+        << "after step " << step;
+  }
+  EXPECT_GE(cache->stats().trimmed_bytes, 3 * kMiB);
+  EXPECT_EQ(cache->stats().hits, 2);  // steps 1 and 2 reused step 0's block
+}
+
+TEST(BlockCacheTest, TensorsOutliveTrackerAndCache) {
+  torch::Tensor survivor;
+  {
+    auto cache = std::make_shared<strata::BlockCache>();
+    strata::MemoryTracker tracker(cache);
+    survivor = torch::ones({2 * kMiB / 4}, torch::kFloat32);
+  }
+  // The allocation holds the cache: freeing it now gives the block back to a
+  // cache only it keeps alive, which then frees it.
+  EXPECT_EQ(survivor.sum().item<float>(), 2 * kMiB / 4);
+  survivor.reset();
+}
+
+}  // namespace
