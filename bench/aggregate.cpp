@@ -197,7 +197,8 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
     tps.push_back(s.at("tokens_per_s").get<double>());
     backward.push_back(s.value("backward_s_per_step", 0.0));
     grad_sync.push_back(s.value("grad_sync_s_per_step", 0.0));
-    mfu.push_back(s.value("mfu", 0.0));
+    // null: unknown (an MFU above 1 against its peak is not reported).
+    mfu.push_back(s.contains("mfu") && s.at("mfu").is_number() ? s.at("mfu").get<double>() : 0.0);
     peak_flops.push_back(s.value("peak_flops_per_rank", 0.0));
     const int64_t peak = peak_tensor_bytes_max(s), state = model_state_bytes_max(s);
     const bool first = &s == &summaries.front();

@@ -16,18 +16,19 @@ namespace {
 
 /// Best seconds of one n×n product over up to `repeats` products, stopping
 /// early once `budget_s` has been spent (after at least one timed product).
-double best_matmul_seconds(int64_t n, int repeats, double budget_s) {
+double best_matmul_seconds(int64_t n, int repeats, double budget_s, torch::Dtype dtype = torch::kFloat32) {
   torch::NoGradGuard no_grad;
   // Host buffers wrapped with from_blob: nothing goes through the CPU
   // allocator, so a MemoryTracker's peak (the memory benchmarks' numbers)
   // does not see this probe.
+  // float-sized elements: room for any dtype of at most 4 bytes.
   std::vector<float> a_data(static_cast<size_t>(n * n)), b_data(a_data.size()), c_data(a_data.size());
   // Its own generator: the probe must not move the default one, from which
   // training draws its dropout masks (a resume restores that one's state).
   auto gen = at::detail::createCPUGenerator(/*seed_in=*/0);
-  const auto a = torch::from_blob(a_data.data(), {n, n}, torch::kFloat32).normal_(0.0, 1.0, gen);
-  const auto b = torch::from_blob(b_data.data(), {n, n}, torch::kFloat32).normal_(0.0, 1.0, gen);
-  auto c = torch::from_blob(c_data.data(), {n, n}, torch::kFloat32);
+  const auto a = torch::from_blob(a_data.data(), {n, n}, dtype).normal_(0.0, 1.0, gen);
+  const auto b = torch::from_blob(b_data.data(), {n, n}, dtype).normal_(0.0, 1.0, gen);
+  auto c = torch::from_blob(c_data.data(), {n, n}, dtype);
   torch::mm_out(c, a, b);  // warm-up: thread pool start, BLAS buffers
   using Clock = std::chrono::steady_clock;
   const auto begin = Clock::now();
@@ -44,11 +45,13 @@ double best_matmul_seconds(int64_t n, int repeats, double budget_s) {
 
 }  // namespace
 
-double measure_matmul_peak_flops(int64_t n, int repeats) {
+double measure_matmul_peak_flops(int64_t n, int repeats, torch::Dtype dtype) {
   TORCH_CHECK(n >= 1 && repeats >= 1, "measure_matmul_peak_flops: need n >= 1 and repeats >= 1, got n=",
               n, ", repeats=", repeats);
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
+              "measure_matmul_peak_flops: dtype must be float32 or bfloat16, got ", dtype);
   const double flops = 2.0 * double(n) * double(n) * double(n);
-  return flops / best_matmul_seconds(n, repeats, /*budget_s=*/1.0);
+  return flops / best_matmul_seconds(n, repeats, /*budget_s=*/2.0, dtype);
 }
 
 double measure_cuda_matmul_peak_flops(int index, int64_t n, int repeats) {
@@ -144,9 +147,15 @@ LogRow Throughput::update(const StepMetrics& metrics, int world_size, double flo
 
   LogRow row{{"tokens_per_s", tokens_per_s()}, {"samples_per_s", samples_per_s()}};
   mfu_ = 0.0;
+  mfu_above_one_ = false;
   if (flops_per_token > 0.0 && peak_flops_ > 0.0) {
-    mfu_ = tokens_per_s() / double(world_size) * flops_per_token / peak_flops_;
-    row.emplace_back("mfu", mfu_);
+    const double mfu = tokens_per_s() / double(world_size) * flops_per_token / peak_flops_;
+    // Above 1 the denominator is wrong, not the run: report none.
+    mfu_above_one_ = mfu > 1.0;
+    if (!mfu_above_one_) {
+      mfu_ = mfu;
+      row.emplace_back("mfu", mfu_);
+    }
   }
   return row;
 }

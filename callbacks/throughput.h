@@ -8,9 +8,11 @@
 //
 //   mfu = tokens/s per rank * module.flops_per_token() / peak_flops
 //
-// where peak_flops is this process's fp32 matmul speed with the current torch
-// thread count, measured once by measure_matmul_peak_flops() in on_fit_start
-// unless given in the options. Logs "tokens_per_s", "samples_per_s" and "mfu"
+// where peak_flops is given in the options (strata-gpt: recipes/peak_flops.h,
+// measured once per machine), else this process's fp32 matmul speed with the
+// current torch thread count, measured by measure_matmul_peak_flops() in
+// on_fit_start. An MFU above 1 means the peak is wrong: mfu() is then 0
+// (unknown) and mfu_above_one() true. Logs "tokens_per_s", "samples_per_s" and "mfu"
 // (the latter only when the module reports flops_per_token) with trainer.log()
 // in on_train_batch_end, from the second step on.
 //
@@ -28,11 +30,12 @@
 
 namespace strata {
 
-/// FLOP/s of fp32 n×n matrix products (2n³ FLOPs each) with the current torch
-/// threads: the best of `repeats` timed products after one warm-up product
-/// (fewer when they take over ~1 s in all, as on the reference BLAS). Its
-/// buffers bypass the CPU allocator, so a MemoryTracker's peak is unaffected.
-double measure_matmul_peak_flops(int64_t n = 1024, int repeats = 5);
+/// FLOP/s of n×n matrix products (2n³ FLOPs each) in `dtype` (float32 or
+/// bfloat16) with the current torch threads: the best of `repeats` timed
+/// products after one warm-up product (fewer when they take over ~2 s in all,
+/// as on the reference BLAS). Its buffers bypass the CPU allocator, so a
+/// MemoryTracker's peak is unaffected.
+double measure_matmul_peak_flops(int64_t n = 1024, int repeats = 5, torch::Dtype dtype = torch::kFloat32);
 
 /// The same for cuda:index, timed between device synchronizations (fp32,
 /// LibTorch's default math: no TF32). The probe's tensors are freed, and the
@@ -80,8 +83,10 @@ class Throughput : public Callback {
   /// Rolling window, all ranks.
   double tokens_per_s() const;
   double samples_per_s() const;
-  /// MFU of the last update (0 when unknown).
+  /// MFU of the last update (0 when unknown, or when above 1: see mfu_above_one()).
   double mfu() const { return mfu_; }
+  /// The last update computed an MFU above 1 (the peak is too low) and logged none.
+  bool mfu_above_one() const { return mfu_above_one_; }
   /// Tokens/s over every step but the first, all ranks.
   double average_tokens_per_s() const;
   /// FLOP/s used for MFU (0 before it is measured).
@@ -106,6 +111,7 @@ class Throughput : public Callback {
   int64_t total_tokens_ = 0;  ///< warm-up step excluded
   double total_seconds_ = 0.0;
   double mfu_ = 0.0;
+  bool mfu_above_one_ = false;
 };
 
 }  // namespace strata

@@ -165,7 +165,7 @@ std::map<std::string, std::string> current_environment() {
   }
   return env;
 }
-void configure_threads(int requested, int local_world_size) {
+int resolve_threads(int requested, int local_world_size) {
   TORCH_CHECK(requested >= 0, "configure_threads: requested threads ", requested, " must be >= 0");
   TORCH_CHECK(local_world_size >= 1, "configure_threads: local world size ", local_world_size,
               " must be >= 1");
@@ -180,7 +180,11 @@ void configure_threads(int requested, int local_world_size) {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = std::max(1, cores / local_world_size);
   }
-  at::set_num_threads(threads);
+  return threads;
+}
+
+void configure_threads(int requested, int local_world_size) {
+  at::set_num_threads(resolve_threads(requested, local_world_size));
 }
 
 }  // namespace strata

@@ -44,8 +44,10 @@ struct DistEnv {
 std::optional<DistEnv> dist_env_from(const std::map<std::string, std::string>& env);
 std::map<std::string, std::string> current_environment();
 
-/// Sets torch's intra-op threads: `requested` if > 0, else
-/// STRATA_THREADS_PER_RANK, else cores / local ranks.
+/// The intra-op thread count configure_threads() sets: `requested`, else
+/// STRATA_THREADS_PER_RANK, else cores / local_world_size (at least 1).
+int resolve_threads(int requested, int local_world_size);
+/// Sets torch's intra-op threads: at::set_num_threads(resolve_threads(...)).
 void configure_threads(int requested, int local_world_size);
 
 }  // namespace strata

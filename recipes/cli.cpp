@@ -126,6 +126,9 @@ std::vector<Field> launch_fields() {
       {"no-memory-check", 2, &C::no_memory_check,
        "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
        "machine has available", true},
+      {"cpu-cache", 2, &C::cpu_cache,
+       "keep freed CPU blocks of 1 MiB and more for reuse, trimmed every step to what the step "
+       "reused (false: back to the system at once, each step's large tensors fresh pages)"},
   };
 }
 
@@ -176,6 +179,12 @@ std::vector<Field> loop_fields() {
       {"resume", 4, &C::resume,
        "checkpoint directory to resume from, or 'last' (the newest in <output-dir>/checkpoints); "
        "continues exactly, appending to <output-dir>/metrics.csv"},
+      {"profile", 4, &C::profile,
+       "write a Chrome trace of steps 3-5 per rank to DIR/trace-rank<R>.json (Kineto; open in "
+       "ui.perfetto.dev or chrome://tracing)"},
+      {"peak-flops", 4, &C::peak_flops,
+       "one rank's peak FLOP/s, the MFU denominator (0: measured once per machine, threads and dtype, "
+       "cached in ~/.cache/strata/peak_flops.json)"},
       {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
   };
 }

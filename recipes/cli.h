@@ -48,6 +48,7 @@ struct RunConfig {
   /// MemAvailable / local ranks, or the GPU's memory on CUDA).
   std::string memory_budget;
   bool no_memory_check = false;  ///< skip the pre-flight memory check
+  bool cpu_cache = true;         ///< reuse freed CPU blocks >= 1 MiB (trainer/block_cache.h)
   // optimisation
   int64_t max_steps = 2500;
   int64_t batch_size = 64;
@@ -74,6 +75,8 @@ struct RunConfig {
   int64_t checkpoint_keep_best = 1;     ///< best checkpoints kept by checkpoint_monitor
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from, or "last"
+  std::string profile;           ///< --profile DIR: Chrome traces of a few steps ("": off)
+  double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/peak_flops.h)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
   // Python interop (recipes/interop.h, recipes/torchscript.h)
   std::string init_from;          ///< nanoGPT-named weights file to start the GPT from

@@ -1,5 +1,6 @@
 #include "recipes/cli_rules.h"
 
+#include <cmath>
 #include <filesystem>
 #include <tuple>
 
@@ -189,6 +190,8 @@ std::string check_ranges(const RunConfig& c) {
   need(c.checkpoint_keep >= 0, "checkpoint-keep", c.checkpoint_keep, ">= 0 (0: all)");
   need(c.checkpoint_keep_best >= 1, "checkpoint-keep-best", c.checkpoint_keep_best, ">= 1");
   need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience, ">= 0 (0: off)");
+  need(std::isfinite(c.peak_flops) && c.peak_flops >= 0, "peak-flops", c.peak_flops,
+       "a finite number >= 0 (0: measured once per machine)");
   return error;
 }
 

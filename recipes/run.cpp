@@ -1,10 +1,12 @@
 #include "recipes/run.h"
 
+#include "callbacks/block_cache_trim.h"
 #include "callbacks/csv_logger.h"
 #include "callbacks/early_stopping.h"
 #include "callbacks/lr_monitor.h"
 #include "callbacks/memory_monitor.h"
 #include "callbacks/model_checkpoint.h"
+#include "callbacks/profiler.h"
 #include "callbacks/progress.h"
 #include "callbacks/throughput.h"
 #include "core/atomic_file.h"
@@ -12,6 +14,7 @@
 #include "core/device.h"
 #include "launch/environment.h"
 #include "launch/launcher.h"
+#include "recipes/peak_flops.h"
 #include "recipes/run_checks.h"
 #include "recipes/run_summary.h"
 #include "recipes/torchscript.h"
@@ -23,6 +26,7 @@
 #include <malloc.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -161,7 +165,7 @@ StrategyConfig strategy_config(const RunConfig& c, const std::optional<DistEnv>&
 }
 
 std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::shared_ptr<Throughput> throughput,
-                                                      const fs::path& out_dir) {
+                                                      const fs::path& out_dir, const MemoryTracker& memory) {
   std::vector<std::shared_ptr<Callback>> callbacks = {
       std::make_shared<RecordRankError>(),
       std::make_shared<DescribeStrategy>(),
@@ -188,6 +192,8 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
     const char* fail_rank = std::getenv("STRATA_TEST_FAIL_RANK");
     callbacks.push_back(std::make_shared<FailAtStep>(std::atoll(fail), fail_rank ? std::atoi(fail_rank) : 0));
   }
+  if (!c.profile.empty()) callbacks.push_back(std::make_shared<Profiler>(ProfilerOptions(c.profile)));
+  if (memory.cache()) callbacks.push_back(std::make_shared<BlockCacheTrim>(memory.cache()));
   // Last, so it sees what the other callbacks logged for the step.
   callbacks.push_back(std::make_shared<CsvLogger>(CsvLoggerOptions(out_dir.string())));
   return callbacks;
@@ -229,13 +235,24 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
   }
 }
 
+/// "12.3%".
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * fraction);
+  return buf;
+}
+
 /// Rank 0: summary.json (written last: it marks a finished run) and the
 /// closing line.
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
-                   Strategy& strategy, const Throughput& throughput, int64_t n_params, const torch::Device& device) {
+                   Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
+                   const torch::Device& device) {
   const RunConfig& c = run.config;
   const int world = strategy.comm().size();
-  auto summary = summary_json(c, result, world, n_params, run.data->name(), throughput.peak_flops(), throughput.mfu());
+  peak.flops = throughput.peak_flops();  // CUDA: measured by the callback on the device
+  const std::optional<double> mfu =
+      throughput.mfu() > 0.0 ? std::optional<double>(throughput.mfu()) : std::nullopt;
+  auto summary = summary_json(c, result, world, n_params, run.data->name(), peak, mfu);
   summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
   if (const auto planned = planner_strategy(registry, c); !planned.empty()) {
     // After fit (the probe's allocations go to its own tracker, so the run's
@@ -250,16 +267,27 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
   }
   const fs::path out_dir(c.output_dir);
   write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
-  int64_t peak = 0;
-  for (auto b : result.peak_tensor_bytes) peak = std::max(peak, b);
+  int64_t peak_tensor = 0;
+  for (auto b : result.peak_tensor_bytes) peak_tensor = std::max(peak_tensor, b);
   std::cout << "\n== done: " << result.steps << " steps in " << result.elapsed_s << " s"
             << " | train loss " << result.final_train_loss;
   if (result.val_loss) std::cout << " | val loss " << *result.val_loss;
   if (result.val_accuracy) std::cout << " | val accuracy " << 100.0 * *result.val_accuracy << "%";
   std::cout << " | " << static_cast<int64_t>(result.tokens_per_s) << " tokens/s"
-            << " | MFU " << 100.0 * throughput.mfu() << "%"
-            << " | peak tensor memory " << format_bytes(peak) << " (max over ranks)"
+            << " | MFU " << (mfu ? percent(*mfu) : std::string("n/a"))
+            << (throughput.mfu_above_one() ? " (above 1 against the peak: set --peak-flops)" : "")
+            << " | peak tensor memory " << format_bytes(peak_tensor) << " (max over ranks)"
             << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
+}
+
+/// What MFU divides by: --peak-flops, else on CPU this machine's cached peak
+/// for this rank's threads and compute dtype (recipes/peak_flops.h), else (CUDA)
+/// 0, which the Throughput callback measures on the device.
+PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
+  if (c.peak_flops > 0.0) return {c.peak_flops, "--peak-flops"};
+  if (device.is_cuda()) return {0.0, "measured on " + device.str()};
+  const bool bf16 = parse_precision(c.precision) != Precision::kFp32;
+  return cpu_peak_flops(at::get_num_threads(), bf16, default_peak_flops_cache());
 }
 
 /// Phase 2: one rank's training. Failures throw (exit 1).
@@ -288,8 +316,9 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
   std::shared_ptr<Strategy> strategy = registry.create(c.strategy, comm, strategy_config(c, env));
-  auto throughput = std::make_shared<Throughput>();
-  const auto callbacks = make_callbacks(c, throughput, out_dir);
+  const PeakFlops peak = mfu_peak(c, device);
+  auto throughput = std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops));
+  const auto callbacks = make_callbacks(c, throughput, out_dir, memory);
   if (is_zero) {
     std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : c.preset) << " | "
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "
@@ -306,7 +335,7 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   Trainer trainer(trainer_options(c), strategy, callbacks, &memory);
   const FitResult result = trainer.fit(*built.module, *run.data);
   write_exports(run, *strategy, built, is_zero);
-  if (is_zero) write_summary(run, registry, result, *strategy, *throughput, built.n_params, device);
+  if (is_zero) write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device);
 }
 
 }  // namespace
@@ -337,11 +366,12 @@ int run_gpt(int argc, char** argv) {
   // after which freed tensors stay in the heap and peak RSS keeps every
   // transient buffer a run ever had (an offloaded run's staging, a
   // re-gathered unit) instead of what is alive. A fixed threshold returns
-  // large tensors to the system when they die, so RSS tracks tensor memory.
-  // (A MALLOC_MMAP_THRESHOLD_ set by the user wins.)
+  // large blocks to the system when they are freed. What a step frees and
+  // re-allocates every step does not pay for that with fresh pages: the
+  // BlockCache under the tracker (--cpu-cache, trainer/block_cache.h) keeps
+  // those, and frees the rest within a step. (A MALLOC_MMAP_THRESHOLD_ set by
+  // the user wins.)
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  // Installed first so it outlives every tensor of the run.
-  MemoryTracker memory;
   StrategyRegistry registry;
   register_builtin_strategies(registry);
 
@@ -353,6 +383,8 @@ int run_gpt(int argc, char** argv) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;
   }
+  // Installed before any tensor of the run is made (parsing makes none).
+  MemoryTracker memory(parsed.config->cpu_cache ? std::make_shared<BlockCache>() : nullptr);
 
   // ---- Phase 1: everything that can be wrong with the input; exit code 2. ----
   std::optional<DistEnv> env;
@@ -387,6 +419,12 @@ int run_gpt(int argc, char** argv) {
                 << " cores; the ranks will share them (slower, same results)" << std::endl;
     }
     try {
+      // Measured (once per machine) before any rank runs: ranks measuring
+      // side by side would each see part of the cores.
+      if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
+        cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), parse_precision(c.precision) != Precision::kFp32,
+                       default_peak_flops_cache());
+      }
       return launch_ranks(run.args, launch);
     } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped
       std::cerr << "error: " << e.what_without_backtrace() << std::endl;

@@ -139,8 +139,18 @@ void check_model_inputs(CheckedRun& run) {
     GPTModule shape_only(run.model, /*deferred=*/true);
     check_resume_matches(c.resume, shape_only.module(), c.optimizer);
   }
+}
+
+/// What is written during or after training, outside --output-dir: the
+/// exports and --profile's traces (DIR is created when the trace is saved).
+void check_late_outputs(const RunConfig& c) {
   if (!c.export_weights.empty()) check_output_file("export-weights", c.export_weights);
   if (!c.export_torchscript.empty()) check_output_file("export-torchscript", c.export_torchscript);
+  if (!c.profile.empty()) {
+    std::error_code ec;
+    const bool exists = fs::is_directory(c.profile, ec);
+    check_output_file("profile", exists ? (fs::path(c.profile) / "trace-rank0.json").string() : c.profile);
+  }
 }
 
 /// --strategy auto: the planner's fastest candidate predicted to fit the
@@ -390,6 +400,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks
   check_model_inputs(run);
+  check_late_outputs(run.config);
   std::optional<ActivationProfile> profile;
   if (run.config.strategy == "auto") profile = choose_strategy(run, env);
   check_memory(run, registry, env, profile);

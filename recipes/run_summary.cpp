@@ -55,8 +55,8 @@ nlohmann::json per_rank_json(const FitResult& r) {
 }  // namespace
 
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size,
-                            int64_t n_params, const std::string& data_name, double peak_flops,
-                            double mfu) {
+                            int64_t n_params, const std::string& data_name, const PeakFlops& peak,
+                            std::optional<double> mfu) {
   nlohmann::json j;
   j["strategy"] = config.strategy;
   j["world_size"] = world_size;
@@ -71,8 +71,10 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   j["tokens_per_s"] = r.tokens_per_s;
   j["backward_s_per_step"] = r.backward_s_per_step;    // rank 0's
   j["grad_sync_s_per_step"] = r.grad_sync_s_per_step;  // rank 0's
-  j["mfu"] = mfu;
-  j["peak_flops_per_rank"] = peak_flops;
+  // MFU = tokens/s per rank × (6N + 12·L·H·Q·T) / the rank's peak (PaLM's).
+  j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
+  j["peak_flops_per_rank"] = peak.flops;
+  j["peak_flops_source"] = peak.source;
   j["elapsed_s"] = r.elapsed_s;
   j["stopped_early"] = r.stopped_early;
   j["stop_reason"] = r.stop_reason;
@@ -92,7 +94,7 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   }
   j["comm_bytes_rank0"] = comm;
   j["per_rank"] = per_rank_json(r);
-  j["matmul_peak_flops"] = peak_flops;
+  j["matmul_peak_flops"] = peak.flops;
   j["psi"] = n_params;
   // Bytes rank 0 sent per step over Ψ·(N-1)/N, Ψ = fp32 parameter bytes: the
   // ZeRO paper's multiple (ddp/oss/sdp 2, fsdp 3) independent of N.

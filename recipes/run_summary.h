@@ -3,11 +3,13 @@
 // printed header) and summary.json's document.
 #include "recipes/cli.h"
 #include "recipes/gpt.h"
+#include "recipes/peak_flops.h"
 #include "recipes/planner.h"
 #include "trainer/trainer.h"
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 
 namespace strata::recipes {
@@ -19,8 +21,10 @@ RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads);
 
 /// summary.json's measured part: the run's result per rank, model state,
 /// communication bytes and their ratio to the ZeRO paper's multiple.
+/// `mfu`: nullopt when unknown or above 1 (written as null); `peak` is what
+/// it divides by, with its source.
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size, int64_t n_params,
-                            const std::string& data_name, double peak_flops, double mfu);
+                            const std::string& data_name, const PeakFlops& peak, std::optional<double> mfu);
 
 /// Adds the planner's prediction beside the measured numbers: per rank
 /// "predicted" (the ZeRO formula's params/grads/optimizer, with measured ÷

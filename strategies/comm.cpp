@@ -1,5 +1,6 @@
 #include "strategies/comm.h"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -120,6 +121,7 @@ void PendingWork::wait() {
   // tensors are only valid after this returns. wait() rethrows its error.
   // Only the blocked time is counted (the step-time split's comm wait).
   if (!works.empty()) {
+    RECORD_FUNCTION("strata::comm_wait", std::vector<c10::IValue>());
     const auto start = std::chrono::steady_clock::now();
     struct AddWait {  // counts a failed wait too
       std::atomic<int64_t>* counter;
@@ -209,6 +211,7 @@ void Comm::all_reduce(torch::Tensor& tensor, c10d::ReduceOp op) {
 }
 
 PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
+  RECORD_FUNCTION("strata::all_reduce", std::vector<c10::IValue>());  // spans in --profile traces
   check_contiguous(tensor, "tensor", "all_reduce");
   if (size_ == 1) return {};
   const int64_t n = size_;
@@ -225,6 +228,7 @@ PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
 void Comm::broadcast(torch::Tensor& tensor, int root) { broadcast_async(tensor, root).wait(); }
 
 PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
+  RECORD_FUNCTION("strata::broadcast", std::vector<c10::IValue>());
   check_contiguous(tensor, "tensor", "broadcast");
   check_root(root, size_, "broadcast");
   if (size_ == 1) return {};
@@ -243,6 +247,7 @@ void Comm::reduce(torch::Tensor& tensor, int root, c10d::ReduceOp op) {
 }
 
 PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp op) {
+  RECORD_FUNCTION("strata::reduce", std::vector<c10::IValue>());
   check_contiguous(tensor, "tensor", "reduce");
   check_root(root, size_, "reduce");
   if (size_ == 1) return {};
@@ -262,6 +267,7 @@ void Comm::all_gather_into(torch::Tensor& output, const torch::Tensor& input) {
 }
 
 PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tensor& input) {
+  RECORD_FUNCTION("strata::all_gather", std::vector<c10::IValue>());
   check_contiguous(output, "output", "all_gather_into");
   check_contiguous(input, "input", "all_gather_into");
   check_same_kind(output, input, "all_gather_into");
@@ -308,6 +314,7 @@ void Comm::reduce_scatter(torch::Tensor& output, const torch::Tensor& input) {
 
 PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
                                        const torch::Tensor& workspace) {
+  RECORD_FUNCTION("strata::reduce_scatter", std::vector<c10::IValue>());
   check_contiguous(output, "output", "reduce_scatter");
   check_contiguous(input, "input", "reduce_scatter");
   check_same_kind(output, input, "reduce_scatter");

@@ -2,6 +2,7 @@
 
 #include "core/cuda_support.h"
 
+#include <ATen/record_function.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -178,6 +179,7 @@ int64_t OffloadTier::check_range(const Region& region, int64_t byte_offset, cons
 }
 
 void OffloadTier::read(const Region& region, int64_t byte_offset, const torch::Tensor& dst) {
+  RECORD_FUNCTION("strata::offload_read", std::vector<c10::IValue>());  // a span in --profile traces
   const int64_t nbytes = check_range(region, byte_offset, dst, "read");
   IoTimer timer(nanoseconds_);
   read_bytes(region, byte_offset, dst.data_ptr(), nbytes);
@@ -185,6 +187,7 @@ void OffloadTier::read(const Region& region, int64_t byte_offset, const torch::T
 }
 
 void OffloadTier::write(const Region& region, int64_t byte_offset, const torch::Tensor& src) {
+  RECORD_FUNCTION("strata::offload_write", std::vector<c10::IValue>());
   const int64_t nbytes = check_range(region, byte_offset, src, "write");
   IoTimer timer(nanoseconds_);
   write_bytes(region, byte_offset, src.data_ptr(), nbytes);

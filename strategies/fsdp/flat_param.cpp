@@ -2,6 +2,7 @@
 
 #include "core/deferred_init.h"
 
+#include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 
 #include <cstring>
@@ -182,6 +183,7 @@ void FlatParam::write_back() {
 }
 
 void FlatParam::reshard() {
+  RECORD_FUNCTION("strata::fsdp_reshard", std::vector<c10::IValue>());  // a span in --profile traces
   if (!sharded() || state_ == State::kSharded) return;
   // Sync point: a gather in flight still writes into the full buffer; its
   // storage may only be freed once the collective is done with it.

@@ -6,6 +6,7 @@
 #include "strategies/fsdp/pre_backward.h"
 #include "strategies/grad_buckets.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <unordered_map>
@@ -245,6 +246,7 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
 }
 
 void FSDPStrategy::gather(int index) {
+  RECORD_FUNCTION("strata::fsdp_gather", std::vector<c10::IValue>());  // a span in --profile traces
   FlatParam& unit = *units_[index];
   unit.finish_gather(shard_comm_);
   if (unit.compute_dtype() != unit.dtype()) {

@@ -4,6 +4,7 @@
 #include "tests/dist/run_binary.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -51,6 +52,49 @@ TEST(LauncherTest, TwoRankRunWritesPerRankSummary) {
   }
   EXPECT_TRUE(fs::exists(out / "metrics.csv"));
   EXPECT_TRUE(fs::exists(out / "config.ini"));
+}
+
+TEST(LauncherTest, ProfileWritesAChromeTracePerRankWithStrataPhases) {
+  const auto out = scratch() / "profiled";
+  const auto traces = scratch() / "traces";
+  fs::remove_all(traces);
+  auto run = run_gpt_binary("--strategy fsdp --nproc 2 --max-steps 6" + kQuick + "--output-dir " + out.string() +
+                            " --profile " + traces.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(traces / ("trace-rank" + std::to_string(rank) + ".json"));
+    ASSERT_TRUE(in.good()) << "rank " << rank << "\n" << run.output;
+    std::stringstream text;
+    text << in.rdbuf();
+    // Chrome's trace format, with strata's own phases among ATen's ops.
+    for (const char* name : {"\"traceEvents\"", "strata::fsdp_gather", "strata::reduce_scatter",
+                             "strata::optimizer_step", "aten::mm"}) {
+      EXPECT_NE(text.str().find(name), std::string::npos) << name << " in rank " << rank;
+    }
+  }
+}
+
+TEST(LauncherTest, MfuIsWithinZeroAndOneAndNamesItsPeak) {
+  const auto out = scratch() / "mfu";
+  auto run = run_gpt_binary("--strategy ddp --nproc 2 --max-steps 6" + kQuick + "--output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(out / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  ASSERT_TRUE(summary["mfu"].is_number()) << summary.dump(2);
+  EXPECT_GT(summary["mfu"].get<double>(), 0.0);
+  EXPECT_LE(summary["mfu"].get<double>(), 1.0);
+  EXPECT_GT(summary["peak_flops_per_rank"].get<double>(), 1e8);
+  // The launcher measured (or found cached) the peak before the ranks ran.
+  EXPECT_NE(summary["peak_flops_source"].get<std::string>().find("cached"), std::string::npos) << summary.dump(2);
+  // A peak far below what the run achieves: MFU above 1, reported as unknown.
+  const auto low = scratch() / "mfu-low";
+  run = run_gpt_binary("--strategy single --max-steps 6 --peak-flops 1000" + kQuick + "--output-dir " + low.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in_low(low / "summary.json");
+  const auto low_summary = nlohmann::json::parse(in_low);
+  EXPECT_TRUE(low_summary["mfu"].is_null()) << low_summary.dump(2);
+  EXPECT_EQ(low_summary["peak_flops_source"], "--peak-flops");
+  EXPECT_NE(run.output.find("MFU n/a (above 1"), std::string::npos) << run.output;
 }
 
 struct BadInput {
@@ -103,6 +147,8 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
       {"--nnodes 2 --node-rank 2 --master-port 29999",
        "invalid value '2' for --node-rank: must be in [0, nnodes) = [0, 2)"},
       {"--nnodes 2 --strategy ddp", "invalid value '0' for --master-port: must be > 0 with --nnodes > 1"},
+      {"--peak-flops -1", "invalid value '-1' for --peak-flops: must be a finite number >= 0"},
+      {"--profile " + (dir / "no-such-dir" / "prof").string(), "cannot write --profile"},
   };
   // Asking for CUDA where there is none is bad input too (exit 2, nothing written).
   if (!torch::cuda::is_available()) cases.push_back({"--device cuda", "--device cuda: no CUDA device is usable"});

@@ -9,6 +9,7 @@
 #include "callbacks/model_checkpoint.h"
 #include "callbacks/progress.h"
 #include "callbacks/throughput.h"
+#include "recipes/peak_flops.h"
 #include "strategies/single_device.h"
 #include "trainer/memory.h"
 #include "trainer/trainer.h"
@@ -356,6 +357,35 @@ TEST(ThroughputTest, MfuIsPerRankTokenFlopsOverPeak) {
   EXPECT_DOUBLE_EQ(row[2].second, 2e-3);
   EXPECT_DOUBLE_EQ(tp.mfu(), 2e-3);
   EXPECT_DOUBLE_EQ(tp.peak_flops(), 1e9);
+}
+
+TEST(ThroughputTest, AnMfuAboveOneIsReportedAsUnknown) {
+  // 1000 tok/s × 1000 FLOP/token = 1e6 FLOP/s against a peak of 1e5: the
+  // peak is wrong, not the run.
+  Throughput tp(ThroughputOptions().peak_flops(1e5));
+  tp.update(step_metrics(1, 1000, 5.0), 1, 1000.0);
+  const LogRow row = tp.update(step_metrics(2, 1000, 1.0), 1, 1000.0);
+  ASSERT_EQ(row.size(), 2u);  // tokens_per_s, samples_per_s; no "mfu"
+  EXPECT_EQ(tp.mfu(), 0.0);
+  EXPECT_TRUE(tp.mfu_above_one());
+}
+
+TEST(PeakFlopsTest, MeasuredOnceThenReadFromTheCache) {
+  TempDir dir("peak");
+  const std::string cache = (dir.path / "sub" / "peak_flops.json").string();
+  const auto first = strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache);
+  EXPECT_EQ(first.source, "measured");
+  EXPECT_GT(first.flops, 1e8);  // any BLAS exceeds 0.1 GFLOP/s
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  const auto second = strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache);
+  EXPECT_EQ(second.source, "cached (" + cache + ")");
+  EXPECT_EQ(second.flops, first.flops);
+  // Another dtype is another key: measured, and both stay cached.
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/true, cache).source, "measured");
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache).source, "cached (" + cache + ")");
+  // A damaged cache is measured again, not an error.
+  std::ofstream(cache) << "{not json";
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache).source, "measured");
 }
 
 TEST(ThroughputTest, MeasuresPeakOnceAtFitStart) {

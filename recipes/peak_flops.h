@@ -1,0 +1,31 @@
+#pragma once
+// The peak FLOP/s that MFU divides by, on CPU: measured once per machine,
+// thread count and dtype, and cached.
+//
+// Why not measure in every run (as strata did): ranks sharing a machine
+// measured at the same time, each seeing part of the cores, so equal work
+// showed MFU 0.55, 0.88 and 1.24. Now the launcher (or a one-rank run)
+// measures before any rank runs, with nothing else of the run competing, and
+// writes the result to a small JSON cache the ranks read:
+//   $XDG_CACHE_HOME/strata/peak_flops.json (default ~/.cache/strata/...)
+// keyed by CPU model, LibTorch version, dtype and threads. `--peak-flops`
+// overrides it. The measure: the best of a few 2048² matrix products (fp32,
+// or bf16 for bf16 precisions) with that many threads.
+#include <string>
+
+namespace strata::recipes {
+
+struct PeakFlops {
+  double flops = 0.0;  ///< per rank
+  std::string source;  ///< "--peak-flops", "measured", "cached (PATH)", or why measuring was not cached
+};
+
+/// The default cache file (see above); "" when neither XDG_CACHE_HOME nor HOME is set.
+std::string default_peak_flops_cache();
+
+/// The per-rank peak for `threads` threads in `bf16` or fp32: the cached value
+/// for this machine, else measured now (sets and restores torch's thread
+/// count) and written to `cache_path` ("" = do not cache).
+PeakFlops cpu_peak_flops(int threads, bool bf16, const std::string& cache_path);
+
+}  // namespace strata::recipes
