@@ -166,6 +166,8 @@ Stats compute_stats(std::vector<double> values) {
 }
 
 int64_t peak_tensor_bytes_max(const nlohmann::json& summary) {
+  // 0 when absent: a program without strata's tensor tracker (the peer suite's PyTorch).
+  if (!summary.contains("peak_tensor_bytes")) return 0;
   return max_over_ranks(summary.at("peak_tensor_bytes"), [](const nlohmann::json& v) { return v.get<int64_t>(); });
 }
 
@@ -175,6 +177,7 @@ int64_t peak_rss_bytes_max(const nlohmann::json& summary) {
 }
 
 int64_t model_state_bytes_max(const nlohmann::json& summary) {
+  if (!summary.contains("model_state_bytes")) return 0;
   return max_over_ranks(summary.at("model_state_bytes"), [](const nlohmann::json& m) {
     return m.at("params").get<int64_t>() + m.at("grads").get<int64_t>() + m.at("optimizer").get<int64_t>();
   });
@@ -242,8 +245,12 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
       k.predicted_optimizer = static_cast<int64_t>((*split)[2]);
     }
   }
-  std::vector<double> psi, ratio, peak;
+  std::vector<double> psi, ratio, peak, loss, loopback;
   for (const auto& s : summaries) {
+    if (s.contains("final_train_loss") && s.at("final_train_loss").is_number())
+      loss.push_back(s.at("final_train_loss").get<double>());
+    if (s.contains("loopback_bytes") && s.at("loopback_bytes").is_number() && steps > 0)
+      loopback.push_back(s.at("loopback_bytes").get<double>() / double(steps));
     if (s.contains("psi") && s.at("psi").is_number()) psi.push_back(s.at("psi").get<double>());
     if (s.contains("comm_ratio_to_psi") && s.at("comm_ratio_to_psi").is_number())
       ratio.push_back(s.at("comm_ratio_to_psi").get<double>());
@@ -253,6 +260,8 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   r.psi = median_of(psi);
   r.comm_ratio_to_psi = median_of(ratio);
   r.matmul_peak_flops = median_of(peak);
+  r.final_train_loss = median_of(loss);
+  r.loopback_bytes_per_step = median_of(loopback);
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include "bench/charts.h"
 #include "bench/gate.h"
 #include "bench/harness.h"
+#include "bench/peer_suite.h"
 #include "bench/planner_suite.h"
 #include "bench/report.h"
 #include "bench/sweep.h"
@@ -46,6 +47,7 @@ struct CliOptions {
   std::string suites = "smoke";
   std::optional<int> repeats;
   std::string gpt;
+  std::string python;  ///< --python: runs the peer suite's PyTorch programs
   std::string json_path, markdown_path, baseline_path, write_baseline_path, work_dir, from_json, out_dir;
   std::string inject_regression;
   bool keep_work_dir = false;
@@ -233,8 +235,18 @@ RunOptions run_options_of(const CliOptions& cli, const std::vector<Suite>& suite
   options.repeats = cli.repeats.value_or(only_smoke || cli.sweep ? 1 : 3);
   options.case_timeout_s = cli.case_timeout_s;
   options.inject_regression = cli.inject_regression;
+  options.python = cli.python.empty() ? STRATA_PYTHON : cli.python;
+  options.peer_script = (fs::path(STRATA_SOURCE_DIR) / "bench" / "peers" / "gpt_peer.py").string();
   TORCH_CHECK_VALUE(options.repeats >= 1, "--repeats must be >= 1, got ", options.repeats);
   TORCH_CHECK_VALUE(cli.case_timeout_s > 0, "--case-timeout must be > 0 seconds, got ", cli.case_timeout_s);
+  bool needs_python = false;
+  for (const auto& c : cases) needs_python |= c.program == "peer" || c.shared_init;
+  if (needs_python) {
+    TORCH_CHECK_VALUE(!options.python.empty() && ::access(options.python.c_str(), X_OK) == 0,
+                      "the peer suite needs a Python with torch: --python '", options.python,
+                      "' is not executable (scripts/setup's venv is the default)");
+    TORCH_CHECK_VALUE(fs::exists(options.peer_script), "the peer program ", options.peer_script, " is missing");
+  }
   if (!cli.inject_regression.empty()) {
     bool known = false;
     for (const auto& c : cases) known |= c.name == cli.inject_regression;
@@ -247,7 +259,11 @@ void list_cases(const std::vector<BenchCase>& cases, const RunOptions& options) 
   for (const auto& c : cases) {
     std::cout << c.name << (c.reference.empty() ? "" : " (vs " + c.reference + ")")
               << (c.skip_reason.empty() ? "" : " (skipped: " + c.skip_reason + ")") << "\n ";
-    for (const auto& arg : gpt_command(c, options.gpt_binary, "<generated-text>", "<out>")) std::cout << " " << arg;
+    const auto argv = c.program == "peer"
+                          ? peer_command(c, options.python, options.peer_script, "<generated-text>", "<out>")
+                          : gpt_command(c, options.gpt_binary, "<generated-text>", "<out>");
+    for (const auto& arg : argv) std::cout << " " << arg;
+    if (c.shared_init) std::cout << " --init-from <init-" << c.preset << ".pt>";
     std::cout << "\n";
   }
 }
@@ -260,6 +276,8 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
   bool planner = false;
   for (const auto& s : suites) planner |= s.name == "planner";
   if (planner) markdown += planner_markdown(runs);
+  for (const auto& s : suites)
+    if (s.name == "peer") markdown += peer_markdown(results);
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.out_dir.empty()) {
@@ -268,7 +286,15 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
     std::string lines;
     for (const auto& r : results) lines += case_record(r, header).dump() + "\n";
     write_text((out / "results.jsonl").string(), lines, "--out");
-    const ChartFiles charts = write_charts(results, cli.out_dir);
+    ChartFiles charts = write_charts(results, cli.out_dir);
+    if (std::any_of(suites.begin(), suites.end(), [](const Suite& s) { return s.name == "peer"; })) {
+      const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results),
+                                            "strata and PyTorch 2.x on the same job: tokens/s ÷ the faster PyTorch "
+                                            "(eager or compiled), higher is faster"}},
+                                          cli.out_dir);
+      charts.written.insert(charts.written.end(), peer.written.begin(), peer.written.end());
+      if (!peer.note.empty()) charts.note = peer.note;
+    }
     if (!charts.note.empty()) std::cerr << "note: " << charts.note << std::endl;
     std::cerr << "wrote " << (out / "results.md").string() << ", results.jsonl, runs.jsonl";
     for (const auto& f : charts.written) std::cerr << ", " << fs::path(f).filename().string();
@@ -375,6 +401,7 @@ po::options_description main_options(CliOptions& cli, int& repeats) {
       ("suite", po::value(&cli.suites)->default_value(cli.suites), suites_text.c_str())
       ("repeats", po::value(&repeats), "runs per case, interleaved (default: 1 for smoke alone or a sweep, else 3)")
       ("gpt", po::value(&cli.gpt), "strata-gpt binary (default: next to strata-bench)")
+      ("python", po::value(&cli.python), "Python with torch for --suite peer (default: the build's venv)")
       ("out", po::value(&cli.out_dir),
        "write DIR/results.jsonl (one line per case), results.md, runs.jsonl (one line per run), "
        "tokens_per_s.png and memory.png (gnuplot; with their .dat/.gp)")

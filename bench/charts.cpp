@@ -166,16 +166,16 @@ std::string panel_chart_script(const PanelChart& chart, const std::string& dat, 
       << "set yrange [0:*]\n"
       << "set grid ytics\n"
       << (chart.long_labels ? "set xtics scale 0 font ',8' rotate by -35\n" : "set xtics scale 0 font ',9'\n")
-      << "set ylabel 'ratio to ddp'\n"
+      << "set ylabel '" << chart.ylabel << "'\n"
       << "colors = '" << palette << "'\n"
       << "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'\n"
       // The legend once, between the title and the panels.
       << "set multiplot layout " << rows << "," << cols << " title '" << title << "' margins 0.07,0.98,"
-      << (chart.long_labels ? "0.2" : "0.07") << ",0.84 spacing 0.07,0.14\n";
+      << (chart.long_labels ? "0.2" : "0.07") << ",0.76 spacing 0.07,0.14\n";  // the legend above, clear of the panel titles
   const size_t columns = chart.strategies.size() + 1;
   for (size_t p = 0; p < chart.panels.size(); ++p) {
     out << "set title '" << chart.panels[p] << "'\n";
-    out << (p == 0 ? "set key at screen 0.5, screen 0.935 center top horizontal font ',9'\n" : "unset key\n");
+    out << (p == 0 ? "set key at screen 0.5, screen 0.935 center top horizontal maxrows 1 font ',9'\n" : "unset key\n");
     out << "plot for [i=2:" << columns << "] '" << dat << "' index " << p
         << " using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)\n";
   }
@@ -183,7 +183,7 @@ std::string panel_chart_script(const PanelChart& chart, const std::string& dat, 
   return out.str();
 }
 
-ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir, const std::string& gnuplot) {
+ChartFiles draw_charts(const std::vector<NamedChart>& charts, const std::string& dir, const std::string& gnuplot) {
   ChartFiles files;
   const fs::path d(dir);
   fs::create_directories(d);
@@ -191,30 +191,21 @@ ChartFiles write_charts(const std::vector<CaseResult>& results, const std::strin
   const bool have_gnuplot =
       capture("echo 'set terminal' | " + quote(gnuplot) + " 2>&1", &terminals) == 0 && !terminals.empty();
   const std::string terminal = terminals.find("pngcairo") != std::string::npos ? "pngcairo" : "png";
-  struct Chart {
-    const char* name;
-    const PanelChart* chart;
-    const char* title;
-  };
-  const PanelChart tokens = panel_chart_data(results, ChartMetric::kTokensPerS);
-  const PanelChart memory = panel_chart_data(results, ChartMetric::kPeakTensorBytes);
-  const Chart charts[] = {
-      {"tokens_per_s", &tokens, "tokens/s (best step, all ranks) as a ratio to ddp: higher is faster"},
-      {"memory", &memory, "peak tensor memory per rank as a ratio to ddp: lower is smaller"}};
   std::vector<std::string> scripts;
-  for (const Chart& c : charts) {
-    const fs::path dat = d / (std::string(c.name) + ".dat"), gp = d / (std::string(c.name) + ".gp"),
-                   png = d / (std::string(c.name) + ".png");
-    write_file(dat, c.chart->data);
+  for (const NamedChart& c : charts) {
+    const fs::path dat = d / (c.name + ".dat"), gp = d / (c.name + ".gp"), png = d / (c.name + ".png");
+    write_file(dat, c.chart.data);
     // Relative names: the script runs in `dir`, so the folder can be moved and re-drawn.
-    write_file(gp, panel_chart_script(*c.chart, dat.filename().string(), png.filename().string(), terminal, c.title));
+    write_file(gp, panel_chart_script(c.chart, dat.filename().string(), png.filename().string(), terminal, c.title));
     files.written.push_back(dat.string());
     files.written.push_back(gp.string());
     scripts.push_back(gp.filename().string());
   }
   if (!have_gnuplot) {
+    std::string all;
+    for (const auto& gp : scripts) all += " " + gp;
     files.note = "gnuplot not found ('" + gnuplot + "'): wrote the chart data and scripts to " + dir +
-                 " but no PNG (install gnuplot-nox, then run: cd " + dir + " && gnuplot tokens_per_s.gp memory.gp)";
+                 " but no PNG (install gnuplot-nox, then run: cd " + dir + " && gnuplot" + all + ")";
     return files;
   }
   for (const auto& gp : scripts) {
@@ -228,6 +219,17 @@ ChartFiles write_charts(const std::vector<CaseResult>& results, const std::strin
     files.written.push_back(png.string());
   }
   return files;
+}
+
+ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir, const std::string& gnuplot) {
+  std::vector<CaseResult> strategies;
+  for (const auto& r : results)
+    if (r.bench_case.suite != "peer") strategies.push_back(r);
+  return draw_charts({{"tokens_per_s", panel_chart_data(strategies, ChartMetric::kTokensPerS),
+                       "tokens/s (best step, all ranks) as a ratio to ddp: higher is faster"},
+                      {"memory", panel_chart_data(strategies, ChartMetric::kPeakTensorBytes),
+                       "peak tensor memory per rank as a ratio to ddp: lower is smaller"}},
+                     dir, gnuplot);
 }
 
 }  // namespace strata::bench

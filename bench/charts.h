@@ -34,6 +34,7 @@ struct PanelChart {
   std::vector<std::string> strategies;  ///< bar order: single, ddp, oss, sdp, fsdp, then others
   std::string data;                     ///< gnuplot data: one block (index) per panel
   bool long_labels = false;             ///< rows named by preset and shape (cases differ in shape)
+  std::string ylabel = "ratio to ddp";  ///< what 1 (the dashed line) is
 };
 PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric);
 
@@ -42,8 +43,21 @@ PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric 
 std::string panel_chart_script(const PanelChart& chart, const std::string& dat, const std::string& png,
                                const std::string& terminal, const std::string& title);
 
-/// Writes the .dat and .gp files into `dir` and runs `gnuplot` on them when
-/// it is on the PATH (pngcairo, else png terminal).
+/// A chart to draw: `name` gives the files' stem (NAME.dat, NAME.gp, NAME.png).
+struct NamedChart {
+  std::string name;
+  PanelChart chart;
+  std::string title;
+};
+
+/// Writes each chart's .dat and .gp files into `dir` and runs `gnuplot` on
+/// them when it is on the PATH (pngcairo, else png terminal).
+ChartFiles draw_charts(const std::vector<NamedChart>& charts, const std::string& dir,
+                       const std::string& gnuplot = "gnuplot");
+
+/// draw_charts of tokens_per_s and memory (panel_chart_data) over `results`,
+/// the peer suite's cases left out (they compare systems, not strategies:
+/// bench/peer_suite.h draws them).
 ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir,
                         const std::string& gnuplot = "gnuplot");
 

@@ -44,6 +44,15 @@ struct BenchCase {
   std::string device = "cpu";    ///< pinned (--device), so a CUDA build never meets CPU baselines
   std::vector<std::string> extra;  ///< further strata-gpt flags
   std::string reference;         ///< name of the case the "vs ref" columns divide by ("": none)
+  /// What runs: "strata-gpt", or "peer" (bench/peers/gpt_peer.py, the PyTorch
+  /// 2.x program for the same job: strategy single/ddp/oss/fsdp runs its mode
+  /// single/ddp/zero/fsdp2; `extra` holds the peer's own flags).
+  std::string program = "strata-gpt";
+  /// Start from the same weights as every other shared_init case of this model:
+  /// a file gpt_peer.py --write-init draws once per model shape (preset,
+  /// block size and the --n-layer/--n-head/--n-embd/--bias in `extra`),
+  /// passed as --init-from.
+  bool shared_init = false;
   std::string skip_reason;       ///< non-empty: not run (an invalid sweep combination), reported as skipped
 };
 
@@ -75,7 +84,7 @@ class SuiteRegistry {
   std::vector<std::pair<std::string, Factory>> entries_;
 };
 
-/// single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale.
+/// single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale, planner, peer.
 void register_builtin_suites(SuiteRegistry& registry);
 
 /// Names of the built-in suites, in report order.
@@ -90,6 +99,16 @@ std::vector<BenchCase> all_cases(const std::vector<Suite>& suites);
 /// strata-gpt's argv for one case (argv[0] = `gpt_binary`).
 std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_binary,
                                      const std::string& data_path, const std::string& output_dir);
+
+/// The peer's argv for a "peer" case: `python peer_script --mode ...`, with
+/// the case's model, data, batch and steps (the peer writes strata-gpt's
+/// summary.json / metrics.csv layout into `output_dir`).
+std::vector<std::string> peer_command(const BenchCase& c, const std::string& python, const std::string& peer_script,
+                                      const std::string& data_path, const std::string& output_dir);
+
+/// The model-shape flags of `c` for --write-init: --preset, --block-size and
+/// any --n-layer/--n-head/--n-embd/--bias in its extra flags.
+std::vector<std::string> model_shape_flags(const BenchCase& c);
 
 /// Writes `bytes` deterministic pseudo-random printable ASCII bytes (same file
 /// on every machine) to `path`: realistic-width matmuls at any --block-size.
@@ -159,6 +178,9 @@ struct RunOptions {
   /// Case name that also gets strata-gpt's hidden --debug-extra-param-copy
   /// (the gate test's injected memory regression); "" none.
   std::string inject_regression;
+  /// For "peer" cases and shared initial weights: the Python with torch and the peer script.
+  std::string python;
+  std::string peer_script;
   /// Called after each run (progress, JSON lines); may be empty.
   std::function<void(const CaseRun&)> on_run;
 };
@@ -212,6 +234,12 @@ struct CaseResult {
   /// Top-level figures when summary.json has them (median over runs): psi is
   /// the parameter count (Ψ in bytes is 4 x psi for fp32).
   std::optional<double> psi, comm_ratio_to_psi, matmul_peak_flops;
+  /// Training loss after the last step (median over runs).
+  std::optional<double> final_train_loss;
+  /// Bytes through the loopback interface per step during the run, as the
+  /// harness counts them (/proc/net/dev, transmit; median over runs): every
+  /// program's collectives and store traffic alike, strata's or PyTorch's.
+  std::optional<double> loopback_bytes_per_step;
 };
 
 /// tokens/s for ratios between cases of one run (the gate's): the best-step

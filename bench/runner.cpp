@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -141,6 +142,43 @@ std::vector<double> step_seconds(const std::string& metrics_csv) {
   return times;
 }
 
+/// Bytes the loopback interface has transmitted since boot (/proc/net/dev),
+/// -1 when unreadable. Ranks on one machine talk over it (Gloo's TCP pairs,
+/// the store), whichever program runs them.
+int64_t loopback_tx_bytes() {
+  std::ifstream in("/proc/net/dev");
+  for (std::string line; std::getline(in, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    if (name != "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    int64_t value = -1;
+    for (int i = 0; i < 9; ++i) fields >> value;  // 8 receive fields, then transmit bytes
+    return fields ? value : -1;
+  }
+  return -1;
+}
+
+/// The initial weights of `c`'s model shape, drawn once by the peer script
+/// (--write-init) into the work dir and reused by every case of that shape.
+std::string shared_init_file(const BenchCase& c, const RunOptions& options, const fs::path& work) {
+  const auto flags = model_shape_flags(c);
+  std::string slug = "init";
+  for (const auto& f : flags) slug += (f.rfind("--", 0) == 0 ? "_" : "-") + f.substr(f.rfind("--", 0) == 0 ? 2 : 0);
+  const fs::path path = work / (slug + ".pt");
+  if (fs::exists(path)) return path.string();
+  TORCH_CHECK_VALUE(!options.python.empty() && !options.peer_script.empty(),
+                    "case ", c.name, " needs shared initial weights: give strata-bench --python");
+  std::vector<std::string> argv = {options.python, options.peer_script, "--write-init", path.string()};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const int rc = run_process(argv, path.string() + ".log", options.case_timeout_s);
+  TORCH_CHECK(rc == 0 && fs::exists(path), "writing the initial weights ", path.string(), " failed (exit ", rc,
+              "; see ", path.string(), ".log)");
+  return path.string();
+}
+
 }  // namespace
 
 std::string libtorch_version() { return TORCH_VERSION; }
@@ -247,6 +285,40 @@ double median_step_seconds(const std::string& metrics_csv) {
   return times.empty() ? 0.0 : compute_stats(times).median;
 }
 
+std::vector<std::string> peer_command(const BenchCase& c, const std::string& python, const std::string& peer_script,
+                                      const std::string& data_path, const std::string& output_dir) {
+  static const std::map<std::string, std::string> mode_of = {
+      {"single", "single"}, {"ddp", "ddp"}, {"oss", "zero"}, {"fsdp", "fsdp2"}};
+  const auto mode = mode_of.find(c.strategy);
+  TORCH_CHECK_VALUE(mode != mode_of.end(), "case ", c.name, ": the peer has no counterpart of strategy '",
+                    c.strategy, "'; allowed: single, ddp, oss, fsdp");
+  TORCH_CHECK_VALUE(c.data == kGeneratedText, "case ", c.name, ": the peer reads the generated text only");
+  std::vector<std::string> cmd = {python, peer_script,
+                                  "--mode", mode->second,
+                                  "--nproc", std::to_string(c.nproc),
+                                  "--threads-per-rank", std::to_string(c.threads_per_rank),
+                                  "--precision", c.precision,
+                                  "--preset", c.preset,
+                                  "--data", data_path,
+                                  "--batch-size", std::to_string(c.batch_size),
+                                  "--max-steps", std::to_string(c.steps),
+                                  "--output-dir", output_dir};
+  if (c.block_size > 0) cmd.insert(cmd.end(), {"--block-size", std::to_string(c.block_size)});
+  cmd.insert(cmd.end(), c.extra.begin(), c.extra.end());
+  return cmd;
+}
+
+std::vector<std::string> model_shape_flags(const BenchCase& c) {
+  std::vector<std::string> flags = {"--preset", c.preset};
+  if (c.block_size > 0) flags.insert(flags.end(), {"--block-size", std::to_string(c.block_size)});
+  for (size_t i = 0; i + 1 < c.extra.size(); ++i) {
+    const std::string& f = c.extra[i];
+    if (f == "--n-layer" || f == "--n-head" || f == "--n-embd" || f == "--bias")
+      flags.insert(flags.end(), {f, c.extra[i + 1]});
+  }
+  return flags;
+}
+
 double min_step_seconds(const std::string& metrics_csv) {
   const auto times = step_seconds(metrics_csv);
   return times.empty() ? 0.0 : compute_stats(times).min;
@@ -267,7 +339,12 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
       std::replace(slug.begin(), slug.end(), '/', '_');
       const fs::path out_dir = work / (slug + "-r" + std::to_string(repeat));
       const std::string log_path = out_dir.string() + ".log";
-      auto argv = gpt_command(c, options.gpt_binary, data_path, out_dir.string());
+      auto argv = c.program == "peer"
+                      ? peer_command(c, options.python, options.peer_script, data_path, out_dir.string())
+                      : gpt_command(c, options.gpt_binary, data_path, out_dir.string());
+      if (c.shared_init) {
+        argv.insert(argv.end(), {"--init-from", shared_init_file(c, options, work)});
+      }
       if (!options.inject_regression.empty() && options.inject_regression == c.name)
         argv.push_back("--debug-extra-param-copy");
       std::vector<std::string> quoted;
@@ -278,7 +355,9 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
       run.repeat = repeat;
       run.command = join(quoted, " ");
       const auto start = Clock::now();
+      const int64_t lo_before = loopback_tx_bytes();
       const int rc = run_process(argv, log_path, options.case_timeout_s);
+      const int64_t lo_sent = loopback_tx_bytes() - lo_before;
       run.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
       const fs::path summary_path = out_dir / "summary.json";
       if (rc != 0 || !fs::exists(summary_path)) {
@@ -295,6 +374,8 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
         try {
           std::ifstream in(summary_path);
           run.summary = nlohmann::json::parse(in);
+          // Measured here, the same way for every program (one run at a time).
+          if (lo_before >= 0) run.summary["loopback_bytes"] = lo_sent;
         } catch (const nlohmann::json::exception& e) {
           run.error = "unreadable " + summary_path.string() + ": " + e.what();
           failed.insert(c.name);

@@ -2,6 +2,7 @@
 // that selects them by name. Running them: runner.cpp; their numbers:
 // aggregate.cpp.
 #include "bench/harness.h"
+#include "bench/peer_suite.h"
 #include "bench/planner_suite.h"
 
 #include <c10/util/Exception.h>
@@ -304,6 +305,7 @@ void register_builtin_suites(SuiteRegistry& registry) {
   registry.add("kernels", kernels_suite);
   registry.add("scale", scale_suite);
   registry.add("planner", planner_suite);  // bench/planner_suite.cpp
+  registry.add("peer", peer_suite);        // bench/peer_suite.cpp
 }
 
 std::vector<std::string> suite_names() {

@@ -3,6 +3,7 @@
 #include "bench/charts.h"
 #include "bench/gate.h"
 #include "bench/harness.h"
+#include "bench/peer_suite.h"
 #include "bench/report.h"
 #include "bench/sweep.h"
 #include "recipes/gpt.h"
@@ -174,6 +175,63 @@ TEST(BenchTest, GptCommandCarriesTheCase) {
   const auto addition = gpt_command(c, "g", "generated.txt", "o");
   EXPECT_NE(std::find(addition.begin(), addition.end(), "addition"), addition.end());
   EXPECT_EQ(std::find(addition.begin(), addition.end(), "generated.txt"), addition.end());
+}
+
+TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
+  BenchCase c = make_case("peer/gpt-mini-384/oss-2x1-fp32/pytorch-eager", "oss");
+  c.program = "peer";
+  c.block_size = 256;
+  c.extra = {"--n-embd", "384", "--activation-checkpointing", "1"};
+  const auto cmd = peer_command(c, "/venv/bin/python", "/src/bench/peers/gpt_peer.py", "/w/text", "/w/out");
+  auto value_of = [&](const std::string& flag) {
+    auto it = std::find(cmd.begin(), cmd.end(), flag);
+    return it == cmd.end() || it + 1 == cmd.end() ? std::string("<absent>") : *(it + 1);
+  };
+  EXPECT_EQ(cmd[0], "/venv/bin/python");
+  EXPECT_EQ(cmd[1], "/src/bench/peers/gpt_peer.py");
+  EXPECT_EQ(value_of("--mode"), "zero");  // oss is ZeRO-1
+  EXPECT_EQ(value_of("--nproc"), "2");
+  EXPECT_EQ(value_of("--data"), "/w/text");
+  EXPECT_EQ(value_of("--output-dir"), "/w/out");
+  EXPECT_EQ(value_of("--n-embd"), "384");
+  c.strategy = "fsdp";
+  EXPECT_EQ(peer_command(c, "p", "s", "d", "o")[3], "fsdp2");
+  c.strategy = "sdp";  // PyTorch has no ZeRO-2 of its own
+  EXPECT_THROW(peer_command(c, "p", "s", "d", "o"), c10::ValueError);
+  // The initial weights depend on the model's shape only.
+  EXPECT_EQ(model_shape_flags(c),
+            (std::vector<std::string>{"--preset", "gpt-nano", "--block-size", "256", "--n-embd", "384"}));
+}
+
+TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) {
+  const Suite suite = peer_suite();
+  std::map<std::string, const BenchCase*> by_name;
+  for (const auto& c : suite.cases) by_name[c.name] = &c;
+  const std::string stem = "peer/gpt-mini/ddp-2x1-fp32/";
+  ASSERT_TRUE(by_name.count(stem + "strata") && by_name.count(stem + "pytorch-eager") &&
+              by_name.count(stem + "pytorch-compile"));
+  for (const auto& c : suite.cases) EXPECT_TRUE(c.shared_init) << c.name;  // same initial weights
+  EXPECT_EQ(by_name[stem + "pytorch-compile"]->program, "peer");
+  EXPECT_EQ(by_name[stem + "strata"]->program, "strata-gpt");
+  auto result = [&](const std::string& system, double tps, double loss) {
+    CaseResult r;
+    r.bench_case = *by_name[stem + system];
+    r.runs = 3;
+    r.tokens_per_s = {tps, tps * 0.9, tps * 1.1};
+    r.final_train_loss = loss;
+    r.peak_rss_bytes_max = 400 << 20;
+    return r;
+  };
+  std::vector<CaseResult> results = {result("strata", 6000, 3.5), result("pytorch-eager", 4000, 3.5002),
+                                     result("pytorch-compile", 5000, 3.5001)};
+  std::string md = peer_markdown(results);
+  // 6000 ÷ the faster (compiled, 5000); range: 5400 ÷ 5500 to 6600 ÷ 4500.
+  EXPECT_NE(md.find("| 1.20× (0.98–1.47) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("3.5000 / 3.5001 (|Δ| 0.00010 ✓)"), std::string::npos) << md;
+  // A run that did not train (loss off by far more than the tolerance) voids the comparison.
+  results[0].final_train_loss = 3.5 + 10 * peer_loss_tolerance("32");
+  md = peer_markdown(results);
+  EXPECT_NE(md.find("✗ void"), std::string::npos) << md;
 }
 
 TEST(BenchTest, MedianStepSecondsSkipsTheWarmUpStep) {
@@ -498,7 +556,7 @@ TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
 TEST(BenchTest, SuiteRegistryTakesSuitesFromOtherFiles) {
   SuiteRegistry registry;
   register_builtin_suites(registry);
-  EXPECT_EQ(registry.names().back(), "planner");  // bench/planner_suite.cpp registers there
+  EXPECT_EQ(registry.names().back(), "peer");  // bench/peer_suite.cpp registers there, after planner
   registry.add("extra", [] { return Suite{"extra", "from another file", {make_case("extra/gpt-nano/x")}}; });
   const auto suites = registry.select("smoke,extra");
   ASSERT_EQ(suites.size(), 2u);

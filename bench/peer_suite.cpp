@@ -1,0 +1,201 @@
+#include "bench/peer_suite.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+namespace strata::bench {
+namespace {
+
+constexpr const char* kSuite = "peer";
+constexpr int64_t kSteps = 15;  ///< the first (compilation, warm-up) is not timed
+
+/// One job: what strata and the peer both run.
+struct PeerJob {
+  std::string shape;     ///< "gpt-mini" or "gpt-mini-384"
+  std::string strategy;  ///< strata's name
+  int nproc, threads;
+  std::string precision;
+  bool ac;
+  int64_t batch, block;
+  std::vector<std::string> model;  ///< shape flags for both programs
+  std::string label() const {
+    return strategy + "-" + std::to_string(nproc) + "x" + std::to_string(threads) + "-" +
+           (precision == "32" ? "fp32" : "bf16") + (ac ? "-ac" : "");
+  }
+};
+
+BenchCase job_case(const PeerJob& job, const std::string& system) {
+  BenchCase c;
+  c.suite = kSuite;
+  c.name = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/" + system;
+  c.preset = "gpt-mini";
+  c.strategy = job.strategy;
+  c.nproc = job.nproc;
+  c.threads_per_rank = job.threads;
+  c.precision = job.precision;
+  c.steps = kSteps;
+  c.batch_size = job.batch;
+  c.block_size = job.block;
+  c.shared_init = true;
+  c.extra = job.model;
+  if (job.ac) c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
+  if (system == "strata") {
+    c.reference = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/pytorch-eager";
+  } else {
+    c.program = "peer";
+    if (system == "pytorch-compile") c.extra.push_back("--compile");
+  }
+  return c;
+}
+
+std::vector<PeerJob> jobs() {
+  std::vector<PeerJob> out;
+  const std::vector<std::tuple<std::string, int, int>> strategies = {
+      {"single", 1, 2}, {"ddp", 2, 1}, {"oss", 2, 1}, {"fsdp", 2, 1}};
+  for (const std::string precision : {"32", "bf16-mixed"})
+    for (const auto& [strategy, nproc, threads] : strategies)
+      out.push_back({"gpt-mini", strategy, nproc, threads, precision, false, 8, 128, {}});
+  for (const auto& [strategy, nproc, threads] : strategies)
+    out.push_back({"gpt-mini", strategy, nproc, threads, "32", true, 8, 128, {}});
+  for (const std::string precision : {"32", "bf16-mixed"})
+    out.push_back({"gpt-mini-384", "single", 1, 2, precision, false, 4, 256, {"--n-embd", "384"}});
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+std::string mib(double bytes) { return fixed(bytes / (1024.0 * 1024.0), 0); }
+
+/// The chart panel a job belongs to, and its row there.
+std::pair<std::string, std::string> panel_and_row(const PeerJob& job) {
+  const std::string precision = job.precision == "32" ? "fp32" : "bf16-mixed";
+  if (job.shape != "gpt-mini") return {job.shape + ", block 256, single 1x2", precision};
+  const std::string row = job.nproc == 1 ? job.strategy + " 1x2" : job.strategy + " x2";
+  return {"gpt-mini, " + precision + (job.ac ? " + AC" : ""), row};
+}
+
+/// The results of one job by system ("strata", "pytorch-eager", "pytorch-compile").
+std::map<std::string, const CaseResult*> job_results(const PeerJob& job,
+                                                      const std::map<std::string, const CaseResult*>& by_name) {
+  std::map<std::string, const CaseResult*> out;
+  const std::string stem = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/";
+  for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"}) {
+    const auto it = by_name.find(stem + system);
+    if (it != by_name.end() && it->second->status == "ok") out[system] = it->second;
+  }
+  return out;
+}
+
+std::string tps_cell(const CaseResult* r) {
+  if (r == nullptr || r->status != "ok") return r ? r->status : "–";
+  std::string s = fixed(r->tokens_per_s.median, 0);
+  if (r->runs > 1) s += " (" + fixed(r->tokens_per_s.min, 0) + "–" + fixed(r->tokens_per_s.max, 0) + ")";
+  return s;
+}
+
+}  // namespace
+
+double peer_loss_tolerance(const std::string& precision) { return precision == "32" ? 1e-3 : 3e-2; }
+
+Suite peer_suite() {
+  Suite s{kSuite,
+          "strata against the PyTorch 2.x program for the same job (bench/peers/gpt_peer.py: "
+          "DistributedDataParallel, ZeroRedundancyOptimizer, FSDP2 fully_shard, SDPA, fused AdamW; eager "
+          "and torch.compile), same GPT, data, global batch, initial weights and threads, " +
+              std::to_string(kSteps) +
+              " steps (the first untimed). vs ref: strata ÷ PyTorch eager; the peer table divides by the "
+              "faster of eager and compiled.",
+          {}};
+  for (const PeerJob& job : jobs())
+    for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"}) s.cases.push_back(job_case(job, system));
+  return s;
+}
+
+PanelChart peer_chart_data(const std::vector<CaseResult>& results) {
+  std::map<std::string, const CaseResult*> by_name;
+  for (const auto& r : results) by_name[r.bench_case.name] = &r;
+  PanelChart chart;
+  chart.strategies = {"strata", "PyTorch eager", "PyTorch compiled"};
+  chart.ylabel = "tokens/s ÷ the faster PyTorch";
+  std::map<std::string, std::string> blocks;  // panel -> rows
+  for (const PeerJob& job : jobs()) {
+    const auto found = job_results(job, by_name);
+    double best = 0.0;
+    for (const char* p : {"pytorch-eager", "pytorch-compile"})
+      if (found.count(p)) best = std::max(best, found.at(p)->tokens_per_s.median);
+    if (best <= 0.0) continue;
+    const auto [panel, row] = panel_and_row(job);
+    if (std::find(chart.panels.begin(), chart.panels.end(), panel) == chart.panels.end()) chart.panels.push_back(panel);
+    std::string line = "\"" + row + "\"";
+    for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"})
+      line += found.count(system) ? " " + fixed(found.at(system)->tokens_per_s.median / best, 4) : " ?";
+    blocks[panel] += line + "\n";
+  }
+  std::ostringstream out;
+  out << "# one block per panel; columns: tokens/s (median) ÷ the faster PyTorch's ('?' = did not run)\n";
+  for (size_t p = 0; p < chart.panels.size(); ++p) {
+    if (p > 0) out << "\n\n";
+    out << "# panel " << p << ": " << chart.panels[p] << "\n\"job\" \"strata\" \"PyTorch eager\" \"PyTorch compiled\"\n"
+        << blocks[chart.panels[p]];
+  }
+  chart.data = out.str();
+  return chart;
+}
+
+std::string peer_markdown(const std::vector<CaseResult>& results) {
+  std::map<std::string, const CaseResult*> by_name;
+  for (const auto& r : results) by_name[r.bench_case.name] = &r;
+  std::ostringstream out;
+  out << "\n### strata vs PyTorch 2.x\n\n"
+         "| job | strata tokens/s | PyTorch eager | PyTorch compiled | strata ÷ faster PyTorch (range) "
+         "| peak RSS/rank MiB strata / PyTorch | loopback KiB/step strata / PyTorch "
+         "| final loss strata / PyTorch (agree?) |\n|---|---|---|---|---|---|---|---|\n";
+  for (const PeerJob& job : jobs()) {
+    const std::string stem = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/";
+    auto find = [&](const std::string& system) {
+      const auto it = by_name.find(stem + system);
+      return it == by_name.end() ? nullptr : it->second;
+    };
+    const CaseResult *s = find("strata"), *eager = find("pytorch-eager"), *compiled = find("pytorch-compile");
+    if (!s && !eager && !compiled) continue;
+    auto ok = [](const CaseResult* r) { return r && r->status == "ok"; };
+    // The faster PyTorch by median; its min and max bound the ratio's range.
+    const CaseResult* best = nullptr;
+    for (const CaseResult* p : {eager, compiled})
+      if (ok(p) && (!best || p->tokens_per_s.median > best->tokens_per_s.median)) best = p;
+    std::string ratio = "–";
+    if (ok(s) && best) {
+      ratio = fixed(s->tokens_per_s.median / best->tokens_per_s.median, 2) + "× (" +
+              fixed(s->tokens_per_s.min / best->tokens_per_s.max, 2) + "–" +
+              fixed(s->tokens_per_s.max / best->tokens_per_s.min, 2) + ")";
+    }
+    auto rss = [&](const CaseResult* r) { return ok(r) && r->peak_rss_bytes_max > 0 ? mib(double(r->peak_rss_bytes_max)) : "–"; };
+    auto lo = [&](const CaseResult* r) {
+      return ok(r) && r->loopback_bytes_per_step ? fixed(*r->loopback_bytes_per_step / 1024.0, 0) : "–";
+    };
+    std::string loss = "–";
+    if (ok(s) && best && s->final_train_loss && best->final_train_loss) {
+      const double diff = std::abs(*s->final_train_loss - *best->final_train_loss);
+      const bool agree = diff <= peer_loss_tolerance(job.precision);
+      loss = fixed(*s->final_train_loss, 4) + " / " + fixed(*best->final_train_loss, 4) + " (|Δ| " +
+             fixed(diff, 5) + (agree ? " ✓)" : " ✗ void)");
+    }
+    out << "| " << job.shape << " " << job.label() << " | " << tps_cell(s) << " | " << tps_cell(eager) << " | "
+        << tps_cell(compiled) << " | " << ratio << " | " << rss(s) << " / " << rss(best) << " | " << lo(s) << " / "
+        << lo(best) << " | " << loss << " |\n";
+  }
+  out << "\nLosses agree when |Δ| ≤ " << fixed(peer_loss_tolerance("32"), 4) << " (fp32) or "
+      << fixed(peer_loss_tolerance("bf16-mixed"), 2)
+      << " (bf16-mixed) after the same steps from the same weights; PyTorch's columns are the faster of eager "
+         "and compiled.\n";
+  return out.str();
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,36 @@
+#pragma once
+// The peer suite: strata against the PyTorch 2.x program a user would write
+// for the same job (bench/peers/gpt_peer.py), case by case: the same GPT,
+// data, global batch, initial weights (shared_init) and thread settings;
+// PyTorch eager and torch.compile. Single, ddp x2, oss x2 against
+// ZeroRedundancyOptimizer x2, fsdp x2 against FSDP2 fully_shard x2; fp32 and
+// bf16-mixed; activation checkpointing (fp32); and a 384-wide gpt-mini at
+// block 256.
+#include "bench/charts.h"
+#include "bench/harness.h"
+
+#include <string>
+#include <vector>
+
+namespace strata::bench {
+
+Suite peer_suite();
+
+/// Loss agreement needed for a comparison to count: |strata − PyTorch| of the
+/// final training loss (fp32: the same math in another order; bf16: rounding
+/// of two different autocast op sets).
+double peer_loss_tolerance(const std::string& precision);
+
+/// Markdown: per job, strata's tokens/s and PyTorch's eager and compiled
+/// (median, min–max), strata ÷ the faster PyTorch (median and the range over
+/// repeats), peak RSS per rank, loopback bytes per step, the final losses
+/// and whether they agree (a comparison whose losses disagree is void).
+std::string peer_markdown(const std::vector<CaseResult>& results);
+
+/// The chart of the same: a panel per model and precision (gpt-mini fp32,
+/// bf16-mixed, fp32 + activation checkpointing; the 384-wide gpt-mini), a
+/// cluster per strategy, bars strata / PyTorch eager / PyTorch compiled, each
+/// tokens/s ÷ the faster PyTorch's (1 = PyTorch's best).
+PanelChart peer_chart_data(const std::vector<CaseResult>& results);
+
+}  // namespace strata::bench

@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+r"""The PyTorch 2.x peer of `strata-gpt`: the same GPT job, written as an expert PyTorch user would.
+
+Same model, data, initial weights and optimisation as strata-gpt (recipes/gpt.cpp, recipes/data.cpp,
+trainer/trainer.cpp), so the losses of the two agree step by step; only the system differs.
+
+  model      nanoGPT's layout: tied wte/lm_head, learned wpe, pre-LN blocks (ln_1, attn.c_attn, attn.c_proj,
+             ln_2, mlp.c_fc, mlp.c_proj), exact GELU, LayerNorm eps 1e-5, dropout 0, attention by
+             F.scaled_dot_product_attention(is_causal=True). Loss: mean cross-entropy on fp32 logits.
+  weights    --init-from FILE: a dict name -> tensor under nanoGPT's names (strata-gpt --export-weights or
+             strata-export write one; strata-gpt --init-from reads it). strata-gpt refuses --max-steps 0, so
+             a comparison starts both from --write-init FILE: nanoGPT's init (strata's too: N(0, 0.02),
+             c_proj N(0, 0.02/sqrt(2 n_layer)), zero biases) drawn from --seed.
+  data       --data FILE: byte-level text (vocab 256), the last 10% held out; train window j starts at
+             hash2(seed ^ kTrainStream, j) % (len(train) - block_size); step s of rank r holds global windows
+             [(s*world + r)*B, +B): a port of recipes/data.cpp.
+  optimiser  torch.optim.AdamW(fused=True), betas (0.9, 0.95), eps 1e-8, decay on >= 2-D weights only; lr
+             warmup then cosine decay to --min-lr at --max-steps (trainer/lr_schedule.cpp), set per step as
+             nanoGPT does; clip_grad_norm_ by global norm (--gradient-clip-val, 0 = off).
+
+Modes (--mode), ranks spawned by this script (torch.multiprocessing, gloo over a FileStore: no sockets):
+  single  one process (torch.set_num_threads).
+  ddp     DistributedDataParallel(gradient_as_bucket_view=True), as in PyTorch's DDP tutorial; with --compile
+          torch.compile(ddp_model), as the DDP docs show (DDPOptimizer splits the graph at buckets).
+  zero    DDP + ZeroRedundancyOptimizer(optimizer_class=AdamW, fused=True), as its docs show (ZeRO-1;
+          strata's `oss`).
+  fsdp2   torch.distributed.fsdp.fully_shard on each block, then on the root, FSDP2 defaults, as torchtitan
+          does; with --compile each block is compiled before fully_shard (torchtitan's order).
+Precision: 32, or bf16-mixed: fp32 master weights, gradients and optimiser state with the forward under
+torch.autocast("cpu", bfloat16) (single/ddp/zero; strata's core/precision.h), or
+MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (fsdp2, as torchtitan).
+--activation-checkpointing 1: each block under torch.utils.checkpoint(use_reentrant=False).
+
+Output: one JSON object, the last line of stdout (and --json FILE): per-step losses (the global mean, rank 0's
+view) and gradient norms (before clipping), tokens/s as strata defines it, per-step times, per-rank peak RSS
+(VmHWM), versions and flags.
+
+  python bench/peers/gpt_peer.py --write-init init.pt --preset gpt-nano --block-size 64
+  strata-gpt --strategy fsdp --nproc 2 --data input.txt --init-from init.pt --preset gpt-nano --block-size 64 \
+      --batch-size 4 --max-steps 20 --limit-val-batches 0 --log-every-n-steps 1
+  python bench/peers/gpt_peer.py --mode fsdp2 --nproc 2 --data input.txt --init-from init.pt --preset gpt-nano \
+      --block-size 64 --batch-size 4 --max-steps 20
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+PRESETS = {"gpt-nano": (3, 3, 48), "gpt-micro": (4, 4, 128), "gpt-mini": (6, 6, 192), "gpt2": (12, 12, 768)}
+VOCAB = 256  # byte-level text
+
+
+# ---------------------------------------------------------------- model (nanoGPT's layout)
+class CausalSelfAttention(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.n_head = a.n_head
+        self.c_attn = nn.Linear(a.n_embd, 3 * a.n_embd, bias=a.bias)
+        self.c_proj = nn.Linear(a.n_embd, a.n_embd, bias=a.bias)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.c_fc = nn.Linear(a.n_embd, 4 * a.n_embd, bias=a.bias)
+        self.c_proj = nn.Linear(4 * a.n_embd, a.n_embd, bias=a.bias)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))  # exact GELU, as strata's torch::gelu
+
+
+class Block(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        # strata's LayerNorms always carry a bias (recipes/interop.h), whatever --bias says.
+        self.ln_1, self.attn = nn.LayerNorm(a.n_embd), CausalSelfAttention(a)
+        self.ln_2, self.mlp = nn.LayerNorm(a.n_embd), MLP(a)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(VOCAB, a.n_embd), wpe=nn.Embedding(a.block_size, a.n_embd),
+            h=nn.ModuleList(Block(a) for _ in range(a.n_layer)), ln_f=nn.LayerNorm(a.n_embd)))
+        self.lm_head = nn.Linear(a.n_embd, VOCAB, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied
+        self.activation_checkpointing = bool(a.activation_checkpointing)
+        for name, p in self.named_parameters():  # nanoGPT's init (used by --write-init only)
+            if p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * a.n_layer) if name.endswith("c_proj.weight") else 0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)  # LayerNorm weights keep their 1
+
+    def forward(self, idx, targets):
+        t = self.transformer
+        x = t.wte(idx) + t.wpe(torch.arange(idx.size(1), device=idx.device))
+        for block in t.h:
+            x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
+        logits = self.lm_head(t.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+# ---------------------------------------------------------------- data (a port of recipes/data.cpp)
+MASK64 = (1 << 64) - 1
+K_TRAIN_STREAM = 0x747261696E000001  # "train"
+
+
+def splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+class TextBytes:
+    """TextBytesData's train windows: window j starts at hash2(seed ^ kTrainStream, j) % (len(train) - T)."""
+
+    def __init__(self, path, block_size, seed):
+        data = np.fromfile(path, dtype=np.uint8)
+        val_len = max(len(data) // 10, block_size + 1)  # held out: the last 10%
+        assert len(data) >= 2 * (block_size + 1), f"{path}: too short for block size {block_size}"
+        self.train, self.T = data[: len(data) - val_len], block_size
+        self.key = splitmix64((seed ^ K_TRAIN_STREAM) & MASK64)  # hash2(key, j) = splitmix64(splitmix64(key) ^ j)
+
+    def batch(self, index, batch_size, rank, world):
+        first = (index * world + rank) * batch_size
+        span = len(self.train) - self.T
+        rows = [self.train[o: o + self.T + 1]
+                for o in (splitmix64(self.key ^ j) % span for j in range(first, first + batch_size))]
+        w = torch.from_numpy(np.stack(rows).astype(np.int64))
+        return w[:, :-1], w[:, 1:]
+
+
+def lr_at(step, a):
+    """trainer/lr_schedule.cpp: step 0 gets lr/(warmup+1); cosine from warmup to max_steps, then min_lr."""
+    min_lr = min(a.min_lr, a.lr)
+    if step < a.warmup_steps:
+        return a.lr * (step + 1) / (a.warmup_steps + 1)
+    if step >= a.max_steps or a.max_steps - a.warmup_steps <= 0:
+        return min_lr
+    progress = (step - a.warmup_steps) / (a.max_steps - a.warmup_steps)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (a.lr - min_lr)
+
+
+def peak_rss_bytes():
+    with open("/proc/self/status") as f:  # VmHWM, as strata's trainer/memory.cpp reads it
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+# ---------------------------------------------------------------- one rank
+def build(a, world):
+    """The model to call, the module whose parameters to clip, and the optimizer."""
+    model = GPT(a)
+    model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
+    a.parameters = sum(p.numel() for p in model.parameters())  # tied wte/lm_head once, as strata counts
+    bf16 = a.precision == "bf16-mixed"
+    if a.mode == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                     else MixedPrecisionPolicy())
+        for block in model.transformer.h:
+            if a.compile:
+                block.compile(fullgraph=True)  # in place, before sharding (torchtitan)
+            fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+        runner = model
+    elif a.mode in ("ddp", "zero"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        runner = DDP(model, gradient_as_bucket_view=True)
+        runner = torch.compile(runner) if a.compile else runner
+    else:
+        runner = torch.compile(model) if a.compile else model
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    kw = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    if a.mode == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **kw)
+    else:
+        opt = torch.optim.AdamW(groups, **kw)
+    return runner, model, opt
+
+
+def run_rank(rank, world, a, store_path, result_path):
+    torch.set_num_threads(a.threads_per_rank)
+    distributed = a.mode != "single"
+    if distributed:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    torch.manual_seed(a.seed)
+    data = TextBytes(a.data, a.block_size, a.seed)
+    runner, model, opt = build(a, world)
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fsdp2"
+                else contextlib.nullcontext())
+    losses, grad_norms, step_s = [], [], []
+    for step in range(a.max_steps):
+        # Timed like strata's Trainer::run_step: batch, forward, backward, clip, step, zero_grad, and the
+        # all-reduce of the loss for the log.
+        start = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, a)
+        x, y = data.batch(step, a.batch_size, rank, world)
+        with autocast:
+            loss = runner(x, y)
+        loss.backward()
+        if a.gradient_clip_val > 0:
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), a.gradient_clip_val).item())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean_loss = loss.detach().double().reshape(1)
+        if distributed:
+            dist.all_reduce(mean_loss)
+            mean_loss /= world
+        losses.append(mean_loss.item())
+        step_s.append(time.perf_counter() - start)
+    rss = [peak_rss_bytes()]
+    if distributed:
+        rss = [None] * world
+        dist.all_gather_object(rss, peak_rss_bytes())
+    if rank == 0:
+        write_result(a, world, losses, grad_norms, step_s, rss, result_path)
+    if distributed:
+        dist.destroy_process_group()
+        # Exit without interpreter shutdown: gloo's worker threads outlive destroy_process_group (DDP keeps
+        # the group alive in C++) and may free a finished collective's Python-owned tensors while the
+        # interpreter is finalizing, which aborts the rank (SIGABRT; pytorch/pytorch#179291 describes it).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def write_result(a, world, losses, grad_norms, step_s, rss, path):
+    # strata's FitResult::tokens_per_s: global tokens (batch * block * world per step) over rank 0's summed
+    # step time, for the steady steps: all but the first (which pays one-off costs, here compilation too).
+    steady = step_s[1:]
+    tokens = a.batch_size * a.block_size * world * len(steady)
+    result = {
+        "peer": "pytorch", "torch": torch.__version__, "mode": a.mode, "nproc": world,
+        "threads_per_rank": a.threads_per_rank, "precision": a.precision, "compile": bool(a.compile),
+        "activation_checkpointing": a.activation_checkpointing,
+        "model": {"n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd, "block_size": a.block_size,
+                  "vocab_size": VOCAB},
+        "batch_size": a.batch_size, "steps": a.max_steps, "parameters": a.parameters,
+        "tokens_per_s": tokens / sum(steady) if steady else 0.0,
+        "step_s": step_s, "first_step_s": step_s[0] if step_s else 0.0,
+        "peak_rss_bytes": rss, "losses": losses, "grad_norms": grad_norms,
+        "final_train_loss": losses[-1] if losses else None,
+    }
+    with open(path, "w") as f:
+        json.dump(result, f)
+
+
+def write_strata_layout(result, out_dir):
+    """summary.json and metrics.csv with the keys strata-bench reads from strata-gpt's (bench/aggregate.cpp):
+    no tensor-memory or collective-byte counters (PyTorch has no such per-run figures on CPU); strata-bench
+    measures the loopback bytes of both programs itself."""
+    os.makedirs(out_dir, exist_ok=True)
+    world, steps = result["nproc"], result["steps"]
+    summary = {
+        "system": "pytorch " + result["torch"] + (" compiled" if result["compile"] else " eager"),
+        "strategy": result["mode"], "world_size": world, "precision": result["precision"], "steps": steps,
+        "parameters": result["parameters"], "final_train_loss": result["final_train_loss"],
+        "tokens_per_s": result["tokens_per_s"], "first_step_s": result["first_step_s"],
+        "peak_rss_bytes": result["peak_rss_bytes"], "comm_bytes_rank0": {},
+        "per_rank": [{"rank": r, "peak_rss_bytes": b} for r, b in enumerate(result["peak_rss_bytes"])],
+    }
+    summary["per_rank"][0]["tokens_per_s"] = result["tokens_per_s"]
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(out_dir, "metrics.csv"), "w") as f:
+        f.write("step,loss,step_time_s\n")
+        for step, (loss, sec) in enumerate(zip(result["losses"], result["step_s"]), start=1):
+            f.write(f"{step},{loss},{sec}\n")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--mode", choices=["single", "ddp", "zero", "fsdp2"], default="single")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--threads-per-rank", type=int, default=0, help="0: cores / nproc")
+    p.add_argument("--precision", choices=["32", "bf16-mixed"], default="32")
+    p.add_argument("--activation-checkpointing", type=int, choices=[0, 1], default=0)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="gpt-micro")
+    for flag in ("--n-layer", "--n-head", "--n-embd"):
+        p.add_argument(flag, type=int, help="overrides --preset")
+    p.add_argument("--bias", type=int, choices=[0, 1], default=1)
+    p.add_argument("--block-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--max-steps", type=int, default=2500)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--gradient-clip-val", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--data", help="a text file (byte-level)")
+    p.add_argument("--init-from", help="initial weights: a dict under nanoGPT's names (strata --export-weights)")
+    p.add_argument("--write-init", metavar="FILE", help="write nanoGPT-initialised weights (from --seed) and exit")
+    p.add_argument("--json", metavar="FILE", help="also write the result here")
+    p.add_argument("--output-dir", metavar="DIR",
+                   help="also write DIR/summary.json and DIR/metrics.csv in strata-gpt's layout (strata-bench)")
+    a = p.parse_args(argv)
+    for key, value in zip(("n_layer", "n_head", "n_embd"), PRESETS[a.preset]):
+        setattr(a, key, getattr(a, key) or value)
+    a.threads_per_rank = a.threads_per_rank or max(1, (os.cpu_count() or 1) // a.nproc)
+    if a.mode == "single" and a.nproc != 1:
+        p.error("--mode single runs one process; use --nproc 1")
+    if not a.write_init and not (a.data and a.init_from):
+        p.error("--data and --init-from are required (or --write-init FILE)")
+    return a
+
+
+def main():
+    a = parse_args()
+    if a.write_init:
+        torch.manual_seed(a.seed)
+        torch.save(GPT(a).state_dict(), a.write_init)
+        return
+    with tempfile.TemporaryDirectory(prefix="gpt_peer.") as tmp:
+        store, result = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
+        if a.mode == "single":
+            run_rank(0, 1, a, store, result)
+        else:
+            mp.spawn(run_rank, args=(a.nproc, a, store, result), nprocs=a.nproc, join=True)
+        with open(result) as f:
+            text = f.read()
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    if a.output_dir:
+        write_strata_layout(json.loads(text), a.output_dir)
+    print(text, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
