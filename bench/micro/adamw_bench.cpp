@@ -3,6 +3,8 @@
 //
 //   BM_AdamWTorch/threads        torch::optim::AdamW::step (~10 tensor ops)
 //   BM_AdamWFused/threads        strata::FusedAdamW::step (one fused pass)
+//   BM_AdamWAtenFused/threads    ATen's fused CPU AdamW (at::_fused_adamw_, what
+//                                torch.optim.AdamW(fused=True) calls)
 //   BM_AdamWFusedKernel/threads/isa   the bare kernel; isa 0: portable vectors, 1: AVX2+FMA
 //   BM_AdamWFusedBf16/threads    the kernel plus the bf16 param copy in the same pass
 //   BM_CopyBandwidth/threads     dst.copy_(src) over 4 x 10M floats (tensor copy)
@@ -46,6 +48,24 @@ void optimizer_step(benchmark::State& state) {
 }
 
 void BM_AdamWTorch(benchmark::State& state) { optimizer_step<torch::optim::AdamW>(state); }
+
+void BM_AdamWAtenFused(benchmark::State& state) {
+  strata::bench::ScopedThreads threads(state.range(0));
+  auto p = torch::randn({kParams}), g = torch::randn({kParams});
+  auto m = torch::zeros({kParams}), v = torch::zeros({kParams});
+  auto step = torch::zeros({}, torch::kFloat32);
+  auto run = [&] {
+    step.add_(1);
+    at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step}, /*lr=*/1e-3, /*beta1=*/0.9, /*beta2=*/0.95,
+                      /*weight_decay=*/0.1, /*eps=*/1e-8, /*amsgrad=*/false, /*maximize=*/false);
+  };
+  run();  // warm-up, as optimizer_step
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(p.data_ptr());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kParams * kFusedBytesPerParam));
+}
 void BM_AdamWFused(benchmark::State& state) { optimizer_step<strata::FusedAdamW>(state); }
 
 void kernel_step(benchmark::State& state, bool bf16) {
@@ -97,6 +117,7 @@ void BM_Memcpy(benchmark::State& state) {
 
 // Real time: CPU time of the main thread misses the second intra-op thread's work.
 BENCHMARK(BM_AdamWTorch)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_AdamWAtenFused)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_AdamWFused)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 BENCHMARK(BM_AdamWFusedKernel)->ArgsProduct({{1, 2}, {0, 1}})->ArgNames({"threads", "isa"})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
