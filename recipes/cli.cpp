@@ -72,8 +72,9 @@ std::vector<Field> model_data_fields() {
       {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
       {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
       {"attention", 0, &C::attention,
-       "attention core: fused (tiled CPU kernel; keeps O(B·H·T) for backward instead of the "
-       "B×H×T×T scores) or naive (the reference; CUDA tensors always run it)"},
+       "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
+       "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
+       "(the reference: B×H×T×T scores)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };

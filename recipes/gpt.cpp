@@ -37,7 +37,7 @@ GPTOptions gpt_preset(const std::string& name) {
   TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", gpt_preset_names()));
 }
 
-std::vector<std::string> attention_names() { return {"fused", "naive"}; }
+std::vector<std::string> attention_names() { return {"fused", "sdpa", "naive"}; }
 
 void validate(const GPTOptions& o) {
   TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.vocab_size() > 0 &&
@@ -66,7 +66,7 @@ int64_t count_parameters(const GPTOptions& o) {
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
-    : n_head_(o.n_head()), fused_(o.attention() == "fused"), attn_dropout_p_(o.dropout()) {
+    : n_head_(o.n_head()), attention_(o.attention()), attn_dropout_p_(o.dropout()) {
   c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(o.dropout()));
@@ -81,13 +81,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
   torch::Tensor y;
-  if (fused_ && x.device().is_cpu()) {
+  if (attention_ == "fused" && x.device().is_cpu()) {
     // Dropout inside the kernel: one seed from the default generator per call.
+    // The default on CPU: faster than ATen's SDPA CPU kernel at every block
+    // size measured (README, micro-benchmarks).
     y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
-  } else if (fused_ && x.device().is_cuda()) {
-    // LibTorch's fused attention on CUDA (flash / cuDNN / memory-efficient
-    // kernels, chosen by ATen): no [B, H, T, T] scores in memory. Dropout
-    // draws from the CUDA generator, which activation checkpointing replays.
+  } else if (attention_ == "sdpa" || (attention_ == "fused" && x.device().is_cuda())) {
+    // LibTorch's fused attention (CUDA: flash / cuDNN / memory-efficient
+    // kernels, chosen by ATen; CPU: its flash-style kernel): no [B, H, T, T]
+    // scores in memory. Dropout draws from the device's generator, which
+    // activation checkpointing replays.
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_dropout_p_ : 0.0,
                                          /*is_causal=*/true);
   } else {

@@ -29,12 +29,13 @@ struct GPTOptions {
   /// lm_head shares the token embedding matrix.
   TORCH_ARG(bool, tie_weights) = true;
   /// The attention core: "fused" (kernels/attention.h: tiled, online softmax,
-  /// O(B·H·T) activation memory; CPU tensors) or "naive" (B×H×T×T scores kept
-  /// for backward; the reference, and what non-CPU tensors run).
+  /// O(B·H·T) activation memory, on CPU; on CUDA LibTorch's SDPA), "sdpa"
+  /// (at::scaled_dot_product_attention on any device) or "naive" (B×H×T×T
+  /// scores kept for backward; the reference).
   TORCH_ARG(std::string, attention) = "fused";
 };
 
-/// The values GPTOptions::attention accepts: fused, naive.
+/// The values GPTOptions::attention accepts: fused, sdpa, naive.
 std::vector<std::string> attention_names();
 
 /// gpt-nano (3 layers, 3 heads, 48 wide), gpt-micro (4, 4, 128),
@@ -59,7 +60,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_head_;
-  bool fused_;
+  std::string attention_;
   double attn_dropout_p_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
   torch::nn::Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};

@@ -179,12 +179,13 @@ std::pair<torch::Tensor, std::vector<torch::Tensor>> gpt_step(const std::string&
   return {logits.detach().to(torch::kFloat32), grads};
 }
 
-TEST(AttentionTest, GptWithFusedAttentionMatchesNaive) {
+TEST(AttentionTest, GptWithFusedOrSdpaAttentionMatchesNaive) {
+  for (const std::string attention : {"fused", "sdpa"})
   for (auto precision : {strata::Precision::kFp32, strata::Precision::kBf16Mixed}) {
     const double tol = precision == strata::Precision::kFp32 ? 1e-5 : 2e-2;
     const auto [naive_logits, naive_grads] = gpt_step("naive", precision);
-    const auto [fused_logits, fused_grads] = gpt_step("fused", precision);
-    const std::string what = strata::to_string(precision);
+    const auto [fused_logits, fused_grads] = gpt_step(attention, precision);
+    const std::string what = attention + " " + strata::to_string(precision);
     EXPECT_LE(scaled_diff(fused_logits, naive_logits), tol) << what;
     ASSERT_EQ(fused_grads.size(), naive_grads.size());
     for (size_t i = 0; i < naive_grads.size(); ++i) {
@@ -199,7 +200,7 @@ TEST(AttentionTest, GptRejectsUnknownAttention) {
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     const std::string message = e.what_without_backtrace();
-    EXPECT_NE(message.find("unknown attention 'flash'; available: fused, naive"), std::string::npos) << message;
+    EXPECT_NE(message.find("unknown attention 'flash'; available: fused, sdpa, naive"), std::string::npos) << message;
   }
 }
 
