@@ -12,16 +12,6 @@
 
 namespace strata::bench {
 
-namespace {
-
-std::string fixed(double value, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
-  return buf;
-}
-
-}  // namespace
-
 std::map<std::string, BaselineEntry> read_baseline(const std::string& path) {
   std::ifstream in(path);
   TORCH_CHECK_VALUE(in.good(), "--baseline file '", path, "' cannot be read (missing?); create one with ",

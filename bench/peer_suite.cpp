@@ -1,5 +1,7 @@
 #include "bench/peer_suite.h"
 
+#include "bench/report.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -63,12 +65,6 @@ std::vector<PeerJob> jobs() {
   for (const std::string precision : {"32", "bf16-mixed"})
     out.push_back({"gpt-mini-384", "single", 1, 2, precision, false, 4, 256, {"--n-embd", "384"}});
   return out;
-}
-
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
-  return buf;
 }
 
 std::string mib(double bytes) { return fixed(bytes / (1024.0 * 1024.0), 0); }

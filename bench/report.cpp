@@ -13,12 +13,6 @@ namespace strata::bench {
 
 namespace {
 
-std::string fixed(double value, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
-  return buf;
-}
-
 std::string short_name(const std::string& case_name) { return case_name.substr(case_name.rfind('/') + 1); }
 
 /// The ZeRO formula for a result, or 0 when it does not apply: the formulas
@@ -98,6 +92,12 @@ std::string largest_that_ran(const Suite& suite, const std::map<std::string, con
 }
 
 }  // namespace
+
+std::string fixed(double value, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
+  return buf;
+}
 
 std::string format_mib(double bytes) { return fixed(bytes / (1024.0 * 1024.0), 2) + " MiB"; }
 

@@ -21,6 +21,8 @@ struct ReportHeader {
 
 /// "12.3 MiB".
 std::string format_mib(double bytes);
+/// `value` with `digits` decimals ("%.*f").
+std::string fixed(double value, int digits);
 
 /// Markdown: a header line, then per suite its description and one table row
 /// per case (tokens/s median (min–max), vs-ref ratios, MFU, peak tensor and
