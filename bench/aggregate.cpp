@@ -30,8 +30,6 @@ std::optional<int64_t> max_of(const std::vector<int64_t>& values) {
   return *std::max_element(values.begin(), values.end());
 }
 
-namespace {
-
 /// One rank's numbers, one entry per run that reported them.
 struct RankSamples {
   std::vector<double> tps, forward, backward, comm_wait, optimizer, step;
@@ -121,8 +119,6 @@ RankResult rank_result(int rank, const RankSamples& x) {
   rr.comm_bytes_per_step = x.comm;
   return rr;
 }
-
-}  // namespace
 
 /// Per-rank numbers over runs: summary.json's "per_rank" array when present,
 /// else what the older per-rank arrays (peak_tensor_bytes, model_state_bytes,

@@ -166,7 +166,7 @@ int64_t loopback_tx_bytes() {
 std::string shared_init_file(const BenchCase& c, const RunOptions& options, const fs::path& work) {
   const auto flags = model_shape_flags(c);
   std::string slug = "init";
-  for (const auto& f : flags) slug += (f.rfind("--", 0) == 0 ? "_" : "-") + f.substr(f.rfind("--", 0) == 0 ? 2 : 0);
+  for (const auto& f : flags) slug += f.rfind("--", 0) == 0 ? "_" + f.substr(2) : "-" + f;  // init_preset-gpt-mini_...
   const fs::path path = work / (slug + ".pt");
   if (fs::exists(path)) return path.string();
   TORCH_CHECK_VALUE(!options.python.empty() && !options.peer_script.empty(),
