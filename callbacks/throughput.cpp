@@ -48,8 +48,8 @@ double best_matmul_seconds(int64_t n, int repeats, double budget_s, torch::Dtype
 double measure_matmul_peak_flops(int64_t n, int repeats, torch::Dtype dtype) {
   TORCH_CHECK(n >= 1 && repeats >= 1, "measure_matmul_peak_flops: need n >= 1 and repeats >= 1, got n=",
               n, ", repeats=", repeats);
-  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
-              "measure_matmul_peak_flops: dtype must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf,
+              "measure_matmul_peak_flops: dtype must be float32, bfloat16 or float16, got ", dtype);
   const double flops = 2.0 * double(n) * double(n) * double(n);
   return flops / best_matmul_seconds(n, repeats, /*budget_s=*/2.0, dtype);
 }

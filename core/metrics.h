@@ -38,6 +38,11 @@ struct StepMetrics {
   double backward_compute_seconds = 0.0;
   double comm_wait_seconds = 0.0;
   double optimizer_seconds = 0.0;
+  /// fp16 loss scaling (--precision 16-mixed): the scale this step's loss was
+  /// multiplied by, and whether its gradients overflowed and the optimizer
+  /// step was skipped (on every rank). Unset / false otherwise.
+  std::optional<double> loss_scale;
+  bool skipped = false;
 };
 
 struct ValidationMetrics {

@@ -211,9 +211,9 @@ void load_backward_head(const TileShape& ts, int64_t bh, const BackwardInputs& i
 }
 
 /// dO and O may come in another dtype than q (the fp32 output of bf16 inputs,
-/// fp32 gradients of a bf16 output): fp32 and bf16 are read as they are.
+/// fp32 gradients of a bf16 output): fp32, bf16 and fp16 are read as they are.
 torch::Tensor readable(const torch::Tensor& t) {
-  const bool ok = t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16;
+  const bool ok = t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
   return rows_contiguous(ok ? t : t.to(at::kFloat));
 }
 

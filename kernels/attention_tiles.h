@@ -9,6 +9,7 @@
 // definition each, or the linker could pick the wrong one).
 #include <torch/torch.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -173,6 +174,12 @@ class Scratch {
   int64_t n_;
 };
 
+/// out[d] = src[d] * scale in fp32, for fp32, bf16 and fp16 sources.
+template <typename T>
+inline void copy_scaled(const T* src, int64_t D, float scale, float* out) {
+  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<float>(src[d]) * scale;
+}
+
 /// A [B, H, T, D] tensor's element (b, h, t, 0) read as fp32 rows: strides in
 /// elements, D contiguous.
 struct HeadView {
@@ -188,11 +195,11 @@ struct HeadView {
       const int64_t off = b * sb + h * sh + t * st;
       float* out = dst + t * ld;
       if (dtype == at::kFloat) {
-        const float* src = static_cast<const float*>(data) + off;
-        for (int64_t d = 0; d < D; ++d) out[d] = src[d] * scale;
+        copy_scaled(static_cast<const float*>(data) + off, D, scale, out);
+      } else if (dtype == at::kHalf) {
+        copy_scaled(static_cast<const c10::Half*>(data) + off, D, scale, out);
       } else {
-        const c10::BFloat16* src = static_cast<const c10::BFloat16*>(data) + off;
-        for (int64_t d = 0; d < D; ++d) out[d] = static_cast<float>(src[d]) * scale;
+        copy_scaled(static_cast<const c10::BFloat16*>(data) + off, D, scale, out);
       }
     }
   }
@@ -221,8 +228,8 @@ inline void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const t
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "causal attention: q, k, v must have one dtype (got ", q.scalar_type(), ", ",
               k.scalar_type(), ", ", v.scalar_type(), ")");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
-              "causal attention: dtype must be float32 or bfloat16 (got ", q.scalar_type(), ")");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "causal attention: dtype must be float32, bfloat16 or float16 (got ", q.scalar_type(), ")");
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
               "causal attention: the fused kernel is CPU-only (got ", q.device(), ")");
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "causal attention: dropout must be in [0, 1) (got ",

@@ -19,7 +19,7 @@ struct RunConfig {
   int64_t block_size = 0;    ///< 0: the data's natural length
   double dropout = -1.0;     ///< < 0: the preset's value
   bool bias = true;          ///< biases in Linear layers
-  std::string attention = "fused";  ///< attention core: fused (kernels/) or naive
+  std::string attention = "fused";  ///< attention core: fused (kernels/), sdpa or naive
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data
@@ -61,6 +61,14 @@ struct RunConfig {
   double weight_decay = 0.1;
   double gradient_clip_val = 1.0;
   std::string precision = "32";
+  // fp16 loss scaling (--precision 16-mixed only; DeepSpeed's fp16 names and
+  // defaults, trainer/loss_scaler.h)
+  double loss_scale = 0.0;               ///< 0: dynamic; > 0: this static scale
+  int64_t initial_scale_power = 16;      ///< dynamic: the first scale is 2^this
+  int64_t loss_scale_window = 1000;      ///< dynamic: clean steps before the scale doubles
+  int64_t hysteresis = 2;                ///< dynamic: overflows before the scale halves
+  bool consecutive_hysteresis = false;   ///< dynamic: a clean step restores the hysteresis
+  double min_loss_scale = 1.0;           ///< dynamic: the floor; an overflow there is an error
   uint64_t seed = 1337;
   // loop and outputs
   int64_t log_every_n_steps = 100;
@@ -88,6 +96,9 @@ struct RunConfig {
   /// Every rank keeps an extra fp32 buffer of the model's parameter count
   /// alive for the whole run (the bench gate test's injected memory regression).
   bool debug_extra_param_copy = false;
+  /// At this step (1-based; 0: never) the last rank's loss gradient is
+  /// multiplied by 1e6 on its way back: 16-mixed overflows there.
+  int64_t debug_overflow_step = 0;
 };
 
 /// Outcome of parsing: either a config to run, or text to print and an exit code.

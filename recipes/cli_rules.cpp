@@ -1,5 +1,6 @@
 #include "recipes/cli_rules.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <tuple>
@@ -46,7 +47,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"precision", &c.precision, precision_names()},
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
-      {"attention", &c.attention, {"fused", "naive"}},
+      {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/gpt.h attention_names(), tested
       {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
       {"reshard-after-forward", &c.reshard_after_forward, {"auto", "true", "false"}},
       {"wrap policy", &c.wrap_policy, {"block", "none"}},
@@ -81,6 +82,9 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
              option->applies_to;
     }
     if (const auto why = data_ignores(key, c.data)) return named(where, key) + " would be ignored: " + *why;
+    if (const auto why = precision_ignores(key, c.precision)) {
+      return named(where, key) + " would be ignored: " + *why;
+    }
   }
   if (const auto it = given.find("fused-adamw"); it != given.end() && c.optimizer != "adamw") {
     return named(it->second, "fused-adamw") + " does not apply to optimizer '" + c.optimizer +
@@ -192,6 +196,16 @@ std::string check_ranges(const RunConfig& c) {
   need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience, ">= 0 (0: off)");
   need(std::isfinite(c.peak_flops) && c.peak_flops >= 0, "peak-flops", c.peak_flops,
        "a finite number >= 0 (0: measured once per machine)");
+  need(c.loss_scale >= 0, "loss-scale", c.loss_scale, ">= 0 (0: dynamic)");
+  need(c.initial_scale_power >= 0 && c.initial_scale_power <= 63, "initial-scale-power", c.initial_scale_power,
+       "in [0, 63]");
+  need(c.loss_scale_window >= 1, "loss-scale-window", c.loss_scale_window, ">= 1");
+  need(c.hysteresis >= 1, "hysteresis", c.hysteresis, ">= 1");
+  need(c.min_loss_scale > 0 && std::ldexp(1.0, static_cast<int>(std::clamp<int64_t>(c.initial_scale_power, 0, 63))) >=
+                                   c.min_loss_scale,
+       "min-loss-scale", c.min_loss_scale,
+       "> 0 and at most the initial scale 2^" + format(c.initial_scale_power));
+  need(c.debug_overflow_step >= 0, "debug-overflow-step", c.debug_overflow_step, ">= 0 (0: never)");
   return error;
 }
 
@@ -199,7 +213,21 @@ std::string check_ranges(const RunConfig& c) {
 
 std::vector<std::string> optimizer_names() { return {"adamw", "sgd"}; }
 
-std::vector<std::string> precision_names() { return {"32", "32-true", "fp32", "bf16-mixed", "bf16"}; }
+std::vector<std::string> precision_names() {
+  return {"32", "32-true", "fp32", "bf16-mixed", "bf16", "16-mixed", "fp16-mixed", "fp16"};
+}
+
+std::optional<std::string> precision_ignores(const std::string& key, const std::string& precision) {
+  static const char* const scaler_keys[] = {"loss-scale",  "initial-scale-power",    "loss-scale-window",
+                                            "hysteresis", "consecutive-hysteresis", "min-loss-scale"};
+  if (precision == "16-mixed" || precision == "fp16-mixed" || precision == "fp16") return std::nullopt;
+  for (const char* scaler_key : scaler_keys) {
+    if (key == scaler_key) {
+      return "loss scaling is for --precision 16-mixed; precision " + precision + " needs none";
+    }
+  }
+  return std::nullopt;
+}
 
 std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy) {
   for (const auto& option : strategy_options()) {

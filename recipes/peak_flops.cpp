@@ -28,9 +28,9 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
-std::string cache_key(int threads, bool bf16) {
+std::string cache_key(int threads, const std::string& dtype) {
   std::ostringstream key;
-  key << cpu_model() << " | torch " << TORCH_VERSION << " | " << (bf16 ? "bf16" : "fp32") << " | " << threads
+  key << cpu_model() << " | torch " << TORCH_VERSION << " | " << dtype << " | " << threads
       << " thread(s)";
   return key.str();
 }
@@ -55,8 +55,10 @@ std::string default_peak_flops_cache() {
   return "";
 }
 
-PeakFlops cpu_peak_flops(int threads, bool bf16, const std::string& cache_path) {
-  const std::string key = cache_key(threads, bf16);
+PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path) {
+  TORCH_CHECK_VALUE(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "cpu_peak_flops: unknown dtype '", dtype,
+                    "'; allowed: fp32, bf16, fp16");
+  const std::string key = cache_key(threads, dtype);
   auto cache = cache_path.empty() ? nlohmann::json::object() : read_cache(cache_path);
   if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0.0) {
     return {cache[key].get<double>(), "cached (" + cache_path + ")"};
@@ -64,7 +66,9 @@ PeakFlops cpu_peak_flops(int threads, bool bf16, const std::string& cache_path) 
   const int previous = at::get_num_threads();
   at::set_num_threads(threads);
   const double flops =
-      measure_matmul_peak_flops(/*n=*/2048, /*repeats=*/4, bf16 ? torch::kBFloat16 : torch::kFloat32);
+      dtype == "fp16" ? measure_matmul_peak_flops(/*n=*/512, /*repeats=*/4, torch::kHalf)
+                      : measure_matmul_peak_flops(/*n=*/2048, /*repeats=*/4,
+                                                  dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32);
   at::set_num_threads(previous);
   if (cache_path.empty()) return {flops, "measured (no cache: neither XDG_CACHE_HOME nor HOME is set)"};
   cache[key] = flops;

@@ -9,8 +9,10 @@
 // writes the result to a small JSON cache the ranks read:
 //   $XDG_CACHE_HOME/strata/peak_flops.json (default ~/.cache/strata/...)
 // keyed by CPU model, LibTorch version, dtype and threads. `--peak-flops`
-// overrides it. The measure: the best of a few 2048² matrix products (fp32,
-// or bf16 for bf16 precisions) with that many threads.
+// overrides it. The measure: the best of a few 2048² matrix products in the
+// precision's compute dtype (fp32, bf16, fp16: 512², ATen's CPU fp16 GEMM
+// being ~40x slower than fp32 where the CPU has no fp16 arithmetic) with
+// that many threads.
 #include <string>
 
 namespace strata::recipes {
@@ -23,9 +25,10 @@ struct PeakFlops {
 /// The default cache file (see above); "" when neither XDG_CACHE_HOME nor HOME is set.
 std::string default_peak_flops_cache();
 
-/// The per-rank peak for `threads` threads in `bf16` or fp32: the cached value
-/// for this machine, else measured now (sets and restores torch's thread
-/// count) and written to `cache_path` ("" = do not cache).
-PeakFlops cpu_peak_flops(int threads, bool bf16, const std::string& cache_path);
+/// The per-rank peak for `threads` threads in `dtype` ("fp32", "bf16" or
+/// "fp16": a precision's compute dtype): the cached value for this machine,
+/// else measured now (sets and restores torch's thread count) and written to
+/// `cache_path` ("" = do not cache).
+PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path);
 
 }  // namespace strata::recipes

@@ -140,7 +140,7 @@ ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch
 ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
   const double bt = double(micro_batch) * double(model.block_size());
   const double c = double(model.n_embd()), v = double(model.vocab_size());
-  const double half = precision == Precision::kBf16Mixed ? 0.5 : 1.0;
+  const double half = compute_dtype(precision) ? 0.5 : 1.0;  // bf16 and fp16: 2 bytes
   double block = kBlockFloats * bt * c * 4.0 * half;
   if (model.attention() == "naive") {
     block += 3.0 * double(micro_batch) * double(model.n_head()) * double(model.block_size()) *
@@ -176,14 +176,14 @@ MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& act
   if (r.strategy() == "fsdp") {
     // Gathered while a unit runs: the root (embeddings, ln_f: everything in
     // no block) whole for the micro-batch, params and gradient; and up to
-    // kMaxUnitsGathered (2) blocks' full params (bf16 under bf16-mixed), the
+    // kMaxUnitsGathered (2) blocks' full params (2 bytes under bf16-mixed and 16-mixed), the
     // running block's full gradient (fp32), and one reduce-scatter in flight
     // (kMaxReductionsInFlight), holding the previous block's full gradient
     // and the receive buffer of the same size. Communication-bound steps reach
     // it; compute-bound ones finish each reduce-scatter early and peak lower.
     const int64_t block = block_parameters(model);
     const int64_t root = count_parameters(model) - model.n_layer() * block;
-    const int64_t param_bytes = r.precision() == Precision::kBf16Mixed ? 2 : 4;
+    const int64_t param_bytes = compute_dtype(r.precision()) ? 2 : 4;
     const int64_t in_flight = model.n_layer() >= 2 ? 8 : 0;  // a previous block's reduction
     m.gathered = 8 * root + block * (std::min<int64_t>(2, model.n_layer()) * param_bytes + 4 + in_flight);
   }

@@ -17,6 +17,7 @@
 #include "recipes/peak_flops.h"
 #include "recipes/run_checks.h"
 #include "recipes/run_summary.h"
+#include "recipes/testing_aids.h"
 #include "recipes/torchscript.h"
 #include "strategies/activation_checkpoint.h"
 #include "strategies/process_group.h"
@@ -36,23 +37,6 @@ namespace strata::recipes {
 namespace fs = std::filesystem;
 
 namespace {
-
-/// Testing aid for the failure-handling tests (listed by --help-all, not by
-/// --help): STRATA_TEST_FAIL_AT_STEP=S and STRATA_TEST_FAIL_RANK=R make rank R
-/// throw at the start of step S.
-class FailAtStep : public Callback {
- public:
-  FailAtStep(int64_t step, int rank) : step_(step), rank_(rank) {}
-  std::string name() const override { return "FailAtStep"; }
-  void on_train_batch_start(Trainer& trainer, TrainingModule&, int64_t step) override {
-    TORCH_CHECK(!(step == step_ && trainer.strategy().rank() == rank_),
-                "injected failure at step ", step, " on rank ", rank_, " (STRATA_TEST_FAIL_AT_STEP)");
-  }
-
- private:
-  int64_t step_;
-  int rank_;
-};
 
 /// Prints the strategy's partition / buckets once it is set up (rank 0).
 class DescribeStrategy : public Callback {
@@ -156,8 +140,9 @@ StrategyConfig strategy_config(const RunConfig& c, const std::optional<DistEnv>&
   s.limit_all_gathers = c.limit_all_gathers;
   s.wrap_policy = c.wrap_policy;
   s.local_world_size = env ? env->local_world_size : 1;
-  // fsdp: bf16-mixed gathers units in bf16 (fp32 master shards stay).
-  s.param_dtype = parse_precision(c.precision) == Precision::kBf16Mixed ? "bf16" : "fp32";
+  // fsdp: bf16-mixed / 16-mixed gather units in bf16 / fp16 (fp32 master shards stay).
+  const auto precision = parse_precision(c.precision);
+  s.param_dtype = precision == Precision::kBf16Mixed ? "bf16" : precision == Precision::kFp16Mixed ? "fp16" : "fp32";
   s.reduce_dtype = c.reduce_dtype;
   s.offload = c.offload;
   s.offload_dir = offload_dir_of(c);
@@ -192,6 +177,7 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
     const char* fail_rank = std::getenv("STRATA_TEST_FAIL_RANK");
     callbacks.push_back(std::make_shared<FailAtStep>(std::atoll(fail), fail_rank ? std::atoi(fail_rank) : 0));
   }
+  if (c.debug_overflow_step > 0) callbacks.push_back(std::make_shared<OverflowAtStep>(c.debug_overflow_step));
   if (!c.profile.empty()) callbacks.push_back(std::make_shared<Profiler>(ProfilerOptions(c.profile)));
   if (memory.cache()) callbacks.push_back(std::make_shared<BlockCacheTrim>(memory.cache()));
   // Last, so it sees what the other callbacks logged for the step.
@@ -280,14 +266,19 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
             << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
 }
 
+/// The dtype matmuls run in under the run's precision, as cpu_peak_flops names it.
+std::string peak_dtype(const RunConfig& c) {
+  const auto dtype = compute_dtype(parse_precision(c.precision));
+  return !dtype ? "fp32" : *dtype == at::kHalf ? "fp16" : "bf16";
+}
+
 /// What MFU divides by: --peak-flops, else on CPU this machine's cached peak
 /// for this rank's threads and compute dtype (recipes/peak_flops.h), else (CUDA)
 /// 0, which the Throughput callback measures on the device.
 PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
   if (c.peak_flops > 0.0) return {c.peak_flops, "--peak-flops"};
   if (device.is_cuda()) return {0.0, "measured on " + device.str()};
-  const bool bf16 = parse_precision(c.precision) != Precision::kFp32;
-  return cpu_peak_flops(at::get_num_threads(), bf16, default_peak_flops_cache());
+  return cpu_peak_flops(at::get_num_threads(), peak_dtype(c), default_peak_flops_cache());
 }
 
 /// Phase 2: one rank's training. Failures throw (exit 1).
@@ -351,6 +342,13 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .limit_val_batches(c.limit_val_batches)
       .seed(c.seed)
       .precision(parse_precision(c.precision))
+      .loss_scaler(LossScalerOptions()
+                       .loss_scale(c.loss_scale)
+                       .initial_scale_power(c.initial_scale_power)
+                       .loss_scale_window(c.loss_scale_window)
+                       .hysteresis(c.hysteresis)
+                       .consecutive_hysteresis(c.consecutive_hysteresis)
+                       .min_loss_scale(c.min_loss_scale))
       .optimizer(c.optimizer)
       .fused_adamw(c.fused_adamw)
       .lr(c.lr)
@@ -422,8 +420,7 @@ int run_gpt(int argc, char** argv) {
       // Measured (once per machine) before any rank runs: ranks measuring
       // side by side would each see part of the cores.
       if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
-        cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), parse_precision(c.precision) != Precision::kFp32,
-                       default_peak_flops_cache());
+        cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), peak_dtype(c), default_peak_flops_cache());
       }
       return launch_ranks(run.args, launch);
     } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped

@@ -66,6 +66,10 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   j["parameters"] = n_params;
   j["steps"] = r.steps;
   j["final_train_loss"] = r.final_train_loss;
+  if (r.loss_scale) {  // 16-mixed only
+    j["loss_scale"] = *r.loss_scale;
+    j["skipped_steps"] = r.skipped_steps;
+  }
   j["val_loss"] = r.val_loss ? nlohmann::json(*r.val_loss) : nlohmann::json(nullptr);
   j["val_accuracy"] = r.val_accuracy ? nlohmann::json(*r.val_accuracy) : nlohmann::json(nullptr);
   j["tokens_per_s"] = r.tokens_per_s;

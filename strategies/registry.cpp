@@ -129,7 +129,8 @@ void register_builtin_strategies(StrategyRegistry& registry) {
         // fp32: no cast (the parameters' own dtype, full precision).
         auto dtype = [](const std::string& what, const std::string& name) -> c10::optional<torch::ScalarType> {
           if (name == "fp32") return c10::nullopt;
-          TORCH_CHECK_VALUE(name == "bf16", "unknown FSDP ", what, " '", name, "'; allowed: fp32, bf16");
+          if (name == "fp16") return torch::kHalf;
+          TORCH_CHECK_VALUE(name == "bf16", "unknown FSDP ", what, " '", name, "'; allowed: fp32, bf16, fp16");
           return torch::kBFloat16;
         };
         options.param_dtype(dtype("param_dtype", c.param_dtype))

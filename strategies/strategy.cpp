@@ -90,7 +90,8 @@ std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
   return grads;
 }
 
-double Strategy::clip_grad_norm(double max_norm) {
+double Strategy::clip_grad_norm(double max_norm, double loss_scale) {
+  TORCH_CHECK_VALUE(loss_scale > 0.0, "clip_grad_norm: loss_scale must be > 0, got ", loss_scale);
   // One norm per tensor (no copy of the gradients), squared and summed in
   // float64 so the sharded and single-process totals agree far better than
   // the parity tolerance; torch's clip_grad_norm_ also combines per-tensor norms.
@@ -102,12 +103,18 @@ double Strategy::clip_grad_norm(double max_norm) {
     // norm needs all of them, and every rank must compute the same coefficient.
     comm_.all_reduce(sq);
   }
-  const double norm = std::sqrt(sq.item<double>());
+  const double scaled_norm = std::sqrt(sq.item<double>());
+  // An inf/NaN anywhere makes the all-reduced sum non-finite on every rank:
+  // the ranks agree on skipping without another collective.
+  if (!std::isfinite(scaled_norm)) return scaled_norm;
+  const double norm = scaled_norm / loss_scale;
+  // Unscale and clip in one pass over the gradients.
+  double coef = 1.0 / loss_scale;
   if (max_norm > 0.0) {
     // torch.nn.utils.clip_grad_norm_'s formula, so single-process parity holds.
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) scale_grads(coef);
+    coef *= std::min(1.0, max_norm / (norm + 1e-6));
   }
+  if (coef != 1.0) scale_grads(coef);
   return norm;
 }
 

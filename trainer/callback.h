@@ -33,6 +33,8 @@ class Callback {
   virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const StepMetrics& metrics) {}
   virtual void on_before_backward(Trainer& trainer, TrainingModule& module, const torch::Tensor& loss) {}
   virtual void on_after_backward(Trainer& trainer, TrainingModule& module) {}
+  /// Gradients are reduced, unscaled and clipped. Not called for a step that
+  /// is skipped (16-mixed: non-finite gradients; StepMetrics::skipped).
   virtual void on_before_optimizer_step(Trainer& trainer, TrainingModule& module,
                                         torch::optim::Optimizer& optimizer) {}
   virtual void on_validation_end(Trainer& trainer, TrainingModule& module,

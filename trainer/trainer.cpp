@@ -118,6 +118,7 @@ Trainer::Trainer(TrainerOptions options, std::shared_ptr<Strategy> strategy,
                     " (or empty: the strategy's default)");
   TORCH_CHECK_VALUE(o.lr() > 0 && o.min_lr() >= 0 && o.min_lr() <= o.lr(),
                     "need 0 <= min_lr <= lr and lr > 0 (got lr ", o.lr(), ", min_lr ", o.min_lr(), ")");
+  if (o.precision() == Precision::kFp16Mixed) scaler_.emplace(o.loss_scaler());
 }
 
 void Trainer::log(const std::string& key, double value) { pending_log_.emplace_back(key, value); }
@@ -200,6 +201,10 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   result.elapsed_s = seconds_since(fit_start);
   result.stopped_early = stop_requested_;
   result.stop_reason = stop_reason_;
+  if (scaler_) {
+    result.skipped_steps = scaler_->skipped_steps();
+    result.loss_scale = scaler_->scale();
+  }
   result.comm_bytes = strategy_->comm().bytes();
   const RankStepStats mine = steady.finish(result);
   gather_memory(result);
@@ -220,6 +225,7 @@ std::optional<std::map<std::string, std::string>> Trainer::load_resume_checkpoin
   TORCH_CHECK_VALUE(step_ < options_.max_steps(), "checkpoint '", options_.resume_from(), "' is at step ", step_,
                     ", not below max_steps ", options_.max_steps(), ": nothing left to train (raise max_steps)");
   restore_trainer_state(meta.state);
+  restore_loss_scaler(meta.state);
   each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
   return meta.state;
 }
@@ -246,8 +252,14 @@ StepMetrics Trainer::train_step(TrainingModule& module, const DataSource& data, 
 
 void Trainer::log_step(const StepMetrics& m) {
   if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
-    emit_log(step_, {{"loss", m.loss}, {"lr", m.lr}, {"grad_norm", m.grad_norm}, {"step_time_s", m.step_seconds},
-                     {"backward_s", m.backward_seconds}, {"grad_sync_s", m.grad_sync_seconds}});
+    LogRow row{{"loss", m.loss},          {"lr", m.lr},
+               {"grad_norm", m.grad_norm}, {"step_time_s", m.step_seconds},
+               {"backward_s", m.backward_seconds}, {"grad_sync_s", m.grad_sync_seconds}};
+    if (m.loss_scale) {
+      row.emplace_back("loss_scale", *m.loss_scale);
+      row.emplace_back("skipped_steps", static_cast<double>(scaler_->skipped_steps()));
+    }
+    emit_log(step_, row);
   }
   pending_log_.clear();
 }
@@ -279,6 +291,9 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     part();
     return seconds_since(part_start) - (comm.wait_seconds() - wait_before);
   };
+  // fp16: the loss is scaled before backward, the gradients unscaled by the clip.
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (scaler_) metrics.loss_scale = loss_scale;
   double loss_sum = 0.0;
   int64_t tokens = 0;
   int64_t samples = 0;
@@ -299,7 +314,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
     const auto backward_start = Clock::now();
     const double backward_wait = comm.wait_seconds();
-    strategy_->backward(loss / static_cast<double>(accum));
+    strategy_->backward(loss * (loss_scale / static_cast<double>(accum)));
     const double backward_wall = seconds_since(backward_start);
     metrics.backward_seconds += backward_wall;
     metrics.backward_compute_seconds += backward_wall - (comm.wait_seconds() - backward_wait);
@@ -309,16 +324,23 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   strategy_->reduce_gradients();
   metrics.grad_sync_seconds = seconds_since(sync_start);
   // Clipping, the optimizer step and zeroing count as the optimizer's time.
-  metrics.optimizer_seconds +=
-      seconds_outside_waits([&] { metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val()); });
-  each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
   metrics.optimizer_seconds += seconds_outside_waits([&] {
-    RECORD_FUNCTION("strata::optimizer_step", std::vector<c10::IValue>());  // a span in --profile traces
-    strategy_->optimizer_step(*optimizer_);
+    metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val(), loss_scale);
   });
-  // Measured once, here, while gradients still exist (so they show in the
-  // report); model state keeps its size from the first step on.
-  if (last_state_bytes_.total() == 0) last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
+  // Every rank decides alike: the norm is global (all-reduced when sharded).
+  // A non-finite norm without a scaler is stepped as before (fp32 / bf16).
+  metrics.skipped = scaler_ && scaler_->update(!std::isfinite(metrics.grad_norm), step_ + 1);
+  if (!metrics.skipped) {
+    each_callback([&](Callback& cb) { cb.on_before_optimizer_step(*this, module, *optimizer_); });
+    metrics.optimizer_seconds += seconds_outside_waits([&] {
+      RECORD_FUNCTION("strata::optimizer_step", std::vector<c10::IValue>());  // a span in --profile traces
+      strategy_->optimizer_step(*optimizer_);
+    });
+    // Measured once, here, while gradients still exist (so they show in the
+    // report) and after the optimizer made its state; model state keeps its
+    // size from the first step on.
+    if (last_state_bytes_.total() == 0) last_state_bytes_ = strategy_->model_state_bytes(*optimizer_);
+  }
   metrics.optimizer_seconds += seconds_outside_waits([&] { strategy_->zero_grad(*optimizer_); });
   ++step_;
   metrics.step = step_;

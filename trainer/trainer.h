@@ -11,6 +11,7 @@
 #include "core/precision.h"
 #include "strategies/strategy.h"
 #include "trainer/data_source.h"
+#include "trainer/loss_scaler.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/memory.h"
 #include "core/training_module.h"
@@ -42,6 +43,9 @@ struct TrainerOptions {
   TORCH_ARG(int64_t, limit_val_batches) = 20;
   TORCH_ARG(uint64_t, seed) = 1337;
   TORCH_ARG(Precision, precision) = Precision::kFp32;
+  /// Loss scaling under Precision::kFp16Mixed (trainer/loss_scaler.h); not
+  /// read under the other precisions, which need none.
+  TORCH_ARG(LossScalerOptions, loss_scaler) = {};
   /// "adamw": AdamW with nanoGPT's groups (decay on >=2-D weights only) and
   /// beta1/beta2/eps below. "sgd": plain SGD (no momentum) over the same groups,
   /// with torch::optim::SGD's L2 weight decay. Why SGD: its update is linear in
@@ -95,6 +99,10 @@ struct FitResult {
   double backward_s_per_step = 0.0;
   double grad_sync_s_per_step = 0.0;
   double elapsed_s = 0.0;
+  /// 16-mixed: optimizer steps skipped for non-finite gradients, and the
+  /// loss scale at the end (unset under other precisions).
+  int64_t skipped_steps = 0;
+  std::optional<double> loss_scale;
   bool stopped_early = false;
   std::string stop_reason;
   /// One entry per rank (gathered onto every rank).
@@ -127,6 +135,8 @@ class Trainer {
   Strategy& strategy() { return *strategy_; }
   const MemoryTracker* memory() const { return memory_; }
   torch::optim::Optimizer* optimizer() { return optimizer_.get(); }
+  /// The fp16 loss scaler (Precision::kFp16Mixed), else null.
+  const DynamicLossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   /// Optimizer steps done so far.
   int64_t global_step() const { return step_; }
   /// Adds a value to the current step's log row.
@@ -162,6 +172,8 @@ class Trainer {
   /// Collective: the trainer's part of CheckpointMeta::state (world size,
   /// data position, max_steps, every rank's generator state).
   std::map<std::string, std::string> trainer_state();
+  /// The loss scaler's saved state, or a note when the checkpoint has none.
+  void restore_loss_scaler(const std::map<std::string, std::string>& state);
   /// Puts back what trainer_state() saved but the generators; `step_` is
   /// already the checkpoint's.
   void restore_trainer_state(const std::map<std::string, std::string>& state);
@@ -183,6 +195,7 @@ class Trainer {
   const MemoryTracker* memory_;
   TrainingModule* module_ = nullptr;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<DynamicLossScaler> scaler_;  ///< Precision::kFp16Mixed only
   int64_t step_ = 0;
   int64_t micro_batch_ = 0;  ///< index of the next training micro-batch
   ModelStateBytes last_state_bytes_;

@@ -17,6 +17,7 @@ namespace {
 const char* const kWorldSizeKey = "trainer/world_size";
 const char* const kSamplesKey = "trainer/samples_seen";
 const char* const kMaxStepsKey = "trainer/max_steps";
+const char* const kLossScalerKey = "trainer/loss_scaler";
 std::string rng_key(int rank) { return "trainer/rng/rank" + std::to_string(rank); }
 
 int64_t parse_count(const std::map<std::string, std::string>& state, const std::string& key,
@@ -80,7 +81,19 @@ std::map<std::string, std::string> Trainer::trainer_state() {
   state[kSamplesKey] = std::to_string(micro_batch_ * options_.batch_size() * n);
   state[kMaxStepsKey] = std::to_string(options_.max_steps());
   for (int r = 0; r < n; ++r) state[rng_key(r)] = bytes_of(all.narrow(0, r * mine.numel(), mine.numel()));
+  // The same on every rank (each update follows the global norm): rank 0's.
+  if (scaler_) state[kLossScalerKey] = scaler_->state_dict();
   return state;
+}
+
+void Trainer::restore_loss_scaler(const std::map<std::string, std::string>& state) {
+  if (!scaler_) return;
+  if (const auto it = state.find(kLossScalerKey); it != state.end()) {
+    scaler_->load_state_dict(it->second, "checkpoint '" + options_.resume_from() + "'");
+  } else if (strategy_->is_global_zero()) {
+    std::cerr << "note: checkpoint '" << options_.resume_from() << "' holds no loss scaler state (it was not "
+              << "trained with --precision 16-mixed): the loss scale starts at " << scaler_->scale() << std::endl;
+  }
 }
 
 void Trainer::restore_trainer_state(const std::map<std::string, std::string>& state) {

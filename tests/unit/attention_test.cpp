@@ -106,6 +106,19 @@ TEST(AttentionTest, FusedMatchesNaiveBf16) {
   }
 }
 
+TEST(AttentionTest, FusedMatchesNaiveFp16) {
+  // 16-mixed: autocast hands the kernel fp16 q, k, v (read as fp32, like bf16).
+  for (const Case& c : cases()) {
+    for (double p : {0.0, 0.3}) {
+      const auto in = make_inputs(c.B, c.H, c.T, c.D, 3000 + c.T + c.D, torch::kHalf);
+      const auto got = fused(in, p, 5);
+      EXPECT_EQ(got.out.scalar_type(), torch::kHalf);
+      EXPECT_EQ(got.dq.scalar_type(), torch::kHalf);
+      expect_close(got, naive(in, p, 5), 5e-3, describe(c, p) + " fp16");
+    }
+  }
+}
+
 TEST(AttentionTest, DropoutMaskIsDeterministicPerSeedWithTheRightRate) {
   const auto a = kernels::dropout_keep_mask(6, 256, 0.25, 123);
   EXPECT_TRUE(torch::equal(a, kernels::dropout_keep_mask(6, 256, 0.25, 123)));

@@ -373,19 +373,19 @@ TEST(ThroughputTest, AnMfuAboveOneIsReportedAsUnknown) {
 TEST(PeakFlopsTest, MeasuredOnceThenReadFromTheCache) {
   TempDir dir("peak");
   const std::string cache = (dir.path / "sub" / "peak_flops.json").string();
-  const auto first = strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache);
+  const auto first = strata::recipes::cpu_peak_flops(1, "fp32", cache);
   EXPECT_EQ(first.source, "measured");
   EXPECT_GT(first.flops, 1e8);  // any BLAS exceeds 0.1 GFLOP/s
   ASSERT_TRUE(std::filesystem::exists(cache));
-  const auto second = strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache);
+  const auto second = strata::recipes::cpu_peak_flops(1, "fp32", cache);
   EXPECT_EQ(second.source, "cached (" + cache + ")");
   EXPECT_EQ(second.flops, first.flops);
   // Another dtype is another key: measured, and both stay cached.
-  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/true, cache).source, "measured");
-  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache).source, "cached (" + cache + ")");
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, "bf16", cache).source, "measured");
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, "fp32", cache).source, "cached (" + cache + ")");
   // A damaged cache is measured again, not an error.
   std::ofstream(cache) << "{not json";
-  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, /*bf16=*/false, cache).source, "measured");
+  EXPECT_EQ(strata::recipes::cpu_peak_flops(1, "fp32", cache).source, "measured");
 }
 
 TEST(ThroughputTest, MeasuresPeakOnceAtFitStart) {

@@ -1,4 +1,5 @@
 #include "recipes/cli.h"
+#include "recipes/gpt.h"
 
 #include <gtest/gtest.h>
 
@@ -314,9 +315,16 @@ TEST(CliTest, AttentionChoice) {
   ASSERT_TRUE(naive.config.has_value()) << naive.message;
   EXPECT_EQ(naive.config->attention, "naive");
   EXPECT_NE(to_ini(*naive.config).find("attention = naive"), std::string::npos) << to_ini(*naive.config);
-  expect_error({"--attention", "flash"}, {"unknown attention 'flash'", "fused, naive"});
-  TempFile file("attention = sdpa\n");
-  expect_error({"--config", file.path()}, {"unknown attention 'sdpa'", "fused, naive"});
+  expect_error({"--attention", "flash"}, {"unknown attention 'flash'", "fused, sdpa, naive"});
+  TempFile file("attention = flash\n");
+  expect_error({"--config", file.path()}, {"unknown attention 'flash'", "fused, sdpa, naive"});
+  // Every attention the GPT implements is selectable from the command line
+  // (the parser's list once missed sdpa).
+  for (const auto& name : strata::recipes::attention_names()) {
+    auto chosen = parse({"--attention", name});
+    ASSERT_TRUE(chosen.config.has_value()) << name << ": " << chosen.message;
+    EXPECT_EQ(chosen.config->attention, name);
+  }
 }
 
 TEST(CliTest, HybridShardIsAShardingStrategy) {
@@ -552,3 +560,38 @@ TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {
   EXPECT_NE(bad.message.find("--memory-budget applies only with --strategy auto"), std::string::npos) << bad.message;
   expect_error({"--no-memory-check", "maybe"}, {"no-memory-check", "maybe"});
 }
+
+namespace {
+
+TEST(CliTest, LossScalingOptionsAreFor16MixedOnly) {
+  auto fp16 = parse({"--precision", "16-mixed", "--loss-scale-window", "200", "--hysteresis", "1",
+                     "--min-loss-scale", "4", "--initial-scale-power", "12"});
+  ASSERT_TRUE(fp16.config.has_value()) << fp16.message;
+  EXPECT_EQ(fp16.config->loss_scale_window, 200);
+  EXPECT_EQ(fp16.config->hysteresis, 1);
+  EXPECT_EQ(fp16.config->min_loss_scale, 4.0);
+  const std::string ini = to_ini(*fp16.config);
+  EXPECT_NE(ini.find("\nhysteresis = 1\n"), std::string::npos) << ini;
+  // bf16 and fp32 need no scaler: the options would be ignored.
+  expect_error({"--precision", "bf16-mixed", "--loss-scale", "128"},
+               {"--loss-scale would be ignored", "16-mixed", "bf16-mixed needs none"});
+  expect_error({"--hysteresis", "1"}, {"--hysteresis would be ignored", "precision 32 needs none"});
+  TempFile file("initial-scale-power = 8\n");
+  expect_error({"--config", file.path()}, {"initial-scale-power would be ignored"});
+  // So to_ini comments them out where they are not read.
+  auto fp32 = parse({});
+  ASSERT_TRUE(fp32.config.has_value());
+  EXPECT_NE(to_ini(*fp32.config).find("# hysteresis = 2  (not read: loss scaling is for --precision 16-mixed"),
+            std::string::npos)
+      << to_ini(*fp32.config);
+  // Ranges.
+  expect_error({"--precision", "16-mixed", "--hysteresis", "0"}, {"'0' for --hysteresis", ">= 1"});
+  expect_error({"--precision", "16-mixed", "--loss-scale", "-2"}, {"'-2' for --loss-scale", ">= 0"});
+  expect_error({"--precision", "16-mixed", "--initial-scale-power", "64"}, {"'64' for --initial-scale-power"});
+  expect_error({"--precision", "16-mixed", "--initial-scale-power", "2", "--min-loss-scale", "8"},
+               {"'8' for --min-loss-scale", "at most the initial scale 2^2"});
+  expect_error({"--precision", "fp8"}, {"unknown precision 'fp8'", "16-mixed"});
+}
+
+}  // namespace
+

@@ -12,6 +12,9 @@ TEST(PrecisionTest, ParsesAliasesAndRejectsUnknown) {
   EXPECT_EQ(strata::parse_precision("32"), Precision::kFp32);
   EXPECT_EQ(strata::parse_precision("bf16"), Precision::kBf16Mixed);
   EXPECT_EQ(strata::parse_precision("bf16-mixed"), Precision::kBf16Mixed);
+  EXPECT_EQ(strata::parse_precision("16-mixed"), Precision::kFp16Mixed);
+  EXPECT_EQ(strata::parse_precision("fp16"), Precision::kFp16Mixed);
+  EXPECT_EQ(strata::to_string(Precision::kFp16Mixed), "16-mixed");
   try {
     strata::parse_precision("fp8");
     FAIL() << "fp8 accepted";
@@ -28,6 +31,11 @@ TEST(AutocastGuardTest, Bf16MixedRunsMatmulInBf16AndRestores) {
   }
   EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat32);
+  {
+    strata::AutocastGuard guard(Precision::kFp16Mixed);
+    EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kHalf);
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   {
     strata::AutocastGuard guard(Precision::kFp32);
     EXPECT_EQ(torch::mm(a, a).scalar_type(), torch::kFloat32);

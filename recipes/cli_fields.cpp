@@ -1,0 +1,202 @@
+#include "recipes/cli_fields.h"
+
+namespace strata::recipes {
+
+std::vector<std::string> group_titles() {
+  return {"Model", "Data", "Strategy and launch", "Optimisation", "Loop and outputs", "Python interop",
+          "Testing aids"};
+}
+
+/// Printed by --help-all after the testing options: fault injection read from
+/// the environment (recipes/run.cpp, trainer/checkpoint.cpp, strategies/offload_tier.cpp).
+const char* const kTestingEnvironment =
+    "Testing aids in the environment:\n"
+    "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
+    "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)\n"
+    "  STRATA_CHECKPOINT_KILL_AT=P[@R][/S]  the process SIGKILLs itself at checkpoint point P\n"
+    "                                (after-shard, before-metadata, before-rename), on rank R,\n"
+    "                                at step S (crash-consistency tests; trainer/checkpoint.h)\n"
+    "  STRATA_TEST_OFFLOAD_NO_TMPFILE=1  --offload disk uses its named-file fallback, as on a\n"
+    "                                filesystem without O_TMPFILE (strategies/offload_tier.cpp)";
+
+namespace {
+
+/// Model and data options (groups 0, 1).
+std::vector<Field> model_data_fields() {
+  using C = RunConfig;
+  return {
+      {"preset", 0, &C::preset, "model preset"},
+      {"n-layer", 0, &C::n_layer, "transformer blocks (0: the preset's)"},
+      {"n-head", 0, &C::n_head, "attention heads (0: the preset's)"},
+      {"n-embd", 0, &C::n_embd, "embedding width (0: the preset's)"},
+      {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
+      {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
+      {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
+      {"attention", 0, &C::attention,
+       "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
+       "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
+       "(the reference: B×H×T×T scores)"},
+      {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
+      {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
+  };
+}
+
+/// Strategy and launch options (group 2).
+std::vector<Field> launch_fields() {
+  using C = RunConfig;
+  return {
+      {"strategy", 2, &C::strategy, "distributed strategy"},
+      {"device", 2, &C::device, "auto (cuda:LOCAL_RANK when CUDA is usable, else cpu), cpu or cuda"},
+      {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
+      {"nnodes", 2, &C::nnodes, "machines, each running strata-gpt with the same flags but --node-rank"},
+      {"node-rank", 2, &C::node_rank, "this machine's index in [0, nnodes); node 0 hosts rank 0"},
+      {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},
+      {"master-addr", 2, &C::master_addr, "node 0's address (one machine: Gloo binds to the interface that reaches it)"},
+      {"master-port", 2, &C::master_port, "rank 0's store port with --nnodes > 1 (one machine meets in a file, no port)"},
+      {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
+      {"bucket-cap-mb", 2, &C::bucket_cap_mb,
+       "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
+      {"find-unused-parameters", 2, &C::find_unused_parameters,
+       "ddp/oss/sdp/fsdp: a parameter without a gradient counts as zero (else an error)", true},
+      {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
+      {"sharding-strategy", 2, &C::sharding_strategy,
+       "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "
+       "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard inside a node of "
+       "--nproc / LOCAL_WORLD_SIZE ranks, replicated across nodes)"},
+      {"reshard-after-forward", 2, &C::reshard_after_forward,
+       "fsdp: free a unit's full parameters after its forward: auto (the sharding strategy's), "
+       "true, false"},
+      {"limit-all-gathers", 2, &C::limit_all_gathers,
+       "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
+      {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},
+      {"reduce-dtype", 2, &C::reduce_dtype,
+       "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
+       "with --precision bf16-mixed units are all-gathered in bf16"},
+      {"offload", 2, &C::offload,
+       "where state lives between uses, the optimizer step streaming it (fsdp: its parameter "
+       "shards, gradients and optimizer state; single, ddp, oss, sdp: the optimizer state): "
+       "none, cpu (pinned host memory; CUDA devices only), disk (an unnamed file in "
+       "--offload-dir, gone when the run ends)"},
+      {"offload-dir", 2, &C::offload_dir,
+       "--offload disk: an existing directory for the offload file (default: --output-dir)"},
+      {"activation-checkpointing", 2, &C::activation_checkpointing,
+       "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
+       "n every n-th (blocks 0, n, 2n, ...)"},
+      {"memory-budget", 2, &C::memory_budget,
+       "--strategy auto: bytes per rank the chosen strategy must fit, e.g. 4GiB or 512MiB (default: "
+       "available memory / local ranks; CUDA: the GPU's memory)"},
+      {"no-memory-check", 2, &C::no_memory_check,
+       "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
+       "machine has available", true},
+      {"cpu-cache", 2, &C::cpu_cache,
+       "keep freed CPU blocks of 1 MiB and more for reuse, trimmed every step to what the step "
+       "reused (false: back to the system at once, each step's large tensors fresh pages)"},
+  };
+}
+
+/// Optimisation options (group 3).
+std::vector<Field> optimisation_fields() {
+  using C = RunConfig;
+  return {
+      {"max-steps", 3, &C::max_steps, "optimizer steps"},
+      {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
+      {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
+      {"optimizer", 3, &C::optimizer,
+       "adamw (betas 0.9/0.95) or sgd (plain, no momentum); both decay >= 2-D weights only"},
+      {"fused-adamw", 3, &C::fused_adamw,
+       "adamw: one fused, vectorised pass per parameter (same math and state as "
+       "torch::optim::AdamW, which false selects)"},
+      {"lr", 3, &C::lr, "peak learning rate"},
+      {"min-lr", 3, &C::min_lr, "final learning rate of the decay"},
+      {"warmup-steps", 3, &C::warmup_steps, "linear warm-up steps"},
+      {"weight-decay", 3, &C::weight_decay, "weight decay (adamw: decoupled, sgd: L2)"},
+      {"gradient-clip-val", 3, &C::gradient_clip_val, "global gradient norm limit (0: off)"},
+      {"precision", 3, &C::precision,
+       "32 (32-true, fp32), bf16-mixed (bf16) or 16-mixed (fp16-mixed, fp16: fp16 compute with loss scaling)"},
+      {"loss-scale", 3, &C::loss_scale, "16-mixed: 0 for dynamic loss scaling, or a static scale"},
+      {"initial-scale-power", 3, &C::initial_scale_power, "16-mixed, dynamic: the first loss scale is 2^this"},
+      {"loss-scale-window", 3, &C::loss_scale_window,
+       "16-mixed, dynamic: steps without overflow before the scale doubles"},
+      {"hysteresis", 3, &C::hysteresis,
+       "16-mixed, dynamic: overflows (each skips its step) before the scale halves"},
+      {"consecutive-hysteresis", 3, &C::consecutive_hysteresis,
+       "16-mixed, dynamic: a step without overflow restores the full hysteresis"},
+      {"min-loss-scale", 3, &C::min_loss_scale,
+       "16-mixed, dynamic: the lowest scale; an overflow there stops the run with an error"},
+      {"seed", 3, &C::seed, "random seed"},
+  };
+}
+
+/// Loop and outputs options (group 4).
+std::vector<Field> loop_fields() {
+  using C = RunConfig;
+  return {
+      {"log-every-n-steps", 4, &C::log_every_n_steps, "log every N steps"},
+      {"val-check-interval", 4, &C::val_check_interval, "validate every N steps (0: at the end)"},
+      {"limit-val-batches", 4, &C::limit_val_batches, "validation batches per check (0: none)"},
+      {"output-dir", 4, &C::output_dir, "logs, config.ini and checkpoints go here"},
+      {"checkpoint-every", 4, &C::checkpoint_every, "checkpoint every N steps (0: never)"},
+      {"checkpoint-keep", 4, &C::checkpoint_keep, "newest checkpoints to keep (0: all)"},
+      {"checkpoint-format", 4, &C::checkpoint_format,
+       "full (rank 0 writes one consolidated file) | sharded (one file per rank) | auto (sharded for "
+       "oss/sdp/fsdp, else full); either loads under any strategy and world size"},
+      {"checkpoint-monitor", 4, &C::checkpoint_monitor,
+       "also keep the best checkpoints by this metric: val_loss, val_accuracy or loss (train loss); "
+       "every step it is measured at and would rank among the best is saved (\"\": off)"},
+      {"checkpoint-mode", 4, &C::checkpoint_mode, "with --checkpoint-monitor: min or max is better"},
+      {"checkpoint-keep-best", 4, &C::checkpoint_keep_best,
+       "with --checkpoint-monitor: best checkpoints to keep (never pruned by --checkpoint-keep); "
+       "<output-dir>/checkpoints/best names the best"},
+      {"early-stopping-patience", 4, &C::early_stopping_patience,
+       "validations without improvement before stopping (0: off)"},
+      {"resume", 4, &C::resume,
+       "checkpoint directory to resume from, or 'last' (the newest in <output-dir>/checkpoints); "
+       "continues exactly, appending to <output-dir>/metrics.csv"},
+      {"profile", 4, &C::profile,
+       "write a Chrome trace of steps 3-5 per rank to DIR/trace-rank<R>.json (Kineto; open in "
+       "ui.perfetto.dev or chrome://tracing)"},
+      {"peak-flops", 4, &C::peak_flops,
+       "one rank's peak FLOP/s, the MFU denominator (0: measured once per machine, threads and dtype, "
+       "cached in ~/.cache/strata/peak_flops.json)"},
+      {"progress-bar", 4, &C::progress_bar, "live progress bar on a TTY", true},
+  };
+}
+
+/// Python interop options and testing aids (groups 5, 6).
+std::vector<Field> interop_testing_fields() {
+  using C = RunConfig;
+  return {
+      {"init-from", kInteropGroup, &C::init_from,
+       "start the GPT from this weights file (nanoGPT parameter names: a torch.save'd state_dict, "
+       "a nanoGPT ckpt.pt, or an --export-weights file)"},
+      {"export-weights", kInteropGroup, &C::export_weights,
+       "after training, write the GPT's weights here under nanoGPT's names (Python: torch.load)"},
+      {"torchscript", kInteropGroup, &C::torchscript,
+       "train this TorchScript model (torch.jit.script(model).save(...)) instead of the GPT; "
+       "model options do not apply (see recipes/torchscript.h for the contract)"},
+      {"export-torchscript", kInteropGroup, &C::export_torchscript,
+       "with --torchscript: after training, save the trained model here (torch.jit.load)"},
+      {"dump-params", kTestingGroup, &C::dump_params,
+       "rank 0 saves the final parameters here (torch::save archive; parity tests)"},
+      {"debug-extra-param-copy", kTestingGroup, &C::debug_extra_param_copy,
+       "every rank keeps an extra fp32 copy of the parameters' size alive for the run (an "
+       "injected memory regression: strata-bench's gate test)", true},
+      {"debug-overflow-step", kTestingGroup, &C::debug_overflow_step,
+       "at this step the last rank's loss gradient is multiplied by 1e6 on its way back, so 16-mixed "
+       "gradients overflow (0: never)"},
+  };
+}
+
+}  // namespace
+
+/// Every RunConfig field, in to_ini() and --help order.
+std::vector<Field> fields() {
+  std::vector<Field> all;
+  for (auto group : {model_data_fields, launch_fields, optimisation_fields, loop_fields, interop_testing_fields}) {
+    auto part = group();
+    all.insert(all.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  return all;
+}
+
+}  // namespace strata::recipes
