@@ -288,6 +288,10 @@ std::string to_ini(const RunConfig& config) {
       out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
       continue;
     }
+    if ((key == "lora-alpha" || key == "lora-targets") && config.lora_rank == 0) {
+      out << "# " << f.key << " = " << value << "  (not used without lora-rank)\n";
+      continue;
+    }
     if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
       out << "# " << f.key << " = " << value << "  (not used without checkpoint-monitor)\n";
       continue;

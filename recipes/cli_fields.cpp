@@ -36,6 +36,12 @@ std::vector<Field> model_data_fields() {
        "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
        "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
        "(the reference: B×H×T×T scores)"},
+      {"lora-rank", 0, &C::lora_rank,
+       "LoRA fine-tuning: adapters of this rank on the --lora-targets Linears, every other weight frozen; "
+       "exports merge them (0: off)"},
+      {"lora-alpha", 0, &C::lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank"},
+      {"lora-targets", 0, &C::lora_targets,
+       "LoRA: attn (attn.c_attn, attn.c_proj), mlp (c_fc, c_proj) or attn,mlp"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };

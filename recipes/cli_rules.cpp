@@ -48,6 +48,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
       {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/gpt.h attention_names(), tested
+      {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
       {"reshard-after-forward", &c.reshard_after_forward, {"auto", "true", "false"}},
       {"wrap policy", &c.wrap_policy, {"block", "none"}},
@@ -90,10 +91,15 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
     return named(it->second, "fused-adamw") + " does not apply to optimizer '" + c.optimizer +
            "' (it would be ignored); it is for adamw only";
   }
+  for (const char* key : {"lora-alpha", "lora-targets"}) {
+    if (const auto it = given.find(key); it != given.end() && c.lora_rank == 0) {
+      return named(it->second, key) + " applies only with --lora-rank > 0 (it would be ignored)";
+    }
+  }
   if (!c.torchscript.empty()) {
     // The scripted model brings its own architecture and weights.
     for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "init-from",
-                            "export-weights"}) {
+                            "export-weights", "lora-rank", "lora-alpha", "lora-targets"}) {
       if (const auto it = given.find(key); it != given.end()) {
         return named(it->second, key) +
                " does not apply with --torchscript (the scripted model defines the model and its weights)";
@@ -205,6 +211,8 @@ std::string check_ranges(const RunConfig& c) {
                                    c.min_loss_scale,
        "min-loss-scale", c.min_loss_scale,
        "> 0 and at most the initial scale 2^" + format(c.initial_scale_power));
+  need(c.lora_rank >= 0, "lora-rank", c.lora_rank, ">= 0 (0: off)");
+  need(c.lora_alpha > 0, "lora-alpha", c.lora_alpha, "> 0");
   need(c.debug_overflow_step >= 0, "debug-overflow-step", c.debug_overflow_step, ">= 0 (0: never)");
   return error;
 }

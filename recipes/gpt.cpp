@@ -52,7 +52,13 @@ void validate(const GPTOptions& o) {
   const auto names = attention_names();
   TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), o.attention()) != names.end(),
                     "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
+  TORCH_CHECK_VALUE(o.lora_rank() >= 0, "lora_rank must be >= 0 (0: off), got ", o.lora_rank());
+  if (o.lora_rank() > 0) {
+    TORCH_CHECK_VALUE(o.lora_alpha() > 0, "lora_alpha must be > 0, got ", o.lora_alpha());
+    parse_lora_targets(o.lora_targets());
+  }
 }
+
 
 int64_t count_parameters(const GPTOptions& o) {
   const int64_t c = o.n_embd();
@@ -62,13 +68,22 @@ int64_t count_parameters(const GPTOptions& o) {
                         (4 * c * c + b * c);
   const int64_t embeddings = o.vocab_size() * c + o.block_size() * c;
   const int64_t head = o.tie_weights() ? 0 : o.vocab_size() * c;
-  return embeddings + o.n_layer() * block + 2 * c + head;
+  return embeddings + o.n_layer() * block + 2 * c + head + count_lora_parameters(o);
+}
+
+int64_t count_trainable_parameters(const GPTOptions& o) {
+  return o.lora_rank() > 0 ? count_lora_parameters(o) : count_parameters(o);
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
     : n_head_(o.n_head()), attention_(o.attention()), attn_dropout_p_(o.dropout()) {
   c_attn_ = register_module("c_attn", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 3 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.n_embd()).bias(o.bias())));
+  const bool lora = o.lora_rank() > 0 && parse_lora_targets(o.lora_targets()).attn;
+  if (lora) {
+    c_attn_lora_ = register_module("c_attn_lora", LoRA(o.n_embd(), 3 * o.n_embd(), o.lora_rank(), o.lora_alpha()));
+    c_proj_lora_ = register_module("c_proj_lora", LoRA(o.n_embd(), o.n_embd(), o.lora_rank(), o.lora_alpha()));
+  }
   attn_dropout_ = register_module("attn_dropout", torch::nn::Dropout(o.dropout()));
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(o.dropout()));
 }
@@ -76,7 +91,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto B = x.size(0), T = x.size(1), C = x.size(2);
   const auto hd = C / n_head_;
-  auto qkv = c_attn_(x).split(C, /*dim=*/2);
+  auto qkv = (c_attn_lora_ ? c_attn_(x) + c_attn_lora_(x) : c_attn_(x)).split(C, /*dim=*/2);
   auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
   auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
@@ -97,7 +112,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout_(c_proj_(y));
+  return resid_dropout_(c_proj_lora_ ? c_proj_(y) + c_proj_lora_(y) : c_proj_(y));
 }
 
 BlockImpl::BlockImpl(const GPTOptions& o) {
@@ -106,12 +121,19 @@ BlockImpl::BlockImpl(const GPTOptions& o) {
   ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).elementwise_affine(true)));
   c_fc_ = register_module("c_fc", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), 4 * o.n_embd()).bias(o.bias())));
   c_proj_ = register_module("c_proj", torch::nn::Linear(torch::nn::LinearOptions(4 * o.n_embd(), o.n_embd()).bias(o.bias())));
+  if (o.lora_rank() > 0 && parse_lora_targets(o.lora_targets()).mlp) {
+    c_fc_lora_ = register_module("c_fc_lora", LoRA(o.n_embd(), 4 * o.n_embd(), o.lora_rank(), o.lora_alpha()));
+    c_proj_lora_ = register_module("c_proj_lora", LoRA(4 * o.n_embd(), o.n_embd(), o.lora_rank(), o.lora_alpha()));
+  }
   dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout()));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto h = x + attn_(ln_1_(x));
-  return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
+  if (!c_fc_lora_) return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
+  const auto in = ln_2_(h);
+  const auto mid = torch::gelu(c_fc_(in) + c_fc_lora_(in));
+  return h + dropout_(c_proj_(mid) + c_proj_lora_(mid));
 }
 
 GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)
@@ -136,6 +158,13 @@ GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)
     lm_head_ = add("lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.n_embd(), o.vocab_size()).bias(false)));
   }
   for (const auto& p : parameters()) num_params_ += p.numel();
+  if (o.lora_rank() > 0) {
+    // Fine-tuning: only the adapters train; strategies leave frozen
+    // parameters out of gradients, optimizer state and communication.
+    for (auto& item : named_parameters()) {
+      if (!is_lora_parameter(item.key())) item.value().requires_grad_(false);
+    }
+  }
   if (deferred) return;
   for (const auto& item : named_parameters()) init_parameter(item.key(), item.value());
 }
@@ -145,7 +174,9 @@ void GPTImpl::init_parameter(const std::string& name, const torch::Tensor& p) co
   auto ends_with = [&name](const std::string& suffix) {
     return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  if (name.find("ln_") != std::string::npos) {
+  if (is_lora_parameter(name)) {
+    init_lora_parameter(name, p, parameter_generator(init_seed_, name));
+  } else if (name.find("ln_") != std::string::npos) {
     // LayerNorm: weight 1, bias 0 (torch's default, written here so a
     // deferred build gets it too).
     if (ends_with("weight")) {

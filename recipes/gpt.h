@@ -6,6 +6,7 @@
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
 #include "core/training_module.h"
+#include "recipes/lora.h"
 
 #include <torch/torch.h>
 
@@ -33,6 +34,12 @@ struct GPTOptions {
   /// (at::scaled_dot_product_attention on any device) or "naive" (B×H×T×T
   /// scores kept for backward; the reference).
   TORCH_ARG(std::string, attention) = "fused";
+  /// LoRA adapters (recipes/lora.h): rank 0 = off. With rank r > 0 the
+  /// targeted Linears gain (alpha / r) · B A and every other parameter is
+  /// frozen. alpha 8 and targets attn are PEFT LoraConfig's defaults for GPT-2.
+  TORCH_ARG(int64_t, lora_rank) = 0;
+  TORCH_ARG(double, lora_alpha) = 8.0;
+  TORCH_ARG(std::string, lora_targets) = "attn";
 };
 
 /// The values GPTOptions::attention accepts: fused, sdpa, naive.
@@ -46,12 +53,16 @@ GPTOptions gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
 /// Errors (one line, naming the values) for n_embd % n_head != 0,
-/// non-positive sizes and an unknown attention implementation.
+/// non-positive sizes, an unknown attention implementation and bad LoRA
+/// options.
 void validate(const GPTOptions& options);
 
 /// The parameters a GPT with these options has, counted from the options
-/// (before building it): for planning memory and disk space.
+/// (before building it): for planning memory and disk space. LoRA adapters
+/// included; count_lora_parameters() are the trainable ones under LoRA.
 int64_t count_parameters(const GPTOptions& options);
+/// The parameters training updates: all of them, or the adapters under LoRA.
+int64_t count_trainable_parameters(const GPTOptions& options);
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -63,6 +74,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   std::string attention_;
   double attn_dropout_p_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  LoRA c_attn_lora_{nullptr}, c_proj_lora_{nullptr};  // null without LoRA on attn
   torch::nn::Dropout attn_dropout_{nullptr}, resid_dropout_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -76,6 +88,7 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+  LoRA c_fc_lora_{nullptr}, c_proj_lora_{nullptr};  // null without LoRA on mlp
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Block);

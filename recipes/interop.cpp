@@ -204,6 +204,9 @@ NamedTensors from_nanogpt(const NamedTensors& by_nanogpt_name, torch::nn::Module
   }
   std::vector<std::string> missing;
   for (const auto& [ours, param] : params) {
+    // LoRA adapters start from their own init on top of the file's base
+    // weights (a file from a LoRA run holds them merged).
+    if (is_lora_parameter(ours)) continue;
     const std::string theirs = to_nanogpt_name(ours);
     if (by_nanogpt_name.count(theirs) == 0) missing.push_back(theirs);
   }

@@ -97,21 +97,25 @@ ModelStatePrediction predict_model_state(const PlanRequest& r) {
   TORCH_CHECK_VALUE(r.world_size() >= 1, "memory planner: world size must be >= 1, got ", r.world_size());
   TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
                     r.optimizer(), "'; known: adamw, sgd");
+  // Trainable t (all, or LoRA's adapters) and frozen f parameters: frozen
+  // ones are held whole by every strategy and have no gradient or state.
   const int64_t p = count_parameters(r.model());
+  const int64_t t = count_trainable_parameters(r.model());
+  const int64_t f = p - t;
   const int64_t n = r.world_size();
   const int64_t opt = r.optimizer() == "adamw" ? 8 : 0;
   ModelStatePrediction s;
   const std::string& name = r.strategy();
   if (name == "single" || name == "ddp") {
-    s = {4 * p, 4 * p, opt * p};
+    s = {4 * p, 4 * t, opt * t};
   } else if (name == "oss") {
-    s = {4 * p, 4 * p, opt * ceil_div(p, n)};
+    s = {4 * p, 4 * t, opt * ceil_div(t, n)};
   } else if (name == "sdp") {
-    s = {4 * p, 4 * ceil_div(p, n), opt * ceil_div(p, n)};
+    s = {4 * p, 4 * ceil_div(t, n), opt * ceil_div(t, n)};
   } else {  // fsdp
-    const int64_t shard = ceil_div(p, n);
-    s = {4 * shard, 4 * shard, opt * shard};
-    if (r.offload() != "none") s = {0, 0, 0};  // on the tier between uses
+    const int64_t shard = ceil_div(t, n);
+    s = {4 * f + 4 * shard, 4 * shard, opt * shard};
+    if (r.offload() != "none") s = {4 * f, 0, 0};  // the shards on the tier between uses
   }
   // single, ddp, oss, sdp: --offload keeps the optimizer state in the tier
   // (strategies/offloaded_moments.h); parameters and gradients stay.

@@ -83,6 +83,7 @@ class GPTFromWeights : public GPTModule {
       : GPTModule(options, /*deferred=*/true), weights_(std::move(weights)) {}
   void init_parameter(const std::string& name, const torch::Tensor& param) override {
     const auto it = weights_.find(name);
+    if (it == weights_.end() && is_lora_parameter(name)) return GPTModule::init_parameter(name, param);
     TORCH_CHECK(it != weights_.end(), "--init-from: no value for parameter ", name);
     torch::NoGradGuard no_grad;
     param.copy_(it->second);
@@ -215,7 +216,8 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
     // parameters for as long as `full` lives; rank 0 writes (atomically).
     const auto full = strategy.full_params();
     if (is_zero && !c.export_weights.empty()) {
-      write_weights(c.export_weights, named_parameters_of(built.module->module()), run.model);
+      // LoRA: the adapters merged into their Linears, so the file is a plain GPT.
+      write_weights(c.export_weights, merge_lora(named_parameters_of(built.module->module()), run.model), run.model);
     }
     if (is_zero && built.scripted) built.scripted->save(c.export_torchscript);
   }

@@ -595,3 +595,24 @@ TEST(CliTest, LossScalingOptionsAreFor16MixedOnly) {
 
 }  // namespace
 
+namespace {
+
+TEST(CliTest, LoraOptions) {
+  auto lora = parse({"--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", "attn,mlp"});
+  ASSERT_TRUE(lora.config.has_value()) << lora.message;
+  EXPECT_EQ(lora.config->lora_rank, 8);
+  EXPECT_EQ(lora.config->lora_alpha, 16.0);
+  EXPECT_EQ(lora.config->lora_targets, "attn,mlp");
+  EXPECT_NE(to_ini(*lora.config).find("\nlora-targets = attn,mlp\n"), std::string::npos);
+  expect_error({"--lora-rank", "-1"}, {"'-1' for --lora-rank", ">= 0"});
+  expect_error({"--lora-rank", "4", "--lora-alpha", "0"}, {"'0' for --lora-alpha", "> 0"});
+  expect_error({"--lora-rank", "4", "--lora-targets", "head"}, {"unknown lora-targets 'head'", "attn, mlp, attn,mlp"});
+  // Without a rank they would be ignored.
+  expect_error({"--lora-alpha", "16"}, {"--lora-alpha applies only with --lora-rank > 0"});
+  auto plain = parse({});
+  ASSERT_TRUE(plain.config.has_value());
+  EXPECT_NE(to_ini(*plain.config).find("# lora-alpha = 8  (not used without lora-rank)"), std::string::npos)
+      << to_ini(*plain.config);
+}
+
+}  // namespace

@@ -1,0 +1,87 @@
+#include "recipes/lora.h"
+
+#include "recipes/gpt.h"
+
+#include <cmath>
+
+namespace strata::recipes {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+LoraTargets parse_lora_targets(const std::string& text) {
+  if (text == "attn") return {true, false};
+  if (text == "mlp") return {false, true};
+  if (text == "attn,mlp" || text == "mlp,attn") return {true, true};
+  TORCH_CHECK_VALUE(false, "unknown LoRA targets '", text, "'; allowed: attn, mlp, attn,mlp");
+}
+
+LoRAImpl::LoRAImpl(int64_t in_features, int64_t out_features, int64_t rank, double alpha)
+    : scale_(alpha / static_cast<double>(rank)) {
+  TORCH_CHECK_VALUE(rank > 0 && alpha > 0, "LoRA needs rank > 0 and alpha > 0, got rank ", rank, ", alpha ",
+                    alpha);
+  a_ = register_parameter("A", torch::empty({rank, in_features}));
+  b_ = register_parameter("B", torch::zeros({out_features, rank}));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  torch::NoGradGuard no_grad;
+  a_.uniform_(-bound, bound);
+}
+
+torch::Tensor LoRAImpl::forward(const torch::Tensor& x) {
+  return torch::nn::functional::linear(torch::nn::functional::linear(x, a_), b_) * scale_;
+}
+
+bool is_lora_parameter(const std::string& name) {
+  return ends_with(name, "_lora.A") || ends_with(name, "_lora.B");
+}
+
+int64_t count_lora_parameters(const GPTOptions& o) {
+  if (o.lora_rank() == 0) return 0;
+  const auto targets = parse_lora_targets(o.lora_targets());
+  const int64_t c = o.n_embd(), r = o.lora_rank();
+  // A [r, in] + B [out, r] per adapter: r · (in + out).
+  const int64_t attn = targets.attn ? r * (c + 3 * c) + r * (c + c) : 0;
+  const int64_t mlp = targets.mlp ? r * (c + 4 * c) + r * (4 * c + c) : 0;
+  return o.n_layer() * (attn + mlp);
+}
+
+void init_lora_parameter(const std::string& name, const torch::Tensor& param, at::Generator generator) {
+  torch::NoGradGuard no_grad;
+  if (ends_with(name, "_lora.B")) {
+    param.zero_();
+    return;
+  }
+  TORCH_CHECK(ends_with(name, "_lora.A") && param.dim() == 2, "not a LoRA A matrix: ", name);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(param.size(1)));
+  auto values = torch::empty(param.sizes(), param.options().device(torch::kCPU));
+  values.uniform_(-bound, bound, generator);
+  param.copy_(values);
+}
+
+std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torch::Tensor>& by_strata_name,
+                                                const GPTOptions& options) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : by_strata_name) {
+    if (!is_lora_parameter(name)) out[name] = tensor;
+  }
+  if (options.lora_rank() == 0) return out;
+  const double scale = options.lora_alpha() / static_cast<double>(options.lora_rank());
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, a] : by_strata_name) {
+    if (!ends_with(name, "_lora.A")) continue;
+    const std::string stem = name.substr(0, name.size() - std::string("_lora.A").size());
+    const auto b = by_strata_name.find(stem + "_lora.B");
+    const auto w = out.find(stem + ".weight");
+    TORCH_CHECK(b != by_strata_name.end() && w != out.end(), "merge_lora: ", name, " has no ", stem,
+                "_lora.B or no ", stem, ".weight to merge into");
+    // The copy is merged, never the model's own weight.
+    w->second = w->second.detach().to(torch::kFloat32) +
+                torch::matmul(b->second.detach().to(torch::kFloat32), a.detach().to(torch::kFloat32)) * scale;
+  }
+  return out;
+}
+
+}  // namespace strata::recipes
