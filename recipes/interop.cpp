@@ -1,5 +1,7 @@
 #include "recipes/interop.h"
 
+#include "recipes/hf_gpt2.h"
+
 #include "core/atomic_file.h"
 #include "recipes/plain_pickle.h"
 
@@ -143,6 +145,7 @@ void write_weights(const std::string& path, const NamedTensors& by_strata_name, 
 }
 
 NamedTensors read_weights(const std::string& path) {
+  if (is_hf_gpt2(path)) return read_hf_gpt2(path);  // transformers' safetensors (recipes/hf_gpt2.h)
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot read weights file '", path, "': ", std::strerror(errno));
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

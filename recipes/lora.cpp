@@ -64,10 +64,17 @@ void init_lora_parameter(const std::string& name, const torch::Tensor& param, at
 std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torch::Tensor>& by_strata_name,
                                                 const GPTOptions& options) {
   std::map<std::string, torch::Tensor> out;
+  bool adapters = false;
   for (const auto& [name, tensor] : by_strata_name) {
-    if (!is_lora_parameter(name)) out[name] = tensor;
+    if (is_lora_parameter(name)) {
+      adapters = true;
+    } else {
+      out[name] = tensor;
+    }
   }
-  if (options.lora_rank() == 0) return out;
+  if (!adapters) return out;
+  TORCH_CHECK_VALUE(options.lora_rank() > 0, "the parameters hold LoRA adapters, but the options have no LoRA rank "
+                                             "(and alpha) to merge them with");
   const double scale = options.lora_alpha() / static_cast<double>(options.lora_rank());
   torch::NoGradGuard no_grad;
   for (const auto& [name, a] : by_strata_name) {

@@ -53,7 +53,8 @@ void init_lora_parameter(const std::string& name, const torch::Tensor& param, at
 
 /// The parameters with every adapter merged into its Linear's weight
 /// (W + scale · B A) and the adapter parameters dropped; unchanged without
-/// LoRA. `by_strata_name` must hold full (not sharded) tensors.
+/// adapters (adapters with options.lora_rank() 0 are an error: no scale).
+/// `by_strata_name` must hold full (not sharded) tensors.
 std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torch::Tensor>& by_strata_name,
                                                 const GPTOptions& options);
 

@@ -1,5 +1,7 @@
 #include "recipes/run_checks.h"
 
+#include "recipes/hf_gpt2.h"
+
 #include "core/atomic_file.h"
 #include "core/cuda_support.h"
 #include "core/device.h"
@@ -129,6 +131,10 @@ void check_model_inputs(CheckedRun& run) {
   const RunConfig& c = run.config;
   if (!c.init_from.empty()) {
     GPTModule shape_only(run.model, /*deferred=*/true);  // names and shapes, no memory
+    // Shapes cannot tell a head count apart: a transformers config.json can.
+    const std::string mismatch = hf_config_mismatch(c.init_from, run.model);
+    TORCH_CHECK_VALUE(mismatch.empty(), "--init-from '", c.init_from, "': its config.json does not describe this model (",
+                      mismatch, ")");
     run.init_weights = from_nanogpt(read_weights(c.init_from), shape_only.module(), run.model, c.init_from);
   }
   if (!c.torchscript.empty()) {

@@ -1,0 +1,112 @@
+#include "recipes/hf_gpt2.h"
+
+#include "core/atomic_file.h"
+#include "recipes/interop.h"
+#include "recipes/safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace strata::recipes {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// transformers' Conv1D weights: [in, out], the transpose of a Linear's.
+bool is_conv1d_weight(const std::string& nanogpt_name) {
+  for (const char* layer : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    if (ends_with(nanogpt_name, layer)) return true;
+  }
+  return false;
+}
+
+std::string model_file(const std::string& path) {
+  return fs::is_directory(path) ? (fs::path(path) / "model.safetensors").string() : path;
+}
+
+nlohmann::json config_json(const GPTOptions& o) {
+  nlohmann::ordered_json c;
+  c["architectures"] = {"GPT2LMHeadModel"};
+  c["model_type"] = "gpt2";
+  c["vocab_size"] = o.vocab_size();
+  c["n_positions"] = o.block_size();
+  c["n_embd"] = o.n_embd();
+  c["n_layer"] = o.n_layer();
+  c["n_head"] = o.n_head();
+  c["n_inner"] = nullptr;  // 4 * n_embd
+  c["activation_function"] = "gelu";
+  c["layer_norm_epsilon"] = 1e-5;
+  c["resid_pdrop"] = o.dropout();
+  c["embd_pdrop"] = o.dropout();
+  c["attn_pdrop"] = o.dropout();
+  c["scale_attn_weights"] = true;
+  c["tie_word_embeddings"] = o.tie_weights();
+  c["bos_token_id"] = nullptr;
+  c["eos_token_id"] = nullptr;
+  c["dtype"] = "float32";
+  return c;
+}
+
+}  // namespace
+
+bool is_hf_gpt2(const std::string& path) {
+  return (fs::is_directory(path) && fs::exists(fs::path(path) / "model.safetensors")) ||
+         (fs::is_regular_file(path) && ends_with(path, ".safetensors"));
+}
+
+void write_hf_gpt2(const std::string& dir, const std::map<std::string, torch::Tensor>& by_strata_name,
+                   const GPTOptions& options) {
+  TORCH_CHECK_VALUE(options.bias(), "a Hugging Face GPT-2 has Linear and LayerNorm biases; this GPT was built "
+                                    "with --bias false");
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, tensor] : to_nanogpt(by_strata_name, options)) {
+    if (options.tie_weights() && name == "lm_head.weight") continue;  // tied: transformers stores wte alone
+    out[name] = is_conv1d_weight(name) ? tensor.t().contiguous() : tensor;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TORCH_CHECK_VALUE(fs::is_directory(dir), "cannot create directory '", dir, "'", ec ? ": " + ec.message() : "");
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), out);
+  write_file_atomically((fs::path(dir) / "config.json").string(), config_json(options).dump(2) + "\n");
+}
+
+std::map<std::string, torch::Tensor> read_hf_gpt2(const std::string& path) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& [name, tensor] : read_safetensors(model_file(path))) {
+    // transformers' own checkpoints may hold the attention mask buffers
+    // (attn.bias, attn.masked_bias): not parameters, as nanoGPT skips them.
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;
+    out[name] = is_conv1d_weight(name) ? tensor.t().contiguous() : tensor;
+  }
+  return out;
+}
+
+std::string hf_config_mismatch(const std::string& path, const GPTOptions& o) {
+  const fs::path file = fs::path(path) / "config.json";
+  if (!fs::is_directory(path) || !fs::exists(file)) return "";
+  std::ifstream in(file);
+  const auto c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!c.is_object()) return file.string() + " is not a JSON object";
+  std::ostringstream diff;
+  auto check = [&](const char* key, int64_t want) {
+    if (!c.contains(key) || !c[key].is_number_integer()) return;
+    const int64_t got = c[key].get<int64_t>();
+    if (got != want) diff << (diff.tellp() > 0 ? "; " : "") << key << " " << got << " vs the model's " << want;
+  };
+  check("n_layer", o.n_layer());
+  check("n_head", o.n_head());
+  check("n_embd", o.n_embd());
+  check("vocab_size", o.vocab_size());
+  check("n_positions", o.block_size());
+  return diff.str();
+}
+
+}  // namespace strata::recipes

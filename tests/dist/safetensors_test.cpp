@@ -1,0 +1,215 @@
+// safetensors_test - Hugging Face interop (recipes/safetensors.h,
+// recipes/hf_gpt2.h): the file format round-trips and refuses bad headers;
+// strata-export --format safetensors gives a directory that transformers'
+// GPT2LMHeadModel loads with strata's logits (the `transformers` package from
+// PyPI, installed by scripts/setup, is the oracle); --init-from reads such a
+// directory, one written by transformers itself included.
+#include "tests/dist/run_binary.h"
+#include "tests/temp_dir.h"
+#include "recipes/data.h"
+#include "recipes/gpt.h"
+#include "recipes/hf_gpt2.h"
+#include "recipes/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+namespace {
+namespace fs = std::filesystem;
+using strata::testing::run_command;
+using strata::testing::run_gpt_binary;
+
+constexpr const char* kPython = STRATA_PYTHON;
+
+constexpr const char* kScript = R"PY(
+import sys, json
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+cmd, a = sys.argv[1], sys.argv[2:]
+b = torch.load(a[1], weights_only=False)   # the test's batch (a typed C++ dict)
+if cmd == 'logits':        # hf_dir batch: max |HF logits - strata logits|
+    m = GPT2LMHeadModel.from_pretrained(a[0]).eval()
+    with torch.no_grad():
+        got = m(b['input']).logits
+    print('maxdiff=%.3e' % (got - b['logits']).abs().max().item())
+    print('scale=%.3e' % b['logits'].abs().max().item())
+elif cmd == 'write':       # hf_dir batch n_layer n_head n_embd vocab block: a random GPT-2, its loss
+    torch.manual_seed(0)
+    c = GPT2Config(n_layer=int(a[2]), n_head=int(a[3]), n_embd=int(a[4]), vocab_size=int(a[5]),
+                   n_positions=int(a[6]), activation_function='gelu', resid_pdrop=0.0, embd_pdrop=0.0,
+                   attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    m = GPT2LMHeadModel(c).eval()
+    m.save_pretrained(a[0])
+    with torch.no_grad():
+        logits = m(b['input']).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), b['target'].reshape(-1),
+                                                 ignore_index=-1)
+    print('loss=%.10f' % loss.item())
+)PY";
+
+std::map<std::string, std::string> python(const fs::path& dir, const std::string& args) {
+  const fs::path script = dir / "hf.py";
+  if (!fs::exists(script)) std::ofstream(script) << kScript;
+  const auto run = run_command(std::string(kPython) + " " + script.string() + " " + args);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  std::map<std::string, std::string> out;
+  std::istringstream lines(run.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return out;
+}
+
+bool have_transformers() {
+  static const bool ok = run_command(std::string(kPython) + " -c 'import transformers'").exit_code == 0;
+  return ok;
+}
+#define REQUIRE_TRANSFORMERS()                                                                             \
+  if (!have_transformers())                                                                                \
+  GTEST_SKIP() << "'" << kPython << "' cannot import transformers (STRATA_PYTHON): run scripts/setup"
+
+void save_dict(const fs::path& path, const std::map<std::string, torch::Tensor>& tensors) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [k, v] : tensors) dict.insert(k, v);
+  const auto bytes = torch::pickle_save(c10::IValue(dict));
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+double first_logged_loss(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::string header, row;
+  std::getline(in, header);
+  std::getline(in, row);
+  std::vector<std::string> names, cells;
+  std::stringstream h(header), r(row);
+  for (std::string c; std::getline(h, c, ',');) names.push_back(c);
+  for (std::string c; std::getline(r, c, ',');) cells.push_back(c);
+  for (size_t i = 0; i < names.size() && i < cells.size(); ++i) {
+    if (names[i] == "loss") return std::stod(cells[i]);
+  }
+  ADD_FAILURE() << "no loss in " << metrics;
+  return 0.0;
+}
+
+std::string flags(const fs::path& out) {
+  return "--preset gpt-nano --data addition:2 --log-every-n-steps 1 --limit-val-batches 1 --threads-per-rank 1 "
+         "--progress-bar false --output-dir " + out.string();
+}
+
+TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
+  strata::testing::TempDir dir("strata-safetensors");
+  const std::map<std::string, torch::Tensor> tensors = {
+      {"a", torch::randn({3, 4})}, {"b", torch::randn({5}).to(torch::kBFloat16)},
+      {"c", torch::randn({2, 2}).to(torch::kHalf).t()}, {"empty", torch::zeros({0, 3})}};
+  const auto path = dir.file("t.safetensors");
+  strata::recipes::write_safetensors(path, tensors);
+  const auto back = strata::recipes::read_safetensors(path);
+  ASSERT_EQ(back.size(), tensors.size());
+  for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(back.at(name), t.contiguous())) << name;
+  // Bad files: each one line naming what is wrong.
+  std::ifstream in(path, std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto refused = [&](const std::string& bytes, const std::string& part) {
+    std::ofstream(dir.file("bad.safetensors"), std::ios::binary) << bytes;
+    try {
+      strata::recipes::read_safetensors(dir.file("bad.safetensors"));
+      ADD_FAILURE() << "accepted; expected '" << part << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(part), std::string::npos) << e.what_without_backtrace();
+    }
+  };
+  refused(good.substr(0, 5), "shorter than its 8-byte header length");
+  refused(good.substr(0, 40), "exceeds the file");
+  refused(good.substr(0, good.size() - 2), "do not hold");
+  refused(good + "xx", "2 data bytes belong to no tensor");
+  std::string bf = good;
+  bf.replace(bf.find("\"BF16\""), 6, "\"I8\"  ");
+  refused(bf, "dtype 'I8' is not supported");
+}
+
+TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBack) {
+  REQUIRE_TRANSFORMERS();
+  strata::testing::TempDir dir("strata-hf");
+  for (const std::string lora : {std::string(""), std::string(" --lora-rank 4 --lora-targets attn,mlp")}) {
+    SCOPED_TRACE(lora);
+    const fs::path run = dir.path() / ("run" + std::to_string(lora.size()));
+    auto trained = run_gpt_binary(flags(run) + " --max-steps 4 --lr 1e-2 --checkpoint-every 4 --dump-params " +
+                                  (run.string() + ".dump") + lora);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    const fs::path hf = run.string() + "-hf", pt = run.string() + ".pt";
+    for (const auto& [format, out] : {std::pair{"safetensors", hf}, std::pair{"pt", pt}}) {
+      auto exported = run_command(std::string(STRATA_EXPORT_BINARY) + " --format " + format + " " + run.string() +
+                                  " " + out.string());
+      ASSERT_EQ(exported.exit_code, 0) << exported.output;
+    }
+    // strata's logits, from the trained parameters (adapters unmerged).
+    auto data = strata::recipes::make_data("addition:2", 0, 50257, 1337);
+    auto options = strata::recipes::gpt_preset("gpt-nano").vocab_size(data->vocab_size()).block_size(data->block_size());
+    if (!lora.empty()) options.lora_rank(4).lora_targets("attn,mlp");
+    strata::recipes::GPTModule module(options);
+    const auto dumped = strata::testing::load_archive(run.string() + ".dump");
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : module.module().named_parameters()) item.value().copy_(dumped.at(item.key()));
+    }
+    module.module().eval();
+    const auto batch = data->val_batch(0, 8, strata::ShardInfo{});
+    torch::Tensor logits;
+    {
+      torch::NoGradGuard no_grad;
+      logits = module.model()->forward(batch.input);
+    }
+    save_dict(dir.path() / "batch.pt", {{"input", batch.input}, {"logits", logits}});
+    auto py = python(dir.path(), "logits " + hf.string() + " " + (dir.path() / "batch.pt").string());
+    ASSERT_TRUE(py.count("maxdiff"));
+    std::cout << "[ hf gpt2 ]" << lora << ": max |transformers - strata| logits " << py["maxdiff"] << " (max |logit| "
+              << py["scale"] << ")" << std::endl;
+    EXPECT_LE(std::stod(py["maxdiff"]), 1e-4);
+    // Back: --init-from the directory starts where --init-from the .pt export does.
+    double first[2];
+    int i = 0;
+    for (const auto& from : {hf, pt}) {
+      const fs::path next = run.string() + "-from-" + std::to_string(i);
+      auto again = run_gpt_binary(flags(next) + " --max-steps 1 --init-from " + from.string());
+      ASSERT_EQ(again.exit_code, 0) << again.output;
+      first[i++] = first_logged_loss(next / "metrics.csv");
+    }
+    EXPECT_EQ(first[0], first[1]);
+  }
+}
+
+TEST(HfGpt2Test, InitFromADirectoryTransformersWrote) {
+  REQUIRE_TRANSFORMERS();
+  strata::testing::TempDir dir("strata-hf-init");
+  auto data = strata::recipes::make_data("addition:2", 0, 50257, 1337);
+  const auto batch = data->train_batch(0, 8, strata::ShardInfo{});
+  save_dict(dir.path() / "batch.pt", {{"input", batch.input}, {"target", batch.target}});
+  const fs::path hf = dir.path() / "hf";
+  // gpt-nano: 3 layers, 3 heads, 48 wide.
+  auto py = python(dir.path(), "write " + hf.string() + " " + (dir.path() / "batch.pt").string() + " 3 3 48 " +
+                                   std::to_string(data->vocab_size()) + " " + std::to_string(data->block_size()));
+  ASSERT_TRUE(py.count("loss"));
+  auto run = run_gpt_binary(flags(dir.path() / "out") + " --max-steps 1 --batch-size 8 --init-from " + hf.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NEAR(first_logged_loss(dir.path() / "out" / "metrics.csv"), std::stod(py["loss"]), 1e-5);
+  // A config.json of another model: shapes alone cannot tell 3 heads from 4.
+  std::ifstream in(hf / "config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const auto at = config.find("\"n_head\": 3");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.replace(at, 11, "\"n_head\": 4");
+  std::ofstream(hf / "config.json") << config;
+  auto refused = run_gpt_binary(flags(dir.path() / "out2") + " --max-steps 1 --init-from " + hf.string());
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("n_head 4 vs the model's 3"), std::string::npos) << refused.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "out2" / "metrics.csv"));
+}
+
+}  // namespace
