@@ -284,7 +284,7 @@ std::string to_ini(const RunConfig& config) {
       out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
       continue;
     }
-    if (const auto why = precision_ignores(key, config.precision)) {
+    if (const auto why = precision_ignores(key, config)) {
       out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
       continue;
     }

@@ -1,6 +1,7 @@
 #include "recipes/cli_rules.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <filesystem>
 #include <tuple>
@@ -83,7 +84,7 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
              option->applies_to;
     }
     if (const auto why = data_ignores(key, c.data)) return named(where, key) + " would be ignored: " + *why;
-    if (const auto why = precision_ignores(key, c.precision)) {
+    if (const auto why = precision_ignores(key, c)) {
       return named(where, key) + " would be ignored: " + *why;
     }
   }
@@ -202,18 +203,21 @@ std::string check_ranges(const RunConfig& c) {
   need(c.early_stopping_patience >= 0, "early-stopping-patience", c.early_stopping_patience, ">= 0 (0: off)");
   need(std::isfinite(c.peak_flops) && c.peak_flops >= 0, "peak-flops", c.peak_flops,
        "a finite number >= 0 (0: measured once per machine)");
-  need(c.loss_scale >= 0, "loss-scale", c.loss_scale, ">= 0 (0: dynamic)");
+  need(c.loss_scale >= 0 && c.loss_scale <= 9.223372036854775808e18, "loss-scale", c.loss_scale,
+       "in [0, 2^63] (0: dynamic)");
   need(c.initial_scale_power >= 0 && c.initial_scale_power <= 63, "initial-scale-power", c.initial_scale_power,
        "in [0, 63]");
   need(c.loss_scale_window >= 1, "loss-scale-window", c.loss_scale_window, ">= 1");
   need(c.hysteresis >= 1, "hysteresis", c.hysteresis, ">= 1");
-  need(c.min_loss_scale > 0 && std::ldexp(1.0, static_cast<int>(std::clamp<int64_t>(c.initial_scale_power, 0, 63))) >=
-                                   c.min_loss_scale,
+  need(c.min_loss_scale > 0 &&
+           (c.loss_scale > 0 ||
+            std::ldexp(1.0, static_cast<int>(std::clamp<int64_t>(c.initial_scale_power, 0, 63))) >= c.min_loss_scale),
        "min-loss-scale", c.min_loss_scale,
        "> 0 and at most the initial scale 2^" + format(c.initial_scale_power));
   need(c.lora_rank >= 0, "lora-rank", c.lora_rank, ">= 0 (0: off)");
   need(c.lora_alpha > 0, "lora-alpha", c.lora_alpha, "> 0");
-  need(c.debug_overflow_step >= 0, "debug-overflow-step", c.debug_overflow_step, ">= 0 (0: never)");
+  need(c.debug_overflow_step >= 0 && c.debug_overflow_step <= c.max_steps, "debug-overflow-step",
+       c.debug_overflow_step, "in [0, max-steps " + format(c.max_steps) + "] (0: never)");
   return error;
 }
 
@@ -225,14 +229,16 @@ std::vector<std::string> precision_names() {
   return {"32", "32-true", "fp32", "bf16-mixed", "bf16", "16-mixed", "fp16-mixed", "fp16"};
 }
 
-std::optional<std::string> precision_ignores(const std::string& key, const std::string& precision) {
-  static const char* const scaler_keys[] = {"loss-scale",  "initial-scale-power",    "loss-scale-window",
-                                            "hysteresis", "consecutive-hysteresis", "min-loss-scale"};
-  if (precision == "16-mixed" || precision == "fp16-mixed" || precision == "fp16") return std::nullopt;
-  for (const char* scaler_key : scaler_keys) {
-    if (key == scaler_key) {
-      return "loss scaling is for --precision 16-mixed; precision " + precision + " needs none";
-    }
+std::optional<std::string> precision_ignores(const std::string& key, const RunConfig& c) {
+  static const char* const dynamic_keys[] = {"initial-scale-power", "loss-scale-window", "hysteresis",
+                                             "consecutive-hysteresis", "min-loss-scale"};
+  const bool fp16 = c.precision == "16-mixed" || c.precision == "fp16-mixed" || c.precision == "fp16";
+  const bool dynamic_key = std::find(std::begin(dynamic_keys), std::end(dynamic_keys), key) != std::end(dynamic_keys);
+  if (!fp16 && (dynamic_key || key == "loss-scale" || key == "debug-overflow-step")) {
+    return "loss scaling is for --precision 16-mixed; precision " + c.precision + " needs none";
+  }
+  if (fp16 && dynamic_key && c.loss_scale > 0) {
+    return "it tunes dynamic loss scaling, and --loss-scale " + format(c.loss_scale) + " is a static scale";
   }
   return std::nullopt;
 }

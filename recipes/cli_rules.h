@@ -35,10 +35,10 @@ std::optional<StrategyOption> unused_by(const std::string& key, const std::strin
 /// text file its 256 byte values. nullopt when it reads it.
 std::optional<std::string> data_ignores(const std::string& key, const std::string& data);
 
-/// Why `precision` does not read `key`: the loss-scaling options are for
-/// 16-mixed only (bf16 and fp32 have the range and need no scaler). nullopt
-/// when it reads it.
-std::optional<std::string> precision_ignores(const std::string& key, const std::string& precision);
+/// Why `c` does not read the loss-scaling option `key`: they are for 16-mixed
+/// only (bf16 and fp32 have the range and need no scaler), and the dynamic
+/// ones not with a static --loss-scale. nullopt when it reads it.
+std::optional<std::string> precision_ignores(const std::string& key, const RunConfig& c);
 
 /// Keys given explicitly (not defaulted), each with where it was given: "" for
 /// the command line, "config file 'x': " for --config.

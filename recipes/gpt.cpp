@@ -52,7 +52,8 @@ void validate(const GPTOptions& o) {
   const auto names = attention_names();
   TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), o.attention()) != names.end(),
                     "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
-  TORCH_CHECK_VALUE(o.lora_rank() >= 0, "lora_rank must be >= 0 (0: off), got ", o.lora_rank());
+  TORCH_CHECK_VALUE(o.lora_rank() >= 0 && o.lora_rank() <= o.n_embd(), "lora_rank must be in [0, n_embd ",
+                    o.n_embd(), "] (0: off), got ", o.lora_rank());
   if (o.lora_rank() > 0) {
     TORCH_CHECK_VALUE(o.lora_alpha() > 0, "lora_alpha must be > 0, got ", o.lora_alpha());
     parse_lora_targets(o.lora_targets());
@@ -265,7 +266,10 @@ double GPTModule::flops_per_token() const {
   const auto& o = model_->options();
   const double n = static_cast<double>(model_->num_params(/*non_embedding=*/true));
   const double l = o.n_layer(), h = o.n_head(), q = o.n_embd() / o.n_head(), t = o.block_size();
-  return 6.0 * n + 12.0 * l * h * q * t;
+  // LoRA: frozen weights take no weight-gradient product, 4 FLOPs per
+  // parameter and token (forward, input gradient) instead of 6.
+  const double trainable = o.lora_rank() > 0 ? static_cast<double>(count_lora_parameters(o)) : n;
+  return 4.0 * n + 2.0 * trainable + 12.0 * l * h * q * t;
 }
 
 }  // namespace strata::recipes

@@ -185,8 +185,11 @@ MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& act
     // (kMaxReductionsInFlight), holding the previous block's full gradient
     // and the receive buffer of the same size. Communication-bound steps reach
     // it; compute-bound ones finish each reduce-scatter early and peak lower.
-    const int64_t block = block_parameters(model);
-    const int64_t root = count_parameters(model) - model.n_layer() * block;
+    // Only trainable parameters are gathered (frozen ones are held whole, in
+    // the model state): under LoRA the blocks' adapters, and no root unit.
+    const bool lora = model.lora_rank() > 0;
+    const int64_t block = lora ? count_lora_parameters(model) / model.n_layer() : block_parameters(model);
+    const int64_t root = lora ? 0 : count_parameters(model) - model.n_layer() * block;
     const int64_t param_bytes = compute_dtype(r.precision()) ? 2 : 4;
     const int64_t in_flight = model.n_layer() >= 2 ? 8 : 0;  // a previous block's reduction
     m.gathered = 8 * root + block * (std::min<int64_t>(2, model.n_layer()) * param_bytes + 4 + in_flight);
@@ -195,9 +198,10 @@ MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& act
   m.overhead = kOverheadBytes;
   if (r.strategy() == "oss" || r.strategy() == "sdp") {
     // OSS/SDP hold flat staging buffers outside the activation phase (10
-    // bytes per parameter, measured exactly on gpt-mini for both): the peak
+    // bytes per trainable parameter, measured exactly on gpt-mini for both): the peak
     // is the larger of the two phases.
-    m.overhead += std::max<int64_t>(0, kShardedStagingBytesPerParam * count_parameters(model) - m.activations);
+    m.overhead +=
+        std::max<int64_t>(0, kShardedStagingBytesPerParam * count_trainable_parameters(model) - m.activations);
   }
   if (r.strategy() == "single") {
     // zero_grad sets gradients to none, so the activation peak (the start of

@@ -104,9 +104,10 @@ double Strategy::clip_grad_norm(double max_norm, double loss_scale) {
     comm_.all_reduce(sq);
   }
   const double scaled_norm = std::sqrt(sq.item<double>());
-  // An inf/NaN anywhere makes the all-reduced sum non-finite on every rank:
-  // the ranks agree on skipping without another collective.
-  if (!std::isfinite(scaled_norm)) return scaled_norm;
+  // Loss scaling: an inf/NaN anywhere makes the all-reduced sum non-finite
+  // on every rank, so the ranks agree on skipping without another collective.
+  // Unscaled, torch's formula stands (an infinite norm clips to zero).
+  if (!std::isfinite(scaled_norm) && loss_scale != 1.0) return scaled_norm;
   const double norm = scaled_norm / loss_scale;
   // Unscale and clip in one pass over the gradients.
   double coef = 1.0 / loss_scale;

@@ -149,9 +149,10 @@ class Strategy {
   ///
   /// `loss_scale`: the gradients are of a loss multiplied by it (fp16 loss
   /// scaling); they are unscaled in the same pass as the clip, and the norm
-  /// returned is the unscaled one. A norm that is not finite (an inf or NaN
-  /// gradient on any rank, seen alike by every rank) is returned as is and
-  /// the gradients are left untouched: the caller skips the step.
+  /// returned is the unscaled one. With a loss scale other than 1, a norm
+  /// that is not finite (an inf or NaN gradient on any rank, seen alike by
+  /// every rank) is returned as is and the gradients are left untouched: the
+  /// caller skips the step.
   double clip_grad_norm(double max_norm, double loss_scale = 1.0);
 
   /// The base runs opt.step().

@@ -1,5 +1,6 @@
 #include "trainer/loss_scaler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -54,7 +55,7 @@ std::string DynamicLossScaler::state_dict() const {
   return out.str();
 }
 
-void DynamicLossScaler::load_state_dict(const std::string& text, const std::string& where) {
+std::string DynamicLossScaler::load_state_dict(const std::string& text, const std::string& where) {
   std::istringstream in(text);
   double scale = 0.0;
   int64_t iteration = -1, last_overflow = -2, hysteresis_left = 0, skipped = -1;
@@ -67,11 +68,19 @@ void DynamicLossScaler::load_state_dict(const std::string& text, const std::stri
                   field("hysteresis_left", hysteresis_left) && field("skipped", skipped) && !(in >> sep);
   TORCH_CHECK(ok && scale > 0.0 && iteration >= 0 && last_overflow >= -1 && hysteresis_left >= 1 && skipped >= 0,
               where, ": loss scaler state '", text, "' is not one DynamicLossScaler::state_dict() writes");
-  scale_ = scale;
   iteration_ = iteration;
   last_overflow_ = last_overflow;
-  hysteresis_left_ = hysteresis_left;
   skipped_ = skipped;
+  // This run's options win where they bound the saved state.
+  std::ostringstream note;
+  hysteresis_left_ = std::min(hysteresis_left, options_.hysteresis());
+  if (!dynamic()) {
+    if (scale != scale_) note << "the saved loss scale " << scale << " is replaced by this run's static " << scale_;
+    return note.str();
+  }
+  scale_ = std::max(scale, options_.min_loss_scale());
+  if (scale_ != scale) note << "the saved loss scale " << scale << " is below min_loss_scale: it restarts at " << scale_;
+  return note.str();
 }
 
 }  // namespace strata

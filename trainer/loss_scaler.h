@@ -62,8 +62,11 @@ class DynamicLossScaler {
 
   /// Everything update() changes, as one line of text (checkpoints).
   std::string state_dict() const;
-  /// Puts back a state_dict(); `where` names its origin in errors.
-  void load_state_dict(const std::string& text, const std::string& where);
+  /// Puts back a state_dict(); `where` names its origin in errors. This
+  /// run's options win where they bound the state: a static scale stays
+  /// this run's, a dynamic one is raised to min_loss_scale, the hysteresis
+  /// left is capped at `hysteresis`. Returns what it changed ("" if nothing).
+  std::string load_state_dict(const std::string& text, const std::string& where);
 
   const LossScalerOptions& options() const { return options_; }
 

@@ -89,7 +89,8 @@ std::map<std::string, std::string> Trainer::trainer_state() {
 void Trainer::restore_loss_scaler(const std::map<std::string, std::string>& state) {
   if (!scaler_) return;
   if (const auto it = state.find(kLossScalerKey); it != state.end()) {
-    scaler_->load_state_dict(it->second, "checkpoint '" + options_.resume_from() + "'");
+    const auto note = scaler_->load_state_dict(it->second, "checkpoint '" + options_.resume_from() + "'");
+    if (!note.empty() && strategy_->is_global_zero()) std::cerr << "note: " << note << std::endl;
   } else if (strategy_->is_global_zero()) {
     std::cerr << "note: checkpoint '" << options_.resume_from() << "' holds no loss scaler state (it was not "
               << "trained with --precision 16-mixed): the loss scale starts at " << scaler_->scale() << std::endl;

@@ -408,7 +408,7 @@ torch::Tensor FSDPStrategy::scratch(int64_t numel, const torch::TensorOptions& o
   return pool_ != nullptr ? pool_->empty(numel, options) : torch::empty({numel}, options);
 }
 
-void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
+void FSDPStrategy::end_step() {
   while (!in_flight_.empty()) finish_oldest_reduction();
   // Nothing should be gathered here; if something is (a forward without
   // backward), free it so the next forward gathers the updated shards.
@@ -419,6 +419,10 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   // per size only as many as were in use there, so the kept buffers add
   // nothing to that peak; backward's extra ones are allocated anew.
   if (pool_ != nullptr) pool_->trim_to(pool_at_peak_);
+}
+
+void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
+  end_step();
   if (offloaded_optimizer_ != nullptr) {
     TORCH_CHECK(&optimizer == offloaded_optimizer_, name(), ": with offload, step the optimizer setup_optimizer() made");
     std::unordered_set<const void*> skipped;
@@ -435,6 +439,7 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
 }
 
 void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
+  end_step();  // again (idempotent): a skipped step (16-mixed overflow) calls no optimizer_step
   for (auto& unit : units_) {
     unit->release_full_grad();
     unit->zero_shard_grad();

@@ -177,6 +177,9 @@ class FSDPStrategy : public Strategy, private ShardedState {
   void launch_reduction(FlatParam& unit);
   void finish_oldest_reduction();
   void reshard_all();
+  /// The step's housekeeping, idempotent: reductions finished, everything
+  /// resharded, the buffer pool trimmed to the step's peak.
+  void end_step();
   /// A 1-D buffer of `numel` elements (uninitialised), from the pool if any.
   torch::Tensor scratch(int64_t numel, const torch::TensorOptions& options);
   int wrap_units_holding_full() const;

@@ -182,6 +182,14 @@ TEST(LoraTest, StrataGptUnderFsdpMatchesOneProcessAndExportsAPlainGpt) {
   const auto b = strata::testing::load_archive(dir.file("fsdp.pt"));
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, value] : a) EXPECT_LE((value - b.at(name)).abs().max().item<double>(), 1e-5) << name;
+  // The export holds W + (alpha / rank) B A with this run's alpha (16 / 4).
+  const auto merged = strata::recipes::read_weights(dir.file("merged.pt"));
+  for (const std::string stem : {"h0.attn.c_attn", "h2.c_proj"}) {
+    const auto want = a.at(stem + ".weight") + 4.0 * torch::matmul(a.at(stem + "_lora.B"), a.at(stem + "_lora.A"));
+    const auto got = merged.at(strata::recipes::to_nanogpt_name(stem + ".weight"));
+    EXPECT_LE((got - want).abs().max().item<double>(), 1e-6) << stem;
+    EXPECT_GT((a.at(stem + "_lora.B")).abs().max().item<double>(), 0.0) << stem << ": the adapter did not train";
+  }
   // The merged export is a plain GPT: it starts a run without LoRA, and a
   // LoRA run (fresh adapters on top of it).
   for (const std::string flags : {std::string(""), lora}) {

@@ -586,11 +586,20 @@ TEST(CliTest, LossScalingOptionsAreFor16MixedOnly) {
       << to_ini(*fp32.config);
   // Ranges.
   expect_error({"--precision", "16-mixed", "--hysteresis", "0"}, {"'0' for --hysteresis", ">= 1"});
-  expect_error({"--precision", "16-mixed", "--loss-scale", "-2"}, {"'-2' for --loss-scale", ">= 0"});
+  expect_error({"--precision", "16-mixed", "--loss-scale", "-2"}, {"'-2' for --loss-scale", "[0, 2^63]"});
   expect_error({"--precision", "16-mixed", "--initial-scale-power", "64"}, {"'64' for --initial-scale-power"});
   expect_error({"--precision", "16-mixed", "--initial-scale-power", "2", "--min-loss-scale", "8"},
                {"'8' for --min-loss-scale", "at most the initial scale 2^2"});
   expect_error({"--precision", "fp8"}, {"unknown precision 'fp8'", "16-mixed"});
+  // A static scale ignores the dynamic options; bounds.
+  expect_error({"--precision", "16-mixed", "--loss-scale", "128", "--hysteresis", "3"},
+               {"--hysteresis would be ignored", "--loss-scale 128 is a static scale"});
+  auto fixed = parse({"--precision", "16-mixed", "--loss-scale", "128", "--min-loss-scale", "1"});
+  EXPECT_FALSE(fixed.config.has_value());
+  expect_error({"--precision", "16-mixed", "--loss-scale", "1e39"}, {"'1e+39' for --loss-scale", "[0, 2^63]"});
+  expect_error({"--debug-overflow-step", "2"}, {"--debug-overflow-step would be ignored"});
+  expect_error({"--precision", "16-mixed", "--max-steps", "5", "--debug-overflow-step", "6"},
+               {"'6' for --debug-overflow-step", "max-steps 5"});
 }
 
 }  // namespace

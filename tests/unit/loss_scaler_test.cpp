@@ -96,6 +96,15 @@ TEST(LossScalerTest, StateRoundTripsExactly) {
     EXPECT_EQ(a.update(overflow, 0), b.update(overflow, 0));
     EXPECT_EQ(a.scale(), b.scale());
   }
+  // This run's options bound what a checkpoint brings.
+  DynamicLossScaler floor(LossScalerOptions().initial_scale_power(8).hysteresis(1).min_loss_scale(256));
+  EXPECT_NE(floor.load_state_dict("scale=4 iteration=9 last_overflow=3 hysteresis_left=2 skipped=2", "test"), "");
+  EXPECT_EQ(floor.scale(), 256.0);
+  EXPECT_EQ(floor.state_dict(), "scale=256 iteration=9 last_overflow=3 hysteresis_left=1 skipped=2");
+  DynamicLossScaler fixed(LossScalerOptions().loss_scale(64));
+  fixed.load_state_dict("scale=4 iteration=9 last_overflow=3 hysteresis_left=2 skipped=2", "test");
+  EXPECT_EQ(fixed.scale(), 64.0);
+  EXPECT_EQ(fixed.skipped_steps(), 2);
   EXPECT_THROW(b.load_state_dict("scale=abc", "test"), c10::Error);
   EXPECT_THROW(b.load_state_dict(a.state_dict() + " extra=1", "test"), c10::Error);
 }

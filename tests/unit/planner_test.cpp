@@ -41,6 +41,28 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
   EXPECT_THROW(state("zero9", 2), c10::ValueError);
 }
 
+TEST(PlannerTest, LoraCountsOnlyTrainableParameters) {
+  // t trainable adapters, f frozen: frozen parameters are held whole and have
+  // no gradient, state, gathers or staging (measured on gpt2 x2: README).
+  const auto model = gpt_preset("gpt2").vocab_size(50257).block_size(64).lora_rank(4);
+  const int64_t p = count_parameters(model), t = count_trainable_parameters(model), f = p - t;
+  EXPECT_EQ(t, 12 * 4 * (768 + 3 * 768 + 768 + 768));  // attn.c_attn and attn.c_proj, rank 4
+  auto state = [&](const std::string& s) { return predict_model_state(PlanRequest(model, s, 2)); };
+  EXPECT_EQ(state("ddp").grads, 4 * t);
+  EXPECT_EQ(state("ddp").optimizer, 8 * t);
+  EXPECT_EQ(state("oss").params, 4 * p);
+  EXPECT_EQ(state("oss").optimizer, 8 * (t / 2));
+  EXPECT_EQ(state("sdp").grads, 4 * (t / 2));
+  EXPECT_EQ(state("fsdp").params, 4 * f + 4 * (t / 2));
+  const ActivationProfile none;
+  // fsdp gathers only adapters (no root unit); oss stages only t.
+  EXPECT_LT(predict_peak(PlanRequest(model, "fsdp", 2), none).gathered, 40 * t);
+  auto full = model;
+  full.lora_rank(0);
+  EXPECT_LT(predict_peak(PlanRequest(model, "oss", 2), none).overhead,
+            predict_peak(PlanRequest(full, "oss", 2), none).overhead / 100);
+}
+
 TEST(PlannerTest, ActivationTotalScalesWithLayersAndCheckpointing) {
   ActivationProfile a;
   a.per_block = 1000;
