@@ -114,7 +114,20 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   // Why: no rank may start writing into tmp while rank 0 may still be
   // clearing a stale copy of it.
   comm.barrier();
-  write_checkpoint(trainer, tmp.string());
+  try {
+    write_checkpoint(trainer, tmp.string());
+  } catch (const c10::Error& e) {
+    // Every rank gets here alike (save_checkpoint agrees on a failure, e.g. a
+    // full disk): rank 0 frees the partial copy's space; published
+    // checkpoints were never touched.
+    if (zero) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+    }
+    const std::string newest = latest_checkpoint(root.string());
+    TORCH_CHECK(false, "step ", step, ": ", e.what_without_backtrace(), "; the newest complete checkpoint is ",
+                newest.empty() ? std::string("none") : newest);
+  }
   // Why: the rename publishes the checkpoint, so it must wait until every
   // rank has finished writing its part (a shard per rank under sharding).
   comm.barrier();

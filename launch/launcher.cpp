@@ -381,13 +381,22 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   }
 
   const std::vector<int> failed = supervise(set, specs, options);
+  // In the order supervise() gives (the root cause first); ranks that failed
+  // alike (a collective error every rank raised) share one line.
+  std::vector<std::pair<std::string, std::vector<int>>> lines;
   for (int r : failed) {
     const int status = set.ranks_[r].status;
     std::string how = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
                                           : "exit code " + std::to_string(WEXITSTATUS(status));
     std::string message = first_line_of(specs[r].error_file);
     if (message.empty()) message = "no error message";
-    std::cerr << "strata: rank " << first_rank + r << " failed (" << how << "): " << message << "\n";
+    const std::string text = " failed (" + how + "): " + message;
+    auto same = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == text; });
+    if (same == lines.end()) same = lines.insert(lines.end(), {text, {}});
+    same->second.push_back(first_rank + r);
+  }
+  for (const auto& [text, ranks] : lines) {
+    std::cerr << "strata: rank" << (ranks.size() > 1 ? "s " : " ") << c10::Join(", ", ranks) << text << "\n";
   }
   const int sig = stop_signal;
   if (sig != 0) {

@@ -57,6 +57,16 @@ std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine)
   return out;
 }
 
+/// Throws on every rank, naming the first rank that failed and why, when
+/// any rank's `error` is set; a collective.
+void fail_together(Comm& comm, const std::string& error, const std::string& dir) {
+  const auto errors = all_gather_strings(comm, error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    TORCH_CHECK(errors[r].empty(), "checkpoint '", dir, "' could not be written (rank ", r, ": ", errors[r],
+                "); checkpoints written before it are untouched");
+  }
+}
+
 // ---- writing ---------------------------------------------------------------
 
 /// Where the parts of one logical tensor live, as every rank learns it.
@@ -135,11 +145,27 @@ torch::Tensor assemble_on_rank0(Comm& comm, const HeldTensor& t, const std::vect
 }
 
 /// Format "full": each logical tensor gathered to rank 0 in turn and written.
+/// The message of a failed write, without a backtrace.
+std::string message_of(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
 void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& pieces, json& body,
-                CheckpointSaveStats& stats) {
+                CheckpointSaveStats& stats, std::string& error) {
   const auto tensors = who_holds_what(comm, pieces);
   std::unique_ptr<DataWriter> writer;
-  if (comm.rank() == 0) writer = std::make_unique<DataWriter>(dir / "full.bin", "full.bin");
+  // A write error on rank 0 (a full disk) must not strand the ranks sending
+  // it pieces: it keeps receiving them, discards them, and reports after.
+  auto attempt = [&error](auto&& write) {
+    if (!error.empty()) return;
+    try {
+      write();
+    } catch (const std::exception& e) {
+      error = message_of(e);
+    }
+  };
+  if (comm.rank() == 0) attempt([&] { writer = std::make_unique<DataWriter>(dir / "full.bin", "full.bin"); });
   std::vector<json> records;
   std::map<std::string, std::vector<const StatePiece*>> local;
   for (const auto& p : pieces) local[p.name].push_back(&p);
@@ -152,39 +178,51 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
       continue;
     }
     const auto shape = t.shape.get<std::vector<int64_t>>();
-    const int64_t offset = writer->append(assemble_on_rank0(comm, t, local[name], name));
-    records.push_back({{"name", name}, {"shape", shape}, {"dtype", t.dtype}, {"lo", 0},
-                       {"hi", numel_of(shape)}, {"file", "full.bin"}, {"offset", offset}});
+    const auto whole = assemble_on_rank0(comm, t, local[name], name);
+    attempt([&] {
+      const int64_t offset = writer->append(whole);
+      records.push_back({{"name", name}, {"shape", shape}, {"dtype", t.dtype}, {"lo", 0},
+                         {"hi", numel_of(shape)}, {"file", "full.bin"}, {"offset", offset}});
+    });
   }
   if (comm.rank() == 0) {
-    body["files"]["full.bin"] = writer->finish();
-    stats.bytes_written = writer->size();
-    index_tensors(body, records, dir.string());
+    attempt([&] {
+      body["files"]["full.bin"] = writer->finish();
+      stats.bytes_written = writer->size();
+      index_tensors(body, records, dir.string());
+    });
   }
 }
 
 /// Format "sharded": each rank writes its pieces to its own file.
 void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& pieces, json& body,
-                   CheckpointSaveStats& stats, int64_t step) {
+                   CheckpointSaveStats& stats, int64_t step, std::string& error) {
   const std::string file =
       "shard-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size()) + ".bin";
-  DataWriter writer(dir / file, file);
-  json records = json::array();
-  for (const auto& p : pieces) {
-    auto rec = piece_record(p);
-    rec["file"] = file;
-    rec["offset"] = writer.append(p.values);
-    records.push_back(std::move(rec));
+  json mine;
+  try {
+    DataWriter writer(dir / file, file);
+    json records = json::array();
+    for (const auto& p : pieces) {
+      auto rec = piece_record(p);
+      rec["file"] = file;
+      rec["offset"] = writer.append(p.values);
+      records.push_back(std::move(rec));
+    }
+    mine = json{{"file", file}, {"record", writer.finish()}, {"pieces", records}};
+    stats.bytes_written = writer.size();
+  } catch (const std::exception& e) {
+    error = message_of(e);  // reported by save_checkpoint, on every rank
   }
-  json mine{{"file", file}, {"record", writer.finish()}, {"pieces", records}};
-  stats.bytes_written = writer.size();
   checkpoint_kill_point("after-shard", comm.rank(), step);
   // Sync point: each rank sends its index once its file is fsync'd, so rank 0
-  // writes metadata.json only after every rank's data is on disk.
-  const auto all = all_gather_strings(comm, mine.dump());
+  // writes metadata.json only after every rank's data is on disk. A rank
+  // that failed sends "" and still takes part.
+  const auto all = all_gather_strings(comm, error.empty() ? mine.dump() : std::string());
   if (comm.rank() != 0) return;
   std::vector<json> flat;
   for (const auto& s : all) {
+    if (s.empty()) return;  // a rank failed: no index
     auto j = json::parse(s);
     body["files"][j["file"].get<std::string>()] = j["record"];
     for (auto& p : j["pieces"]) flat.push_back(std::move(p));
@@ -227,18 +265,26 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, 
   json body{{"format_version", kFormatVersion}, {"meta", meta_json(meta)}, {"block_size", kBlockBytes},
             {"files", json::object()}};
   CheckpointSaveStats stats;
+  std::string error;  // this rank's write error (a full disk): every rank fails alike below
   if (meta.format == "full") {
-    write_full(root, comm, pieces, body, stats);
+    write_full(root, comm, pieces, body, stats, error);
   } else {
-    write_sharded(root, comm, pieces, body, stats, meta.step);
+    write_sharded(root, comm, pieces, body, stats, meta.step, error);
   }
+  // Sync point: every rank learns whether any rank could not write, so all
+  // fail with the same error instead of one waiting on another that gave up.
+  fail_together(comm, error, dir);
   if (comm.rank() == 0) {
     checkpoint_kill_point("before-metadata", 0, meta.step);
-    write_metadata(root, std::move(body));
+    try {
+      write_metadata(root, std::move(body));
+    } catch (const std::exception& e) {
+      error = message_of(e);
+    }
   }
   // Sync point: when save_checkpoint returns on any rank, the checkpoint is
-  // complete (metadata.json is on disk).
-  comm.barrier();
+  // complete (metadata.json is on disk), or every rank throws.
+  fail_together(comm, error, dir);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

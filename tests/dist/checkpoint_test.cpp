@@ -16,7 +16,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -333,6 +336,46 @@ TEST(CheckpointFaultTest, OffloadedFsdpStateIsRefusedClearly) {
   });
   EXPECT_NE(msg.find("checkpoints of offloaded state"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(fs::path(dir) / "metadata.json"));
+}
+
+}  // namespace
+
+namespace {
+
+// A save that runs out of disk (a 2.6 MB tmpfs in a private mount namespace:
+// room for two gpt-nano checkpoints, not a third before the oldest is pruned)
+// fails every rank with one error naming the cause, removes its partial copy,
+// and leaves the earlier checkpoints loadable — in both formats.
+TEST(CheckpointDiskTest, RunningOutOfDiskKeepsThePreviousCheckpointAndIsOneClearError) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  if (std::system("command -v unshare >/dev/null 2>&1") != 0) GTEST_SKIP() << "unshare (util-linux) is missing";
+  for (const std::string strategy : {"ddp", "fsdp"}) {  // full and sharded (auto) formats
+    SCOPED_TRACE(strategy);
+    const fs::path dir = fs::temp_directory_path() / ("strata-enospc-" + strategy + "-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const fs::path run = dir / "run";
+    const std::string inner =
+        "mount -t tmpfs -o size=2600k tmpfs " + dir.string() + " && " + STRATA_GPT_BINARY +
+        " --preset gpt-nano --data addition:2 --max-steps 8 --checkpoint-every 2 --checkpoint-keep 2 --strategy " +
+        strategy + " --nproc 2 --threads-per-rank 1 --limit-val-batches 1 --progress-bar false --comm-timeout 30"
+        " --output-dir " + run.string() + "; echo \"rc=$?\"; ls -a " + (run / "checkpoints").string() + "; " +
+        STRATA_EXPORT_BINARY + " " + (run / "checkpoints" / "step-4").string() + " " + (dir / "w.pt").string() +
+        " && echo export-ok";
+    const auto out = strata::testing::run_command("unshare --mount sh -c '" + inner + "'");
+    fs::remove_all(dir);
+    if (out.output.find("mount:") != std::string::npos) GTEST_SKIP() << "cannot mount tmpfs here: " << out.output;
+    EXPECT_NE(out.output.find("rc=1"), std::string::npos) << out.output;
+    EXPECT_NE(out.output.find("could not be written (rank "), std::string::npos) << out.output;
+    EXPECT_NE(out.output.find("No space left on device"), std::string::npos) << out.output;
+    EXPECT_NE(out.output.find("the newest complete checkpoint is " + (run / "checkpoints" / "step-4").string()),
+              std::string::npos)
+        << out.output;
+    // Every rank names the cause; none dies of a closed connection.
+    EXPECT_EQ(out.output.find("Connection closed"), std::string::npos) << out.output;
+    EXPECT_EQ(out.output.find(".step-6.tmp\n"), std::string::npos) << "the partial copy was left:\n" << out.output;
+    EXPECT_NE(out.output.find("step-2\nstep-4"), std::string::npos) << out.output;
+    EXPECT_NE(out.output.find("export-ok"), std::string::npos) << "step-4 no longer loads:\n" << out.output;
+  }
 }
 
 }  // namespace

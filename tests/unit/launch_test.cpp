@@ -365,6 +365,26 @@ TEST(LaunchTest, FailingRankStopsTheOthersAndIsNamedWithItsError) {
   EXPECT_EQ(err.find("rank 2 failed"), std::string::npos) << err;
 }
 
+TEST(LaunchTest, RanksFailingAlikeShareOneLine) {
+  // A collective error every rank raises (a checkpoint no rank could write):
+  // one line naming the ranks, not one line each. Ranks 0 and 1 ignore the
+  // launcher's SIGTERM, so both fail whichever is first.
+  LaunchOptions opts;
+  opts.nproc = 3;
+  ::testing::internal::CaptureStderr();
+  const int rc = strata::launch_ranks(
+      sh("if [ \"$RANK\" = 2 ]; then exit 0; fi; trap '' TERM; echo 'disk full' > \"$STRATA_ERROR_FILE\"; "
+         "sleep 0.3; exit 1"),
+      opts);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 1);
+  const auto first = err.find("failed (exit code 1): disk full\n");
+  ASSERT_NE(first, std::string::npos) << err;
+  EXPECT_EQ(err.find("disk full", first + 32), std::string::npos) << "one line per rank:\n" << err;
+  const auto line = err.substr(err.rfind("strata: ", first), first - err.rfind("strata: ", first));
+  EXPECT_TRUE(line == "strata: ranks 0, 1 " || line == "strata: ranks 1, 0 ") << err;
+}
+
 TEST(LaunchTest, EchoFailuresAreReportedAfterTheRootCause) {
   // Rank 0 ignores SIGTERM and then fails on its own, like a rank whose
   // collective errors out because its peer died: it is a failure too, but it
