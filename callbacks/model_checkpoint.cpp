@@ -116,16 +116,19 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   comm.barrier();
   try {
     write_checkpoint(trainer, tmp.string());
-  } catch (const c10::Error& e) {
-    // Every rank gets here alike (save_checkpoint agrees on a failure, e.g. a
-    // full disk): rank 0 frees the partial copy's space; published
+  } catch (const CheckpointWriteError& e) {
+    // Every rank gets here alike (save_checkpoint agreed on the failure, e.g.
+    // a full disk): rank 0 frees the partial copy's space; published
     // checkpoints were never touched.
     if (zero) {
       std::error_code ignored;
       fs::remove_all(tmp, ignored);
     }
+    // Sync point: no rank exits (and has the launcher stop the others)
+    // before rank 0 has removed the partial copy.
+    comm.barrier();
     const std::string newest = latest_checkpoint(root.string());
-    TORCH_CHECK(false, "step ", step, ": ", e.what_without_backtrace(), "; the newest complete checkpoint is ",
+    TORCH_CHECK(false, "step ", step, ": ", e.what(), "; the newest complete checkpoint is ",
                 newest.empty() ? std::string("none") : newest);
   }
   // Why: the rename publishes the checkpoint, so it must wait until every

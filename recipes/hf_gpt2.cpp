@@ -29,7 +29,8 @@ bool is_conv1d_weight(const std::string& nanogpt_name) {
 }
 
 std::string model_file(const std::string& path) {
-  return fs::is_directory(path) ? (fs::path(path) / "model.safetensors").string() : path;
+  std::error_code ec;
+  return fs::is_directory(path, ec) ? (fs::path(path) / "model.safetensors").string() : path;
 }
 
 nlohmann::json config_json(const GPTOptions& o) {
@@ -58,8 +59,9 @@ nlohmann::json config_json(const GPTOptions& o) {
 }  // namespace
 
 bool is_hf_gpt2(const std::string& path) {
-  return (fs::is_directory(path) && fs::exists(fs::path(path) / "model.safetensors")) ||
-         (fs::is_regular_file(path) && ends_with(path, ".safetensors"));
+  std::error_code ec;  // unreadable paths are not this format; read_weights then says why
+  return (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "model.safetensors", ec)) ||
+         (fs::is_regular_file(path, ec) && ends_with(path, ".safetensors"));
 }
 
 void write_hf_gpt2(const std::string& dir, const std::map<std::string, torch::Tensor>& by_strata_name,
@@ -73,17 +75,21 @@ void write_hf_gpt2(const std::string& dir, const std::map<std::string, torch::Te
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
-  TORCH_CHECK_VALUE(fs::is_directory(dir), "cannot create directory '", dir, "'", ec ? ": " + ec.message() : "");
+  TORCH_CHECK_VALUE(fs::is_directory(dir, ec), "cannot create directory '", dir, "'", ec ? ": " + ec.message() : "");
   write_safetensors((fs::path(dir) / "model.safetensors").string(), out);
   write_file_atomically((fs::path(dir) / "config.json").string(), config_json(options).dump(2) + "\n");
 }
 
 std::map<std::string, torch::Tensor> read_hf_gpt2(const std::string& path) {
   std::map<std::string, torch::Tensor> out;
-  for (auto& [name, tensor] : read_safetensors(model_file(path))) {
+  for (auto& [stored, tensor] : read_safetensors(model_file(path))) {
     // transformers' own checkpoints may hold the attention mask buffers
     // (attn.bias, attn.masked_bias): not parameters, as nanoGPT skips them.
-    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;
+    if (ends_with(stored, ".attn.bias") || ends_with(stored, ".attn.masked_bias")) continue;
+    // A GPT2Model (the hub's "gpt2" files) names its tensors without the
+    // LM head model's "transformer." prefix.
+    const bool bare = stored.rfind("transformer.", 0) != 0 && stored.rfind("lm_head.", 0) != 0;
+    const std::string name = bare ? "transformer." + stored : stored;
     out[name] = is_conv1d_weight(name) ? tensor.t().contiguous() : tensor;
   }
   return out;
@@ -91,7 +97,8 @@ std::map<std::string, torch::Tensor> read_hf_gpt2(const std::string& path) {
 
 std::string hf_config_mismatch(const std::string& path, const GPTOptions& o) {
   const fs::path file = fs::path(path) / "config.json";
-  if (!fs::is_directory(path) || !fs::exists(file)) return "";
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || !fs::exists(file, ec)) return "";
   std::ifstream in(file);
   const auto c = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!c.is_object()) return file.string() + " is not a JSON object";

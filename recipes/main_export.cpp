@@ -81,7 +81,9 @@ std::string parse_args(int argc, char** argv, ExportArgs& args) {
 /// `key`'s value in the run's config.ini (<output dir>/config.ini beside
 /// checkpoints/step-N), or "".
 std::string run_setting(const std::string& checkpoint, const std::string& key) {
-  const fs::path ini = fs::path(checkpoint).lexically_normal().parent_path().parent_path() / "config.ini";
+  fs::path dir = fs::absolute(checkpoint).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // "…/step-4/"
+  const fs::path ini = dir.parent_path().parent_path() / "config.ini";
   std::ifstream in(ini);
   const std::string prefix = key + " = ";
   for (std::string line; std::getline(in, line);) {
@@ -97,10 +99,18 @@ void lora_of_run(const strata::recipes::NamedTensors& w, const std::string& chec
   bool adapters = false;
   for (const auto& [name, t] : w) adapters = adapters || strata::recipes::is_lora_parameter(name);
   if (!adapters) return;
-  const std::string rank = run_setting(checkpoint, "lora-rank"), alpha = run_setting(checkpoint, "lora-alpha");
-  TORCH_CHECK_VALUE(!rank.empty() && !alpha.empty(), "checkpoint '", checkpoint, "' holds LoRA adapters, but no "
-                    "config.ini beside its run gives lora-rank and lora-alpha to merge them with");
-  options.lora_rank(std::strtoll(rank.c_str(), nullptr, 10)).lora_alpha(std::strtod(alpha.c_str(), nullptr));
+  // The rank is A's first dimension; alpha is not in the tensors.
+  int64_t rank = 0;
+  for (const auto& [name, t] : w) {
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, "_lora.A") == 0) rank = t.size(0);
+  }
+  const std::string alpha_text = run_setting(checkpoint, "lora-alpha");
+  char* end = nullptr;
+  const double alpha = std::strtod(alpha_text.c_str(), &end);
+  TORCH_CHECK_VALUE(!alpha_text.empty() && *end == '\0' && alpha > 0, "checkpoint '", checkpoint,
+                    "' holds LoRA adapters, but no config.ini beside its run gives a lora-alpha (> 0) to merge them "
+                    "with (found '", alpha_text, "')");
+  options.lora_rank(rank).lora_alpha(alpha);
 }
 
 /// The GPT's options as far as the tensors and the head count tell them.
@@ -141,7 +151,9 @@ int main(int argc, char** argv) {
   strata::recipes::GPTOptions options(1, 1, 1);
   try {
     TORCH_CHECK_VALUE(fs::exists(checkpoint), "checkpoint '", checkpoint, "' does not exist");
-    const auto parent = fs::absolute(out).parent_path();
+    fs::path target = fs::absolute(out).lexically_normal();
+    if (target.filename().empty()) target = target.parent_path();  // "hf-gpt2/": a directory to create
+    const auto parent = target.parent_path();
     TORCH_CHECK_VALUE(fs::is_directory(parent), "cannot write '", out, "': directory '", parent.string(),
                       "' does not exist");
     for (auto& [name, tensor] : strata::read_checkpoint_tensors(checkpoint, "model/")) weights[name] = tensor;
@@ -155,6 +167,8 @@ int main(int argc, char** argv) {
                         "' holds no GPT (wte.weight, wpe.weight)");
       options = options_of(weights, n_head);
       TORCH_CHECK_VALUE(options.n_embd() % n_head == 0, "--n-head ", n_head, " does not divide n_embd ", options.n_embd());
+      TORCH_CHECK_VALUE(options.bias(), "a Hugging Face GPT-2 has Linear and LayerNorm biases; checkpoint '", checkpoint,
+                        "' is of a GPT built with --bias false");
     }
     // Only tie_weights is read by the pt name mapping: a checkpoint of a tied
     // GPT stores wte alone, and nanoGPT's file lists it under lm_head too.
@@ -162,6 +176,9 @@ int main(int argc, char** argv) {
     lora_of_run(weights, checkpoint, options);
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {  // std::filesystem errors (permissions)
+    std::cerr << "error: " << e.what() << std::endl;
     return 2;
   }
   try {
@@ -172,6 +189,9 @@ int main(int argc, char** argv) {
     }
   } catch (const c10::Error& e) {
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
     return 1;
   }
   std::cout << "strata-export: " << weights.size() << " tensors of '" << checkpoint << "' written to " << out

@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <bit>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
@@ -16,21 +18,26 @@ struct DtypeName {
   const char* name;
   torch::ScalarType type;
 };
-constexpr DtypeName kDtypes[] = {
-    {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16}, {"F64", torch::kFloat64}};
+// The file's bytes are little-endian; so are the tensors this copies them into.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+constexpr DtypeName kDtypes[] = {{"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
+                                 {"F64", torch::kFloat64}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+                                 {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+                                 {"BOOL", torch::kBool}};
 
 const char* name_of(torch::ScalarType type) {
   for (const auto& d : kDtypes) {
     if (d.type == type) return d.name;
   }
-  TORCH_CHECK_VALUE(false, "safetensors: cannot write dtype ", type, " (F32, F16, BF16, F64)");
+  TORCH_CHECK_VALUE(false, "safetensors: cannot write dtype ", type);
 }
 
 torch::ScalarType type_of(const std::string& name, const std::string& where) {
   for (const auto& d : kDtypes) {
     if (name == d.name) return d.type;
   }
-  TORCH_CHECK_VALUE(false, where, ": dtype '", name, "' is not supported (F32, F16, BF16, F64)");
+  TORCH_CHECK_VALUE(false, where, ": dtype '", name, "' is not supported (F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
 }
 
 }  // namespace
@@ -49,29 +56,37 @@ void write_safetensors(const std::string& path, const std::map<std::string, torc
   }
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // the data starts 8-byte aligned, as the Rust writer pads
-  std::string out;
-  out.reserve(8 + json.size() + static_cast<size_t>(offset));
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));  // little-endian
-  out += json;
-  for (const auto& t : data) out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
-  write_file_atomically(path, out);
+  // Streamed: the header, then each tensor's bytes (no copy of the whole file).
+  write_file_atomically(path, [&](std::ostream& out) {
+    const uint64_t n = json.size();
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);  // little-endian
+    out.write(len, 8);
+    out << json;
+    for (const auto& t : data) out.write(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  });
 }
 
 std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
+  // The header first, then each tensor straight from the file into its own
+  // memory: a model's file is never held whole.
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot read safetensors file '", path, "': ", std::strerror(errno));
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string where = "safetensors file '" + path + "'";
-  TORCH_CHECK_VALUE(bytes.size() >= 8, where, " is ", bytes.size(), " bytes, shorter than its 8-byte header length");
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  TORCH_CHECK_VALUE(!ec, where, ": ", ec.message());
+  TORCH_CHECK_VALUE(file_size >= 8, where, " is ", file_size, " bytes, shorter than its 8-byte header length");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
-  TORCH_CHECK_VALUE(n <= bytes.size() - 8, where, ": header length ", n, " exceeds the file (", bytes.size(), " bytes)");
-  const auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n), nullptr,
-                                            /*allow_exceptions=*/false);
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  TORCH_CHECK_VALUE(n <= file_size - 8, where, ": header length ", n, " exceeds the file (", file_size, " bytes)");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   TORCH_CHECK_VALUE(header.is_object(), where, ": the header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
+  const uint64_t data_start = 8 + n, data_size = file_size - data_start;
   std::map<std::string, torch::Tensor> out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, entry] : header.items()) {
@@ -83,22 +98,29 @@ std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
                       at, ": needs dtype, shape and data_offsets [begin, end]");
     const auto type = type_of(entry["dtype"].get<std::string>(), at);
     std::vector<int64_t> shape;
-    int64_t numel = 1;
+    uint64_t numel = 1;
+    bool overflow = false;
     for (const auto& d : entry["shape"]) {
-      TORCH_CHECK_VALUE(d.is_number_unsigned(), at, ": shape ", entry["shape"].dump(), " is not a list of sizes");
+      TORCH_CHECK_VALUE(d.is_number_unsigned() && d.get<uint64_t>() <= (uint64_t{1} << 62), at, ": shape ",
+                        entry["shape"].dump(), " is not a list of sizes");
       shape.push_back(d.get<int64_t>());
-      numel *= shape.back();
+      overflow = overflow || __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel);
     }
+    uint64_t expected = 0;
+    overflow = overflow || __builtin_mul_overflow(numel, c10::elementSize(type), &expected);
     const auto& offsets = entry["data_offsets"];
     TORCH_CHECK_VALUE(offsets[0].is_number_unsigned() && offsets[1].is_number_unsigned(), at, ": bad data_offsets");
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
-    const uint64_t expected = static_cast<uint64_t>(numel) * c10::elementSize(type);
-    TORCH_CHECK_VALUE(begin <= end && end <= data_size && end - begin == expected, at, ": data_offsets [", begin, ", ",
-                      end, ") do not hold ", expected, " bytes of shape ", entry["shape"].dump(), " within the ",
+    TORCH_CHECK_VALUE(!overflow && begin <= end && end <= data_size && end - begin == expected, at, ": data_offsets [",
+                      begin, ", ", end, ") do not hold the bytes of shape ", entry["shape"].dump(), " within the ",
                       data_size, " data bytes");
     ranges.emplace_back(begin, end);
     auto t = torch::empty(shape, torch::TensorOptions(type));
-    if (expected > 0) std::memcpy(t.data_ptr(), data + begin, expected);
+    if (expected > 0) {
+      in.seekg(static_cast<std::streamoff>(data_start + begin));
+      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(expected));
+      TORCH_CHECK_VALUE(in, at, ": read failed");
+    }
     out[name] = t;
   }
   // The tensors must tile the data exactly: no overlap, no hole.

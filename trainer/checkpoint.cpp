@@ -62,8 +62,9 @@ std::vector<std::string> all_gather_strings(Comm& comm, const std::string& mine)
 void fail_together(Comm& comm, const std::string& error, const std::string& dir) {
   const auto errors = all_gather_strings(comm, error);
   for (size_t r = 0; r < errors.size(); ++r) {
-    TORCH_CHECK(errors[r].empty(), "checkpoint '", dir, "' could not be written (rank ", r, ": ", errors[r],
-                "); checkpoints written before it are untouched");
+    if (errors[r].empty()) continue;
+    throw CheckpointWriteError("checkpoint '" + dir + "' could not be written (rank " + std::to_string(r) + ": " +
+                               errors[r] + "); checkpoints written before it are untouched");
   }
 }
 
@@ -201,6 +202,7 @@ void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece
       "shard-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size()) + ".bin";
   json mine;
   try {
+    TORCH_CHECK(error.empty(), error);
     DataWriter writer(dir / file, file);
     json records = json::array();
     for (const auto& p : pieces) {
@@ -223,11 +225,17 @@ void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece
   std::vector<json> flat;
   for (const auto& s : all) {
     if (s.empty()) return;  // a rank failed: no index
-    auto j = json::parse(s);
-    body["files"][j["file"].get<std::string>()] = j["record"];
-    for (auto& p : j["pieces"]) flat.push_back(std::move(p));
   }
-  index_tensors(body, flat, dir.string());
+  try {
+    for (const auto& s : all) {
+      auto j = json::parse(s);
+      body["files"][j["file"].get<std::string>()] = j["record"];
+      for (auto& p : j["pieces"]) flat.push_back(std::move(p));
+    }
+    index_tensors(body, flat, dir.string());
+  } catch (const std::exception& e) {
+    error = message_of(e);
+  }
 }
 
 
@@ -259,13 +267,15 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, 
   const auto start = std::chrono::steady_clock::now();
   Comm& comm = strategy.comm();
   const fs::path root(dir);
-  fs::create_directories(root);
+  std::string error;  // this rank's write error (a full disk): every rank fails alike below
+  std::error_code made;
+  fs::create_directories(root, made);  // each rank: another node may not share the filesystem
+  if (made) error = "cannot create directory '" + dir + "': " + made.message();
   torch::NoGradGuard no_grad;
   const auto pieces = strategy.state_pieces(optimizer, StateUse::kSave);
   json body{{"format_version", kFormatVersion}, {"meta", meta_json(meta)}, {"block_size", kBlockBytes},
             {"files", json::object()}};
   CheckpointSaveStats stats;
-  std::string error;  // this rank's write error (a full disk): every rank fails alike below
   if (meta.format == "full") {
     write_full(root, comm, pieces, body, stats, error);
   } else {

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -56,9 +57,18 @@ struct CheckpointSaveStats {
   double seconds = 0.0;
 };
 
+/// What save_checkpoint throws, on every rank alike, when any rank could not
+/// write (a full disk, an unwritable directory): the ranks agreed on it, so
+/// a caller may still run collectives (clean up, then fail).
+class CheckpointWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Collective: every rank calls it. Writes `strategy`'s state and
 /// `optimizer`'s into `dir` (created if missing) in meta.format; returns when
-/// metadata.json is on disk (every rank).
+/// metadata.json is on disk (every rank), or throws CheckpointWriteError on
+/// every rank.
 CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy,
                                     torch::optim::Optimizer& optimizer, const CheckpointMeta& meta);
 

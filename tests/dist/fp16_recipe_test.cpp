@@ -4,6 +4,7 @@
 // is skipped, the loss scale is in checkpoints and a resume continues with it
 // exactly. Per-rank agreement is checked in-process (loss_scaling_test.cpp).
 #include "tests/dist/run_binary.h"
+#include "tests/dist/run_outputs.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -22,27 +23,8 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
-/// One column of metrics.csv's training rows (those with a loss), in step order.
 std::vector<std::string> column(const fs::path& metrics, const std::string& name) {
-  std::ifstream in(metrics);
-  auto cells = [](const std::string& row) {
-    std::vector<std::string> out;
-    std::stringstream ss(row);
-    for (std::string cell; std::getline(ss, cell, ',');) out.push_back(cell);
-    if (!row.empty() && row.back() == ',') out.emplace_back();
-    return out;
-  };
-  std::string line;
-  std::vector<std::string> values;
-  if (!std::getline(in, line)) return values;
-  const auto header = cells(line);
-  const size_t col = std::find(header.begin(), header.end(), name) - header.begin();
-  const size_t loss = std::find(header.begin(), header.end(), "loss") - header.begin();
-  while (std::getline(in, line)) {
-    const auto row = cells(line);
-    if (col < row.size() && loss < row.size() && !row[loss].empty()) values.push_back(row[col]);
-  }
-  return values;
+  return strata::testing::metrics_column(metrics, name);
 }
 
 std::string base_args(const std::string& strategy, const std::string& precision, const fs::path& out,

@@ -11,6 +11,7 @@
 // test for Python (torch::pickle_save: Python's torch.load reads it).
 #include "tests/dist/process.h"
 #include "tests/dist/run_binary.h"
+#include "tests/dist/run_outputs.h"
 #include "recipes/cli.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
@@ -38,7 +39,9 @@ using strata::Batch;
 using strata::ShardInfo;
 using strata::testing::run_gpt_binary;
 using strata::testing::load_archive;
+using strata::testing::first_logged_loss;
 using strata::testing::run_command;
+using strata::testing::save_dict;
 using namespace strata::recipes;
 
 constexpr const char* kPython = STRATA_PYTHON;  // scripts/setup's venv, with torch
@@ -214,17 +217,7 @@ else:
 
 /// Runs the script with `args`; the "key=value" lines it printed.
 std::map<std::string, std::string> python(const std::string& args) {
-  const fs::path script = scratch() / "interop.py";
-  if (!fs::exists(script)) std::ofstream(script) << kScript;
-  const auto run = run_command(std::string(kPython) + " " + script.string() + " " + args);
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  std::map<std::string, std::string> out;
-  std::istringstream lines(run.output);
-  for (std::string line; std::getline(lines, line);) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return out;
+  return strata::testing::run_python(kPython, scratch() / "interop.py", kScript, args);
 }
 
 bool have_python_torch() {
@@ -232,12 +225,6 @@ bool have_python_torch() {
   return ok;
 }
 
-void save_dict(const fs::path& path, const std::map<std::string, torch::Tensor>& tensors) {
-  c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [k, v] : tensors) dict.insert(k, v);
-  const auto bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::unique_ptr<strata::DataSource> data() { return make_data(kData, 0, 50257, kSeed); }
 
@@ -260,21 +247,6 @@ std::string gpt_flags(const fs::path& out) {
 }
 
 /// The "loss" column of metrics.csv's first row (step 1: the loss before any update).
-double first_logged_loss(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  std::string header, row;
-  std::getline(in, header);
-  std::getline(in, row);
-  std::vector<std::string> names, cells;
-  std::stringstream h(header), r(row);
-  for (std::string c; std::getline(h, c, ',');) names.push_back(c);
-  for (std::string c; std::getline(r, c, ',');) cells.push_back(c);
-  for (size_t i = 0; i < names.size() && i < cells.size(); ++i) {
-    if (names[i] == "loss") return std::stod(cells[i]);
-  }
-  ADD_FAILURE() << "no loss in " << metrics;
-  return 0.0;
-}
 
 #define REQUIRE_PYTHON_TORCH()                                                             \
   if (!have_python_torch()) GTEST_SKIP() << "'" << kPython << "' cannot import torch (STRATA_PYTHON): run scripts/setup"

@@ -11,6 +11,7 @@
 // size) changes its update by ~eps and would pass; SGD's update is lr times
 // the gradient, and the logged grad_norm is the gradient's global norm itself.
 #include "tests/dist/run_binary.h"
+#include "tests/dist/run_outputs.h"
 #include "core/net.h"
 
 #include <gtest/gtest.h>
@@ -167,26 +168,9 @@ void expect_bf16_parity(const TrainRun& ranks) {
 
 /// grad_norm of every training row of metrics.csv, in step order.
 std::vector<double> logged_grad_norms(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  std::string line;
   std::vector<double> norms;
-  if (!std::getline(in, line)) return norms;
-  auto cells = [](const std::string& row) {
-    std::vector<std::string> out;
-    std::stringstream ss(row);
-    for (std::string cell; std::getline(ss, cell, ',');) out.push_back(cell);
-    if (!row.empty() && row.back() == ',') out.emplace_back();
-    return out;
-  };
-  const auto header = cells(line);
-  const auto column = std::find(header.begin(), header.end(), "grad_norm") - header.begin();
-  if (column == static_cast<std::ptrdiff_t>(header.size())) return norms;
-  while (std::getline(in, line)) {
-    const auto row = cells(line);
-    // Validation rows leave grad_norm empty.
-    if (column < static_cast<std::ptrdiff_t>(row.size()) && !row[column].empty()) {
-      norms.push_back(std::stod(row[column]));
-    }
+  for (const auto& cell : strata::testing::metrics_column(metrics, "grad_norm")) {
+    if (!cell.empty()) norms.push_back(std::stod(cell));
   }
   return norms;
 }

@@ -5,6 +5,7 @@
 // PyPI, installed by scripts/setup, is the oracle); --init-from reads such a
 // directory, one written by transformers itself included.
 #include "tests/dist/run_binary.h"
+#include "tests/dist/run_outputs.h"
 #include "tests/temp_dir.h"
 #include "recipes/data.h"
 #include "recipes/gpt.h"
@@ -21,7 +22,9 @@
 namespace {
 namespace fs = std::filesystem;
 using strata::testing::run_command;
+using strata::testing::first_logged_loss;
 using strata::testing::run_gpt_binary;
+using strata::testing::save_dict;
 
 constexpr const char* kPython = STRATA_PYTHON;
 
@@ -45,6 +48,7 @@ elif cmd == 'write':       # hf_dir batch n_layer n_head n_embd vocab block: a r
                    attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
     m = GPT2LMHeadModel(c).eval()
     m.save_pretrained(a[0])
+    m.transformer.save_pretrained(a[0] + '-base')   # a GPT2Model, as the hub's "gpt2": no "transformer." prefix
     with torch.no_grad():
         logits = m(b['input']).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), b['target'].reshape(-1),
@@ -53,17 +57,7 @@ elif cmd == 'write':       # hf_dir batch n_layer n_head n_embd vocab block: a r
 )PY";
 
 std::map<std::string, std::string> python(const fs::path& dir, const std::string& args) {
-  const fs::path script = dir / "hf.py";
-  if (!fs::exists(script)) std::ofstream(script) << kScript;
-  const auto run = run_command(std::string(kPython) + " " + script.string() + " " + args);
-  EXPECT_EQ(run.exit_code, 0) << run.output;
-  std::map<std::string, std::string> out;
-  std::istringstream lines(run.output);
-  for (std::string line; std::getline(lines, line);) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return out;
+  return strata::testing::run_python(kPython, dir / "hf.py", kScript, args);
 }
 
 bool have_transformers() {
@@ -73,29 +67,6 @@ bool have_transformers() {
 #define REQUIRE_TRANSFORMERS()                                                                             \
   if (!have_transformers())                                                                                \
   GTEST_SKIP() << "'" << kPython << "' cannot import transformers (STRATA_PYTHON): run scripts/setup"
-
-void save_dict(const fs::path& path, const std::map<std::string, torch::Tensor>& tensors) {
-  c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [k, v] : tensors) dict.insert(k, v);
-  const auto bytes = torch::pickle_save(c10::IValue(dict));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-double first_logged_loss(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  std::string header, row;
-  std::getline(in, header);
-  std::getline(in, row);
-  std::vector<std::string> names, cells;
-  std::stringstream h(header), r(row);
-  for (std::string c; std::getline(h, c, ',');) names.push_back(c);
-  for (std::string c; std::getline(r, c, ',');) cells.push_back(c);
-  for (size_t i = 0; i < names.size() && i < cells.size(); ++i) {
-    if (names[i] == "loss") return std::stod(cells[i]);
-  }
-  ADD_FAILURE() << "no loss in " << metrics;
-  return 0.0;
-}
 
 std::string flags(const fs::path& out) {
   return "--preset gpt-nano --data addition:2 --log-every-n-steps 1 --limit-val-batches 1 --threads-per-rank 1 "
@@ -129,8 +100,18 @@ TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
   refused(good.substr(0, good.size() - 2), "do not hold");
   refused(good + "xx", "2 data bytes belong to no tensor");
   std::string bf = good;
-  bf.replace(bf.find("\"BF16\""), 6, "\"I8\"  ");
-  refused(bf, "dtype 'I8' is not supported");
+  bf.replace(bf.find("\"BF16\""), 6, "\"Q4\"  ");
+  refused(bf, "dtype 'Q4' is not supported");
+  // Sizes whose product overflows are refused, not wrapped.
+  std::string big = good;
+  const auto shape = big.find("[5]");
+  ASSERT_NE(shape, std::string::npos);
+  big.replace(shape, 3, "[4611686018427387904,4]");
+  uint64_t old_header = 0;
+  for (int i = 7; i >= 0; --i) old_header = (old_header << 8) | static_cast<unsigned char>(good[i]);
+  const uint64_t n = big.size() - good.size() + old_header;  // the data keeps its size
+  for (int i = 0; i < 8; ++i) big[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  refused(big, "do not hold the bytes of shape [4611686018427387904,4]");
 }
 
 TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBack) {
@@ -143,11 +124,17 @@ TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBac
                                   (run.string() + ".dump") + lora);
     ASSERT_EQ(trained.exit_code, 0) << trained.output;
     const fs::path hf = run.string() + "-hf", pt = run.string() + ".pt";
-    for (const auto& [format, out] : {std::pair{"safetensors", hf}, std::pair{"pt", pt}}) {
-      auto exported = run_command(std::string(STRATA_EXPORT_BINARY) + " --format " + format + " " + run.string() +
-                                  " " + out.string());
-      ASSERT_EQ(exported.exit_code, 0) << exported.output;
-    }
+    // A step directory and an output directory, written with trailing slashes
+    // as a shell completes them: config.ini is still found, OUT still made.
+    auto exported = run_command(std::string(STRATA_EXPORT_BINARY) + " --format safetensors " +
+                                (run / "checkpoints" / "step-4").string() + "/ " + hf.string() + "/");
+    ASSERT_EQ(exported.exit_code, 0) << exported.output;
+    exported = run_command(std::string(STRATA_EXPORT_BINARY) + " " + run.string() + " " + pt.string());
+    ASSERT_EQ(exported.exit_code, 0) << exported.output;
+    std::ifstream config_in(hf / "config.json");
+    const std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(config.find("\"activation_function\": \"gelu\""), std::string::npos) << config;
+    EXPECT_NE(config.find("\"n_head\": 3"), std::string::npos) << config;
     // strata's logits, from the trained parameters (adapters unmerged).
     auto data = strata::recipes::make_data("addition:2", 0, 50257, 1337);
     auto options = strata::recipes::gpt_preset("gpt-nano").vocab_size(data->vocab_size()).block_size(data->block_size());
@@ -170,7 +157,7 @@ TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBac
     ASSERT_TRUE(py.count("maxdiff"));
     std::cout << "[ hf gpt2 ]" << lora << ": max |transformers - strata| logits " << py["maxdiff"] << " (max |logit| "
               << py["scale"] << ")" << std::endl;
-    EXPECT_LE(std::stod(py["maxdiff"]), 1e-4);
+    EXPECT_LE(std::stod(py["maxdiff"]), 1e-6);  // the issue asks 1e-4; measured 1.2e-7
     // Back: --init-from the directory starts where --init-from the .pt export does.
     double first[2];
     int i = 0;
@@ -195,9 +182,12 @@ TEST(HfGpt2Test, InitFromADirectoryTransformersWrote) {
   auto py = python(dir.path(), "write " + hf.string() + " " + (dir.path() / "batch.pt").string() + " 3 3 48 " +
                                    std::to_string(data->vocab_size()) + " " + std::to_string(data->block_size()));
   ASSERT_TRUE(py.count("loss"));
-  auto run = run_gpt_binary(flags(dir.path() / "out") + " --max-steps 1 --batch-size 8 --init-from " + hf.string());
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_NEAR(first_logged_loss(dir.path() / "out" / "metrics.csv"), std::stod(py["loss"]), 1e-5);
+  for (const std::string from : {hf.string(), hf.string() + "-base"}) {
+    const fs::path out = from + "-out";
+    auto run = run_gpt_binary(flags(out) + " --max-steps 1 --batch-size 8 --init-from " + from);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NEAR(first_logged_loss(out / "metrics.csv"), std::stod(py["loss"]), 1e-5) << from;
+  }
   // A config.json of another model: shapes alone cannot tell 3 heads from 4.
   std::ifstream in(hf / "config.json");
   std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
