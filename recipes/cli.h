@@ -20,6 +20,7 @@ struct RunConfig {
   double dropout = -1.0;     ///< < 0: the preset's value
   bool bias = true;          ///< biases in Linear layers
   std::string attention = "fused";  ///< attention core: fused (kernels/), sdpa or naive
+  std::string activation = "gelu";  ///< gelu (exact) or gelu_new (tanh approximation, GPT-2's)
   int64_t lora_rank = 0;            ///< LoRA adapters of this rank, other weights frozen (0: off)
   double lora_alpha = 8.0;          ///< LoRA scale alpha / rank (PEFT's default alpha)
   std::string lora_targets = "attn";  ///< attn, mlp or attn,mlp

@@ -36,6 +36,9 @@ std::vector<Field> model_data_fields() {
        "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
        "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
        "(the reference: B×H×T×T scores)"},
+      {"activation", 0, &C::activation,
+       "the MLP's GELU: gelu (exact, nanoGPT's) or gelu_new (the tanh approximation of OpenAI's GPT-2 and "
+       "transformers' gelu_new)"},
       {"lora-rank", 0, &C::lora_rank,
        "LoRA fine-tuning: adapters of this rank on the --lora-targets Linears, every other weight frozen; "
        "exports merge them (0: off)"},

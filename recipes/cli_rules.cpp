@@ -50,6 +50,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"optimizer", &c.optimizer, optimizer_names()},
       {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/gpt.h attention_names(), tested
       {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
+      {"activation", &c.activation, {"gelu", "gelu_new"}},
       {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
       {"reshard-after-forward", &c.reshard_after_forward, {"auto", "true", "false"}},
       {"wrap policy", &c.wrap_policy, {"block", "none"}},
@@ -100,7 +101,7 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
   if (!c.torchscript.empty()) {
     // The scripted model brings its own architecture and weights.
     for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "init-from",
-                            "export-weights", "lora-rank", "lora-alpha", "lora-targets"}) {
+                            "export-weights", "lora-rank", "lora-alpha", "lora-targets", "activation"}) {
       if (const auto it = given.find(key); it != given.end()) {
         return named(it->second, key) +
                " does not apply with --torchscript (the scripted model defines the model and its weights)";

@@ -52,6 +52,8 @@ void validate(const GPTOptions& o) {
   const auto names = attention_names();
   TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), o.attention()) != names.end(),
                     "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
+  TORCH_CHECK_VALUE(o.activation() == "gelu" || o.activation() == "gelu_new", "unknown activation '", o.activation(),
+                    "'; available: gelu, gelu_new");
   TORCH_CHECK_VALUE(o.lora_rank() >= 0 && o.lora_rank() <= o.n_embd(), "lora_rank must be in [0, n_embd ",
                     o.n_embd(), "] (0: off), got ", o.lora_rank());
   if (o.lora_rank() > 0) {
@@ -116,7 +118,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return resid_dropout_(c_proj_lora_ ? c_proj_(y) + c_proj_lora_(y) : c_proj_(y));
 }
 
-BlockImpl::BlockImpl(const GPTOptions& o) {
+BlockImpl::BlockImpl(const GPTOptions& o) : approximate_(o.activation() == "gelu_new" ? "tanh" : "none") {
   ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).elementwise_affine(true)));
   attn_ = register_module("attn", CausalSelfAttention(o));
   ln_2_ = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()}).elementwise_affine(true)));
@@ -131,9 +133,9 @@ BlockImpl::BlockImpl(const GPTOptions& o) {
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto h = x + attn_(ln_1_(x));
-  if (!c_fc_lora_) return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)))));
+  if (!c_fc_lora_) return h + dropout_(c_proj_(torch::gelu(c_fc_(ln_2_(h)), approximate_)));
   const auto in = ln_2_(h);
-  const auto mid = torch::gelu(c_fc_(in) + c_fc_lora_(in));
+  const auto mid = torch::gelu(c_fc_(in) + c_fc_lora_(in), approximate_);
   return h + dropout_(c_proj_(mid) + c_proj_lora_(mid));
 }
 

@@ -34,6 +34,9 @@ struct GPTOptions {
   /// (at::scaled_dot_product_attention on any device) or "naive" (B×H×T×T
   /// scores kept for backward; the reference).
   TORCH_ARG(std::string, attention) = "fused";
+  /// The MLP's GELU: "gelu" (exact, erf; nanoGPT's) or "gelu_new" (the tanh
+  /// approximation OpenAI's GPT-2 and transformers' "gelu_new" compute).
+  TORCH_ARG(std::string, activation) = "gelu";
   /// LoRA adapters (recipes/lora.h): rank 0 = off. With rank r > 0 the
   /// targeted Linears gain (alpha / r) · B A and every other parameter is
   /// frozen. alpha 8 and targets attn are PEFT LoraConfig's defaults for GPT-2.
@@ -90,6 +93,7 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
   LoRA c_fc_lora_{nullptr}, c_proj_lora_{nullptr};  // null without LoRA on mlp
   torch::nn::Dropout dropout_{nullptr};
+  std::string approximate_;  // torch::gelu's: "none" or "tanh"
 };
 TORCH_MODULE(Block);
 

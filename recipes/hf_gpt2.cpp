@@ -43,7 +43,7 @@ nlohmann::json config_json(const GPTOptions& o) {
   c["n_layer"] = o.n_layer();
   c["n_head"] = o.n_head();
   c["n_inner"] = nullptr;  // 4 * n_embd
-  c["activation_function"] = "gelu";
+  c["activation_function"] = o.activation();  // "gelu" (exact) or "gelu_new" (tanh): transformers' names
   c["layer_norm_epsilon"] = 1e-5;
   c["resid_pdrop"] = o.dropout();
   c["embd_pdrop"] = o.dropout();
@@ -113,6 +113,15 @@ std::string hf_config_mismatch(const std::string& path, const GPTOptions& o) {
   check("n_embd", o.n_embd());
   check("vocab_size", o.vocab_size());
   check("n_positions", o.block_size());
+  if (c.contains("activation_function") && c["activation_function"].is_string()) {
+    // transformers' gelu_pytorch_tanh is the same tanh approximation as gelu_new.
+    std::string act = c["activation_function"].get<std::string>();
+    if (act == "gelu_pytorch_tanh") act = "gelu_new";
+    if (act != o.activation()) {
+      diff << (diff.tellp() > 0 ? "; " : "") << "activation_function " << act << " vs the model's " << o.activation()
+           << (act == "gelu" || act == "gelu_new" ? " (give --activation " + act + ")" : " (strata has gelu, gelu_new)");
+    }
+  }
   return diff.str();
 }
 

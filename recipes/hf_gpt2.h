@@ -5,9 +5,9 @@
 // strata-gpt --init-from reads back. Names are nanoGPT's (which are
 // transformers'), and the four Conv1D weights (attn.c_attn, attn.c_proj,
 // mlp.c_fc, mlp.c_proj) are stored transposed, [in, out], as Conv1D keeps
-// them. config.json says activation_function "gelu" (the exact GELU strata's
-// GPT computes; OpenAI's GPT-2 checkpoints say "gelu_new", the tanh
-// approximation, which nanoGPT also loads into an exact GELU).
+// them. config.json's activation_function is the GPT's activation: "gelu"
+// (exact, strata's and nanoGPT's default) or "gelu_new" (the tanh
+// approximation OpenAI's GPT-2 checkpoints use; GPTOptions::activation).
 #include "recipes/gpt.h"
 
 #include <map>
@@ -31,8 +31,9 @@ void write_hf_gpt2(const std::string& dir, const std::map<std::string, torch::Te
 /// gives for a torch.save file; lm_head.weight is absent when tied.
 std::map<std::string, torch::Tensor> read_hf_gpt2(const std::string& path);
 
-/// config.json's sizes against `options` (n_layer, n_head, n_embd,
-/// vocab_size, n_positions = block_size): "" or what differs. A directory
+/// config.json's sizes and activation against `options` (n_layer, n_head,
+/// n_embd, vocab_size, n_positions = block_size, activation_function): "" or
+/// what differs. A directory
 /// without config.json, or a bare .safetensors file, gives "".
 std::string hf_config_mismatch(const std::string& path, const GPTOptions& options);
 

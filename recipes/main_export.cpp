@@ -166,6 +166,9 @@ int main(int argc, char** argv) {
       TORCH_CHECK_VALUE(weights.count("wte.weight") && weights.count("wpe.weight"), "checkpoint '", checkpoint,
                         "' holds no GPT (wte.weight, wpe.weight)");
       options = options_of(weights, n_head);
+      const std::string activation = run_setting(checkpoint, "activation");
+      options.activation(activation.empty() ? "gelu" : activation);  // runs before the option existed: gelu
+      strata::recipes::validate(options);
       TORCH_CHECK_VALUE(options.n_embd() % n_head == 0, "--n-head ", n_head, " does not divide n_embd ", options.n_embd());
       TORCH_CHECK_VALUE(options.bias(), "a Hugging Face GPT-2 has Linear and LayerNorm biases; checkpoint '", checkpoint,
                         "' is of a GPT built with --bias false");

@@ -390,6 +390,7 @@ GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t
   if (c.dropout >= 0) o.dropout(c.dropout);
   o.bias(c.bias);
   o.attention(c.attention);
+  o.activation(c.activation);
   o.lora_rank(c.lora_rank).lora_alpha(c.lora_alpha).lora_targets(c.lora_targets);
   o.vocab_size(vocab_size).block_size(block_size);
   validate(o);

@@ -10,6 +10,7 @@
 #include "recipes/data.h"
 #include "recipes/gpt.h"
 #include "recipes/hf_gpt2.h"
+#include "recipes/interop.h"
 #include "recipes/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -41,19 +42,33 @@ if cmd == 'logits':        # hf_dir batch: max |HF logits - strata logits|
         got = m(b['input']).logits
     print('maxdiff=%.3e' % (got - b['logits']).abs().max().item())
     print('scale=%.3e' % b['logits'].abs().max().item())
-elif cmd == 'write':       # hf_dir batch n_layer n_head n_embd vocab block: a random GPT-2, its loss
+elif cmd == 'write':       # hf_dir batch n_layer n_head n_embd vocab block activation: a random GPT-2, its loss
+    from transformers.activations import ACT2FN
     torch.manual_seed(0)
     c = GPT2Config(n_layer=int(a[2]), n_head=int(a[3]), n_embd=int(a[4]), vocab_size=int(a[5]),
-                   n_positions=int(a[6]), activation_function='gelu', resid_pdrop=0.0, embd_pdrop=0.0,
+                   n_positions=int(a[6]), activation_function=a[7], resid_pdrop=0.0, embd_pdrop=0.0,
                    attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
     m = GPT2LMHeadModel(c).eval()
+    with torch.no_grad():   # pre-activations of order 1 and large logits, where GELU and its tanh form differ
+        m.transformer.wte.weight.mul_(20)
+        for block in m.transformer.h:
+            block.mlp.c_fc.weight.mul_(40)
+            block.mlp.c_proj.weight.mul_(50)
     m.save_pretrained(a[0])
     m.transformer.save_pretrained(a[0] + '-base')   # a GPT2Model, as the hub's "gpt2": no "transformer." prefix
+    def loss_of(model):
+        with torch.no_grad():
+            logits = model(b['input']).logits
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), b['target'].reshape(-1),
+                                                     ignore_index=-1).item()
+    print('loss=%.10f' % loss_of(m))
     with torch.no_grad():
         logits = m(b['input']).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), b['target'].reshape(-1),
-                                                 ignore_index=-1)
-    print('loss=%.10f' % loss.item())
+        other = 'gelu_new' if a[7] == 'gelu' else 'gelu'
+        for block in m.transformer.h:
+            block.mlp.act = ACT2FN[other]
+        other_logits = m(b['input']).logits   # the control: the other GELU
+    torch.save({'logits': logits, 'other': other_logits}, a[0] + '-logits.pt')
 )PY";
 
 std::map<std::string, std::string> python(const fs::path& dir, const std::string& args) {
@@ -117,7 +132,8 @@ TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
 TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBack) {
   REQUIRE_TRANSFORMERS();
   strata::testing::TempDir dir("strata-hf");
-  for (const std::string lora : {std::string(""), std::string(" --lora-rank 4 --lora-targets attn,mlp")}) {
+  for (const std::string lora :
+       {std::string(""), std::string(" --lora-rank 4 --lora-targets attn,mlp"), std::string(" --activation gelu_new")}) {
     SCOPED_TRACE(lora);
     const fs::path run = dir.path() / ("run" + std::to_string(lora.size()));
     auto trained = run_gpt_binary(flags(run) + " --max-steps 4 --lr 1e-2 --checkpoint-every 4 --dump-params " +
@@ -133,12 +149,14 @@ TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBac
     ASSERT_EQ(exported.exit_code, 0) << exported.output;
     std::ifstream config_in(hf / "config.json");
     const std::string config((std::istreambuf_iterator<char>(config_in)), std::istreambuf_iterator<char>());
-    EXPECT_NE(config.find("\"activation_function\": \"gelu\""), std::string::npos) << config;
+    const std::string activation = lora.find("gelu_new") != std::string::npos ? "gelu_new" : "gelu";
+    EXPECT_NE(config.find("\"activation_function\": \"" + activation + "\""), std::string::npos) << config;
     EXPECT_NE(config.find("\"n_head\": 3"), std::string::npos) << config;
     // strata's logits, from the trained parameters (adapters unmerged).
     auto data = strata::recipes::make_data("addition:2", 0, 50257, 1337);
     auto options = strata::recipes::gpt_preset("gpt-nano").vocab_size(data->vocab_size()).block_size(data->block_size());
-    if (!lora.empty()) options.lora_rank(4).lora_targets("attn,mlp");
+    if (lora.find("lora") != std::string::npos) options.lora_rank(4).lora_targets("attn,mlp");
+    if (lora.find("gelu_new") != std::string::npos) options.activation("gelu_new");
     strata::recipes::GPTModule module(options);
     const auto dumped = strata::testing::load_archive(run.string() + ".dump");
     {
@@ -163,7 +181,8 @@ TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBac
     int i = 0;
     for (const auto& from : {hf, pt}) {
       const fs::path next = run.string() + "-from-" + std::to_string(i);
-      auto again = run_gpt_binary(flags(next) + " --max-steps 1 --init-from " + from.string());
+      auto again = run_gpt_binary(flags(next) + " --max-steps 1 --activation " + activation + " --init-from " +
+                                  from.string());
       ASSERT_EQ(again.exit_code, 0) << again.output;
       first[i++] = first_logged_loss(next / "metrics.csv");
     }
@@ -177,18 +196,54 @@ TEST(HfGpt2Test, InitFromADirectoryTransformersWrote) {
   auto data = strata::recipes::make_data("addition:2", 0, 50257, 1337);
   const auto batch = data->train_batch(0, 8, strata::ShardInfo{});
   save_dict(dir.path() / "batch.pt", {{"input", batch.input}, {"target", batch.target}});
-  const fs::path hf = dir.path() / "hf";
-  // gpt-nano: 3 layers, 3 heads, 48 wide.
-  auto py = python(dir.path(), "write " + hf.string() + " " + (dir.path() / "batch.pt").string() + " 3 3 48 " +
-                                   std::to_string(data->vocab_size()) + " " + std::to_string(data->block_size()));
-  ASSERT_TRUE(py.count("loss"));
-  for (const std::string from : {hf.string(), hf.string() + "-base"}) {
-    const fs::path out = from + "-out";
-    auto run = run_gpt_binary(flags(out) + " --max-steps 1 --batch-size 8 --init-from " + from);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_NEAR(first_logged_loss(out / "metrics.csv"), std::stod(py["loss"]), 1e-5) << from;
+  for (const std::string activation : {"gelu", "gelu_new"}) {
+    SCOPED_TRACE(activation);
+    const fs::path hf = dir.path() / ("hf-" + activation);
+    // gpt-nano: 3 layers, 3 heads, 48 wide.
+    auto py = python(dir.path(), "write " + hf.string() + " " + (dir.path() / "batch.pt").string() + " 3 3 48 " +
+                                     std::to_string(data->vocab_size()) + " " + std::to_string(data->block_size()) +
+                                     " " + activation);
+    ASSERT_TRUE(py.count("loss"));
+    // Logits in this process from the directory: transformers' own, and
+    // (the control) far from those of the other GELU.
+    auto options = strata::recipes::gpt_preset("gpt-nano").vocab_size(data->vocab_size())
+                       .block_size(data->block_size()).activation(activation);
+    strata::recipes::GPTModule module(options);
+    {
+      torch::NoGradGuard no_grad;
+      const auto weights = strata::recipes::from_nanogpt(strata::recipes::read_weights(hf.string()), module.module(),
+                                                         options, hf.string());
+      for (auto& item : module.module().named_parameters()) item.value().copy_(weights.at(item.key()));
+    }
+    module.module().eval();
+    const auto want = strata::recipes::read_weights(hf.string() + "-logits.pt");
+    torch::Tensor got;
+    {
+      torch::NoGradGuard no_grad;
+      got = module.model()->forward(batch.input);
+    }
+    const double diff = (got - want.at("logits")).abs().max().item<double>();
+    const double control = (want.at("other") - want.at("logits")).abs().max().item<double>();
+    std::cout << "[ hf gpt2 ] " << activation << " (weights scaled up): max |strata - transformers| logits " << diff
+              << ", the other GELU moves them " << control << std::endl;
+    EXPECT_LE(diff, 1e-5);
+    EXPECT_GT(control, 10 * diff);
+    for (const std::string from : {hf.string(), hf.string() + "-base"}) {
+      const fs::path out = from + "-out";
+      auto run = run_gpt_binary(flags(out) + " --max-steps 1 --batch-size 8 --activation " + activation +
+                                " --init-from " + from);
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      EXPECT_NEAR(first_logged_loss(out / "metrics.csv"), std::stod(py["loss"]), 1e-5) << from;
+    }
   }
-  // A config.json of another model: shapes alone cannot tell 3 heads from 4.
+  // A config.json of another model: shapes alone cannot tell 3 heads from 4,
+  // nor one GELU from the other.
+  const fs::path hf = dir.path() / "hf-gelu_new";
+  auto refused = run_gpt_binary(flags(dir.path() / "out-act") + " --max-steps 1 --init-from " + hf.string());
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("activation_function gelu_new vs the model's gelu (give --activation gelu_new)"),
+            std::string::npos)
+      << refused.output;
   std::ifstream in(hf / "config.json");
   std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   in.close();
@@ -196,7 +251,8 @@ TEST(HfGpt2Test, InitFromADirectoryTransformersWrote) {
   ASSERT_NE(at, std::string::npos) << config;
   config.replace(at, 11, "\"n_head\": 4");
   std::ofstream(hf / "config.json") << config;
-  auto refused = run_gpt_binary(flags(dir.path() / "out2") + " --max-steps 1 --init-from " + hf.string());
+  refused = run_gpt_binary(flags(dir.path() / "out2") + " --max-steps 1 --activation gelu_new --init-from " +
+                           hf.string());
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("n_head 4 vs the model's 3"), std::string::npos) << refused.output;
   EXPECT_FALSE(fs::exists(dir.path() / "out2" / "metrics.csv"));

@@ -614,6 +614,10 @@ TEST(CliTest, LoraOptions) {
   EXPECT_EQ(lora.config->lora_targets, "attn,mlp");
   EXPECT_NE(to_ini(*lora.config).find("\nlora-targets = attn,mlp\n"), std::string::npos);
   expect_error({"--lora-rank", "-1"}, {"'-1' for --lora-rank", ">= 0"});
+  expect_error({"--activation", "relu"}, {"unknown activation 'relu'", "gelu, gelu_new"});
+  auto tanh = parse({"--activation", "gelu_new"});
+  ASSERT_TRUE(tanh.config.has_value()) << tanh.message;
+  EXPECT_EQ(tanh.config->activation, "gelu_new");
   expect_error({"--lora-rank", "4", "--lora-alpha", "0"}, {"'0' for --lora-alpha", "> 0"});
   expect_error({"--lora-rank", "4", "--lora-targets", "head"}, {"unknown lora-targets 'head'", "attn, mlp, attn,mlp"});
   // Without a rank they would be ignored.
