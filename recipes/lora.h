@@ -33,7 +33,6 @@ class LoRAImpl : public torch::nn::Module {
  public:
   LoRAImpl(int64_t in_features, int64_t out_features, int64_t rank, double alpha);
   torch::Tensor forward(const torch::Tensor& x);
-  double scale() const { return scale_; }
 
  private:
   torch::Tensor a_, b_;
