@@ -98,7 +98,7 @@ ModelStatePrediction predict_model_state(const PlanRequest& r) {
   TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
                     r.optimizer(), "'; known: adamw, sgd");
   // Trainable t (all, or LoRA's adapters) and frozen f parameters: frozen
-  // ones are held whole by every strategy and have no gradient or state.
+  // ones have no gradient or state; fsdp shards them, the others hold them whole.
   const int64_t p = count_parameters(r.model());
   const int64_t t = count_trainable_parameters(r.model());
   const int64_t f = p - t;
@@ -114,8 +114,8 @@ ModelStatePrediction predict_model_state(const PlanRequest& r) {
     s = {4 * p, 4 * ceil_div(t, n), opt * ceil_div(t, n)};
   } else {  // fsdp
     const int64_t shard = ceil_div(t, n);
-    s = {4 * f + 4 * shard, 4 * shard, opt * shard};
-    if (r.offload() != "none") s = {4 * f, 0, 0};  // the shards on the tier between uses
+    s = {4 * ceil_div(f, n) + 4 * shard, 4 * shard, opt * shard};
+    if (r.offload() != "none") s = {0, 0, 0};  // the shards on the tier between uses
   }
   // single, ddp, oss, sdp: --offload keeps the optimizer state in the tier
   // (strategies/offloaded_moments.h); parameters and gradients stay.
@@ -185,14 +185,18 @@ MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& act
     // (kMaxReductionsInFlight), holding the previous block's full gradient
     // and the receive buffer of the same size. Communication-bound steps reach
     // it; compute-bound ones finish each reduce-scatter early and peak lower.
-    // Only trainable parameters are gathered (frozen ones are held whole, in
-    // the model state): under LoRA the blocks' adapters, and no root unit.
+    // Frozen parameters are gathered too (their own FlatParams) but have no
+    // gradient: under LoRA the blocks' gradients are the adapters' only, and
+    // the root (all frozen) is gathered without one.
     const bool lora = model.lora_rank() > 0;
-    const int64_t block = lora ? count_lora_parameters(model) / model.n_layer() : block_parameters(model);
-    const int64_t root = lora ? 0 : count_parameters(model) - model.n_layer() * block;
+    const int64_t block = block_parameters(model);
+    const int64_t block_trainable = lora ? count_lora_parameters(model) / model.n_layer() : block;
+    const int64_t root = count_parameters(model) - model.n_layer() * block;
+    const int64_t root_trainable = lora ? 0 : root;
     const int64_t param_bytes = compute_dtype(r.precision()) ? 2 : 4;
     const int64_t in_flight = model.n_layer() >= 2 ? 8 : 0;  // a previous block's reduction
-    m.gathered = 8 * root + block * (std::min<int64_t>(2, model.n_layer()) * param_bytes + 4 + in_flight);
+    m.gathered = 4 * (root + root_trainable) + block * std::min<int64_t>(2, model.n_layer()) * param_bytes +
+                 block_trainable * (4 + in_flight);
   }
   m.activations = activations.total(model.n_layer(), r.activation_checkpointing());
   m.overhead = kOverheadBytes;

@@ -35,6 +35,16 @@ struct ParamPiece {
   torch::Tensor values;
 };
 
+/// Part of a parameter a strategy does not train (a frozen one), by name:
+/// flattened elements [offset, offset + values.numel()) of `name` (global
+/// `shape`), `values` a live 1-D view (Strategy::frozen_pieces).
+struct NamedPiece {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  torch::Tensor values;
+};
+
 /// Whether state pieces are wanted for writing a checkpoint or for filling
 /// from one (Strategy::state_pieces).
 enum class StateUse { kSave, kLoad };

@@ -174,8 +174,8 @@ class Strategy {
   /// This rank's pieces of the model and optimizer state (checkpoints). kSave:
   /// disjoint over ranks and together everything (replicated state once, from
   /// rank 0; sharded state from its owner); kLoad: everything this rank holds.
-  /// The base builds them from param_pieces() and optimizer_param_pieces();
-  /// frozen parameters and buffers are whole on every rank (saved by rank 0).
+  /// The base builds them from param_pieces(), frozen_pieces() and
+  /// optimizer_param_pieces(); buffers are whole on every rank (saved by rank 0).
   /// Creates missing optimizer state first (create_optimizer_state).
   std::vector<StatePiece> state_pieces(torch::optim::Optimizer& optimizer, StateUse use);
 
@@ -223,6 +223,11 @@ class Strategy {
   /// (each `values` IS the optimizer's tensor: its state is found by it).
   /// The base: every parameter whole (kSave: on rank 0 only).
   virtual std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const;
+  using NamedPiece = strata::NamedPiece;
+  /// Frozen parameter values this rank holds (kLoad) or writes (kSave). The
+  /// base: every frozen parameter whole (kSave: on rank 0 only); FSDP: its
+  /// frozen units' shards.
+  virtual std::vector<NamedPiece> frozen_pieces(StateUse use) const;
   /// The global shape of params()[index], as attach() found it (FSDP's
   /// parameters are 0-element between gathers).
   const std::vector<int64_t>& param_shape(size_t index) const { return param_shapes_[index]; }

@@ -84,6 +84,18 @@ std::vector<Strategy::ParamPiece> Strategy::optimizer_param_pieces(StateUse use)
   return out;
 }
 
+std::vector<NamedPiece> Strategy::frozen_pieces(StateUse use) const {
+  std::vector<NamedPiece> out;
+  if (use == StateUse::kSave && !is_global_zero()) return out;  // replicated: rank 0 writes it
+  std::unordered_set<std::string> trainable(param_names_.begin(), param_names_.end());
+  for (const auto& item : module().module().named_parameters(/*recurse=*/true)) {
+    if (trainable.count(item.key()) == 0) {
+      out.push_back({item.key(), item.value().sizes().vec(), 0, item.value().detach()});
+    }
+  }
+  return out;
+}
+
 std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimizer, StateUse use) {
   // The moments of an offloaded optimizer live in its tier, not in state():
   // saving state() would write zeros as if they were the moments.
@@ -95,12 +107,11 @@ std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimize
   for (const auto& piece : param_pieces(use)) {
     add_piece(out, "model/" + param_names_[piece.index], param_shape(piece.index), piece.offset, piece.values);
   }
-  // Frozen parameters and buffers: held whole by every strategy.
+  for (const auto& piece : frozen_pieces(use)) {
+    add_piece(out, "model/" + piece.name, piece.shape, piece.offset, piece.values);
+  }
+  // Buffers: held whole by every strategy.
   if (use == StateUse::kLoad || is_global_zero()) {
-    std::unordered_set<std::string> trainable(param_names_.begin(), param_names_.end());
-    for (const auto& item : module().module().named_parameters(/*recurse=*/true)) {
-      if (trainable.count(item.key()) == 0) add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value().detach());
-    }
     for (const auto& item : module().module().named_buffers(/*recurse=*/true)) {
       add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value());
     }

@@ -47,6 +47,12 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
               shard_rank, " outside the shard group of ", shard_world);
   torch::NoGradGuard no_grad;
   dtype_ = params_.front().scalar_type();
+  frozen_ = !params_.front().requires_grad();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    TORCH_CHECK(params_[k].requires_grad() != frozen_, "FlatParam ", name_, ": parameter ", names_[k],
+                (frozen_ ? " is trainable but " : " is frozen but "), names_.front(), (frozen_ ? " is frozen" : " is trainable"),
+                "; a unit's parameters are all trainable or all frozen");
+  }
   const bool is_meta = is_deferred(params_.front());
   TORCH_CHECK(!is_meta || deferred.fill, "FlatParam ", name_, ": parameter ", names_.front(),
               " is deferred (meta device) but no DeferredParamInit::fill was given");
@@ -74,21 +80,23 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   if (sharded()) {
     // A copy: the shard outlives every reshard of the full buffer.
     shard_ = full_.narrow(0, begin, layout_.shard_numel()).clone();
-    shard_grad_ = torch::zeros_like(shard_);
+    if (!frozen_) shard_grad_ = torch::zeros_like(shard_);
   } else {
     // One rank holds everything: the shard is the full flat parameter and its
     // gradient the full flat gradient, permanently (AccumulateGrad adds in place).
     shard_ = full_;
-    shard_grad_ = torch::zeros_like(shard_);
-    full_grad_ = shard_grad_;
-    for (size_t k = 0; k < params_.size(); ++k) {
-      params_[k].mutable_grad() = full_view(full_grad_, k);
+    if (!frozen_) {
+      shard_grad_ = torch::zeros_like(shard_);
+      full_grad_ = shard_grad_;
+      for (size_t k = 0; k < params_.size(); ++k) {
+        params_[k].mutable_grad() = full_view(full_grad_, k);
+      }
     }
   }
   point_params_at_full();
   for (const auto& piece : layout_.pieces(shard_rank_)) {
     auto view = shard_.narrow(0, piece.flat_offset - begin, piece.numel);
-    view.mutable_grad() = shard_grad_.narrow(0, piece.flat_offset - begin, piece.numel);
+    if (!frozen_) view.mutable_grad() = shard_grad_.narrow(0, piece.flat_offset - begin, piece.numel);
     pieces_.push_back(view);
     piece_params_.push_back(piece.param_index);
   }
@@ -198,6 +206,7 @@ void FlatParam::reshard() {
 }
 
 void FlatParam::prepare_grads() {
+  TORCH_CHECK(!frozen_, "FlatParam ", name_, ": a frozen unit has no gradients");
   if (full_grad_.defined()) return;  // accumulating into the buffer already held
   // Zeros: padding and parameters that get no gradient contribute nothing.
   full_grad_ = pool_ != nullptr ? pool_->empty(layout_.padded_numel(), full_.options()).zero_()
@@ -222,6 +231,7 @@ torch::Tensor FlatParam::load_shard() const {
 }
 
 void FlatParam::accumulate_shard_grad(const torch::Tensor& grad) {
+  TORCH_CHECK(!frozen_, "FlatParam ", name_, ": a frozen unit has no gradients");
   TORCH_CHECK(grad.numel() == layout_.shard_numel() && grad.scalar_type() == dtype_, "FlatParam ", name_,
               ": a shard gradient has ", layout_.shard_numel(), " elements of ", dtype_, ", got ",
               grad.numel(), " of ", grad.scalar_type());
@@ -288,7 +298,7 @@ void FlatParam::offload(OffloadTier& tier) {
               ": offload() needs the unit resharded, without gradients, and not yet offloaded");
   const int64_t nbytes = layout_.shard_numel() * static_cast<int64_t>(c10::elementSize(dtype_));
   shard_region_ = tier.allocate(nbytes);
-  grad_region_ = tier.allocate(nbytes);
+  if (!frozen_) grad_region_ = tier.allocate(nbytes);  // a frozen unit has no gradient to hold
   tier.write(shard_region_, 0, shard_.to(torch::kCPU));
   tier_ = &tier;
   grad_zero_ = true;

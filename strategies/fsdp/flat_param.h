@@ -58,8 +58,8 @@ struct DeferredParamInit {
 
 class FlatParam {
  public:
-  /// `params`: the unit's trainable parameters (the module's leaves, with
-  /// their current full values, one dtype; or all deferred, then `deferred`
+  /// `params`: the unit's parameters, all trainable or all frozen (the
+  /// module's leaves, with their current full values, one dtype; or all deferred, then `deferred`
   /// says where and how to materialise them); `shard_world` ranks share the
   /// unit and this rank is `shard_rank`. The parameters are left gathered.
   FlatParam(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
@@ -75,6 +75,10 @@ class FlatParam {
   const std::vector<int64_t>& param_shape(size_t k) const { return shapes_[k]; }
   /// False when the shard group has one rank (the shard is the whole unit).
   bool sharded() const { return layout_.world_size() > 1; }
+  /// A unit of frozen parameters (requires_grad false): gathered and
+  /// resharded like any unit, but it has no gradient (no shard_grad(), and
+  /// the gradient calls below are errors) and its pieces() no grad.
+  bool frozen() const { return frozen_; }
   int64_t numel() const { return layout_.unpadded_numel(); }
 
   /// The parameters' dtype (the shard's, the gradients').
@@ -178,6 +182,7 @@ class FlatParam {
 
   std::string name_;
   torch::ScalarType dtype_;
+  bool frozen_ = false;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::vector<int64_t>> shapes_;

@@ -14,220 +14,48 @@
 
 namespace strata {
 
-FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
-    : Strategy(std::move(comm)),
-      options_(std::move(options)),
-      reshard_after_forward_(resolve_reshard_after_forward(options_)),
-      grad_sync_(options_.find_unused_parameters()) {
-  // The module's tensors do not hold this rank's state between steps: the
-  // base routes full_params, model_state_bytes, report and the clip here.
-  set_sharded_state(this);
-  // hybrid_shard's node size is checked now, before any collective.
-  if (options_.sharding_strategy() == ShardingStrategy::kHybridShard)
-    check_hybrid_node_size(options_.node_size(), world_size());
-  check_offload_options(options_, device(),
-                        options_.sharding_strategy() == ShardingStrategy::kHybridShard ? options_.node_size()
-                                                                                       : world_size());
-}
-
-void FSDPStrategy::setup(TrainingModule& module) {
-  TORCH_CHECK(!set_up_, name(), ": setup() was already called; one FSDPStrategy shards one module once");
-  set_up_ = true;
-  prepare_module(module);
-  // Each parameter's AccumulateGrad node, created while the unit is gathered
-  // and kept alive until grad_sync_ holds it: the node records its
-  // parameter's shape when created, and must record the full one.
-  std::vector<GradAccumulatorPtr> accumulators;
-  build_units(module, accumulators);
-  install_gradient_hooks();
-  // From here on each rank holds shards only (make_unit resharded each unit;
-  // with offload, not even those are in memory).
-  // Mixed precision: wrap units compute in param_dtype (gathered straight
-  // into a buffer of it: half the memory, nothing for autocast to cache);
-  // the root, gathered for the whole step and holding the embeddings whose
-  // outputs start the fp32 residual stream, keeps fp32 values in memory and
-  // only travels in param_dtype.
-  for (int i = 0; i < num_wrap_units_; ++i) units_[i]->set_compute_dtype(options_.param_dtype());
-  if (root_ != nullptr) root_->set_gather_dtype(options_.param_dtype());
-  module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
-    return run_unit(unit, x, forward);
-  });
-}
-
-void FSDPStrategy::prepare_module(TrainingModule& module) {
-  // Not Strategy::setup: a deferred module stays deferred (no memory) until
-  // its units are built, one at a time.
-  attach(module);
-  // Frozen parameters are not sharded (held whole): materialised whole now,
-  // and broadcast with the rest of the module's state below.
-  materialize_parameters(module, device(), [](const std::string&, const torch::Tensor& p) {
-    return !p.requires_grad();
-  });
-  // Every rank cuts its shards from rank 0's values (deferred parameters:
-  // each unit's full buffer is broadcast once initialised, in make_unit).
-  broadcast_module_state(comm(), module.module());
-  // Collective (hybrid_shard makes subgroups): every rank is here, in setup.
-  FsdpGroups groups = make_fsdp_groups(comm(), options_);
-  shard_comm_ = groups.shard;
-  replicate_comm_ = groups.replicate;
-  shard_world_ = shard_comm_.size();
-  shard_rank_ = shard_comm_.rank();
-  if (device().is_cpu()) {
-    // Kept per size: at most what a step holds at once (two gathered units,
-    // a full gradient, a reduction in flight with its gradient and receive
-    // buffer); optimizer_step() trims it back to what the step's peak held.
-    // Only buffers of 1 MiB and more (strata-gpt's mmap threshold): malloc
-    // reuses smaller ones itself, and keeping them would only add memory.
-    pool_ = std::make_unique<BufferPool>(c10::GetAllocator(c10::kCPU), /*max_free_per_size=*/8,
-                                         /*min_bytes=*/size_t{1} << 20);
-  }
-  if (options_.offload() != OffloadKind::kNone) {
-    tier_ = options_.offload() == OffloadKind::kDisk ? make_disk_tier(options_.offload_dir()) : make_host_tier();
-  }
-}
-
-std::unique_ptr<FlatParam> FSDPStrategy::make_unit(TrainingModule& module, const std::string& unit_name,
-                                                   const std::vector<size_t>& members,
-                                                   std::vector<GradAccumulatorPtr>& accumulators) {
-  std::vector<torch::Tensor> ps;
-  std::vector<std::string> names;
-  for (size_t k : members) {
-    ps.push_back(params()[k]);
-    names.push_back(param_names()[k]);
-  }
-  DeferredParamInit deferred;
-  deferred.device = device();
-  deferred.fill = [&](const torch::Tensor& full) {
-    for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
-    // Sync point: every rank cuts its shard from rank 0's values, as
-    // broadcast_module_state guarantees for an eager module (the module's
-    // init is seeded alike on every rank, but a rank seeded differently
-    // must not train a different model).
-    torch::Tensor buffer = full;
-    if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
-  };
-  auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
-  unit->set_buffer_pool(pool_.get());
-  for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
-  unit->reshard();
-  if (tier_ != nullptr) unit->offload(*tier_);  // before the next unit: setup never holds two units' shards in memory
-  return unit;
-}
-
-void FSDPStrategy::build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators) {
-  const auto assignment = assign_units(module, params(), param_names(), options_.wrap_policy());
-  // Built, initialised and resharded one at a time: with a deferred module no
-  // rank ever holds more than its shards so far plus one unit's full buffer.
-  // -1: the unit runs unwrapped (no trainable parameters, or wrap policy none).
-  index_of_unit_.assign(module.wrap_units().size(), -1);
-  for (size_t u = 0; u < assignment.units.size(); ++u) {
-    if (assignment.units[u].empty()) continue;
-    index_of_unit_[u] = static_cast<int>(units_.size());
-    units_.push_back(make_unit(module, assignment.unit_names[u], assignment.units[u], accumulators));
-  }
-  num_wrap_units_ = static_cast<int>(units_.size());
-  if (!assignment.root.empty()) {
-    units_.push_back(make_unit(module, "root", assignment.root, accumulators));
-    root_ = units_.back().get();
-  }
-}
-
-void FSDPStrategy::install_gradient_hooks() {
-  // One readiness bucket per unit, in the order backward finishes them: the
-  // last wrap unit first, the root (embeddings, used first in forward) last.
-  std::vector<torch::Tensor> hooked;
-  std::vector<std::string> hooked_names;
-  std::vector<std::vector<size_t>> buckets;
-  auto add_bucket = [&](int index) {
-    unit_of_bucket_.push_back(index);
-    buckets.emplace_back();
-    const auto& unit = *units_[index];
-    for (size_t k = 0; k < unit.params().size(); ++k) {
-      hooks_of_unit_[index].push_back(hooked.size());
-      buckets.back().push_back(hooked.size());
-      hooked.push_back(unit.params()[k]);
-      hooked_names.push_back(unit.param_names()[k]);
-      hooked_param_.emplace_back(index, k);
-    }
-  };
-  hooks_of_unit_.assign(units_.size(), {});
-  for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
-  if (root_ != nullptr) add_bucket(num_wrap_units_);
-  // Installs the hooks now, before the first reshard: each AccumulateGrad
-  // node records its parameter's shape when created, and must record the
-  // full one. Always active: under no_sync the hooks still free each unit.
-  grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
-                     [this](size_t b) { post_backward(b); }, [] { return true; });
-}
-
-std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
-    std::vector<torch::optim::OptimizerParamGroup> groups, const OptimizerFactory& factory) {
-  if (tier_ != nullptr) {
-    // The state lives in the tier: the step is streamed from there (offload.h),
-    // per parameter piece, with the groups' options.
-    std::vector<FlatParam*> units;
-    for (auto& unit : units_) units.push_back(unit.get());
-    auto optimizer = std::make_unique<FsdpOffloadedOptimizer>(std::move(groups), std::move(units), *tier_,
-                                                          options_.offload_chunk_numel());
-    offloaded_optimizer_ = optimizer.get();
-    return optimizer;
-  }
-  // Each parameter's pieces (1-D views of this rank's shards) go to the group
-  // the parameter was in, so per-parameter choices such as weight decay
-  // survive flattening. Exact for element-wise optimizers (SGD, Adam(W), ...).
-  std::unordered_map<const void*, std::vector<torch::Tensor>> pieces_of;
-  for (const auto& unit : units_) {
-    for (size_t j = 0; j < unit->pieces().size(); ++j) {
-      const auto& p = unit->params()[unit->piece_params()[j]];
-      pieces_of[p.unsafeGetTensorImpl()].push_back(unit->pieces()[j]);
-    }
-  }
-  std::unordered_map<const void*, bool> trainable;
-  for (const auto& p : params()) trainable[p.unsafeGetTensorImpl()] = true;
-  std::vector<torch::optim::OptimizerParamGroup> local;
-  for (auto& group : groups) {
-    std::vector<torch::Tensor> shard_params;
-    for (const auto& p : group.params()) {
-      TORCH_CHECK(trainable.count(p.unsafeGetTensorImpl()) == 1, name(),
-                  ": the optimizer was given a parameter that is not trainable in the module");
-      auto it = pieces_of.find(p.unsafeGetTensorImpl());
-      if (it == pieces_of.end()) continue;  // wholly in other ranks' shards
-      shard_params.insert(shard_params.end(), it->second.begin(), it->second.end());
-      pieces_of.erase(it);  // a tensor listed twice is stepped once
-    }
-    if (!shard_params.empty()) local.emplace_back(std::move(shard_params), group.options().clone());
-  }
-  return factory(std::move(local));
-}
-
 torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
   TORCH_CHECK(unit < static_cast<int64_t>(index_of_unit_.size()), name(), ": the module ran unit ",
               unit, " but named ", index_of_unit_.size(), " wrap units at setup");
   const int index = index_of_unit_[unit];
   if (index < 0) return forward(x);
-  FlatParam& flat = *units_[index];
+  Slot& slot = slots_[index];
   // Called during backward: an activation checkpoint installed outside FSDP
   // recomputes the unit, and the unit's own backward follows at once.
   const bool recompute = in_backward_;
   gather(index);
   if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
+  const bool grad = torch::GradMode::is_enabled();
+  torch::Tensor in = x;
+  if (grad && slot.frozen != nullptr) {
+    slot.ran_with_grad = true;
+    if (x.requires_grad()) {
+      // Reports when the gradient w.r.t. the unit's input is complete: every
+      // input-gradient computation (those reading the frozen part) is done.
+      in = with_pre_backward_hook(x, [this, index] { input_backward_done(index); });
+      slot.input_hooked = true;
+    }
+  }
   // A unit computing in low precision (mixed precision) takes its input in
   // that dtype, as torch's FSDP casts forward inputs, and hands its output
   // back in the caller's dtype, so the stream between units keeps its own.
+  const FlatParam& flat = lead(slot);
   const auto compute = flat.compute_dtype();
   const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
-  auto out = cast ? forward(x.to(compute)).to(x.scalar_type()) : forward(x);
-  const bool grad = torch::GradMode::is_enabled();
+  auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
   // Without grad no backward will come for this unit: always free it.
-  if (!grad || (reshard_after_forward_ && !recompute)) flat.reshard();
+  if (!grad || (reshard_after_forward_ && !recompute)) for_parts(slot, [](FlatParam& part) { part.reshard(); });
   return out;
 }
 
 void FSDPStrategy::begin_forward() {
+  for (auto& slot : slots_) slot.ran_with_grad = slot.input_hooked = slot.input_done = slot.train_done = false;
   // The root's parameters (embeddings, final norm, head) are used before the
   // first unit and after the last one; gather them for the whole micro-batch.
-  if (root_ != nullptr) root_->finish_gather(shard_comm_);
+  if (num_wrap_slots_ < static_cast<int>(slots_.size())) {
+    for_parts(slots_.back(), [&](FlatParam& part) { part.finish_gather(shard_comm_); });
+  }
   prefetch(0);
 }
 
@@ -247,37 +75,48 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
 
 void FSDPStrategy::gather(int index) {
   RECORD_FUNCTION("strata::fsdp_gather", std::vector<c10::IValue>());  // a span in --profile traces
-  FlatParam& unit = *units_[index];
-  unit.finish_gather(shard_comm_);
-  if (unit.compute_dtype() != unit.dtype()) {
-    // The parameters changed dtype (set_data), which drops their gradient
-    // accumulators: hook the new ones before the unit's graph uses them.
-    for (size_t k : hooks_of_unit_[index]) grad_sync_.rehook(k);
+  const Slot& slot = slots_[index];
+  if (slot.frozen != nullptr) slot.frozen->finish_gather(shard_comm_);
+  if (slot.train >= 0) {
+    FlatParam& unit = *units_[slot.train];
+    unit.finish_gather(shard_comm_);
+    if (unit.compute_dtype() != unit.dtype()) {
+      // The parameters changed dtype (set_data), which drops their gradient
+      // accumulators: hook the new ones before the unit's graph uses them.
+      for (size_t k : hooks_of_unit_[slot.train]) grad_sync_.rehook(k);
+    }
   }
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
 void FSDPStrategy::prefetch(int index) {
-  if (index < 0 || index >= num_wrap_units_) return;
-  FlatParam& unit = *units_[index];
-  if (!unit.sharded() || unit.holds_full()) return;
+  if (index < 0 || index >= num_wrap_slots_) return;
+  const Slot& slot = slots_[index];
+  bool needed = false;
+  for_parts(slot, [&](FlatParam& part) { needed = needed || (part.sharded() && !part.holds_full()); });
+  if (!needed) return;
   // Decided from state every rank has alike (never from whether a collective
   // has finished), so every rank issues the same all-gathers in the same order.
   if (options_.limit_all_gathers() && wrap_units_holding_full() >= kMaxUnitsGathered) return;
-  unit.start_gather(shard_comm_);
+  for_parts(slot, [&](FlatParam& part) { part.start_gather(shard_comm_); });
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
 int FSDPStrategy::wrap_units_holding_full() const {
   int n = 0;
-  for (int i = 0; i < num_wrap_units_; ++i) n += units_[i]->sharded() && units_[i]->holds_full();
+  for (int i = 0; i < num_wrap_slots_; ++i) {
+    const Slot& slot = slots_[i];
+    const bool train = slot.train >= 0 && units_[slot.train]->sharded() && units_[slot.train]->holds_full();
+    const bool frozen = slot.frozen != nullptr && slot.frozen->sharded() && slot.frozen->holds_full();
+    n += train || frozen;
+  }
   return n;
 }
 
 void FSDPStrategy::backward(const torch::Tensor& loss) {
   sync_backward_ = require_sync();
   if (root_ != nullptr) root_->prepare_grads();
-  prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
+  prefetch(num_wrap_slots_ - 1);  // backward reaches the last unit first
   // The step's peak so far (a model of one unit has no pre_backward); the
   // first unit's pre_backward replaces it with the larger set it holds.
   if (pool_ != nullptr) pool_at_peak_ = pool_->in_use();
@@ -290,15 +129,17 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   // Every backward resets readiness (not only synchronised ones): under
   // no_sync the hooks still free each unit's full parameters.
   grad_sync_.backward(loss, /*require_sync=*/true);
+  // Frozen parts no event freed (the root's; a unit whose input needed no
+  // gradient): backward is over, nothing reads them any more.
+  for (auto& unit : frozen_units_) unit->reshard();
 }
 
 void FSDPStrategy::pre_backward(int index) {
   // Runs on the autograd thread when the gradient w.r.t. unit `index`'s
   // output is complete, before any of the unit's backward nodes.
-  FlatParam& unit = *units_[index];
   gather(index);  // Sync point: the unit's backward reads its full parameters
   prefetch(index - 1);
-  unit.prepare_grads();
+  if (slots_[index].train >= 0) units_[slots_[index].train]->prepare_grads();
   if (pool_ != nullptr && !peak_noted_) {
     // Every activation is still alive and the first unit's buffers are all
     // held: what a step holds at its peak (optimizer_step keeps that much).
@@ -317,6 +158,28 @@ void FSDPStrategy::post_backward(size_t bucket) {
   unit.prepare_grads();
   if (sync_backward_) launch_reduction(unit);
   unit.reshard();
+  Slot& slot = slots_[slot_of_train_[unit_of_bucket_[bucket]]];
+  slot.train_done = true;
+  maybe_reshard_frozen(slot);
+}
+
+void FSDPStrategy::input_backward_done(int index) {
+  // On the autograd thread: the unit's input gradient is complete.
+  slots_[index].input_done = true;
+  maybe_reshard_frozen(slots_[index]);
+}
+
+void FSDPStrategy::maybe_reshard_frozen(Slot& slot) {
+  // A backward node reading the frozen part computes the gradient of an
+  // input that needs one: one made from the unit's input (its gradient
+  // completes after the node) or from the unit's trainable parameters
+  // (theirs do). After both, no node reads it. The root (never run through
+  // run_unit: its inputs come from every unit) waits for backward's end.
+  // Local only: no rank issues a collective here.
+  if (slot.frozen == nullptr || !slot.ran_with_grad) return;
+  if (slot.input_hooked && !slot.input_done) return;
+  if (slot.train >= 0 && !slot.train_done) return;
+  slot.frozen->reshard();
 }
 
 void FSDPStrategy::launch_reduction(FlatParam& unit) {
@@ -402,6 +265,7 @@ std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
 
 void FSDPStrategy::reshard_all() {
   for (auto& unit : units_) unit->reshard();
+  for (auto& unit : frozen_units_) unit->reshard();
 }
 
 torch::Tensor FSDPStrategy::scratch(int64_t numel, const torch::TensorOptions& options) {

@@ -57,6 +57,19 @@
 // its full gradient locally (no reduce-scatter) until the synchronised
 // backward, as torch's FSDP does: more memory, less communication.
 //
+// Frozen parameters (requires_grad false: LoRA's base weights) are sharded
+// too, in a second, gather-only FlatParam per unit (and root): gathered,
+// prefetched and resharded with the unit's trainable part, in the same
+// compute dtype, but never reduced and never given to the optimizer (torch
+// FSDP2's per-parameter sharding; FSDP1 needed use_orig_params). A unit of
+// frozen parameters only is gathered and never reduced. In backward the
+// frozen part is read by the input-gradient computations (a frozen Linear's
+// x-gradient needs its weight), which may run after the trainable part's
+// last gradient is accumulated: it is resharded once the gradient w.r.t. the
+// unit's INPUT has arrived (an identity Function on the input, when the
+// input needs one) and the trainable part is done; the root's frozen part
+// stays gathered until backward ends.
+//
 // Offload (FSDPOptions::offload, fsdp/offload.h): every unit's shard, shard
 // gradient and optimizer state live in an OffloadTier (disk files or pinned
 // host memory) between uses; a gather reads the shard just before sending
@@ -139,6 +152,8 @@ class FSDPStrategy : public Strategy, private ShardedState {
   /// alike; under hybrid_shard only the first replica saves them.
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
+  /// The frozen units' shard pieces, by name (a replica's first rank saves).
+  std::vector<NamedPiece> frozen_pieces(StateUse use) const override;
 
  private:
   // ShardedState: what the base routes here (see strategy.h).
@@ -150,6 +165,20 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::vector<torch::Tensor> shard_grad_norms() const override;
   void scale_shard_grads(double coef) override;
 
+  // A wrap unit (or the root) as FSDP runs it: its trainable FlatParam
+  // (units_) and its frozen one (frozen_units_); either may be absent.
+  struct Slot {
+    int train = -1;               // units_ index; -1: no trainable parameters
+    FlatParam* frozen = nullptr;  // null: no frozen parameters
+    // This micro-batch: the unit ran with grad (ran_with_grad), its input
+    // gradient will report (input_hooked) or has (input_done), the trainable
+    // part's gradients are all accumulated (train_done). maybe_reshard_frozen
+    // frees the frozen part from these.
+    bool ran_with_grad = false;
+    bool input_hooked = false;
+    bool input_done = false;
+    bool train_done = false;
+  };
   struct Reduction {
     FlatParam* unit = nullptr;
     torch::Tensor input;   // the full gradient (kept alive until the collective ends)
@@ -163,17 +192,30 @@ class FSDPStrategy : public Strategy, private ShardedState {
   /// One FlatParam per wrap unit (and the root), each built, initialised,
   /// resharded (and offloaded) before the next.
   void build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators);
+  /// `members` index `ps` / `names` (trainable: params(); frozen: frozen_params).
   std::unique_ptr<FlatParam> make_unit(TrainingModule& module, const std::string& unit_name,
+                                       const std::vector<torch::Tensor>& ps, const std::vector<std::string>& names,
                                        const std::vector<size_t>& members, std::vector<GradAccumulatorPtr>& accumulators);
   /// One readiness bucket per unit, in the order backward finishes them.
   void install_gradient_hooks();
 
   torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
   void begin_forward();
-  void gather(int index);  // units_[index]
-  void prefetch(int index);
-  void pre_backward(int index);
+  void gather(int slot);  // slots_[slot], both parts
+  void prefetch(int slot);
+  void pre_backward(int slot);
   void post_backward(size_t bucket);
+  /// The gradient w.r.t. slot's input has arrived: its frozen part may go.
+  void input_backward_done(int slot);
+  void maybe_reshard_frozen(Slot& slot);
+  /// Slot's trainable part, or its frozen one when it has none.
+  FlatParam& lead(const Slot& slot) const { return slot.train >= 0 ? *units_[slot.train] : *slot.frozen; }
+  /// Calls fn(FlatParam&) on slot's parts: the frozen one first.
+  template <typename Fn>
+  void for_parts(const Slot& slot, Fn&& fn) {
+    if (slot.frozen != nullptr) fn(*slot.frozen);
+    if (slot.train >= 0) fn(*units_[slot.train]);
+  }
   void launch_reduction(FlatParam& unit);
   void finish_oldest_reduction();
   void reshard_all();
@@ -201,10 +243,14 @@ class FSDPStrategy : public Strategy, private ShardedState {
   // step's activation peak), per size: what optimizer_step() trims it to.
   std::unordered_map<size_t, size_t> pool_at_peak_;
   bool peak_noted_ = false;
-  std::vector<std::unique_ptr<FlatParam>> units_;  // wrap units in forward order, then root
+  std::vector<std::unique_ptr<FlatParam>> units_;  // trainable parts: wrap units in forward order, then root
   int num_wrap_units_ = 0;                         // units_[0, num_wrap_units_) are wrap units
-  FlatParam* root_ = nullptr;
-  std::vector<int> index_of_unit_;                 // module unit -> units_ index, -1: no params
+  FlatParam* root_ = nullptr;                      // the root's trainable part
+  std::vector<std::unique_ptr<FlatParam>> frozen_units_;  // frozen parts, in slot order
+  std::vector<Slot> slots_;                        // wrap units in forward order, then the root
+  int num_wrap_slots_ = 0;                         // slots_[0, num_wrap_slots_) are wrap units
+  std::vector<int> slot_of_train_;                 // units_ index -> slots_ index
+  std::vector<int> index_of_unit_;                 // module unit -> slots_ index, -1: no params
   std::vector<int> unit_of_bucket_;                // GradReadiness bucket -> units_ index
   GradSync grad_sync_;                             // hooks + the unused-parameter rule
   std::vector<std::pair<int, size_t>> hooked_param_;  // GradSync param -> (units_ index, its param)

@@ -17,23 +17,29 @@ std::string FSDPStrategy::describe() const {
       << (options_.param_dtype() ? c10::toString(*options_.param_dtype()) : "as the parameters")
       << ", reduce dtype "
       << (options_.reduce_dtype() ? c10::toString(*options_.reduce_dtype()) : "as the parameters") << "; "
-      << num_wrap_units_ << " wrap unit(s)"
-      << (root_ != nullptr ? " + root" : "");
-  int64_t shard_bytes = 0;  // this rank's shards, padding included
-  for (const auto& unit : units_) {
-    const auto& l = unit->layout();
-    out << "\n  unit " << unit->name() << ": " << l.unpadded_numel() << " parameter elements in "
-        << unit->params().size() << " tensor(s), padding " << l.padded_numel() - l.unpadded_numel()
+      << num_wrap_slots_ << " wrap unit(s)"
+      << (num_wrap_slots_ < static_cast<int>(slots_.size()) ? " + root" : "");
+  int64_t shard_bytes = 0;         // this rank's trainable shards, padding included
+  int64_t frozen_shard_bytes = 0;  // its frozen ones
+  auto list = [&](const FlatParam& unit) {
+    const auto& l = unit.layout();
+    out << "\n  unit " << unit.name() << ": " << l.unpadded_numel() << " parameter elements in "
+        << unit.params().size() << " tensor(s), padding " << l.padded_numel() - l.unpadded_numel()
         << ", shard " << l.shard_numel() << " per rank";
-    shard_bytes += l.shard_numel() * static_cast<int64_t>(c10::elementSize(unit->dtype()));
+    (unit.frozen() ? frozen_shard_bytes : shard_bytes) += l.shard_numel() * static_cast<int64_t>(c10::elementSize(unit.dtype()));
+  };
+  for (const auto& slot : slots_) {
+    if (slot.train >= 0) list(*units_[slot.train]);
+    if (slot.frozen != nullptr) list(*slot.frozen);
   }
   // Between steps each rank holds its shards, their gradients, and (AdamW)
   // two optimizer states per element; a unit's full parameters and gradient
   // exist only while it runs.
   const double mib = 1024.0 * 1024.0;
-  out << "\n  per-rank model state with AdamW: params " << shard_bytes / mib << " MiB, grads "
-      << shard_bytes / mib << " MiB, optimizer " << 2 * shard_bytes / mib << " MiB (total "
-      << 4 * shard_bytes / mib << " MiB)";
+  out << "\n  per-rank model state with AdamW: params " << (shard_bytes + frozen_shard_bytes) / mib
+      << " MiB" << (frozen_shard_bytes > 0 ? " (frozen " + std::to_string(frozen_shard_bytes / mib) + ")" : "")
+      << ", grads " << shard_bytes / mib << " MiB, optimizer " << 2 * shard_bytes / mib << " MiB (total "
+      << (4 * shard_bytes + frozen_shard_bytes) / mib << " MiB)";
   if (tier_ != nullptr) {
     out << "\n  offload " << to_string(options_.offload()) << ": shards, their gradients"
         << (offloaded_optimizer_ != nullptr && offloaded_optimizer_->state_bytes() > 0 ? " and optimizer state" : "")

@@ -24,15 +24,11 @@ void FSDPStrategy::scale_shard_grads(double coef) {
 
 ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& optimizer) const {
   ModelStateBytes bytes;
-  std::vector<torch::Tensor> frozen;  // parameters FSDP does not manage: held whole
-  for (const auto& p : module().module().parameters()) {
-    if (!p.requires_grad()) frozen.push_back(p);
-  }
-  bytes.params = unique_storage_bytes(frozen);
   for (const auto& unit : units_) {
     bytes.params += unit->param_bytes();
     bytes.grads += unit->grad_bytes();
   }
+  for (const auto& unit : frozen_units_) bytes.params += unit->param_bytes();
   bytes.optimizer = optimizer_state_bytes(optimizer);
   return bytes;
 }
@@ -57,6 +53,22 @@ std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool 
   return out;
 }
 
+std::vector<NamedPiece> FSDPStrategy::frozen_pieces(StateUse use) const {
+  TORCH_CHECK(tier_ == nullptr, name(), ": checkpoints of offloaded state (FSDPOptions::offload, --offload) "
+              "are not supported; train without offload to save or resume");
+  std::vector<NamedPiece> out;
+  if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;  // the other replicas hold copies
+  for (const auto& unit : frozen_units_) {
+    const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
+    for (size_t j = 0; j < unit->pieces().size(); ++j) {
+      const auto& lp = layout_pieces[j];  // pieces() are cut in this order (flat_param.cpp)
+      out.push_back({unit->param_names()[lp.param_index], unit->param_shape(lp.param_index), lp.param_offset,
+                     unit->pieces()[j].detach()});
+    }
+  }
+  return out;
+}
+
 std::vector<Strategy::ParamPiece> FSDPStrategy::param_pieces(StateUse use) const {
   return shard_pieces(use, /*detach=*/true);
 }
@@ -69,6 +81,7 @@ FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
   // exact: the full-precision values even under param_dtype (export, checkpoints).
   for (auto& unit : units_) unit->finish_gather(shard_comm_, /*exact=*/true);
+  for (auto& unit : frozen_units_) unit->finish_gather(shard_comm_, /*exact=*/true);
   return FullParams(this, writeback);
 }
 
@@ -80,6 +93,7 @@ FSDPStrategy::FullParams::~FullParams() {
   if (strategy_ == nullptr) return;
   if (writeback_) {
     for (auto& unit : strategy_->units_) unit->write_back();
+    for (auto& unit : strategy_->frozen_units_) unit->write_back();
   }
   strategy_->reshard_all();
 }

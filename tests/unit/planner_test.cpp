@@ -42,8 +42,8 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
 }
 
 TEST(PlannerTest, LoraCountsOnlyTrainableParameters) {
-  // t trainable adapters, f frozen: frozen parameters are held whole and have
-  // no gradient, state, gathers or staging (measured on gpt2 x2: README).
+  // t trainable adapters, f frozen: frozen parameters have no gradient,
+  // state or staging; fsdp shards and gathers them (measured on gpt2 x2: README).
   const auto model = gpt_preset("gpt2").vocab_size(50257).block_size(64).lora_rank(4);
   const int64_t p = count_parameters(model), t = count_trainable_parameters(model), f = p - t;
   EXPECT_EQ(t, 12 * 4 * (768 + 3 * 768 + 768 + 768));  // attn.c_attn and attn.c_proj, rank 4
@@ -53,12 +53,16 @@ TEST(PlannerTest, LoraCountsOnlyTrainableParameters) {
   EXPECT_EQ(state("oss").params, 4 * p);
   EXPECT_EQ(state("oss").optimizer, 8 * (t / 2));
   EXPECT_EQ(state("sdp").grads, 4 * (t / 2));
-  EXPECT_EQ(state("fsdp").params, 4 * f + 4 * (t / 2));
+  EXPECT_EQ(state("fsdp").params, 4 * (f / 2) + 4 * (t / 2));
   const ActivationProfile none;
-  // fsdp gathers only adapters (no root unit); oss stages only t.
-  EXPECT_LT(predict_peak(PlanRequest(model, "fsdp", 2), none).gathered, 40 * t);
   auto full = model;
   full.lora_rank(0);
+  // fsdp gathers frozen blocks and root like full fine-tuning, without their
+  // gradients (root 4 bytes, not 8; blocks' gradients the adapters' only).
+  const int64_t block = 12 * 768 * 768 + 13 * 768, root = 50257 * 768 + 64 * 768 + 2 * 768;
+  EXPECT_EQ(predict_peak(PlanRequest(full, "fsdp", 2), none).gathered, 8 * root + block * (2 * 4 + 4 + 8));
+  EXPECT_EQ(predict_peak(PlanRequest(model, "fsdp", 2), none).gathered,
+            4 * root + (block + t / 12) * 2 * 4 + (t / 12) * (4 + 8));
   EXPECT_LT(predict_peak(PlanRequest(model, "oss", 2), none).overhead,
             predict_peak(PlanRequest(full, "oss", 2), none).overhead / 100);
 }
