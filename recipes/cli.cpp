@@ -1,5 +1,7 @@
 #include "recipes/cli.h"
 
+#include "recipes/foreign_config.h"
+
 #include "recipes/cli_fields.h"
 #include "recipes/cli_rules.h"
 
@@ -113,11 +115,36 @@ ParseResult failure(std::string message) { return {std::nullopt, 2, std::move(me
 
 /// Reads --config FILE into `config` and records its keys in `given`; returns
 /// "" or the one-line error.
+std::string apply_foreign_config(const std::string& path, RunConfig& config, GivenKeys& given) {
+  ForeignConfig foreign;
+  try {
+    foreign = read_foreign_config(path);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  const std::string where = "config file '" + path + "': ";
+  for (const auto& [key, value] : foreign.keys) {
+    // A translation may set a key twice (a scheduler's lr after the
+    // optimizer's): the later, more specific one wins.
+    const std::string error = apply(config, key, value, where);
+    if (!error.empty()) return error;
+    given[key] = where;
+  }
+  config.offload_host_from_config = foreign.host_offload;
+  config.config_global_batch = foreign.global_batch;
+  if (!foreign.ignored.empty()) {
+    config.config_notes.push_back(where + "accepted without effect (strata sizes or does these itself): " +
+                                  join(foreign.ignored));
+  }
+  return "";
+}
+
 std::string apply_config_file(const std::string& path, const po::options_description& desc,
                               RunConfig& config, GivenKeys& given) {
   const std::string where = "config file '" + path + "': ";
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return "cannot read " + where + "is a directory";
+  if (is_foreign_config(path)) return apply_foreign_config(path, config, given);
   std::ifstream in(path);
   if (!in) return "cannot read config file '" + path + "': " + std::strerror(errno);
   po::parsed_options parsed(&desc);
@@ -193,7 +220,8 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   general.add_options()("help,h", "print this help and exit")(
       "help-all", "print every option, testing aids included, and exit")(
       "config", po::value<std::string>()->value_name("FILE"),
-      "INI file with the same keys (key = value); the command line wins");
+      "INI file with the same keys (key = value), a DeepSpeed config (.json) or an Accelerate "
+      "config (.yaml, .yml), translated into these options; the command line wins");
   po::options_description cli, file;
   cli.add(general);
   for (const auto& group : groups) {
@@ -237,6 +265,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
     const std::string error = apply(config, option.string_key, text, "");
     if (!error.empty()) return failure(error);
     given[option.string_key] = "";  // the command line wins: report it there
+    if (option.string_key == "offload") config.offload_host_from_config = false;
   }
   if (std::string error = validate(config, presets, strategies, given); !error.empty()) {
     return failure(error);

@@ -103,6 +103,11 @@ struct RunConfig {
   /// At this step (1-based; 0: never) the last rank's loss gradient is
   /// multiplied by 1e6 on its way back: 16-mixed overflows there.
   int64_t debug_overflow_step = 0;
+  // From a DeepSpeed / Accelerate --config (recipes/foreign_config.h), not
+  // options of their own (config.ini holds what they resolved to).
+  bool offload_host_from_config = false;  ///< its offload to "cpu": nothing to offload on a CPU device
+  int64_t config_global_batch = 0;        ///< its train_batch_size (0: none): checked against the world
+  std::vector<std::string> config_notes;  ///< what it set without effect, printed once at start
 };
 
 /// Outcome of parsing: either a config to run, or text to print and an exit code.

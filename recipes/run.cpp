@@ -401,6 +401,11 @@ int run_gpt(int argc, char** argv) {
     return 2;
   }
 
+  // Once per machine: by strata-gpt itself, not again by each rank it launches.
+  if (!env) {
+    for (const auto& note : run.config.config_notes) std::cerr << "note: " << note << std::endl;
+  }
+
   if (!env && (run.config.nproc > 1 || run.config.nnodes > 1)) {
     const RunConfig& c = run.config;
     run.args[0] = self_executable(argv[0]);

@@ -97,6 +97,26 @@ void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
   }
 }
 
+/// What a DeepSpeed / Accelerate --config asked that depends on the world and
+/// the device: DeepSpeed's train_batch_size must be micro-batch x
+/// accumulation x world (DeepSpeed refuses it otherwise too); an offload to
+/// host memory on a CPU device, whose state is already there, offloads
+/// nothing (said in a note) where --offload cpu given directly is refused.
+void check_foreign_config(RunConfig& c, const std::optional<DistEnv>& env) {
+  const auto shape = world_shape(c, env);
+  if (c.config_global_batch > 0) {
+    const int64_t global = c.batch_size * c.accumulate_grad_batches * shape.world;
+    TORCH_CHECK_VALUE(global == c.config_global_batch, "--config: train_batch_size ", c.config_global_batch,
+                      " != micro-batch ", c.batch_size, " x accumulation ", c.accumulate_grad_batches, " x world ",
+                      shape.world, " = ", global, "; make them agree (or set train_batch_size to \"auto\")");
+  }
+  if (c.offload == "cpu" && c.offload_host_from_config && resolve_device(c.device, shape.local_rank).is_cpu()) {
+    c.offload = "none";
+    c.config_notes.push_back("--config offloads to cpu (host memory), where a CPU device's state already is: "
+                             "nothing is offloaded");
+  }
+}
+
 /// Exit-2 error unless `path` can be written at the end of training: its
 /// directory exists and is writable, and `path` is not a directory.
 void check_output_file(const std::string& flag, const std::string& path) {
@@ -402,6 +422,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   CheckedRun run;
   config.resume = resolve_resume(config);
   check_world(config, env);
+  check_foreign_config(config, env);
   run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
   run.model = resolve_model_options(config, run.data->vocab_size(), run.data->block_size());
   run.config = std::move(config);
