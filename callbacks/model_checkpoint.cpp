@@ -6,6 +6,7 @@
 #include "trainer/trainer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -69,6 +70,11 @@ void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainingModule& module
 }
 
 void ModelCheckpoint::on_train_step_end(Trainer& trainer, TrainingModule& module, int64_t step) {
+  // Sync point (only while an async save is pending): the ranks agree that
+  // every rank's file is written before any publishes it.
+  if (pending_ && trainer.strategy().mean_over_ranks(pending_->written() ? 1.0 : 0.0) == 1.0) {
+    finish_pending(trainer);
+  }
   const int64_t every = options_.every_n_train_steps();
   const bool periodic = every > 0 && step % every == 0;
   const bool candidate = !options_.monitor().empty() && current_ && current_->second == step &&
@@ -77,8 +83,10 @@ void ModelCheckpoint::on_train_step_end(Trainer& trainer, TrainingModule& module
 }
 
 void ModelCheckpoint::on_fit_end(Trainer& trainer, TrainingModule& module) {
+  if (pending_) finish_pending(trainer);  // fit does not end before its last checkpoint is complete
   const int64_t step = trainer.global_step();
   if (options_.save_last() && step > 0 && step != last_saved_step_) save(trainer, step);
+  if (pending_) finish_pending(trainer);
   if (!options_.monitor().empty() && !current_ && best_.empty()) {
     warn(trainer, "ModelCheckpoint monitors " + options_.monitor() +
                       ", but it was never measured in this fit (is validation off?): no best checkpoints are kept");
@@ -89,13 +97,23 @@ void ModelCheckpoint::write_checkpoint(Trainer& trainer, const std::string& dir)
   trainer.save_checkpoint(dir);
 }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+fs::path ModelCheckpoint::tmp_dir(int64_t step) const {
+  return fs::path(options_.dirpath()) / ("." + checkpoint_dir_name(step) + ".tmp");
+}
+
 void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   TORCH_CHECK(step >= 0, "ModelCheckpoint: step must be >= 0, got ", step);
+  const auto start = std::chrono::steady_clock::now();
+  if (pending_) finish_pending(trainer);  // the next save waits for the previous
   const fs::path root(options_.dirpath());
-  const fs::path final_dir = root / checkpoint_dir_name(step);
-  const fs::path tmp = root / ("." + checkpoint_dir_name(step) + ".tmp");
+  const fs::path tmp = tmp_dir(step);
   Comm& comm = trainer.strategy().comm();
-  const bool zero = trainer.strategy().is_global_zero();
   // Before writing, so the checkpoint's own state lists it among the best.
   // Every rank updates the same list: the scores are rank-reduced.
   if (!options_.monitor().empty() && current_ && current_->second == step && enters_top_k(current_->first)) {
@@ -106,7 +124,7 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
                      [&](const auto& a, const auto& b) { return better(options_.mode(), a.first, b.first); });
     if (static_cast<int64_t>(best_.size()) > options_.save_top_k()) best_.resize(options_.save_top_k());
   }
-  if (zero) {
+  if (trainer.strategy().is_global_zero()) {
     fs::create_directories(root);
     fs::remove_all(tmp);  // left by a run that crashed mid-save
     fs::create_directories(tmp);
@@ -114,30 +132,71 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   // Why: no rank may start writing into tmp while rank 0 may still be
   // clearing a stale copy of it.
   comm.barrier();
+  if (options_.async_write()) {
+    pending_ = trainer.start_async_checkpoint(tmp.string());
+    CheckpointTiming timing;
+    timing.step = step;
+    timing.blocked_s = seconds_since(start);  // the snapshot; finish_pending adds the rest
+    timing.async = true;
+    timings_.push_back(timing);
+    return;
+  }
   try {
     write_checkpoint(trainer, tmp.string());
   } catch (const CheckpointWriteError& e) {
-    // Every rank gets here alike (save_checkpoint agreed on the failure, e.g.
-    // a full disk): rank 0 frees the partial copy's space; published
-    // checkpoints were never touched.
-    if (zero) {
-      std::error_code ignored;
-      fs::remove_all(tmp, ignored);
-    }
-    // Sync point: no rank exits (and has the launcher stop the others)
-    // before rank 0 has removed the partial copy.
-    comm.barrier();
-    const std::string newest = latest_checkpoint(root.string());
-    TORCH_CHECK(false, "step ", step, ": ", e.what(), "; the newest complete checkpoint is ",
-                newest.empty() ? std::string("none") : newest);
+    fail_save(trainer, step, e);
   }
+  publish(trainer, step);
+  CheckpointTiming timing;
+  timing.step = step;
+  timing.blocked_s = timing.write_s = seconds_since(start);
+  timings_.push_back(timing);
+}
+
+void ModelCheckpoint::finish_pending(Trainer& trainer) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pending = std::move(pending_);
+  CheckpointSaveStats stats;
+  try {
+    stats = pending->finish(trainer.strategy().comm());
+  } catch (const CheckpointWriteError& e) {
+    fail_save(trainer, pending->step(), e);
+  }
+  publish(trainer, pending->step());
+  for (auto& t : timings_) {
+    if (t.step != pending->step() || !t.async) continue;
+    t.finish_s = seconds_since(start);
+    t.blocked_s += t.finish_s;
+    t.write_s = stats.seconds;
+  }
+}
+
+void ModelCheckpoint::fail_save(Trainer& trainer, int64_t step, const CheckpointWriteError& e) {
+  // Every rank gets here alike (the save agreed on the failure, e.g. a full
+  // disk): rank 0 frees the partial copy's space; published checkpoints
+  // were never touched.
+  if (trainer.strategy().is_global_zero()) {
+    std::error_code ignored;
+    fs::remove_all(tmp_dir(step), ignored);
+  }
+  // Sync point: no rank exits (and has the launcher stop the others)
+  // before rank 0 has removed the partial copy.
+  trainer.strategy().comm().barrier();
+  const std::string newest = latest_checkpoint(options_.dirpath());
+  TORCH_CHECK(false, "step ", step, ": ", e.what(), "; the newest complete checkpoint is ",
+              newest.empty() ? std::string("none") : newest);
+}
+
+void ModelCheckpoint::publish(Trainer& trainer, int64_t step) {
+  const fs::path root(options_.dirpath());
+  const fs::path final_dir = root / checkpoint_dir_name(step);
   // Why: the rename publishes the checkpoint, so it must wait until every
   // rank has finished writing its part (a shard per rank under sharding).
-  comm.barrier();
-  if (zero) {
+  trainer.strategy().comm().barrier();
+  if (trainer.strategy().is_global_zero()) {
     checkpoint_kill_point("before-rename", 0, step);  // test-only fault injection (trainer/checkpoint.h)
     // Replaces an earlier save of the same step (e.g. after a resume).
-    publish_directory(tmp.string(), final_dir.string());
+    publish_directory(tmp_dir(step).string(), final_dir.string());
     std::set<int64_t> keep;
     for (const auto& [score, best_step] : best_) keep.insert(best_step);
     prune_checkpoints(root.string(), options_.keep_last(), keep);

@@ -38,10 +38,13 @@
 //   resume: TrainerOptions().resume_from(strata::latest_checkpoint("runs/gpt/ckpt"))
 #include "callbacks/monitor_mode.h"
 #include "trainer/callback.h"
+#include "trainer/checkpoint.h"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -67,6 +70,21 @@ struct ModelCheckpointOptions {
   /// With a monitor: keep the k best checkpoints by it (>= 1); keep_last
   /// pruning never deletes them.
   TORCH_ARG(int64_t, save_top_k) = 1;
+  /// --checkpoint-async: each save snapshots the state into host memory and
+  /// a thread writes it (trainer/checkpoint.h, AsyncCheckpointSave, sharded
+  /// format); the loop goes on, and the checkpoint is published at the first
+  /// step end where every rank's file is written. The next save, and fit's
+  /// end, wait for the previous one.
+  TORCH_ARG(bool, async_write) = false;
+};
+
+/// How long one save held the step loop, and how long its write took.
+struct CheckpointTiming {
+  int64_t step = 0;
+  double blocked_s = 0.0;  ///< in the loop: snapshot, waiting, publishing
+  double write_s = 0.0;    ///< the data write (async: on its thread)
+  double finish_s = 0.0;   ///< async: of blocked_s, completing and publishing it (collectives, metadata, rename)
+  bool async = false;
 };
 
 /// The metrics ModelCheckpointOptions::monitor accepts (besides "").
@@ -95,6 +113,8 @@ class ModelCheckpoint : public Callback {
   int64_t last_saved_step() const { return last_saved_step_; }
   /// (score, step) of the best checkpoints, best first (at most save_top_k).
   const std::vector<std::pair<double, int64_t>>& best() const { return best_; }
+  /// One entry per save, in order.
+  const std::vector<CheckpointTiming>& timings() const { return timings_; }
   /// Warnings given so far (at most one: the monitored metric is missing).
   const std::vector<std::string>& warnings() const { return warnings_; }
 
@@ -110,6 +130,15 @@ class ModelCheckpoint : public Callback {
   /// True when a checkpoint scoring `value` belongs among the best k.
   bool enters_top_k(double value) const;
   void warn(Trainer& trainer, const std::string& message);
+  /// <dirpath>/.step-<step>.tmp, where a save writes before publish().
+  std::filesystem::path tmp_dir(int64_t step) const;
+  /// Collective: completes the pending async save and publishes it.
+  void finish_pending(Trainer& trainer);
+  /// Collective: renames tmp to step-<step>, prunes, updates "best".
+  void publish(Trainer& trainer, int64_t step);
+  /// Collective: removes the partial copy, then throws one error naming the
+  /// step and the newest complete checkpoint.
+  [[noreturn]] void fail_save(Trainer& trainer, int64_t step, const CheckpointWriteError& e);
 
   ModelCheckpointOptions options_;
   std::string last_checkpoint_;
@@ -117,6 +146,8 @@ class ModelCheckpoint : public Callback {
   std::optional<std::pair<double, int64_t>> current_;  ///< (value, step) last measured
   std::vector<std::pair<double, int64_t>> best_;
   std::vector<std::string> warnings_;
+  std::unique_ptr<AsyncCheckpointSave> pending_;  ///< an async save not yet published
+  std::vector<CheckpointTiming> timings_;
 };
 
 /// "step-<step>"

@@ -85,6 +85,7 @@ struct RunConfig {
   std::string checkpoint_monitor;  ///< "": none; val_loss, val_accuracy or loss: keep the best
   std::string checkpoint_mode = "min";  ///< min or max: which way checkpoint_monitor improves
   int64_t checkpoint_keep_best = 1;     ///< best checkpoints kept by checkpoint_monitor
+  bool checkpoint_async = false;        ///< write checkpoints on a thread while training goes on
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from, or "last"
   std::string profile;           ///< --profile DIR: Chrome traces of a few steps ("": off)

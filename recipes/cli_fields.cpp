@@ -156,6 +156,9 @@ std::vector<Field> loop_fields() {
       {"checkpoint-keep-best", 4, &C::checkpoint_keep_best,
        "with --checkpoint-monitor: best checkpoints to keep (never pruned by --checkpoint-keep); "
        "<output-dir>/checkpoints/best names the best"},
+      {"checkpoint-async", 4, &C::checkpoint_async,
+       "snapshot each checkpoint into host memory (one copy of the rank's state) and write it on a "
+       "thread while training goes on (sharded format); the next save waits for the previous", true},
       {"early-stopping-patience", 4, &C::early_stopping_patience,
        "validations without improvement before stopping (0: off)"},
       {"resume", 4, &C::resume,

@@ -74,6 +74,17 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
   if (!c.offload_dir.empty() && c.offload != "disk") {
     return "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";
   }
+  if (const auto it = given.find("checkpoint-async"); it != given.end() && c.checkpoint_async) {
+    if (c.checkpoint_every == 0 && c.checkpoint_monitor.empty()) {
+      return named(it->second, "checkpoint-async") +
+             " applies only with --checkpoint-every or --checkpoint-monitor (it would be ignored)";
+    }
+    if (c.checkpoint_format == "full") {
+      return named(it->second, "checkpoint-async") +
+             " writes the sharded format (each rank its own file, no gather on rank 0); got --checkpoint-format "
+             "full: use sharded or auto";
+    }
+  }
   for (const char* key : {"checkpoint-mode", "checkpoint-keep-best"}) {
     if (const auto it = given.find(key); it != given.end() && c.checkpoint_monitor.empty()) {
       return named(it->second, key) + " applies only with --checkpoint-monitor (it would be ignored)";

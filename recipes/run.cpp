@@ -168,7 +168,8 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
             .keep_last(c.checkpoint_keep)
             .monitor(c.checkpoint_monitor)
             .mode(c.checkpoint_mode == "max" ? MonitorMode::kMax : MonitorMode::kMin)
-            .save_top_k(c.checkpoint_keep_best)));
+            .save_top_k(c.checkpoint_keep_best)
+            .async_write(c.checkpoint_async)));
   }
   if (c.early_stopping_patience > 0) {
     callbacks.push_back(
@@ -232,9 +233,24 @@ std::string percent(double fraction) {
 
 /// Rank 0: summary.json (written last: it marks a finished run) and the
 /// closing line.
+/// Rank 0's checkpoint saves: how long each held the step loop and how long
+/// its write took (summary.json's checkpoint_saves; empty without checkpoints).
+nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  nlohmann::json saves = nlohmann::json::array();
+  for (const auto& cb : callbacks) {
+    const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
+    if (checkpoint == nullptr) continue;
+    for (const auto& t : checkpoint->timings()) {
+      saves.push_back({{"step", t.step}, {"blocked_s", t.blocked_s}, {"write_s", t.write_s}, {"finish_s", t.finish_s},
+                       {"async", t.async}});
+    }
+  }
+  return saves;
+}
+
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
                    Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
-                   const torch::Device& device) {
+                   const torch::Device& device, const nlohmann::json& saves) {
   const RunConfig& c = run.config;
   const int world = strategy.comm().size();
   peak.flops = throughput.peak_flops();  // CUDA: measured by the callback on the device
@@ -253,6 +269,7 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
     const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
     summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);
   }
+  if (!saves.empty()) summary["checkpoint_saves"] = saves;
   const fs::path out_dir(c.output_dir);
   write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
   int64_t peak_tensor = 0;
@@ -328,7 +345,10 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   Trainer trainer(trainer_options(c), strategy, callbacks, &memory);
   const FitResult result = trainer.fit(*built.module, *run.data);
   write_exports(run, *strategy, built, is_zero);
-  if (is_zero) write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device);
+  if (is_zero) {
+    write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device,
+                  checkpoint_saves(callbacks));
+  }
 }
 
 }  // namespace

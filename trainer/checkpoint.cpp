@@ -195,11 +195,13 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
   }
 }
 
-/// Format "sharded": each rank writes its pieces to its own file.
-void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& pieces, json& body,
-                   CheckpointSaveStats& stats, int64_t step, std::string& error) {
-  const std::string file =
-      "shard-" + std::to_string(comm.rank()) + "-of-" + std::to_string(comm.size()) + ".bin";
+/// Format "sharded", this rank's half: its pieces to its own file, fsync'd.
+/// File I/O only (no collective, no torch ops but reading the pieces), so an
+/// async save runs it on its own thread. Returns the file's index, or sets
+/// `error` (reported by the caller, on every rank).
+json write_shard_file(const fs::path& dir, const std::vector<StatePiece>& pieces, int rank, int world, int64_t step,
+                      CheckpointSaveStats& stats, std::string& error) {
+  const std::string file = "shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".bin";
   json mine;
   try {
     TORCH_CHECK(error.empty(), error);
@@ -214,9 +216,15 @@ void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece
     mine = json{{"file", file}, {"record", writer.finish()}, {"pieces", records}};
     stats.bytes_written = writer.size();
   } catch (const std::exception& e) {
-    error = message_of(e);  // reported by save_checkpoint, on every rank
+    error = message_of(e);
   }
-  checkpoint_kill_point("after-shard", comm.rank(), step);
+  checkpoint_kill_point("after-shard", rank, step);
+  return mine;
+}
+
+/// Format "sharded", the collective half: rank 0 learns every rank's index
+/// (into `body`).
+void gather_shard_indexes(Comm& comm, const json& mine, const std::string& dir, json& body, std::string& error) {
   // Sync point: each rank sends its index once its file is fsync'd, so rank 0
   // writes metadata.json only after every rank's data is on disk. A rank
   // that failed sends "" and still takes part.
@@ -232,17 +240,43 @@ void write_sharded(const fs::path& dir, Comm& comm, const std::vector<StatePiece
       body["files"][j["file"].get<std::string>()] = j["record"];
       for (auto& p : j["pieces"]) flat.push_back(std::move(p));
     }
-    index_tensors(body, flat, dir.string());
+    index_tensors(body, flat, dir);
   } catch (const std::exception& e) {
     error = message_of(e);
   }
 }
 
+/// Collective: every rank fails alike if any could not write; else rank 0
+/// writes metadata.json and every rank learns it is on disk.
+void finish_save(Comm& comm, const fs::path& root, json body, int64_t step, std::string& error) {
+  // Sync point: every rank learns whether any rank could not write, so all
+  // fail with the same error instead of one waiting on another that gave up.
+  fail_together(comm, error, root.string());
+  if (comm.rank() == 0) {
+    checkpoint_kill_point("before-metadata", 0, step);
+    try {
+      write_metadata(root, std::move(body));
+    } catch (const std::exception& e) {
+      error = message_of(e);
+    }
+  }
+  // Sync point: when this returns on any rank, the checkpoint is complete
+  // (metadata.json is on disk), or every rank throws.
+  fail_together(comm, error, root.string());
+}
 
-
-
-
-
+/// What every save starts with: the format checked, the directory made (a
+/// failure noted in `error`), the body of metadata.json begun.
+json begin_save(const fs::path& root, const CheckpointMeta& meta, std::string& error) {
+  const auto formats = checkpoint_formats();
+  TORCH_CHECK_VALUE(std::find(formats.begin(), formats.end(), meta.format) != formats.end(),
+                    "unknown checkpoint format '", meta.format, "'; available: ", c10::Join(", ", formats));
+  std::error_code made;
+  fs::create_directories(root, made);  // each rank: another node may not share the filesystem
+  if (made) error = "cannot create directory '" + root.string() + "': " + made.message();
+  return json{{"format_version", kFormatVersion}, {"meta", meta_json(meta)}, {"block_size", kBlockBytes},
+              {"files", json::object()}};
+}
 
 }  // namespace
 
@@ -261,42 +295,62 @@ void checkpoint_kill_point(const std::string& point, int rank, int64_t step) {
 
 CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                     const CheckpointMeta& meta) {
-  const auto formats = checkpoint_formats();
-  TORCH_CHECK_VALUE(std::find(formats.begin(), formats.end(), meta.format) != formats.end(),
-                    "unknown checkpoint format '", meta.format, "'; available: ", c10::Join(", ", formats));
   const auto start = std::chrono::steady_clock::now();
   Comm& comm = strategy.comm();
   const fs::path root(dir);
   std::string error;  // this rank's write error (a full disk): every rank fails alike below
-  std::error_code made;
-  fs::create_directories(root, made);  // each rank: another node may not share the filesystem
-  if (made) error = "cannot create directory '" + dir + "': " + made.message();
+  json body = begin_save(root, meta, error);
   torch::NoGradGuard no_grad;
   const auto pieces = strategy.state_pieces(optimizer, StateUse::kSave);
-  json body{{"format_version", kFormatVersion}, {"meta", meta_json(meta)}, {"block_size", kBlockBytes},
-            {"files", json::object()}};
   CheckpointSaveStats stats;
   if (meta.format == "full") {
     write_full(root, comm, pieces, body, stats, error);
   } else {
-    write_sharded(root, comm, pieces, body, stats, meta.step, error);
+    const json mine = write_shard_file(root, pieces, comm.rank(), comm.size(), meta.step, stats, error);
+    gather_shard_indexes(comm, mine, dir, body, error);
   }
-  // Sync point: every rank learns whether any rank could not write, so all
-  // fail with the same error instead of one waiting on another that gave up.
-  fail_together(comm, error, dir);
-  if (comm.rank() == 0) {
-    checkpoint_kill_point("before-metadata", 0, meta.step);
-    try {
-      write_metadata(root, std::move(body));
-    } catch (const std::exception& e) {
-      error = message_of(e);
-    }
-  }
-  // Sync point: when save_checkpoint returns on any rank, the checkpoint is
-  // complete (metadata.json is on disk), or every rank throws.
-  fail_together(comm, error, dir);
+  finish_save(comm, root, std::move(body), meta.step, error);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
+}
+
+AsyncCheckpointSave::AsyncCheckpointSave(const std::string& dir, Strategy& strategy,
+                                         torch::optim::Optimizer& optimizer, CheckpointMeta meta,
+                                         std::function<void()> before_write)
+    : dir_(dir), step_(meta.step), rank_(strategy.comm().rank()), world_(strategy.comm().size()) {
+  TORCH_CHECK_VALUE(meta.format == "sharded", "an async checkpoint is written sharded (each rank its own file), "
+                    "not '", meta.format, "'");
+  body_ = begin_save(dir_, meta, error_);
+  torch::NoGradGuard no_grad;
+  // The snapshot: a host copy of each piece this rank saves, so training may
+  // change the originals while the thread writes (one copy of the rank's
+  // state, the bound --checkpoint-async promises).
+  pieces_ = strategy.state_pieces(optimizer, StateUse::kSave);
+  for (auto& p : pieces_) {
+    p.values = p.values.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    snapshot_bytes_ += static_cast<int64_t>(p.values.nbytes());
+    p.on_loaded = nullptr;
+  }
+  thread_ = std::thread([this, before_write = std::move(before_write)] {
+    if (before_write) before_write();
+    const auto start = std::chrono::steady_clock::now();
+    index_ = write_shard_file(dir_, pieces_, rank_, world_, step_, stats_, error_);
+    pieces_.clear();  // the snapshot's memory goes as soon as it is on disk
+    stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    written_.store(true);
+  });
+}
+
+AsyncCheckpointSave::~AsyncCheckpointSave() {
+  if (thread_.joinable()) thread_.join();  // a fit that failed: the file is finished, never published
+}
+
+CheckpointSaveStats AsyncCheckpointSave::finish(Comm& comm) {
+  TORCH_CHECK(thread_.joinable(), "AsyncCheckpointSave::finish called twice");
+  thread_.join();
+  gather_shard_indexes(comm, index_, dir_.string(), body_, error_);
+  finish_save(comm, dir_, std::move(body_), step_, error_);
+  return stats_;
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_metadata(dir).meta; }

@@ -26,12 +26,17 @@
 // state plus one full tensor.
 #include "strategies/strategy.h"
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace strata {
@@ -71,6 +76,47 @@ class CheckpointWriteError : public std::runtime_error {
 /// every rank.
 CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy,
                                     torch::optim::Optimizer& optimizer, const CheckpointMeta& meta);
+
+/// --checkpoint-async: save_checkpoint's sharded format, split so the step
+/// loop need not wait for the disk. The constructor (collective: the
+/// strategy's state pieces) copies what this rank saves into host memory
+/// (one copy of its state) and starts a thread writing it to the rank's
+/// file (file I/O only, no collective). finish() (collective) waits for the
+/// thread, then completes the checkpoint exactly as save_checkpoint does
+/// (rank 0 writes metadata.json once every rank's file is on disk), or
+/// throws CheckpointWriteError on every rank. Training may go on between the
+/// two, collectives included: the thread issues none.
+class AsyncCheckpointSave {
+ public:
+  /// `before_write` (tests): called on the thread before it writes, e.g. to
+  /// hold the write back while training changes the state.
+  AsyncCheckpointSave(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
+                      CheckpointMeta meta, std::function<void()> before_write = nullptr);
+  ~AsyncCheckpointSave();
+  AsyncCheckpointSave(const AsyncCheckpointSave&) = delete;
+  AsyncCheckpointSave& operator=(const AsyncCheckpointSave&) = delete;
+
+  /// This rank's file is written (or its write failed); local, no collective.
+  bool written() const { return written_.load(); }
+  int64_t step() const { return step_; }
+  /// Bytes of the host snapshot (freed once written).
+  int64_t snapshot_bytes() const { return snapshot_bytes_; }
+  /// Collective. stats.seconds: the thread's write time.
+  CheckpointSaveStats finish(Comm& comm);
+
+ private:
+  std::filesystem::path dir_;
+  int64_t step_;
+  int rank_, world_;
+  nlohmann::json body_;
+  std::vector<StatePiece> pieces_;
+  int64_t snapshot_bytes_ = 0;
+  std::string error_;
+  nlohmann::json index_;
+  CheckpointSaveStats stats_;
+  std::atomic<bool> written_{false};
+  std::thread thread_;
+};
 
 /// Collective: loads a checkpoint of either format, written by any strategy
 /// at any world size, into the set-up `strategy` and its `optimizer`;

@@ -150,6 +150,10 @@ class Trainer {
   /// gathered to rank 0, which writes them). `format`: "full" or "sharded";
   /// "" takes TrainerOptions::checkpoint_format.
   CheckpointSaveStats save_checkpoint(const std::string& dir, const std::string& format = "");
+  /// save_checkpoint's --checkpoint-async form (collective): the state is
+  /// snapshotted and its write started; finish() the result (collective)
+  /// before the checkpoint counts. Always the sharded format.
+  std::unique_ptr<AsyncCheckpointSave> start_async_checkpoint(const std::string& dir);
   /// Micro-batches drawn so far (the data position; a global counter, see
   /// DataSource::train_batch).
   int64_t micro_batches() const { return micro_batch_; }
@@ -172,6 +176,9 @@ class Trainer {
   /// Collective: the trainer's part of CheckpointMeta::state (world size,
   /// data position, max_steps, every rank's generator state).
   std::map<std::string, std::string> trainer_state();
+  /// The meta a checkpoint of this moment carries (trainer and callback
+  /// states); `format` "" takes TrainerOptions::checkpoint_format.
+  CheckpointMeta checkpoint_meta(const std::string& format);
   /// The loss scaler's saved state, or a note when the checkpoint has none.
   void restore_loss_scaler(const std::map<std::string, std::string>& state);
   /// Puts back what trainer_state() saved but the generators; `step_` is

@@ -37,6 +37,18 @@ int64_t parse_count(const std::map<std::string, std::string>& state, const std::
 }  // namespace
 
 CheckpointSaveStats Trainer::save_checkpoint(const std::string& dir, const std::string& format) {
+  const auto stats = strata::save_checkpoint(dir, *strategy_, *optimizer_, checkpoint_meta(format));
+  each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
+  return stats;
+}
+
+std::unique_ptr<AsyncCheckpointSave> Trainer::start_async_checkpoint(const std::string& dir) {
+  auto save = std::make_unique<AsyncCheckpointSave>(dir, *strategy_, *optimizer_, checkpoint_meta("sharded"));
+  each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
+  return save;
+}
+
+CheckpointMeta Trainer::checkpoint_meta(const std::string& format) {
   TORCH_CHECK(module_ != nullptr && optimizer_ != nullptr,
               "save_checkpoint needs a running fit() (no module/optimizer yet)");
   CheckpointMeta meta;
@@ -51,9 +63,7 @@ CheckpointSaveStats Trainer::save_checkpoint(const std::string& dir, const std::
   for (size_t i = 0; i < callbacks_.size(); ++i) {
     if (auto blob = callbacks_[i]->state_dict(); !blob.empty()) meta.state[keys[i]] = std::move(blob);
   }
-  const auto stats = strata::save_checkpoint(dir, *strategy_, *optimizer_, meta);
-  each_callback([&](Callback& cb) { cb.on_save_checkpoint(*this, dir); });
-  return stats;
+  return meta;
 }
 
 std::vector<std::string> Trainer::callback_state_keys() const {

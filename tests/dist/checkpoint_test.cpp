@@ -349,9 +349,13 @@ namespace {
 TEST(CheckpointDiskTest, RunningOutOfDiskKeepsThePreviousCheckpointAndIsOneClearError) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
   if (std::system("command -v unshare >/dev/null 2>&1") != 0) GTEST_SKIP() << "unshare (util-linux) is missing";
-  for (const std::string strategy : {"ddp", "fsdp"}) {  // full and sharded (auto) formats
-    SCOPED_TRACE(strategy);
-    const fs::path dir = fs::temp_directory_path() / ("strata-enospc-" + strategy + "-" + std::to_string(::getpid()));
+  // full and sharded (auto) formats, and a sharded one written on a thread
+  // (--checkpoint-async: the failure surfaces at the step that completes it).
+  for (const std::string variant : {"ddp", "fsdp", "fsdp --checkpoint-async"}) {
+    SCOPED_TRACE(variant);
+    const std::string strategy = variant;
+    const std::string tag = variant.substr(0, variant.find(' ')) + (variant.find("async") != std::string::npos ? "-async" : "");
+    const fs::path dir = fs::temp_directory_path() / ("strata-enospc-" + tag + "-" + std::to_string(::getpid()));
     fs::create_directories(dir);
     const fs::path run = dir / "run";
     const std::string inner =
