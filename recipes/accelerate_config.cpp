@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -18,7 +19,7 @@ namespace {
 
 class Accelerate {
  public:
-  Accelerate(std::string file, std::string dir) : file_(std::move(file)), dir_(std::move(dir)) {}
+  explicit Accelerate(std::string file) : file_(std::move(file)) {}
 
   ForeignConfig translate(const json& config) {
     const json& top = object(config, file_, "the file");
@@ -81,10 +82,11 @@ class Accelerate {
 
   void mixed_precision(const json& v) {
     const std::string m = text(v, file_, "mixed_precision");
-    if (m == "no") out_.keys.emplace_back("precision", "32");
-    else if (m == "bf16") out_.keys.emplace_back("precision", "bf16-mixed");
-    else if (m == "fp16") out_.keys.emplace_back("precision", "16-mixed");
+    if (m == "no") precision_ = "32";
+    else if (m == "bf16") precision_ = "bf16-mixed";
+    else if (m == "fp16") precision_ = "16-mixed";
     else fail(file_, "mixed_precision", "'" + m + "' is not one of no, fp16, bf16");
+    out_.keys.emplace_back("precision", *precision_);
   }
 
   void use_cpu(const json& v) {
@@ -121,11 +123,13 @@ class Accelerate {
   }
 
   void fsdp_config(const json& c);
+  void sharding_strategy(const json& v, const std::string& key);
   void deepspeed_config(const json& c);
 
-  std::string file_, dir_;
+  std::string file_;
   ForeignConfig out_;
   bool cpu_ = false;
+  std::optional<std::string> precision_;  // from mixed_precision
 };
 
 /// An enum given as its name or as torch's number (older accelerate wrote 1..4).
@@ -137,17 +141,21 @@ std::string enum_name(const json& v, const std::vector<std::string>& names, cons
   return text(v, file, key);
 }
 
+void Accelerate::sharding_strategy(const json& v, const std::string& key) {
+  const std::string s = enum_name(v, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, file_, key);
+  if (s != "FULL_SHARD" && s != "SHARD_GRAD_OP" && s != "NO_SHARD" && s != "HYBRID_SHARD") {
+    fail(file_, key, "'" + s + "' is not supported; strata has FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+  }
+  std::string lower = s;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  out_.keys.emplace_back("sharding-strategy", lower);
+}
+
 void Accelerate::fsdp_config(const json& c) {
   for (const auto& [k, v] : c.items()) {
     const std::string key = "fsdp_config." + k;
     if (k == "fsdp_sharding_strategy") {
-      const std::string s = enum_name(v, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, file_, key);
-      if (s != "FULL_SHARD" && s != "SHARD_GRAD_OP" && s != "NO_SHARD" && s != "HYBRID_SHARD") {
-        fail(file_, key, "'" + s + "' is not supported; strata has FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-      }
-      std::string lower = s;
-      for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      out_.keys.emplace_back("sharding-strategy", lower);
+      sharding_strategy(v, key);
     } else if (k == "fsdp_auto_wrap_policy") {
       const std::string s = text(v, file_, key);
       if (s == "TRANSFORMER_BASED_WRAP") out_.keys.emplace_back("wrap-policy", "block");
@@ -173,8 +181,11 @@ void Accelerate::fsdp_config(const json& c) {
       else fail(file_, key, "'" + s + "' is not supported; strata writes FULL_STATE_DICT or SHARDED_STATE_DICT checkpoints");
     } else if (k == "fsdp_activation_checkpointing") {
       out_.keys.emplace_back("activation-checkpointing", boolean(v, file_, key) ? "1" : "0");
+    } else if (k == "fsdp_reshard_after_forward" && v.is_boolean()) {
+      out_.keys.emplace_back("reshard-after-forward", v.get<bool>() ? "true" : "false");  // FSDP2's flag
     } else if (k == "fsdp_reshard_after_forward") {
-      out_.keys.emplace_back("reshard-after-forward", boolean(v, file_, key) ? "true" : "false");
+      // accelerate >= 1.6 writes FSDP1's sharding strategy under this name.
+      sharding_strategy(v, key);
     } else if (k == "fsdp_cpu_ram_efficient_loading" || k == "fsdp_sync_module_states" || k == "fsdp_use_orig_params" ||
                k == "fsdp_version") {
       // strata always builds units one at a time from rank 0's values, and
@@ -190,28 +201,32 @@ void Accelerate::deepspeed_config(const json& c) {
   // Either a whole DeepSpeed JSON (deepspeed_config_file) or accelerate's
   // own handful of keys, rewritten as one.
   json ds = json::object();
+  json zero = json::object();  // accelerate's own keys, a zero_optimization block
+  bool from_file = false;
   for (const auto& [k, v] : c.items()) {
     const std::string key = "deepspeed_config." + k;
     if (k == "deepspeed_config_file") {
-      std::filesystem::path path = string(v, file_, key);
-      if (path.is_relative() && !dir_.empty()) path = std::filesystem::path(dir_) / path;
+      // As accelerate opens it: relative to the working directory.
+      const std::filesystem::path path = string(v, file_, key);
       std::ifstream in(path);
       if (!in) fail(file_, key, "'" + path.string() + "' cannot be read");
       try {
         ds = json::parse(in);
-      } catch (const json::parse_error& e) {
+      } catch (const json::exception& e) {
         fail(file_, key, "'" + path.string() + "' is not valid JSON: " + e.what());
       }
+      if (!ds.is_object()) fail(file_, key, "'" + path.string() + "' is not a DeepSpeed config (a JSON object)");
+      from_file = true;
     } else if (k == "zero_stage") {
-      ds["zero_optimization"]["stage"] = v;
+      zero["stage"] = v;
     } else if (k == "offload_optimizer_device") {
-      ds["zero_optimization"]["offload_optimizer"]["device"] = v;
+      zero["offload_optimizer"]["device"] = v;
     } else if (k == "offload_param_device") {
-      ds["zero_optimization"]["offload_param"]["device"] = v;
+      zero["offload_param"]["device"] = v;
     } else if (k == "offload_optimizer_nvme_path") {
-      ds["zero_optimization"]["offload_optimizer"]["nvme_path"] = v;
+      zero["offload_optimizer"]["nvme_path"] = v;
     } else if (k == "offload_param_nvme_path") {
-      ds["zero_optimization"]["offload_param"]["nvme_path"] = v;
+      zero["offload_param"]["nvme_path"] = v;
     } else if (k == "gradient_accumulation_steps" || k == "gradient_clipping") {
       ds[k] = v;
     } else if (k == "zero3_init_flag" || k == "zero3_save_16bit_model" || k == "deepspeed_multinode_launcher") {
@@ -220,7 +235,20 @@ void Accelerate::deepspeed_config(const json& c) {
       fail(file_, key, "(" + v.dump() + ") is not supported by strata; remove it, or run without --config");
     }
   }
+  if (!from_file) {
+    // accelerate's DeepSpeedPlugin: ZeRO stage 2 unless zero_stage says otherwise.
+    if (!zero.contains("stage")) zero["stage"] = 2;
+    ds["zero_optimization"] = zero;
+  } else if (!zero.empty()) {
+    fail(file_, "deepspeed_config", "gives both deepspeed_config_file and zero_* keys; accelerate takes one or the other");
+  }
   ForeignConfig inner = translate_deepspeed(ds, file_ + " (deepspeed_config)");
+  for (const auto& [k, v] : inner.keys) {
+    // accelerate refuses a mixed_precision its DeepSpeed config contradicts.
+    if (k == "precision" && precision_ && *precision_ != v) {
+      fail(file_, "mixed_precision", "('" + *precision_ + "') disagrees with the DeepSpeed config's fp16/bf16 ('" + v + "')");
+    }
+  }
   out_.keys.insert(out_.keys.end(), inner.keys.begin(), inner.keys.end());
   out_.ignored.insert(out_.ignored.end(), inner.ignored.begin(), inner.ignored.end());
   out_.host_offload = out_.host_offload || inner.host_offload;
@@ -229,8 +257,8 @@ void Accelerate::deepspeed_config(const json& c) {
 
 }  // namespace
 
-ForeignConfig translate_accelerate(const json& config, const std::string& file, const std::string& dir) {
-  return Accelerate(file, dir).translate(config);
+ForeignConfig translate_accelerate(const json& config, const std::string& file) {
+  return Accelerate(file).translate(config);
 }
 
 }  // namespace strata::recipes

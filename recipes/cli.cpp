@@ -267,6 +267,8 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
     given[option.string_key] = "";  // the command line wins: report it there
     if (option.string_key == "offload") config.offload_host_from_config = false;
   }
+  config.batch_size_given = given.count("batch-size") != 0;
+  config.accumulate_given = given.count("accumulate-grad-batches") != 0;
   if (std::string error = validate(config, presets, strategies, given); !error.empty()) {
     return failure(error);
   }

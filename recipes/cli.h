@@ -108,6 +108,8 @@ struct RunConfig {
   // options of their own (config.ini holds what they resolved to).
   bool offload_host_from_config = false;  ///< its offload to "cpu": nothing to offload on a CPU device
   int64_t config_global_batch = 0;        ///< its train_batch_size (0: none): checked against the world
+  bool batch_size_given = false;          ///< --batch-size came from the config or the command line
+  bool accumulate_given = false;          ///< so did --accumulate-grad-batches (else train_batch_size derives it)
   std::vector<std::string> config_notes;  ///< what it set without effect, printed once at start
 };
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -123,8 +124,6 @@ class DeepSpeed {
         if (!is_auto(v)) out_.global_batch = whole(v, file_, k);
       } else if (k == "gradient_clipping") {
         set("gradient-clip-val", v, k);
-      } else if (k == "steps_per_print") {
-        set("log-every-n-steps", v, k);
       } else if (k == "zero_optimization") {
         zero_optimization(object(v, file_, k));
         zero = true;
@@ -138,7 +137,7 @@ class DeepSpeed {
         scheduler(object(v, file_, k));
       } else if (k == "activation_checkpointing") {
         activation_checkpointing(object(v, file_, k));
-      } else if (k == "wall_clock_breakdown" || k == "zero_allow_untested_optimizer" || k == "memory_breakdown" ||
+      } else if (k == "steps_per_print" || k == "wall_clock_breakdown" || k == "zero_allow_untested_optimizer" || k == "memory_breakdown" ||
                  k == "zero_force_ds_cpu_optimizer" || k == "dump_state") {
         out_.ignored.push_back(k);
       } else {
@@ -253,6 +252,10 @@ class DeepSpeed {
                  k == "min_loss_scale" || k == "consecutive_hysteresis") {
         std::string strata_key = k;
         for (auto& c : strata_key) c = c == '_' ? '-' : c;
+        const bool flag = k == "consecutive_hysteresis";
+        if (!is_auto(v) && (flag ? !v.is_boolean() : !v.is_number())) {
+          fail(file_, key, "is " + v.dump() + "; expected " + (flag ? "true or false" : "a number"));
+        }
         if (!is_auto(v)) scaler.emplace_back(strata_key, text(v, file_, key));
       } else if (k == "auto_cast") {
         out_.ignored.push_back(key);
@@ -304,7 +307,7 @@ class DeepSpeed {
   std::string file_;
   ForeignConfig out_;
   bool fp16_ = false, bf16_ = false;
-  std::string lr_;  // optimizer.params.lr as given (scheduler ratios need it)
+  std::optional<double> lr_;  // optimizer.params.lr (scheduler ratios need it)
 };
 
 void DeepSpeed::optimizer(const json& block) {
@@ -329,8 +332,9 @@ void DeepSpeed::optimizer(const json& block) {
     const std::string key = "optimizer.params." + k;
     if (is_auto(v)) continue;
     if (k == "lr") {
-      lr_ = text(v, file_, key);
-      out_.keys.emplace_back("lr", lr_);
+      if (!v.is_number()) fail(file_, key, "is " + v.dump() + "; expected a number or \"auto\"");
+      lr_ = v.get<double>();
+      out_.keys.emplace_back("lr", text(v, file_, key));
     } else if (k == "weight_decay") {
       set("weight-decay", v, key);
     } else if (k == "betas") {
@@ -384,18 +388,26 @@ void DeepSpeed::scheduler(const json& block) {
   if (const json* w = param("warmup_type"); w != nullptr && string(*w, file_, "scheduler.params.warmup_type") != "linear") {
     fail(file_, "scheduler.params.warmup_type", w->dump() + " is not supported; strata's warm-up is linear");
   }
+  for (const char* k : {"warmup_max_lr", "warmup_num_steps", "total_num_steps", "cos_min_ratio"}) {
+    if (const json* w = param(k); w != nullptr && !w->is_number()) {
+      fail(file_, std::string("scheduler.params.") + k, "is " + w->dump() + "; expected a number or \"auto\"");
+    }
+  }
   if (const json* w = param("warmup_num_steps")) set("warmup-steps", *w, "scheduler.params.warmup_num_steps");
   if (type == "WarmupLR") {
-    // Constant after the warm-up: the decay ends where it starts.
+    // Constant after the warm-up: the decay ends where it starts. DeepSpeed's
+    // defaults: warmup_max_lr 0.001, warmup_type "log" (strata's is linear).
     const json* peak = param("warmup_max_lr");
-    if (peak == nullptr) fail(file_, "scheduler.params.warmup_max_lr", "is needed (WarmupLR holds it after the warm-up)");
-    out_.keys.emplace_back("lr", text(*peak, file_, "scheduler.params.warmup_max_lr"));
-    out_.keys.emplace_back("min-lr", text(*peak, file_, "scheduler.params.warmup_max_lr"));
+    const std::string lr = peak != nullptr ? text(*peak, file_, "scheduler.params.warmup_max_lr") : "0.001";
+    out_.keys.emplace_back("lr", lr);
+    out_.keys.emplace_back("min-lr", lr);
+    if (param("warmup_type") == nullptr) out_.ignored.push_back("scheduler.params.warmup_type (DeepSpeed's default log; strata warms up linearly)");
   } else if (type == "WarmupCosineLR") {
+    // strata's cosine decays over --max-steps: total_num_steps sets it.
     if (const json* total = param("total_num_steps")) set("max-steps", *total, "scheduler.params.total_num_steps");
     if (const json* ratio = param("cos_min_ratio")) {
-      if (lr_.empty()) fail(file_, "scheduler.params.cos_min_ratio", "needs optimizer.params.lr as a number (the ratio is of it)");
-      out_.keys.emplace_back("min-lr", text(json(std::stod(lr_) * ratio->get<double>()), file_, "scheduler.params.cos_min_ratio"));
+      if (!lr_) fail(file_, "scheduler.params.cos_min_ratio", "needs optimizer.params.lr as a number (the ratio is of it)");
+      out_.keys.emplace_back("min-lr", text(json(*lr_ * ratio->get<double>()), file_, "scheduler.params.cos_min_ratio"));
     }
   } else {
     fail(file_, "scheduler.type", "'" + type + "' is not supported; strata maps WarmupLR and WarmupCosineLR "
@@ -429,6 +441,19 @@ bool is_foreign_config(const std::string& path) {
   return ext == ".json" || ext == ".yaml" || ext == ".yml";
 }
 
+namespace {
+/// The translations name the key in every error they raise; a json type
+/// error that slips past them still becomes one line naming the file.
+template <typename Fn>
+ForeignConfig guarded(const std::string& file, Fn&& translate) {
+  try {
+    return translate();
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(file + ": " + e.what());
+  }
+}
+}  // namespace
+
 ForeignConfig read_foreign_config(const std::string& path) {
   const std::string file = "config file '" + path + "'";
   std::ifstream in(path);
@@ -440,10 +465,10 @@ ForeignConfig read_foreign_config(const std::string& path) {
     json config;
     try {
       config = json::parse(buffer.str());
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
       throw std::invalid_argument(file + ": not valid JSON: " + e.what());
     }
-    return translate_deepspeed(config, file);
+    return guarded(file, [&] { return translate_deepspeed(config, file); });
   }
   json config;
   try {
@@ -451,7 +476,7 @@ ForeignConfig read_foreign_config(const std::string& path) {
   } catch (const YAML::Exception& e) {
     throw std::invalid_argument(file + ": not valid YAML: " + e.what());
   }
-  return translate_accelerate(config, file, std::filesystem::path(path).parent_path().string());
+  return guarded(file, [&] { return translate_accelerate(config, file); });
 }
 
 }  // namespace strata::recipes

@@ -46,9 +46,10 @@ bool is_foreign_config(const std::string& path);
 ForeignConfig read_foreign_config(const std::string& path);
 
 /// The translations themselves (exposed for tests). `file` names the source
-/// in errors; `dir` resolves relative paths (Accelerate's deepspeed_config_file).
+/// in errors. Accelerate's deepspeed_config_file is opened as accelerate
+/// opens it: relative to the working directory.
 ForeignConfig translate_deepspeed(const nlohmann::json& config, const std::string& file);
-ForeignConfig translate_accelerate(const nlohmann::json& config, const std::string& file, const std::string& dir);
+ForeignConfig translate_accelerate(const nlohmann::json& config, const std::string& file);
 
 namespace foreign {
 // Shared by both translators (foreign_config.cpp).

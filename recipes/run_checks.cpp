@@ -97,19 +97,36 @@ void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
   }
 }
 
+/// DeepSpeed's train_batch_size = micro-batch x accumulation x world: the
+/// one of the first two not given is derived from it (DeepSpeed's rule: with
+/// neither, accumulation 1), and all three must agree (DeepSpeed refuses
+/// them otherwise too).
+void derive_global_batch(RunConfig& c, int64_t world) {
+  const int64_t global = c.config_global_batch;
+  auto derive = [&](int64_t per, const char* what) {
+    TORCH_CHECK_VALUE(global % per == 0, "--config: train_batch_size ", global, " is not a multiple of ", what,
+                      " = ", per, "; make them agree (or set train_batch_size to \"auto\")");
+    return global / per;
+  };
+  if (!c.batch_size_given && !c.accumulate_given) c.accumulate_grad_batches = 1;
+  if (!c.batch_size_given) {
+    c.batch_size = derive(c.accumulate_grad_batches * world, "accumulation x world");
+  } else if (!c.accumulate_given) {
+    c.accumulate_grad_batches = derive(c.batch_size * world, "micro-batch x world");
+  }
+  const int64_t got = c.batch_size * c.accumulate_grad_batches * world;
+  TORCH_CHECK_VALUE(got == global, "--config: train_batch_size ", global, " != micro-batch ", c.batch_size,
+                    " x accumulation ", c.accumulate_grad_batches, " x world ", world, " = ", got,
+                    "; make them agree (or set train_batch_size to \"auto\")");
+}
+
 /// What a DeepSpeed / Accelerate --config asked that depends on the world and
-/// the device: DeepSpeed's train_batch_size must be micro-batch x
-/// accumulation x world (DeepSpeed refuses it otherwise too); an offload to
-/// host memory on a CPU device, whose state is already there, offloads
-/// nothing (said in a note) where --offload cpu given directly is refused.
+/// the device: train_batch_size (derive_global_batch); an offload to host
+/// memory on a CPU device, whose state is already there, offloads nothing
+/// (said in a note) where --offload cpu given directly is refused.
 void check_foreign_config(RunConfig& c, const std::optional<DistEnv>& env) {
   const auto shape = world_shape(c, env);
-  if (c.config_global_batch > 0) {
-    const int64_t global = c.batch_size * c.accumulate_grad_batches * shape.world;
-    TORCH_CHECK_VALUE(global == c.config_global_batch, "--config: train_batch_size ", c.config_global_batch,
-                      " != micro-batch ", c.batch_size, " x accumulation ", c.accumulate_grad_batches, " x world ",
-                      shape.world, " = ", global, "; make them agree (or set train_batch_size to \"auto\")");
-  }
+  if (c.config_global_batch > 0) derive_global_batch(c, shape.world);
   if (c.offload == "cpu" && c.offload_host_from_config && resolve_device(c.device, shape.local_rank).is_cpu()) {
     c.offload = "none";
     c.config_notes.push_back("--config offloads to cpu (host memory), where a CPU device's state already is: "

@@ -326,10 +326,17 @@ AsyncCheckpointSave::AsyncCheckpointSave(const std::string& dir, Strategy& strat
   // change the originals while the thread writes (one copy of the rank's
   // state, the bound --checkpoint-async promises).
   pieces_ = strategy.state_pieces(optimizer, StateUse::kSave);
-  for (auto& p : pieces_) {
-    p.values = p.values.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    snapshot_bytes_ += static_cast<int64_t>(p.values.nbytes());
-    p.on_loaded = nullptr;
+  try {
+    for (auto& p : pieces_) {
+      p.values = p.values.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      snapshot_bytes_ += static_cast<int64_t>(p.values.nbytes());
+      p.on_loaded = nullptr;
+    }
+  } catch (const std::exception& e) {
+    // Host memory ran out for the copy (say): reported by finish() on every
+    // rank alike, not by this rank alone while the others go on.
+    error_ = "snapshot for the async checkpoint failed: " + message_of(e);
+    pieces_.clear();
   }
   thread_ = std::thread([this, before_write = std::move(before_write)] {
     if (before_write) before_write();

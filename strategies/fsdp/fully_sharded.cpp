@@ -28,6 +28,11 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   const bool grad = torch::GradMode::is_enabled();
   torch::Tensor in = x;
   if (grad && slot.frozen != nullptr) {
+    // A second run's backward could read the frozen part after the first
+    // run's input gradient freed it.
+    TORCH_CHECK(!slot.ran_with_grad || recompute, name(), ": wrap unit ", unit, " ran twice in one forward; a unit "
+                "with frozen parameters may run once per micro-batch (its frozen part is freed after its input's "
+                "gradient arrives)");
     slot.ran_with_grad = true;
     if (x.requires_grad()) {
       // Reports when the gradient w.r.t. the unit's input is complete: every

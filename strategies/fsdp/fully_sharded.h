@@ -68,7 +68,11 @@
 // last gradient is accumulated: it is resharded once the gradient w.r.t. the
 // unit's INPUT has arrived (an identity Function on the input, when the
 // input needs one) and the trainable part is done; the root's frozen part
-// stays gathered until backward ends.
+// stays gathered until backward ends. That rule needs what the unit reads to
+// come through its input (a unit that closes over another tensor needing a
+// gradient, e.g. one computed from the root, could have its frozen part
+// freed too early), and each unit to run once per micro-batch (checked). A
+// unit's frozen parameters share one dtype, as its trainable ones do.
 //
 // Offload (FSDPOptions::offload, fsdp/offload.h): every unit's shard, shard
 // gradient and optimizer state live in an OffloadTier (disk files or pinned

@@ -52,8 +52,10 @@ class HeldAsyncSave : public strata::Callback {
 
  private:
   std::string reference_, async_;
-  std::promise<void> release_;
+  // save_ first: destroyed last, after release_ (a fit that failed before
+  // step 6 breaks the promise, so the held thread is let go before the join).
   std::unique_ptr<strata::AsyncCheckpointSave> save_;
+  std::promise<void> release_;
 };
 
 TEST(CheckpointAsyncTest, TheSnapshotIsTheStepsStateWhateverTrainingDoesBeforeTheWrite) {

@@ -87,13 +87,34 @@ TEST(ConfigFileTest, UnsupportedKeyOrDisagreeingBatchIsExitTwoAndWritesNothing) 
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("zero_optimization.zero_hpz_partition_size"), std::string::npos) << run.output;
   EXPECT_FALSE(fs::exists(out));
-  // 4 x 1 x 2 ranks is 8, not 16.
-  std::ofstream(dir.file("batch.json")) << R"({"train_batch_size": 16, "zero_optimization": {"stage": 1}})";
+  // Micro-batch 4 x 2 ranks does not divide 12.
+  std::ofstream(dir.file("batch.json")) << R"({"train_batch_size": 12, "zero_optimization": {"stage": 1}})";
   run = run_gpt_binary(kTiny + "--nproc 2 --config " + dir.file("batch.json") + " --output-dir " + out.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("train_batch_size 12 is not a multiple of micro-batch x world = 8"), std::string::npos)
+      << run.output;
+  // All three given and disagreeing.
+  std::ofstream(dir.file("all.json"))
+      << R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1})";
+  run = run_gpt_binary(kTiny + "--nproc 2 --strategy ddp --config " + dir.file("all.json") + " --output-dir " +
+                       out.string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("train_batch_size 16 != micro-batch 4 x accumulation 1 x world 2 = 8"), std::string::npos)
       << run.output;
   EXPECT_FALSE(fs::exists(out));
+}
+
+TEST(ConfigFileTest, TrainBatchSizeDerivesTheAccumulationAsDeepSpeedDoes) {
+  // DeepSpeed's rule: train_batch_size with the micro-batch gives the
+  // accumulation (16 / (4 x 2 ranks) = 2).
+  strata::testing::TempDir dir("strata-config");
+  const fs::path out = dir.path() / "out";
+  std::ofstream(dir.file("batch.json")) << R"({"train_batch_size": 16, "zero_optimization": {"stage": 1}})";
+  auto run = run_gpt_binary(kTiny + "--nproc 2 --config " + dir.file("batch.json") + " --output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string ini = read_text(out / "config.ini");
+  EXPECT_NE(ini.find("accumulate-grad-batches = 2"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("strategy = oss"), std::string::npos) << ini;
 }
 
 }  // namespace

@@ -77,7 +77,9 @@ TEST(ForeignConfigTest, DeepSpeedZero2ExamplesAreSdpAndAutoLeavesKeysToStrata) {
   EXPECT_EQ(k.at("loss-scale-window"), "1000");
   EXPECT_EQ(k.at("optimizer"), "adamw");
   EXPECT_EQ(k.at("accumulate-grad-batches"), "1");
-  EXPECT_EQ(k.at("log-every-n-steps"), "2000");
+  // DeepSpeed's own console interval, not the trainer's logging: noted only.
+  EXPECT_EQ(k.count("log-every-n-steps"), 0u);
+  EXPECT_NE(joined(c.ignored).find("steps_per_print"), std::string::npos);
   for (const char* absent : {"batch-size", "gradient-clip-val", "lr", "weight-decay", "warmup-steps"}) {
     EXPECT_EQ(k.count(absent), 0u) << absent << " was \"auto\"";
   }
@@ -157,6 +159,11 @@ TEST(ForeignConfigTest, WhatStrataDoesNotSupportIsOneErrorNamingTheKey) {
       {"fp8", {"a.yaml", "mixed_precision: fp8\n"}},
       {"bad yaml", {"a.yaml", "a: [b\n"}},
       {"bad json", {"ds.json", "{\"a\": }"}},
+      {"huge number", {"ds.json", "{\"gradient_clipping\": 1e999}"}},
+      {"scale not a number", {"ds.json", R"({"fp16": {"enabled": true, "loss_scale": true}})"}},
+      {"lr not a number", {"ds.json", R"({"optimizer": {"type": "AdamW", "params": {"lr": true}}})"}},
+      {"ratio not a number", {"ds.json", R"({"optimizer": {"params": {"lr": 0.1}}, "scheduler": {"type": "WarmupCosineLR", "params": {"cos_min_ratio": "x"}}})"}},
+      {"unknown accelerate key", {"a.yaml", "distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config_file_is_below: 1\n"}},
   };
   const std::map<std::string, std::string> names = {
       {"ZeRO++", "zero_optimization.zero_quantized_weights"}, {"stage 4", "zero_optimization.stage"},
@@ -166,13 +173,44 @@ TEST(ForeignConfigTest, WhatStrataDoesNotSupportIsOneErrorNamingTheKey) {
       {"lamb", "optimizer.type"}, {"linear decay", "scheduler.type"}, {"both precisions", "fp16.enabled"},
       {"unknown top", "pipeline"}, {"tpu", "distributed_type"}, {"size wrap", "fsdp_config.fsdp_auto_wrap_policy"},
       {"post prefetch", "fsdp_config.fsdp_backward_prefetch"}, {"processes", "num_processes"},
-      {"fp8", "mixed_precision"}, {"bad yaml", "not valid YAML"}, {"bad json", "not valid JSON"}};
+      {"fp8", "mixed_precision"}, {"bad yaml", "not valid YAML"}, {"bad json", "not valid JSON"},
+      {"huge number", "not valid JSON"}, {"scale not a number", "fp16.loss_scale"},
+      {"lr not a number", "optimizer.params.lr"}, {"ratio not a number", "scheduler.params.cos_min_ratio"},
+      {"unknown accelerate key", "deepspeed_config_file_is_below"}};
   for (const auto& [what, file] : cases) {
     const std::string error = error_for(file.first, file.second);
     EXPECT_NE(error.find(names.at(what)), std::string::npos) << what << ": " << error;
     EXPECT_NE(error.find("config file '"), std::string::npos) << what << ": " << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << what << ": one line: " << error;
   }
+}
+
+TEST(ForeignConfigTest, NewerAccelerateAndDeepSpeedPluginDefaults) {
+  strata::testing::TempDir dir("strata-foreign");
+  // accelerate >= 1.6 writes FSDP1's sharding strategy as fsdp_reshard_after_forward.
+  std::ofstream(dir.file("fsdp.yaml")) << "distributed_type: FSDP\nfsdp_config:\n  fsdp_reshard_after_forward: SHARD_GRAD_OP\n";
+  EXPECT_EQ(keys_of(read_foreign_config(dir.file("fsdp.yaml"))).at("sharding-strategy"), "shard_grad_op");
+  std::ofstream(dir.file("fsdp2.yaml")) << "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n";
+  EXPECT_EQ(keys_of(read_foreign_config(dir.file("fsdp2.yaml"))).at("reshard-after-forward"), "false");
+  // accelerate's DeepSpeedPlugin without zero_stage: stage 2.
+  std::ofstream(dir.file("ds.yaml")) << "distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: 1.0\n";
+  EXPECT_EQ(keys_of(read_foreign_config(dir.file("ds.yaml"))).at("strategy"), "sdp");
+  // A mixed_precision its DeepSpeed config contradicts.
+  std::ofstream(dir.file("ds.json")) << R"({"fp16": {"enabled": true}})";
+  std::ofstream(dir.file("mixed.yaml")) << "distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config:\n"
+                                           "  deepspeed_config_file: " << dir.file("ds.json") << "\n";
+  try {
+    read_foreign_config(dir.file("mixed.yaml"));
+    ADD_FAILURE() << "bf16 beside fp16 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed_precision ('bf16-mixed') disagrees"), std::string::npos) << e.what();
+  }
+  // WarmupLR without warmup_max_lr: DeepSpeed's 0.001, held after the warm-up.
+  std::ofstream(dir.file("warm.json")) << R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}})";
+  const auto w = keys_of(read_foreign_config(dir.file("warm.json")));
+  EXPECT_EQ(w.at("lr"), "0.001");
+  EXPECT_EQ(w.at("min-lr"), "0.001");
+  EXPECT_EQ(w.at("warmup-steps"), "5");
 }
 
 TEST(ForeignConfigTest, ParsedThroughTheCliTheCommandLineStillWins) {
