@@ -133,9 +133,10 @@ std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
     return "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, shard_grad_op or "
            "hybrid_shard), not no_shard";
   }
-  if (c.offload != "none" && (c.checkpoint_every > 0 || !c.checkpoint_monitor.empty() || !c.resume.empty())) {
-    return "--offload " + c.offload + " cannot be combined with --checkpoint-every or --resume yet: "
-           "checkpoints of offloaded state are not supported";
+  if (c.offload != "none" && c.checkpoint_async) {
+    return "--checkpoint-async cannot be combined with --offload " + c.offload +
+           ": its snapshot would bring the offloaded state back into memory (offloaded checkpoints are streamed "
+           "synchronously)";
   }
   if (c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
       c.sharding_strategy != "hybrid_shard") {

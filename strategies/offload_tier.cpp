@@ -317,8 +317,36 @@ void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& rea
 }
 
 void refuse_offloaded_checkpoint(bool saving) {
-  TORCH_CHECK(false, "checkpoints of offloaded optimizer state are not supported yet; train without --offload to ",
-              saving ? "checkpoint" : "resume");
+  TORCH_CHECK(false, "torch::serialize archives of offloaded optimizer state are not supported (cannot ",
+              saving ? "save" : "load", " one); strata's checkpoints (trainer/checkpoint.h) stream it from the tier");
+}
+
+StatePiece tier_piece(OffloadTier& tier, const OffloadTier::Region& region, int64_t byte_offset, int64_t numel,
+                      torch::ScalarType dtype, std::string name, std::vector<int64_t> shape, int64_t lo) {
+  StatePiece piece;
+  piece.name = std::move(name);
+  piece.shape = std::move(shape);
+  piece.dtype = dtype;
+  piece.lo = lo;
+  piece.numel = numel;
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+  piece.read = [&tier, region, byte_offset, esize](int64_t offset, const torch::Tensor& dst) {
+    tier.read(region, byte_offset + offset * esize, dst);
+  };
+  piece.write = [&tier, region, byte_offset, esize](int64_t offset, const torch::Tensor& src) {
+    tier.write(region, byte_offset + offset * esize, src);
+  };
+  return piece;
+}
+
+StatePiece step_piece(std::string name, int64_t* step) {
+  StatePiece piece;
+  piece.name = std::move(name);
+  piece.shape = {};
+  piece.dtype = torch::kLong;
+  piece.values = torch::full({1}, *step, torch::kLong);
+  piece.on_loaded = [step](const torch::Tensor& v) { *step = v.item<int64_t>(); };
+  return piece;
 }
 
 }  // namespace strata

@@ -18,6 +18,8 @@
 //
 // IoQueue: one background thread running reads and writes in submission
 // order, so the next chunk's read overlaps the current chunk's compute.
+#include "strategies/state_pieces.h"
+
 #include <torch/torch.h>
 
 #include <atomic>
@@ -153,5 +155,14 @@ void stream_chunks(IoQueue& io, size_t n, const std::function<void(size_t)>& rea
 /// Throws the one error both offloading optimizers give for save() (`saving`)
 /// or load(): their state lives in a tier, which checkpoints do not read.
 [[noreturn]] void refuse_offloaded_checkpoint(bool saving);
+
+/// A streamed StatePiece (checkpoints) over `numel` elements of `dtype`
+/// stored from `byte_offset` in `region` of `tier`, which must outlive it.
+StatePiece tier_piece(OffloadTier& tier, const OffloadTier::Region& region, int64_t byte_offset, int64_t numel,
+                      torch::ScalarType dtype, std::string name, std::vector<int64_t> shape, int64_t lo);
+
+/// An offloaded optimizer's per-tensor step count as a checkpoint piece (as
+/// AdamW's resident step is: 1 element, int64), loaded back into `*step`.
+StatePiece step_piece(std::string name, int64_t* step);
 
 }  // namespace strata

@@ -132,6 +132,23 @@ void OffloadedMomentsOptimizer::save(torch::serialize::OutputArchive&) const { r
 
 void OffloadedMomentsOptimizer::load(torch::serialize::InputArchive&) { refuse_offloaded_checkpoint(/*saving=*/false); }
 
+std::vector<StatePiece> OffloadedMomentsOptimizer::state_pieces_of(const torch::Tensor& param, const std::string& name,
+                                                                   const std::vector<int64_t>& shape, int64_t lo,
+                                                                   bool with_step) {
+  std::vector<StatePiece> out;
+  if (!adamw_) return out;
+  for (auto& e : entries_) {
+    const auto& p = param_of(e);
+    if (!p.is_same(param)) continue;
+    const std::string prefix = "optim/" + name + "/";
+    out.push_back(tier_piece(*tier_, e.exp_avg, 0, p.numel(), p.scalar_type(), prefix + "exp_avg", shape, lo));
+    out.push_back(tier_piece(*tier_, e.exp_avg_sq, 0, p.numel(), p.scalar_type(), prefix + "exp_avg_sq", shape, lo));
+    if (with_step) out.push_back(step_piece(prefix + "step", &e.step));
+    break;
+  }
+  return out;
+}
+
 OptimizerFactory offloading_optimizer_factory(OptimizerFactory factory, std::shared_ptr<OffloadTier> tier,
                                          int64_t chunk_numel) {
   TORCH_CHECK(factory && tier, "offloading_optimizer_factory needs a factory and a tier");

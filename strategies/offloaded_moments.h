@@ -52,6 +52,12 @@ class OffloadedMomentsOptimizer : public ExactGroupsOptimizer {
   /// Elements per staged chunk, as resolved (<= chunk_numel, <= the largest parameter).
   int64_t chunk_numel() const { return chunk_numel_; }
   const OffloadTier& tier() const { return *tier_; }
+  /// Checkpoints: the state of `param` (one of param_groups()' tensors) as
+  /// pieces of parameter `name` (global `shape`, this tensor's elements from
+  /// `lo`): exp_avg and exp_avg_sq streamed from the tier, and the step
+  /// (with_step). Empty for SGD or a tensor not stepped here.
+  std::vector<StatePiece> state_pieces_of(const torch::Tensor& param, const std::string& name,
+                                          const std::vector<int64_t>& shape, int64_t lo, bool with_step);
 
  private:
   struct Entry {

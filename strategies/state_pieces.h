@@ -65,6 +65,21 @@ struct StatePiece {
   /// For state not held as a tensor (AdamW's step count): called with
   /// `values` once they are loaded.
   std::function<void(const torch::Tensor&)> on_loaded;
+  /// Offloaded state (`values` undefined): `numel` elements of `dtype` that
+  /// live outside memory (an offload tier), moved in chunks: read(offset,
+  /// dst) fills `dst` (a contiguous CPU tensor of `dtype`) with elements
+  /// [offset, offset + dst.numel()) of the piece, write(offset, src) stores
+  /// them. Checkpoints stream such pieces through a bounded buffer, so
+  /// resident memory does not grow with the model.
+  int64_t numel = 0;
+  std::function<void(int64_t, const torch::Tensor&)> read;
+  std::function<void(int64_t, const torch::Tensor&)> write;
+
+  bool streamed() const { return !values.defined(); }
+  int64_t size() const { return streamed() ? numel : values.numel(); }
 };
+
+/// Elements of a streamed piece moved at once (4 MiB of fp32: one CRC block).
+constexpr int64_t kStreamChunkNumel = int64_t{1} << 20;
 
 }  // namespace strata

@@ -223,6 +223,12 @@ class Strategy {
   /// (each `values` IS the optimizer's tensor: its state is found by it).
   /// The base: every parameter whole (kSave: on rank 0 only).
   virtual std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const;
+  /// State that lives in an offload tier, as streamed pieces (StatePiece's
+  /// numel/read/write form) for checkpoints. The base: the moments of an
+  /// optimizer built by offload_optimizer_state() (OffloadedMomentsOptimizer),
+  /// for each of optimizer_param_pieces(); fsdp: its offloaded shards and
+  /// their moments.
+  virtual std::vector<StatePiece> offloaded_state_pieces(torch::optim::Optimizer& optimizer, StateUse use);
   using NamedPiece = strata::NamedPiece;
   /// Frozen parameter values this rank holds (kLoad) or writes (kSave). The
   /// base: every frozen parameter whole (kSave: on rank 0 only); FSDP: its

@@ -5,6 +5,8 @@
 // optimizer_param_pieces, state_pieces); the piece types are in state_pieces.h.
 #include "strategies/strategy.h"
 
+#include "strategies/offloaded_moments.h"
+
 #include "core/optim_state_key.h"
 
 #include <unordered_set>
@@ -84,6 +86,20 @@ std::vector<Strategy::ParamPiece> Strategy::optimizer_param_pieces(StateUse use)
   return out;
 }
 
+std::vector<StatePiece> Strategy::offloaded_state_pieces(torch::optim::Optimizer& optimizer, StateUse use) {
+  std::vector<StatePiece> out;
+  auto* offloaded = dynamic_cast<OffloadedMomentsOptimizer*>(&optimizer);
+  if (offloaded == nullptr) return out;
+  for (const auto& piece : optimizer_param_pieces(use)) {
+    // The step belongs to the whole parameter: as for resident state below.
+    const bool with_step = use == StateUse::kLoad || piece.offset == 0;
+    auto pieces = offloaded->state_pieces_of(piece.values, param_names_[piece.index], param_shape(piece.index),
+                                             piece.offset, with_step);
+    for (auto& p : pieces) out.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::vector<NamedPiece> Strategy::frozen_pieces(StateUse use) const {
   std::vector<NamedPiece> out;
   if (use == StateUse::kSave && !is_global_zero()) return out;  // replicated: rank 0 writes it
@@ -97,10 +113,6 @@ std::vector<NamedPiece> Strategy::frozen_pieces(StateUse use) const {
 }
 
 std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimizer, StateUse use) {
-  // The moments of an offloaded optimizer live in its tier, not in state():
-  // saving state() would write zeros as if they were the moments.
-  TORCH_CHECK(offload_tier_ == nullptr, name(), ": checkpoints of offloaded optimizer state (--offload) "
-              "are not supported; train without offload to save or resume");
   create_optimizer_state(optimizer);
   std::vector<StatePiece> out;
   torch::NoGradGuard no_grad;
@@ -116,6 +128,9 @@ std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimize
       add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value());
     }
   }
+  // State in an offload tier (the moments of an offloaded optimizer; fsdp's
+  // offloaded shards): streamed pieces. Its optimizer's state() is empty.
+  for (auto& piece : offloaded_state_pieces(optimizer, use)) out.push_back(std::move(piece));
   auto& states = optimizer.state();
   for (const auto& piece : optimizer_param_pieces(use)) {
     auto it = states.find(state_key(piece.values));

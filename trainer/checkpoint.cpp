@@ -103,11 +103,24 @@ std::map<std::string, HeldTensor> who_holds_what(Comm& comm, const std::vector<S
 /// Ranks other than 0: each of `mine` (this rank's pieces of one tensor)
 /// straight to rank 0 from where it lives (a view of the shard): no copy, and
 /// each byte crosses the wire once.
+/// A piece's values as a tensor: a streamed (offloaded) piece is read whole
+/// (the full format holds one tensor at a time anyway).
+torch::Tensor materialize(const StatePiece& p) {
+  if (!p.streamed()) return p.values;
+  auto values = torch::empty({p.numel}, torch::TensorOptions().dtype(p.dtype));
+  if (p.numel > 0) p.read(0, values);
+  return values;
+}
+
 void send_pieces_to_rank0(Comm& comm, const std::vector<const StatePiece*>& mine) {
   std::vector<PendingWork> sends;
+  std::vector<torch::Tensor> keep;  // the sent buffers, alive until the sends finish
   int tag = 0;
   for (const auto* p : mine) {
-    if (p->values.numel() > 0) sends.push_back(comm.send_async(p->values.contiguous(), /*dst=*/0, tag));
+    if (p->size() > 0) {
+      keep.push_back(materialize(*p).contiguous().to(comm.device()));
+      sends.push_back(comm.send_async(keep.back(), /*dst=*/0, tag));
+    }
     ++tag;
   }
   // Sync point: the pieces must stay untouched until rank 0 has them.
@@ -119,15 +132,14 @@ void send_pieces_to_rank0(Comm& comm, const std::vector<const StatePiece*>& mine
 torch::Tensor assemble_on_rank0(Comm& comm, const HeldTensor& t, const std::vector<const StatePiece*>& mine,
                                 const std::string& name) {
   const auto shape = t.shape.get<std::vector<int64_t>>();
-  if (t.held.size() == 1 && mine.size() == 1 && mine.front()->lo == 0 &&
-      mine.front()->values.numel() == numel_of(shape)) {
-    return mine.front()->values;  // rank 0 holds it whole
+  if (t.held.size() == 1 && mine.size() == 1 && mine.front()->lo == 0 && mine.front()->size() == numel_of(shape)) {
+    return materialize(*mine.front());  // rank 0 holds it whole
   }
   // Zeros plus every rank's disjoint pieces, each received straight into
   // place: rank 0 holds its own state plus this one tensor.
   const auto dtype = dtype_from(t.dtype.get<std::string>(), "saving " + name);
   auto whole = torch::zeros({numel_of(shape)}, torch::TensorOptions(dtype).device(comm.device()));
-  for (const auto* p : mine) whole.narrow(0, p->lo, p->values.numel()).copy_(p->values);
+  for (const auto* p : mine) whole.narrow(0, p->lo, p->size()).copy_(materialize(*p));
   std::vector<PendingWork> recvs;
   for (const auto& [r, ranges] : t.held) {
     if (r == 0) continue;
@@ -210,7 +222,7 @@ json write_shard_file(const fs::path& dir, const std::vector<StatePiece>& pieces
     for (const auto& p : pieces) {
       auto rec = piece_record(p);
       rec["file"] = file;
-      rec["offset"] = writer.append(p.values);
+      rec["offset"] = p.streamed() ? writer.append_streamed(p) : writer.append(p.values);
       records.push_back(std::move(rec));
     }
     mine = json{{"file", file}, {"record", writer.finish()}, {"pieces", records}};
@@ -328,6 +340,8 @@ AsyncCheckpointSave::AsyncCheckpointSave(const std::string& dir, Strategy& strat
   pieces_ = strategy.state_pieces(optimizer, StateUse::kSave);
   try {
     for (auto& p : pieces_) {
+      TORCH_CHECK_VALUE(!p.streamed(), "--checkpoint-async cannot snapshot offloaded state (", p.name,
+                        "): its copy would bring the offloaded state back into memory; save synchronously");
       p.values = p.values.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
       snapshot_bytes_ += static_cast<int64_t>(p.values.nbytes());
       p.on_loaded = nullptr;
@@ -408,6 +422,33 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
   return out;
 }
 
+namespace {
+/// Read requests filling `dst` (elements [lo, lo + dst.numel()) of tensor
+/// `name`) from the stored pieces that overlap it, grouped by file.
+void add_read_requests(const std::string& dir, const json& stored, const std::string& name, int64_t lo,
+                       const torch::Tensor& dst, std::map<std::string, std::vector<ReadRequest>>& by_file) {
+  const auto& t = stored[name];
+  const auto dtype = dtype_from(t["dtype"].get<std::string>(), "checkpoint '" + dir + "' tensor " + name);
+  const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t hi = lo + dst.numel();
+  for (const auto& s : t["pieces"]) {
+    const int64_t slo = s["lo"].get<int64_t>(), shi = s["hi"].get<int64_t>();
+    const int64_t a = std::max(lo, slo), b = std::min(hi, shi);
+    if (a >= b) continue;
+    by_file[s["file"].get<std::string>()].push_back(
+        {s["offset"].get<int64_t>() + (a - slo) * esize, (b - a) * esize, dtype, dst.narrow(0, a - lo, b - a)});
+  }
+}
+
+void read_requested(const std::string& dir, const json& body, std::map<std::string, std::vector<ReadRequest>>& by_file) {
+  for (auto& [file, requests] : by_file) {
+    TORCH_CHECK(body["files"].contains(file), "checkpoint '", dir, "': ", kMetadata, " names data file ", file,
+                " but has no record of it");
+    read_file(fs::path(dir) / file, body["files"][file], std::move(requests));
+  }
+}
+}  // namespace
+
 CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                const CheckpointMeta& expected) {
   const Metadata md = read_metadata(dir);
@@ -428,22 +469,21 @@ CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch
 
   std::map<std::string, std::vector<ReadRequest>> by_file;
   for (auto& p : pieces) {
-    const auto& t = stored[p.name];
-    const auto dtype = dtype_from(t["dtype"].get<std::string>(), "checkpoint '" + dir + "' tensor " + p.name);
-    const auto esize = static_cast<int64_t>(c10::elementSize(dtype));
-    const int64_t lo = p.lo, hi = p.lo + p.values.numel();
-    for (const auto& s : t["pieces"]) {
-      const int64_t slo = s["lo"].get<int64_t>(), shi = s["hi"].get<int64_t>();
-      const int64_t a = std::max(lo, slo), b = std::min(hi, shi);
-      if (a >= b) continue;
-      by_file[s["file"].get<std::string>()].push_back(
-          {s["offset"].get<int64_t>() + (a - slo) * esize, (b - a) * esize, dtype, p.values.narrow(0, a - lo, b - a)});
-    }
+    if (!p.streamed()) add_read_requests(dir, stored, p.name, p.lo, p.values, by_file);
   }
-  for (auto& [file, requests] : by_file) {
-    TORCH_CHECK(md.body["files"].contains(file), "checkpoint '", dir, "': ", kMetadata, " names data file ", file,
-                " but has no record of it");
-    read_file(fs::path(dir) / file, md.body["files"][file], std::move(requests));
+  read_requested(dir, md.body, by_file);
+  // Offloaded pieces: a chunk at a time through one buffer, written on into
+  // their tier, so resident memory does not grow with the model.
+  for (auto& p : pieces) {
+    if (!p.streamed() || p.numel == 0) continue;
+    auto buffer = torch::empty({std::min(p.numel, kStreamChunkNumel)}, torch::TensorOptions().dtype(p.dtype));
+    for (int64_t at = 0; at < p.numel; at += buffer.numel()) {
+      const auto chunk = buffer.narrow(0, 0, std::min(buffer.numel(), p.numel - at));
+      std::map<std::string, std::vector<ReadRequest>> chunk_files;
+      add_read_requests(dir, stored, p.name, p.lo + at, chunk, chunk_files);
+      read_requested(dir, md.body, chunk_files);
+      p.write(at, chunk);
+    }
   }
   for (const auto& p : pieces) {
     if (p.on_loaded) p.on_loaded(p.values);

@@ -106,7 +106,7 @@ void fsync_path(const fs::path& path, bool directory) {
 
 json piece_record(const StatePiece& p) {
   return json{{"name", p.name}, {"shape", p.shape}, {"dtype", c10::toString(p.dtype)}, {"lo", p.lo},
-              {"hi", p.lo + p.values.numel()}};
+              {"hi", p.lo + p.size()}};
 }
 
 /// Adds stored pieces (records with file and offset) to body["tensors"],

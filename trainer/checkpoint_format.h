@@ -69,6 +69,21 @@ class DataWriter {
     return offset;
   }
 
+  /// Writes a streamed piece (StatePiece::read) at the next aligned offset,
+  /// chunk by chunk through one buffer of kStreamChunkNumel; returns it.
+  int64_t append_streamed(const StatePiece& piece) {
+    static const char zeros[kAlign] = {};
+    if (size_ % kAlign != 0) write(zeros, static_cast<size_t>(kAlign - size_ % kAlign));
+    const int64_t offset = size_;
+    auto buffer = torch::empty({std::min(piece.numel, kStreamChunkNumel)}, torch::TensorOptions().dtype(piece.dtype));
+    for (int64_t at = 0; at < piece.numel; at += buffer.numel()) {
+      const auto chunk = buffer.narrow(0, 0, std::min(buffer.numel(), piece.numel - at));
+      piece.read(at, chunk);
+      write(chunk.data_ptr(), chunk.nbytes());
+    }
+    return offset;
+  }
+
   json finish() {
     if (block_fill_ > 0) crcs_.push_back(block_crc_);
     TORCH_CHECK(::fsync(fd_) == 0, "fsync of '", path_.string(), "' failed: ", std::strerror(errno));

@@ -158,6 +158,9 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
   /// The frozen units' shard pieces, by name (a replica's first rank saves).
   std::vector<NamedPiece> frozen_pieces(StateUse use) const override;
+  /// Offloaded: every unit's shard (trainable and frozen) and its moments,
+  /// streamed from the tier (param_pieces and frozen_pieces are then empty).
+  std::vector<StatePiece> offloaded_state_pieces(torch::optim::Optimizer& optimizer, StateUse use) override;
 
  private:
   // ShardedState: what the base routes here (see strategy.h).

@@ -6,6 +6,8 @@
 
 #include <torch/csrc/autograd/variable.h>
 
+#include <optional>
+
 namespace strata {
 
 std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
@@ -34,9 +36,8 @@ ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& op
 }
 
 std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool detach) const {
-  TORCH_CHECK(tier_ == nullptr, name(), ": checkpoints of offloaded state (FSDPOptions::offload, --offload) "
-              "are not supported; train without offload to save or resume");
   std::vector<ParamPiece> out;
+  if (tier_ != nullptr) return out;  // offloaded: offloaded_state_pieces streams them
   // hybrid_shard / no_shard: the other replicas hold copies of these shards.
   if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;
   std::unordered_map<const void*, size_t> index_of;
@@ -54,9 +55,8 @@ std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool 
 }
 
 std::vector<NamedPiece> FSDPStrategy::frozen_pieces(StateUse use) const {
-  TORCH_CHECK(tier_ == nullptr, name(), ": checkpoints of offloaded state (FSDPOptions::offload, --offload) "
-              "are not supported; train without offload to save or resume");
   std::vector<NamedPiece> out;
+  if (tier_ != nullptr) return out;  // offloaded: offloaded_state_pieces streams them
   if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;  // the other replicas hold copies
   for (const auto& unit : frozen_units_) {
     const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
@@ -66,6 +66,36 @@ std::vector<NamedPiece> FSDPStrategy::frozen_pieces(StateUse use) const {
                      unit->pieces()[j].detach()});
     }
   }
+  return out;
+}
+
+std::vector<StatePiece> FSDPStrategy::offloaded_state_pieces(torch::optim::Optimizer& optimizer, StateUse use) {
+  std::vector<StatePiece> out;
+  if (tier_ == nullptr) return out;
+  // hybrid_shard / no_shard: the other replicas hold copies of these shards.
+  if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;
+  TORCH_CHECK(offloaded_optimizer_ == nullptr || &optimizer == offloaded_optimizer_, name(),
+              ": with offload, checkpoint the optimizer setup_optimizer() made");
+  // Every unit's shard pieces, read from and written to the tier in chunks;
+  // the trainable ones with their moments (units_ index = the optimizer's unit index).
+  auto add_unit = [&](FlatParam& unit, std::optional<size_t> optimizer_unit) {
+    const int64_t shard_begin = unit.layout().shard_begin(unit.shard_rank());
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(unit.dtype()));
+    for (const auto& lp : unit.layout().pieces(unit.shard_rank())) {
+      const std::string& param = unit.param_names()[lp.param_index];
+      const auto& shape = unit.param_shape(lp.param_index);
+      const int64_t begin = lp.flat_offset - shard_begin;
+      out.push_back(tier_piece(*tier_, unit.shard_region(), begin * esize, lp.numel, unit.dtype(), "model/" + param,
+                               shape, lp.param_offset));
+      if (!optimizer_unit || offloaded_optimizer_ == nullptr) continue;
+      const bool with_step = use == StateUse::kLoad || lp.param_offset == 0;
+      for (auto& p : offloaded_optimizer_->state_pieces_of(*optimizer_unit, begin, param, shape, lp.param_offset, with_step)) {
+        out.push_back(std::move(p));
+      }
+    }
+  };
+  for (size_t u = 0; u < units_.size(); ++u) add_unit(*units_[u], u);
+  for (auto& unit : frozen_units_) add_unit(*unit, std::nullopt);
   return out;
 }
 

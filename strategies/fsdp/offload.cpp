@@ -56,6 +56,24 @@ FsdpOffloadedOptimizer::FsdpOffloadedOptimizer(std::vector<torch::optim::Optimiz
   chunk_numel_ = std::max<int64_t>(1, std::min(chunk_numel, largest));
 }
 
+std::vector<StatePiece> FsdpOffloadedOptimizer::state_pieces_of(size_t unit, int64_t begin, const std::string& name,
+                                                                 const std::vector<int64_t>& shape, int64_t lo,
+                                                                 bool with_step) {
+  std::vector<StatePiece> out;
+  if (!adamw_) return out;
+  for (auto& piece : pieces_) {
+    if (piece.unit != unit || piece.begin != begin) continue;
+    const auto dtype = units_[unit]->dtype();
+    const int64_t offset = begin * element_bytes(*units_[unit]);
+    const std::string prefix = "optim/" + name + "/";
+    out.push_back(tier_piece(tier_, exp_avg_[unit], offset, piece.numel, dtype, prefix + "exp_avg", shape, lo));
+    out.push_back(tier_piece(tier_, exp_avg_sq_[unit], offset, piece.numel, dtype, prefix + "exp_avg_sq", shape, lo));
+    if (with_step) out.push_back(step_piece(prefix + "step", &piece.step));
+    break;
+  }
+  return out;
+}
+
 int64_t FsdpOffloadedOptimizer::staging_bytes() const {
   // Two sets of {param, grad} (+ AdamW's two moments).
   return 2 * (adamw_ ? 4 : 2) * chunk_numel_ * static_cast<int64_t>(c10::elementSize(units_.front()->dtype()));

@@ -20,8 +20,8 @@
 //
 // The param_groups hold the module's parameters (their data is empty between
 // units' runs): they carry the options the Trainer adjusts. state() is empty
-// (the state is in the tier); checkpoints of offloaded state are not
-// supported yet (save()/load() raise an error saying so).
+// (the state is in the tier); checkpoints reach it through state_pieces_of
+// (torch's save()/load() archives raise an error saying so).
 #include "strategies/fsdp/flat_param.h"
 #include "strategies/offload_tier.h"
 #include "strategies/optimizer_factory.h"
@@ -54,6 +54,13 @@ class FsdpOffloadedOptimizer : public ExactGroupsOptimizer {
   int64_t chunk_numel() const { return chunk_numel_; }
   /// Bytes of the staging buffers a step allocates (and frees after it).
   int64_t staging_bytes() const;
+  /// Checkpoints: the state of the piece of units[unit]'s shard from element
+  /// `begin` (a parameter's part of it) as pieces of parameter `name`
+  /// (global `shape`, from element `lo`): exp_avg and exp_avg_sq streamed
+  /// from the tier, and the step (with_step). Empty for SGD or a part this
+  /// optimizer does not step.
+  std::vector<StatePiece> state_pieces_of(size_t unit, int64_t begin, const std::string& name,
+                                          const std::vector<int64_t>& shape, int64_t lo, bool with_step);
 
  private:
   /// A run of one unit's shard owned by one parameter (a ShardPiece).

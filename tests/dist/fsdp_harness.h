@@ -152,7 +152,9 @@ inline double max_param_diff(const std::vector<torch::Tensor>& a, const std::vec
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     EXPECT_EQ(a[i].sizes(), b[i].sizes()) << "param " << i;
     if (a[i].sizes() != b[i].sizes()) return 1e30;
-    worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+    const double d = (a[i] - b[i]).abs().max().item<double>();
+    if (std::isnan(d)) return 1e30;  // std::max would drop a NaN (a run that diverged) and report 0
+    worst = std::max(worst, d);
   }
   return worst;
 }
