@@ -5,7 +5,8 @@
 // at two and three ranks, without reshard_after_forward, and with activation
 // checkpointing inside and outside FSDP; frozen values stay bit-identical;
 // the frozen parts are freed during backward (no more units gathered than
-// limit_all_gathers allows); checkpoints carry frozen shards across strategies.
+// limit_all_gathers allows); checkpoints carry frozen shards across strategies,
+// offloaded ones too.
 #include "tests/dist/fsdp_harness.h"
 
 #include "strategies/activation_checkpoint.h"
@@ -160,11 +161,16 @@ TEST(FsdpFrozenTest, FrozenShardsTravelThroughCheckpointsAcrossStrategies) {
     return run_gpt_binary(args);
   };
   const std::string single = "--strategy single --batch-size 8 ", fsdp = "--strategy fsdp --nproc 2 --batch-size 4 ";
+  // The frozen base offloaded too (QLoRA-style memory): its shards stream
+  // from the tier into the checkpoint.
+  const std::string fsdp_offload = fsdp + "--offload disk --offload-dir " + dir.path().string() + " ";
   auto straight = run("straight", single + "--max-steps 8 --dump-params " + dir.file("straight.pt"));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
   const auto want = load_archive(dir.file("straight.pt"));
-  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{{fsdp, single}, {single, fsdp}}) {
-    const std::string tag = from == fsdp ? "fsdp-single" : "single-fsdp";
+  const std::vector<std::pair<std::string, std::string>> pairs = {{fsdp, single}, {single, fsdp}, {fsdp_offload, single}};
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const auto& [from, to] = pairs[i];
+    const std::string tag = std::vector<std::string>{"fsdp-single", "single-fsdp", "fsdp-offload-single"}[i];
     SCOPED_TRACE(tag);
     auto first = run(tag, from + "--max-steps 4 --checkpoint-every 4");
     ASSERT_EQ(first.exit_code, 0) << first.output;
