@@ -90,8 +90,7 @@ class Accelerate {
   }
 
   void use_cpu(const json& v) {
-    cpu_ = boolean(v, file_, "use_cpu");
-    if (cpu_) out_.keys.emplace_back("device", "cpu");  // false: strata's auto (CUDA when usable)
+    if (boolean(v, file_, "use_cpu")) out_.keys.emplace_back("device", "cpu");  // false: strata's auto (CUDA when usable)
   }
 
   /// Accelerate's num_processes counts every machine's; strata's --nproc is per machine.
@@ -128,7 +127,6 @@ class Accelerate {
 
   std::string file_;
   ForeignConfig out_;
-  bool cpu_ = false;
   std::optional<std::string> precision_;  // from mixed_precision
 };
 

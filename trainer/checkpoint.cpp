@@ -100,9 +100,6 @@ std::map<std::string, HeldTensor> who_holds_what(Comm& comm, const std::vector<S
   return tensors;
 }
 
-/// Ranks other than 0: each of `mine` (this rank's pieces of one tensor)
-/// straight to rank 0 from where it lives (a view of the shard): no copy, and
-/// each byte crosses the wire once.
 /// A piece's values as a tensor: a streamed (offloaded) piece is read whole
 /// (the full format holds one tensor at a time anyway).
 torch::Tensor materialize(const StatePiece& p) {
@@ -112,6 +109,10 @@ torch::Tensor materialize(const StatePiece& p) {
   return values;
 }
 
+/// Ranks other than 0: each of `mine` (this rank's pieces of one tensor)
+/// straight to rank 0 from where it lives (a view of the shard; an offloaded
+/// piece read from its tier first): no copy of a resident piece, and each
+/// byte crosses the wire once.
 void send_pieces_to_rank0(Comm& comm, const std::vector<const StatePiece*>& mine) {
   std::vector<PendingWork> sends;
   std::vector<torch::Tensor> keep;  // the sent buffers, alive until the sends finish
@@ -343,7 +344,6 @@ AsyncCheckpointSave::AsyncCheckpointSave(const std::string& dir, Strategy& strat
       TORCH_CHECK_VALUE(!p.streamed(), "--checkpoint-async cannot snapshot offloaded state (", p.name,
                         "): its copy would bring the offloaded state back into memory; save synchronously");
       p.values = p.values.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous();
-      snapshot_bytes_ += static_cast<int64_t>(p.values.nbytes());
       p.on_loaded = nullptr;
     }
   } catch (const std::exception& e) {

@@ -99,8 +99,6 @@ class AsyncCheckpointSave {
   /// This rank's file is written (or its write failed); local, no collective.
   bool written() const { return written_.load(); }
   int64_t step() const { return step_; }
-  /// Bytes of the host snapshot (freed once written).
-  int64_t snapshot_bytes() const { return snapshot_bytes_; }
   /// Collective. stats.seconds: the thread's write time.
   CheckpointSaveStats finish(Comm& comm);
 
@@ -110,7 +108,6 @@ class AsyncCheckpointSave {
   int rank_, world_;
   nlohmann::json body_;
   std::vector<StatePiece> pieces_;
-  int64_t snapshot_bytes_ = 0;
   std::string error_;
   nlohmann::json index_;
   CheckpointSaveStats stats_;

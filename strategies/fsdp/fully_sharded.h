@@ -199,7 +199,8 @@ class FSDPStrategy : public Strategy, private ShardedState {
   /// One FlatParam per wrap unit (and the root), each built, initialised,
   /// resharded (and offloaded) before the next.
   void build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators);
-  /// `members` index `ps` / `names` (trainable: params(); frozen: frozen_params).
+  /// `members` index `ps` / `names` (trainable: params(); frozen: the
+  /// module's frozen parameters, each tensor once).
   std::unique_ptr<FlatParam> make_unit(TrainingModule& module, const std::string& unit_name,
                                        const std::vector<torch::Tensor>& ps, const std::vector<std::string>& names,
                                        const std::vector<size_t>& members, std::vector<GradAccumulatorPtr>& accumulators);
