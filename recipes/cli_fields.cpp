@@ -73,8 +73,9 @@ std::vector<Field> launch_fields() {
        "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard inside a node of "
        "--nproc / LOCAL_WORLD_SIZE ranks, replicated across nodes)"},
       {"reshard-after-forward", 2, &C::reshard_after_forward,
-       "fsdp: free a unit's full parameters after its forward: auto (the sharding strategy's), "
-       "true, false"},
+       "fsdp: free a unit's full parameters after its forward: auto (full_shard, hybrid_shard: "
+       "every unit but the last, which backward starts with, as torchtitan does; shard_grad_op: "
+       "none), true (every unit), false"},
       {"limit-all-gathers", 2, &C::limit_all_gathers,
        "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
       {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},

@@ -124,7 +124,8 @@ class Comm {
   /// input, rank r at [r*n, (r+1)*n). Emulated for Gloo with one broadcast per
   /// rank, each straight into its chunk of `output`: no staging buffer and no
   /// copy (Gloo's list all-gather allocates a flat N·n buffer per call and
-  /// copies out of it); each rank still sends (N-1)/N of the output in all.
+  /// copies out of it); two ranks swap their inputs in one all-to-all instead.
+  /// Each rank sends (N-1)/N of the output in all.
   void all_gather_into(torch::Tensor& output, const torch::Tensor& input);
   PendingWork all_gather_into_async(torch::Tensor& output, const torch::Tensor& input);
 
@@ -132,8 +133,10 @@ class Comm {
   /// SUM over ranks of input chunk rank(). Emulated for Gloo with one all-to-all
   /// of the chunks followed by a local sum: each rank sends (N-1)/N of the input,
   /// the bandwidth-optimal amount, never a full all-reduce. `workspace`
-  /// (optional; numel and dtype of `input`) receives the all-to-all, so a
-  /// caller that reuses buffers avoids a fresh allocation per call.
+  /// (optional; numel and dtype of `input`) receives the all-to-all (row r:
+  /// rank r's copy of this rank's chunk; with two ranks only the peer's row is
+  /// written, the own chunk being read from `input`), so a caller that reuses
+  /// buffers avoids a fresh allocation per call.
   void reduce_scatter(torch::Tensor& output, const torch::Tensor& input);
   PendingWork reduce_scatter_async(torch::Tensor& output, const torch::Tensor& input,
                                    const torch::Tensor& workspace = {});

@@ -60,6 +60,7 @@ from torch.utils.checkpoint import checkpoint
 
 PRESETS = {"gpt-nano": (3, 3, 48), "gpt-micro": (4, 4, 128), "gpt-mini": (6, 6, 192), "gpt2": (12, 12, 768)}
 VOCAB = 256  # byte-level text
+PROFILED_STEPS = (2, 4)  # 0-based: steps 3 to 5
 
 
 # ---------------------------------------------------------------- model (nanoGPT's layout)
@@ -219,7 +220,12 @@ def run_rank(rank, world, a, store_path, result_path):
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fsdp2"
                 else contextlib.nullcontext())
     losses, grad_norms, step_s = [], [], []
+    profiler = None
     for step in range(a.max_steps):
+        if a.profile and step == PROFILED_STEPS[0]:
+            # Steps 3-5, as strata-gpt --profile traces them (callbacks/profiler.h).
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            profiler.__enter__()
         # Timed like strata's Trainer::run_step: batch, forward, backward, clip, step, zero_grad, and the
         # all-reduce of the loss for the log.
         start = time.perf_counter()
@@ -239,6 +245,11 @@ def run_rank(rank, world, a, store_path, result_path):
             mean_loss /= world
         losses.append(mean_loss.item())
         step_s.append(time.perf_counter() - start)
+        if profiler is not None and step == PROFILED_STEPS[1]:
+            profiler.__exit__(None, None, None)
+            os.makedirs(a.profile, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(a.profile, f"trace-rank{rank}.json"))
+            profiler = None
     rss = [peak_rss_bytes()]
     if distributed:
         rss = [None] * world
@@ -324,6 +335,9 @@ def parse_args(argv=None):
     p.add_argument("--init-from", help="initial weights: a dict under nanoGPT's names (strata --export-weights)")
     p.add_argument("--write-init", metavar="FILE", help="write nanoGPT-initialised weights (from --seed) and exit")
     p.add_argument("--json", metavar="FILE", help="also write the result here")
+    p.add_argument("--profile", metavar="DIR",
+                   help="write DIR/trace-rank<r>.json, a Chrome trace of steps 3-5 (torch.profiler), as strata-gpt "
+                        "--profile does; bench/trace_summary.py prints where a step's time goes")
     p.add_argument("--output-dir", metavar="DIR",
                    help="also write DIR/summary.json and DIR/metrics.csv in strata-gpt's layout (strata-bench)")
     a = p.parse_args(argv)

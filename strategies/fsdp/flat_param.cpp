@@ -230,19 +230,20 @@ torch::Tensor FlatParam::load_shard() const {
   return shard.to(full_.device());
 }
 
-void FlatParam::accumulate_shard_grad(const torch::Tensor& grad) {
+void FlatParam::accumulate_shard_grad(const torch::Tensor& grad, double scale) {
   TORCH_CHECK(!frozen_, "FlatParam ", name_, ": a frozen unit has no gradients");
   TORCH_CHECK(grad.numel() == layout_.shard_numel() && grad.scalar_type() == dtype_, "FlatParam ", name_,
               ": a shard gradient has ", layout_.shard_numel(), " elements of ", dtype_, ", got ",
               grad.numel(), " of ", grad.scalar_type());
   torch::NoGradGuard no_grad;
   if (!offloaded()) {
-    shard_grad_.add_(grad);
+    shard_grad_.add_(grad, scale);  // the scale folded into the add: one pass
     return;
   }
   // Read-modify-write through the tier; the first gradient of a step is
   // written as is (the tier's copy counts as zeros after zero_shard_grad()).
-  const torch::Tensor host = grad.to(torch::kCPU).contiguous();
+  torch::Tensor host = grad.to(torch::kCPU).contiguous();
+  if (scale != 1.0) host = host.mul(scale);
   torch::Tensor sum = host;
   if (!grad_zero_) {
     sum = torch::empty_like(host);

@@ -145,7 +145,7 @@ class FlatParam {
   void release_full_grad();
   /// Adds a reduced gradient (this rank's part, [shard_numel]) to the shard
   /// gradient: gradients accumulate over synchronised backwards.
-  void accumulate_shard_grad(const torch::Tensor& grad);
+  void accumulate_shard_grad(const torch::Tensor& grad, double scale = 1.0);
   /// The shard gradient's 2-norm (0-dim, its dtype), for clipping.
   torch::Tensor shard_grad_norm() const;
   /// Multiplies the shard gradient by `coef` (offloaded: when next read).

@@ -50,7 +50,12 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
   // Without grad no backward will come for this unit: always free it.
-  if (!grad || (reshard_after_forward_ && !recompute)) for_parts(slot, [](FlatParam& part) { part.reshard(); });
+  // Unset reshard_after_forward keeps the last unit gathered when a backward
+  // follows (torchtitan's default): backward starts with it and would gather
+  // it again at once, with nothing to overlap that all-gather. Also under an
+  // activation checkpoint's no-grad forward, whose recompute needs it then.
+  const bool keep = keep_last_unit_ && backward_follows_ && index == num_wrap_slots_ - 1;
+  if (!keep && (!grad || (reshard_after_forward_ && !recompute))) for_parts(slot, [](FlatParam& part) { part.reshard(); });
   return out;
 }
 
@@ -66,13 +71,15 @@ void FSDPStrategy::begin_forward() {
 
 torch::Tensor FSDPStrategy::training_step(TrainingModule& module, const Batch& batch) {
   begin_forward();
+  backward_follows_ = torch::GradMode::is_enabled();
   auto loss = module.training_step(batch);
-  if (!torch::GradMode::is_enabled()) reshard_all();
+  if (!backward_follows_) reshard_all();
   return loss;
 }
 
 ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch& batch) {
   begin_forward();
+  backward_follows_ = false;
   auto out = module.validation_step(batch);
   reshard_all();
   return out;
@@ -134,6 +141,7 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   // Every backward resets readiness (not only synchronised ones): under
   // no_sync the hooks still free each unit's full parameters.
   grad_sync_.backward(loss, /*require_sync=*/true);
+  backward_follows_ = false;
   // Frozen parts no event freed (the root's; a unit whose input needed no
   // gradient): backward is over, nothing reads them any more.
   for (auto& unit : frozen_units_) unit->reshard();
@@ -230,12 +238,14 @@ void FSDPStrategy::finish_oldest_reduction() {
     replicate_comm_.all_reduce(sum);
   }
   // Divided after the upcast: a bf16 sum divided in fp32 loses no more.
-  auto mean = sum.div_(world_size());
   if (r.unit->sharded()) {
     // Added, not copied: gradients accumulate over synchronised backwards
-    // (offloaded: into the tier's copy).
-    r.unit->accumulate_shard_grad(mean);
-  } else if (!mean.is_same(r.unit->shard_grad())) {
+    // (offloaded: into the tier's copy). The mean is taken in the same pass.
+    r.unit->accumulate_shard_grad(sum, 1.0 / world_size());
+    return;
+  }
+  auto mean = sum.div_(world_size());
+  if (!mean.is_same(r.unit->shard_grad())) {
     r.unit->shard_grad().copy_(mean);  // reduced in a cast copy
   }
 }

@@ -239,6 +239,11 @@ class FSDPStrategy : public Strategy, private ShardedState {
 
   FSDPOptions options_;
   bool reshard_after_forward_ = true;
+  // reshard_after_forward unset (full_shard, hybrid_shard): every unit but
+  // the last is freed after its forward.
+  bool keep_last_unit_ = false;
+  // Inside a training step with grad enabled: its backward will come.
+  bool backward_follows_ = false;
   Comm shard_comm_;      // all-gathers and reduce-scatters (hybrid.h: FsdpGroups)
   Comm replicate_comm_;  // all-reduces the shard gradients (no_shard: full ones)
   int shard_world_ = 1;

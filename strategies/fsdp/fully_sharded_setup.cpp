@@ -18,6 +18,7 @@ FSDPStrategy::FSDPStrategy(Comm comm, FSDPOptions options)
     : Strategy(std::move(comm)),
       options_(std::move(options)),
       reshard_after_forward_(resolve_reshard_after_forward(options_)),
+      keep_last_unit_(reshard_after_forward_ && !options_.reshard_after_forward().has_value()),
       grad_sync_(options_.find_unused_parameters()) {
   // The module's tensors do not hold this rank's state between steps: the
   // base routes full_params, model_state_bytes, report and the clip here.

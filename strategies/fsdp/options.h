@@ -24,8 +24,10 @@ std::string to_string(ShardingStrategy strategy);
 struct FSDPOptions {
   TORCH_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
   /// Free a unit's full parameters after its forward (gather them again for
-  /// its backward). Unset: the sharding strategy's own choice (full_shard:
-  /// and hybrid_shard: true; shard_grad_op, no_shard: false). true contradicts
+  /// its backward). Unset: the sharding strategy's own choice (full_shard
+  /// and hybrid_shard: every unit but the last, which backward starts with,
+  /// as torchtitan does; shard_grad_op, no_shard: none). true: every unit,
+  /// the last included (FSDP2's reshard_after_forward=True). true contradicts
   /// shard_grad_op and no_shard (an error); full_shard + false behaves as
   /// shard_grad_op (hybrid_shard + false: the same inside each node).
   TORCH_ARG(c10::optional<bool>, reshard_after_forward) = c10::nullopt;

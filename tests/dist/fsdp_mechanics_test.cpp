@@ -145,37 +145,45 @@ class StepBytes : public strata::Callback {
   strata::CommBytes before, after;
 };
 
-TEST(FsdpCommTest, AllGathersTwoPsiAndReduceScattersOnePsiPerStep) {
-  const auto units = nano_unit_numels();
+TEST(FsdpCommTest, AllGathersUnitsTwiceButTheLastAndTheRootAndReduceScattersOnePsiPerStep) {
+  const auto units = nano_unit_numels();  // the wrap units in order, then the root
   int64_t psi = 0;
   for (int64_t n : units) psi += n;
+  const size_t last = units.size() - 2;  // the last wrap unit
   for (int world : {2, 3}) {
-    std::vector<std::shared_ptr<StepBytes>> bytes;
-    for (int r = 0; r < world; ++r) bytes.push_back(std::make_shared<StepBytes>());
-    FsdpRun run;
-    run.world = world;
-    run.callbacks = [&](int rank) { return std::vector<std::shared_ptr<strata::Callback>>{bytes[rank]}; };
-    train_fsdp(gpt_nano(), fsdp_test_options(2, 1, 0.0, 3), run);
-    // Wrap units are gathered for forward and again for backward; the root
-    // once (kept from forward to its backward). Every unit reduce-scattered once.
-    int64_t gathered = 0, reduced = 0;
-    for (size_t u = 0; u < units.size(); ++u) {
-      const int64_t shard = ceil_div(units[u], world);
-      gathered += (u + 1 < units.size() ? 2 : 1) * shard;
-      reduced += shard;
-    }
-    const double psi_share = 4.0 * static_cast<double>(psi) * (world - 1) / world;  // Ψ·(N-1)/N
-    for (int r = 0; r < world; ++r) {
-      const int64_t ag = bytes[r]->sent(strata::CollectiveKind::kAllGather);
-      const int64_t rs = bytes[r]->sent(strata::CollectiveKind::kReduceScatter);
-      EXPECT_EQ(ag, 4 * (world - 1) * gathered) << "world " << world << " rank " << r;
-      EXPECT_EQ(rs, 4 * (world - 1) * reduced) << "world " << world << " rank " << r;
-      EXPECT_NEAR(ag / psi_share, 2.0, 0.05);  // the root (1.4% of Ψ) is gathered once
-      EXPECT_NEAR(rs / psi_share, 1.0, 0.01);
-      if (r == 0) {
-        std::cout << "[ fsdp bytes ] world " << world << ": all-gather " << ag << " B = "
-                  << ag / psi_share << " x Ψ(N-1)/N, reduce-scatter " << rs << " B = " << rs / psi_share
-                  << " x Ψ(N-1)/N (Ψ = " << 4 * psi << " B)\n";
+    // Unset (auto): the last unit is kept from its forward to its backward,
+    // as torchtitan does; true: it is freed and gathered again, as every unit.
+    for (const bool always : {false, true}) {
+      std::vector<std::shared_ptr<StepBytes>> bytes;
+      for (int r = 0; r < world; ++r) bytes.push_back(std::make_shared<StepBytes>());
+      FsdpRun run;
+      run.world = world;
+      if (always) run.options = FSDPOptions().reshard_after_forward(true);
+      run.callbacks = [&](int rank) { return std::vector<std::shared_ptr<strata::Callback>>{bytes[rank]}; };
+      train_fsdp(gpt_nano(), fsdp_test_options(2, 1, 0.0, 3), run);
+      // Wrap units are gathered for forward and again for backward; the root
+      // once (kept from forward to its backward). Every unit reduce-scattered once.
+      int64_t gathered = 0, reduced = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        const int64_t shard = ceil_div(units[u], world);
+        const bool once = u == units.size() - 1 || (u == last && !always);
+        gathered += (once ? 1 : 2) * shard;
+        reduced += shard;
+      }
+      const double psi_share = 4.0 * static_cast<double>(psi) * (world - 1) / world;  // Ψ·(N-1)/N
+      for (int r = 0; r < world; ++r) {
+        SCOPED_TRACE("world " + std::to_string(world) + " rank " + std::to_string(r) +
+                     (always ? " reshard_after_forward=true" : " auto"));
+        const int64_t ag = bytes[r]->sent(strata::CollectiveKind::kAllGather);
+        const int64_t rs = bytes[r]->sent(strata::CollectiveKind::kReduceScatter);
+        EXPECT_EQ(ag, 4 * (world - 1) * gathered);
+        EXPECT_EQ(rs, 4 * (world - 1) * reduced);
+        EXPECT_NEAR(rs / psi_share, 1.0, 0.01);
+        if (r == 0) {
+          std::cout << "[ fsdp bytes ] world " << world << (always ? " always" : " auto") << ": all-gather "
+                    << ag << " B = " << ag / psi_share << " x Ψ(N-1)/N, reduce-scatter " << rs << " B = "
+                    << rs / psi_share << " x Ψ(N-1)/N (Ψ = " << 4 * psi << " B)\n";
+        }
       }
     }
   }

@@ -99,8 +99,9 @@ TEST(LoraTest, ModelStateAndBytesSentFollowTheFormulas) {
   //   oss: params 4(t+f), grads 4t, optimizer 8t/N; reduce-scatter + all-gather, 4t·(N-1)/N each
   //   sdp: params 4(t+f), grads 4t/N, optimizer 8t/N; reduce to owners + all-gather, 4t·(N-1)/N each
   //   fsdp: params 4f/N + 4t/N (frozen sharded too), grads 4t/N, optimizer 8t/N; reduce-scatter
-  //         4t·(N-1)/N; all-gather twice (forward, backward) of the blocks' t and f, once
-  //         of the root's frozen f_root (gathered for the whole step): 4(2t + 2f - f_root)(N-1)/N
+  //         4t·(N-1)/N; all-gather twice (forward, backward) of the blocks' t and f, once of
+  //         the last block's n_last (kept for backward) and of the root's frozen f_root
+  //         (gathered for the whole step): 4(2t + 2f - f_root - n_last)(N-1)/N
   // (flat buffers pad each to a multiple of N: a few elements).
   const int world = 2;
   const auto model = lora_options();
@@ -109,7 +110,10 @@ TEST(LoraTest, ModelStateAndBytesSentFollowTheFormulas) {
   ASSERT_EQ(t, strata::recipes::count_lora_parameters(model));
   const double share = 4.0 * static_cast<double>(t) * (world - 1) / world;
   int64_t f_root = 0;  // frozen parameters in no block: embeddings, ln_f
+  int64_t n_last = 0;  // every parameter of the last block
+  const std::string last_block = "h" + std::to_string(model.n_layer() - 1) + ".";
   for (const auto& item : make_module(model).module().named_parameters()) {
+    if (item.key().rfind(last_block, 0) == 0) n_last += item.value().numel();
     if (item.value().requires_grad()) continue;
     if (item.key().rfind("h", 0) != 0 || item.key().find('.') == std::string::npos ||
         !std::isdigit(static_cast<unsigned char>(item.key()[1]))) {
@@ -117,6 +121,7 @@ TEST(LoraTest, ModelStateAndBytesSentFollowTheFormulas) {
     }
   }
   ASSERT_GT(f_root, 0);
+  ASSERT_GT(n_last, 0);
   using K = strata::CollectiveKind;
   for (const std::string strategy : {"ddp", "oss", "sdp", "fsdp"}) {
     const auto got = train(strategy, world, options("adamw", 2, 3), model);
@@ -139,8 +144,10 @@ TEST(LoraTest, ModelStateAndBytesSentFollowTheFormulas) {
       EXPECT_NEAR(sent(K::kAllReduce) - 16.0, 2 * share, 0.01 * share) << strategy;  // + the loss's all-reduce
     } else {
       // sdp reduces each bucket to its owner during backward (reduce), oss and
-      // fsdp reduce-scatter; fsdp gathers each unit for forward and backward.
-      const double gathered = strategy == "fsdp" ? 4.0 * (2 * t + 2 * f - f_root) * (world - 1) / world : share;
+      // fsdp reduce-scatter; fsdp gathers each unit for forward and backward
+      // but the last, kept from its forward to its backward.
+      const double gathered =
+          strategy == "fsdp" ? 4.0 * (2 * t + 2 * f - f_root - n_last) * (world - 1) / world : share;
       EXPECT_NEAR(sent(strategy == "sdp" ? K::kReduce : K::kReduceScatter), share, 0.02 * share) << strategy;
       EXPECT_NEAR(sent(K::kAllGather), gathered, 0.02 * share) << strategy;
     }
