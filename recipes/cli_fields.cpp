@@ -99,7 +99,7 @@ std::vector<Field> launch_fields() {
        "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
        "machine has available", true},
       {"cpu-cache", 2, &C::cpu_cache,
-       "keep freed CPU blocks of 1 MiB and more for reuse, trimmed every step to what the step "
+       "keep freed CPU blocks of 64 KiB and more for reuse, trimmed every step to what the step "
        "reused (false: back to the system at once, each step's large tensors fresh pages)"},
   };
 }

@@ -31,6 +31,7 @@
 //   build/bin/strata-micro-bench                       # ~20 s on 2 cores
 //   build/bin/strata-micro-bench --benchmark_filter=Matmul
 //   build/bin/strata-micro-bench --benchmark_filter=Attention
+#include "bench/micro/scoped_threads.h"
 #include "kernels/attention.h"
 #include "strategies/comm.h"
 #include "strategies/thread_world.h"
@@ -209,7 +210,26 @@ void BM_AttentionMemory(benchmark::State& state) {
   state.counters["peak_bytes"] = double(peak);
 }
 
+// LayerNorm forward + backward on a GPT block's activations (batch 8, block
+// 128, width 192): the same ATen kernel PyTorch runs, timed here to compare
+// with a Python loop over the same shapes.
+void BM_LayerNorm(benchmark::State& state) {
+  strata::bench::ScopedThreads threads(state.range(0));
+  torch::manual_seed(0);
+  auto x = torch::randn({8, 128, 192}).requires_grad_(true);
+  torch::nn::LayerNorm ln(torch::nn::LayerNormOptions({192}));
+  auto g = torch::randn({8, 128, 192});
+  for (auto _ : state) {
+    auto y = ln(x);
+    if (state.range(1) == 1) y.backward(g);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+}
+
 }  // namespace
+
+BENCHMARK(BM_LayerNorm)->ArgsProduct({{1, 2}, {0, 1}})->ArgNames({"threads", "backward"})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.3);
 
 // Real time throughout: the main thread's CPU time misses the other intra-op
 // thread's (or the peer rank's) work and the waits.
