@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <ATen/record_function.h>
+
 #include "kernels/attention_tiles.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -222,6 +224,7 @@ torch::Tensor readable(const torch::Tensor& t) {
 AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch::Tensor& k_in,
                                           const torch::Tensor& v_in, double dropout_p,
                                           uint64_t seed) {
+  RECORD_FUNCTION("strata::causal_attention_forward", std::vector<c10::IValue>());  // a span in --profile traces
   check_inputs(q_in, k_in, v_in, dropout_p);
   const auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
