@@ -49,11 +49,12 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
   auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
-  // Without grad no backward will come for this unit: always free it.
-  // Unset reshard_after_forward keeps the last unit gathered when a backward
+  // Without grad no backward will come for this unit's graph: free it (an
+  // activation checkpoint's recompute gathers it again). Except: unset
+  // reshard_after_forward keeps the last unit gathered when a backward
   // follows (torchtitan's default): backward starts with it and would gather
-  // it again at once, with nothing to overlap that all-gather. Also under an
-  // activation checkpoint's no-grad forward, whose recompute needs it then.
+  // it again at once, with nothing to overlap that all-gather. That holds
+  // under a checkpoint's no-grad forward too, whose recompute needs it then.
   const bool keep = keep_last_unit_ && backward_follows_ && index == num_wrap_slots_ - 1;
   if (!keep && (!grad || (reshard_after_forward_ && !recompute))) for_parts(slot, [](FlatParam& part) { part.reshard(); });
   return out;
