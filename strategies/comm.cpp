@@ -46,7 +46,7 @@ bool needs_emulation(const c10d::ProcessGroup& pg) { return pg.getBackendName() 
 // The flat collectives under the names both supported LibTorch versions have.
 // LibTorch 2.15 renamed them (all_gather_single, reduce_scatter_single,
 // all_to_all_single) and deprecated the old names; 2.11, which the GPU
-// machines carry, has only the old ones. Only these three call them.
+// machines carry, has only the old ones. Only these four call them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 c10::intrusive_ptr<c10d::Work> flat_all_gather(c10d::ProcessGroup& pg, at::Tensor& out, at::Tensor& in) {
