@@ -69,27 +69,56 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  for (auto& group : param_groups_) {
-    auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      const auto& grad = p.grad();
-      TORCH_CHECK(!grad.is_sparse(), "AdamW does not support sparse gradients");
-      auto& state = state_of(p, options);
-      state.step(state.step() + 1);
-      if (fusable(p, grad, options) && fp32_dense(state.exp_avg()) && fp32_dense(state.exp_avg_sq()) &&
-          state.exp_avg().numel() == p.numel() && state.exp_avg_sq().numel() == p.numel()) {
-        fused_adamw_step(p, grad, state.exp_avg(), state.exp_avg_sq(),
-                         AdamWStepOptions::from(options, state.step()));
-        ++fused_steps_;
-      } else {
-        if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
-        reference_step(p, grad, state, options);
-        ++fallback_steps_;
-      }
+  for (auto& group : param_groups_) step_group(group);
+  return loss;
+}
+
+void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
+  auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
+  // ATen's kernel takes the group as lists, with each parameter's step count
+  // as a float tensor it reads (PyTorch's AdamW increments it before the call).
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  for (auto& p : group.params()) {
+    if (!p.grad().defined()) continue;
+    const auto& grad = p.grad();
+    TORCH_CHECK(!grad.is_sparse(), "AdamW does not support sparse gradients");
+    auto& state = state_of(p, options);
+    state.step(state.step() + 1);
+    const bool kernel_takes = fusable(p, grad, options) && fp32_dense(state.exp_avg()) &&
+                              fp32_dense(state.exp_avg_sq()) && state.exp_avg().numel() == p.numel() &&
+                              state.exp_avg_sq().numel() == p.numel();
+    if (!kernel_takes) {
+      if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
+      reference_step(p, grad, state, options);
+      ++fallback_steps_;
+    } else if (kernel_ == FusedAdamWKernel::kStrata) {
+      fused_adamw_step(p, grad, state.exp_avg(), state.exp_avg_sq(), AdamWStepOptions::from(options, state.step()));
+      ++fused_steps_;
+    } else {
+      params.push_back(p);
+      grads.push_back(grad);
+      exp_avgs.push_back(state.exp_avg());
+      exp_avg_sqs.push_back(state.exp_avg_sq());
+      steps.push_back(torch::full({}, static_cast<float>(state.step()), torch::kFloat));
+      ++fused_steps_;
     }
   }
-  return loss;
+  if (params.empty()) return;
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
+                    std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(),
+                    options.eps(), /*amsgrad=*/false, /*maximize=*/false);
+}
+
+std::string fused_adamw_kernel_name(FusedAdamWKernel kernel) {
+  return kernel == FusedAdamWKernel::kAten ? "aten" : "strata";
+}
+
+std::vector<std::string> fused_adamw_kernel_names() { return {"strata", "aten"}; }
+
+FusedAdamWKernel parse_fused_adamw_kernel(const std::string& name) {
+  if (name == "strata") return FusedAdamWKernel::kStrata;
+  TORCH_CHECK_VALUE(name == "aten", "unknown AdamW kernel '", name, "'; available: strata, aten");
+  return FusedAdamWKernel::kAten;
 }
 
 }  // namespace strata

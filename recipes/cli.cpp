@@ -287,6 +287,32 @@ ParseResult parse_run_config(const std::vector<std::string>& argv,
   }
 }
 
+namespace {
+
+/// Why config.ini comments `key` out (the run does not read it), or nullopt.
+/// Commented out, the file stays valid as --config (a key that would be
+/// ignored is an error there) and still says which knobs this run did not use.
+std::optional<std::string> unread_because(const std::string& key, const RunConfig& config) {
+  if (const auto option = unused_by(key, config.strategy)) {
+    return "not used by strategy '" + config.strategy + "'; it is for " + option->applies_to;
+  }
+  if ((key == "fused-adamw" || key == "adamw-kernel") && config.optimizer != "adamw") {
+    return "not used by optimizer '" + config.optimizer + "'; it is for adamw";
+  }
+  if (key == "adamw-kernel" && !config.fused_adamw) return std::string("not used with fused-adamw = false");
+  if (const auto why = data_ignores(key, config.data)) return "not read: " + *why;
+  if (const auto why = precision_ignores(key, config)) return "not read: " + *why;
+  if ((key == "lora-alpha" || key == "lora-targets") && config.lora_rank == 0) {
+    return std::string("not used without lora-rank");
+  }
+  if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
+    return std::string("not used without checkpoint-monitor");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string to_ini(const RunConfig& config) {
   const auto titles = group_titles();
   std::ostringstream out;
@@ -297,37 +323,11 @@ std::string to_ini(const RunConfig& config) {
       group = f.group;
     }
     const std::string value = text_of(config, f);
-    // Commented out where the strategy does not read it: the file then stays
-    // valid as --config (a strategy-specific key given to another strategy is
-    // an error) and says which knobs this run did not use.
-    if (const auto option = unused_by(f.key, config.strategy)) {
-      out << "# " << f.key << " = " << value << "  (not used by strategy '" << config.strategy
-          << "'; it is for " << option->applies_to << ")\n";
-      continue;
+    if (const auto why = unread_because(f.key, config)) {
+      out << "# " << f.key << " = " << value << "  (" << *why << ")\n";
+    } else {
+      out << f.key << (value.empty() ? " =" : " = ") << value << '\n';
     }
-    if (std::string(f.key) == "fused-adamw" && config.optimizer != "adamw") {
-      out << "# " << f.key << " = " << value << "  (not used by optimizer '" << config.optimizer
-          << "'; it is for adamw)\n";
-      continue;
-    }
-    const std::string key = f.key;
-    if (const auto why = data_ignores(key, config.data)) {
-      out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
-      continue;
-    }
-    if (const auto why = precision_ignores(key, config)) {
-      out << "# " << f.key << " = " << value << "  (not read: " << *why << ")\n";
-      continue;
-    }
-    if ((key == "lora-alpha" || key == "lora-targets") && config.lora_rank == 0) {
-      out << "# " << f.key << " = " << value << "  (not used without lora-rank)\n";
-      continue;
-    }
-    if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
-      out << "# " << f.key << " = " << value << "  (not used without checkpoint-monitor)\n";
-      continue;
-    }
-    out << f.key << (value.empty() ? " =" : " = ") << value << '\n';
   }
   return out.str();
 }

@@ -59,6 +59,7 @@ struct RunConfig {
   int64_t accumulate_grad_batches = 1;
   std::string optimizer = "adamw";  ///< adamw or sgd (plain, no momentum)
   bool fused_adamw = true;          ///< adamw: FusedAdamW (one fused pass) instead of torch::optim::AdamW
+  std::string adamw_kernel = "strata";  ///< fused-adamw: strata (kernels/fused_adamw.h) or aten (at::_fused_adamw_)
   double lr = 3e-3;
   double min_lr = 3e-4;
   int64_t warmup_steps = 100;

@@ -116,6 +116,9 @@ std::vector<Field> optimisation_fields() {
       {"fused-adamw", 3, &C::fused_adamw,
        "adamw: one fused, vectorised pass per parameter (same math and state as "
        "torch::optim::AdamW, which false selects)"},
+      {"adamw-kernel", 3, &C::adamw_kernel,
+       "fused-adamw: strata (kernels/fused_adamw.h, the faster here) or aten (ATen's _fused_adamw_, "
+       "what PyTorch's AdamW(fused=True) runs)"},
       {"lr", 3, &C::lr, "peak learning rate"},
       {"min-lr", 3, &C::min_lr, "final learning rate of the decay"},
       {"warmup-steps", 3, &C::warmup_steps, "linear warm-up steps"},

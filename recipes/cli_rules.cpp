@@ -49,6 +49,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
       {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/gpt.h attention_names(), tested
+      {"adamw-kernel", &c.adamw_kernel, {"strata", "aten"}},    // fused_adamw_kernel_names(), tested
       {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"activation", &c.activation, {"gelu", "gelu_new"}},
       {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
@@ -100,9 +101,14 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
       return named(where, key) + " would be ignored: " + *why;
     }
   }
-  if (const auto it = given.find("fused-adamw"); it != given.end() && c.optimizer != "adamw") {
-    return named(it->second, "fused-adamw") + " does not apply to optimizer '" + c.optimizer +
-           "' (it would be ignored); it is for adamw only";
+  for (const char* key : {"fused-adamw", "adamw-kernel"}) {
+    if (const auto it = given.find(key); it != given.end() && c.optimizer != "adamw") {
+      return named(it->second, key) + " does not apply to optimizer '" + c.optimizer +
+             "' (it would be ignored); it is for adamw only";
+    }
+  }
+  if (const auto it = given.find("adamw-kernel"); it != given.end() && !c.fused_adamw) {
+    return named(it->second, "adamw-kernel") + " does not apply with --fused-adamw false (it would be ignored)";
   }
   for (const char* key : {"lora-alpha", "lora-targets"}) {
     if (const auto it = given.find(key); it != given.end() && c.lora_rank == 0) {

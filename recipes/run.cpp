@@ -373,6 +373,7 @@ TrainerOptions trainer_options(const RunConfig& c) {
                        .min_loss_scale(c.min_loss_scale))
       .optimizer(c.optimizer)
       .fused_adamw(c.fused_adamw)
+      .fused_adamw_kernel(parse_fused_adamw_kernel(c.adamw_kernel))
       .lr(c.lr)
       .min_lr(std::min(c.min_lr, c.lr))
       .warmup_steps(c.warmup_steps)

@@ -85,7 +85,9 @@ OptimizerFactory optimizer_factory(const TrainerOptions& options) {
                               .weight_decay(options.weight_decay());
     return with_exact_group_options(std::move(groups), [&](std::vector<torch::optim::OptimizerParamGroup> g)
                                                            -> std::unique_ptr<torch::optim::Optimizer> {
-      if (options.fused_adamw()) return std::make_unique<FusedAdamW>(std::move(g), defaults);
+      if (options.fused_adamw()) {
+        return std::make_unique<FusedAdamW>(std::move(g), defaults, options.fused_adamw_kernel());
+      }
       return std::make_unique<torch::optim::AdamW>(std::move(g), defaults);
     });
   };

@@ -15,6 +15,7 @@
 #include "trainer/lr_schedule.h"
 #include "trainer/memory.h"
 #include "core/training_module.h"
+#include "kernels/fused_adamw_optimizer.h"
 
 #include <torch/torch.h>
 
@@ -56,6 +57,9 @@ struct TrainerOptions {
   /// vectorised pass per parameter, the same math and state as
   /// torch::optim::AdamW) instead of torch::optim::AdamW.
   TORCH_ARG(bool, fused_adamw) = true;
+  /// Which fused step FusedAdamW runs (fused_adamw() only): strata's kernel or
+  /// ATen's at::_fused_adamw_ (PyTorch's AdamW(fused=True)).
+  TORCH_ARG(FusedAdamWKernel, fused_adamw_kernel) = FusedAdamWKernel::kStrata;
   TORCH_ARG(double, lr) = 1e-3;
   TORCH_ARG(double, min_lr) = 1e-4;
   TORCH_ARG(int64_t, warmup_steps) = 0;
@@ -225,7 +229,7 @@ std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(
     torch::nn::Module& module, const TrainerOptions& options);
 
 /// options.optimizer() with the trainer's settings (AdamW: betas/eps; FusedAdamW
-/// when options.fused_adamw()); lr and weight decay come per group.
+/// with options.fused_adamw_kernel() when options.fused_adamw()); lr and weight decay come per group.
 OptimizerFactory optimizer_factory(const TrainerOptions& options);
 
 }  // namespace strata

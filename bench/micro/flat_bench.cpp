@@ -12,12 +12,17 @@
 //                              element count (what OSS/SDP/FSDP step on a rank's shard);
 //                              counter vs_torch_per_param: torch's time ÷ this one's,
 //                              the two stepped alternately
+//   BM_AdamWFusedPerParam/threads/kernel  FusedAdamW over gpt-mini's per-parameter tensors
+//                              (what single/ddp step), kernel 0: strata's, 1: ATen's
+//                              _fused_adamw_; counter vs_other: the other kernel's time
+//                              ÷ this one's, the two stepped alternately
 //
 // Counter GB (GB/s): flatten/unflatten count read + write bytes; the AdamW steps count the
 // fused step's 7 x 4 bytes per element (read p, g, m, v; write p, m, v).
 //
 //   build/bin/strata-micro-bench --benchmark_filter='Flatten|Unflatten|PerParam|FlatShard'
 #include "kernels/fused_adamw.h"
+#include "kernels/fused_adamw_optimizer.h"
 
 #include "bench/micro/scoped_threads.h"
 
@@ -25,6 +30,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
 
 namespace {
 
@@ -102,18 +108,22 @@ torch::optim::AdamWOptions adamw_options() {
   return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
 }
 
-/// torch::optim::AdamW over gpt-mini's per-parameter tensors.
+/// An AdamW (torch::optim::AdamW by default) over gpt-mini's per-parameter tensors.
 struct TorchPerParam {
   std::vector<torch::Tensor> params = model_params();
   std::unique_ptr<torch::optim::AdamW> opt;
   int64_t numel = 0;
-  TorchPerParam() {
+  explicit TorchPerParam(std::optional<strata::FusedAdamWKernel> fused = std::nullopt) {
     for (auto& p : params) {
       p.requires_grad_(true);
       p.mutable_grad() = torch::randn_like(p);
       numel += p.numel();
     }
-    opt = std::make_unique<torch::optim::AdamW>(params, adamw_options());
+    if (fused) {
+      opt = std::make_unique<strata::FusedAdamW>(params, adamw_options(), *fused);
+    } else {
+      opt = std::make_unique<torch::optim::AdamW>(params, adamw_options());
+    }
     opt->step();  // warm-up: state allocated and touched
   }
 };
@@ -154,6 +164,28 @@ void BM_AdamWFlatShard(benchmark::State& state) {
   if (fused_s > 0) state.counters["vs_torch_per_param"] = torch_s / fused_s;
 }
 
+void BM_AdamWFusedPerParam(benchmark::State& state) {
+  strata::bench::ScopedThreads threads(state.range(0));
+  const auto kernel = state.range(1) == 1 ? strata::FusedAdamWKernel::kAten : strata::FusedAdamWKernel::kStrata;
+  const auto other = state.range(1) == 1 ? strata::FusedAdamWKernel::kStrata : strata::FusedAdamWKernel::kAten;
+  TorchPerParam timed(kernel), yardstick(other);
+  double timed_s = 0.0, other_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    timed.opt->step();
+    benchmark::DoNotOptimize(timed.params[0].data_ptr());
+    const auto t1 = std::chrono::steady_clock::now();
+    yardstick.opt->step();
+    const auto t2 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    timed_s += std::chrono::duration<double>(t1 - t0).count();
+    other_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  state.counters["GB"] = benchmark::Counter(7.0 * 4 * timed.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  if (timed_s > 0) state.counters["vs_other"] = other_s / timed_s;
+  state.SetLabel(strata::fused_adamw_kernel_name(kernel));
+}
+
 }  // namespace
 
 // Real time: the main thread's CPU time misses the second intra-op thread's work.
@@ -161,3 +193,5 @@ BENCHMARK(BM_FlattenUnit)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::k
 BENCHMARK(BM_UnflattenUnit)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.3);
 BENCHMARK(BM_AdamWTorchPerParam)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_AdamWFlatShard)->Arg(1)->Arg(2)->ArgName("threads")->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(0.5);
+BENCHMARK(BM_AdamWFusedPerParam)->ArgsProduct({{1, 2}, {0, 1}})->ArgNames({"threads", "kernel"})
+    ->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(1.0);

@@ -138,16 +138,21 @@ void expect_parity(const Case& c) {
 
 /// Checks after every step that the Trainer's optimizer is a FusedAdamW whose
 /// every parameter (the strategy's flat-shard views included) took the
-/// fused kernel, never the fallback.
+/// fused kernel asked for, never the fallback.
 class ExpectFusedSteps : public strata::Callback {
  public:
+  explicit ExpectFusedSteps(strata::FusedAdamWKernel kernel) : kernel_(kernel) {}
   std::string name() const override { return "ExpectFusedSteps"; }
   void on_train_batch_end(strata::Trainer& trainer, strata::TrainingModule&, const strata::StepMetrics&) override {
     const auto* fused = dynamic_cast<const strata::FusedAdamW*>(trainer.optimizer());
     ASSERT_NE(fused, nullptr);
     EXPECT_GT(fused->fused_steps(), 0);
     EXPECT_EQ(fused->fallback_steps(), 0);
+    EXPECT_EQ(fused->kernel(), kernel_);
   }
+
+ private:
+  strata::FusedAdamWKernel kernel_;
 };
 
 TEST(FusedAdamWStrategyTest, MatchesTorchAdamWOver100StepsUnderEveryStrategy) {
@@ -158,9 +163,11 @@ TEST(FusedAdamWStrategyTest, MatchesTorchAdamWOver100StepsUnderEveryStrategy) {
   for (const std::string strategy : {"single", "ddp", "oss", "sdp", "fsdp"}) {
     const int world = strategy == "single" ? 1 : 2;
     const auto options = options_for(2, 1, 1.0, steps);
-    std::vector<torch::Tensor> results[2];
-    for (const bool fused : {false, true}) {
-      const auto what = strategy + (fused ? " fused" : " torch");
+    // 0: torch::optim::AdamW, 1: FusedAdamW with strata's kernel, 2: with ATen's.
+    std::vector<torch::Tensor> results[3];
+    for (const int variant : {0, 1, 2}) {
+      const bool fused = variant > 0;
+      const auto kernel = variant == 2 ? strata::FusedAdamWKernel::kAten : strata::FusedAdamWKernel::kStrata;
       std::mutex mu;
       strata::StrategyRegistry registry;
       strata::register_builtin_strategies(registry);
@@ -168,21 +175,25 @@ TEST(FusedAdamWStrategyTest, MatchesTorchAdamWOver100StepsUnderEveryStrategy) {
         auto module = make_module();
         strata::testing::ToyData data;
         std::vector<std::shared_ptr<strata::Callback>> callbacks;
-        if (fused) callbacks.push_back(std::make_shared<ExpectFusedSteps>());
+        if (fused) callbacks.push_back(std::make_shared<ExpectFusedSteps>(kernel));
         std::shared_ptr<strata::Strategy> strat = registry.create(strategy, comm);
-        strata::Trainer(strata::TrainerOptions(options).fused_adamw(fused), strat, callbacks).fit(module, data);
+        strata::Trainer(strata::TrainerOptions(options).fused_adamw(fused).fused_adamw_kernel(kernel), strat,
+                        callbacks)
+            .fit(module, data);
         const auto full = strat->full_params();  // FSDP: the module holds only shards otherwise
         std::lock_guard<std::mutex> lock(mu);
         if (comm.rank() != 0) return;
-        for (const auto& p : module.module().parameters()) results[fused].push_back(p.detach().clone());
+        for (const auto& p : module.module().parameters()) results[variant].push_back(p.detach().clone());
       }, std::chrono::seconds(120));
     }
     ASSERT_FALSE(results[0].empty()) << strategy;
-    ASSERT_EQ(results[0].size(), results[1].size()) << strategy;
-    for (size_t i = 0; i < results[0].size(); ++i) {
-      EXPECT_TRUE(torch::allclose(results[1][i], results[0][i], 1e-6, 1e-6))
-          << strategy << " param " << i << " max abs diff "
-          << (results[1][i] - results[0][i]).abs().max().item<double>();
+    for (const int variant : {1, 2}) {
+      ASSERT_EQ(results[0].size(), results[variant].size()) << strategy << " variant " << variant;
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        EXPECT_TRUE(torch::allclose(results[variant][i], results[0][i], 1e-6, 1e-6))
+            << strategy << (variant == 2 ? " aten" : " strata") << " param " << i << " max abs diff "
+            << (results[variant][i] - results[0][i]).abs().max().item<double>();
+      }
     }
   }
 }

@@ -542,6 +542,31 @@ TEST(CliTest, FusedAdamWFlagSelectsTheOptimizerAndOnlyAppliesToAdamW) {
   EXPECT_EQ(sgd.config->optimizer, "sgd");
 }
 
+TEST(CliTest, AdamWKernelFlagPicksStrataOrAtenAndNeedsTheFusedAdamW) {
+  EXPECT_EQ(parse({}).config->adamw_kernel, "strata");
+  const ParseResult aten = parse({"--adamw-kernel", "aten"});
+  ASSERT_TRUE(aten.config.has_value()) << aten.message;
+  EXPECT_EQ(aten.config->adamw_kernel, "aten");
+  expect_error({"--adamw-kernel", "mkl"}, {"'mkl'", "adamw-kernel", "strata, aten"});
+  expect_error({"--fused-adamw", "false", "--adamw-kernel", "aten"},
+               {"--adamw-kernel", "--fused-adamw false", "ignored"});
+  expect_error({"--optimizer", "sgd", "--adamw-kernel", "aten"}, {"--adamw-kernel", "optimizer 'sgd'"});
+  // config.ini round-trips; with fused-adamw false the key is commented out, so the file stays valid.
+  RunConfig c;
+  c.adamw_kernel = "aten";
+  TempFile file(to_ini(c));
+  const ParseResult again = parse({"--config", file.path()});
+  ASSERT_TRUE(again.config.has_value()) << again.message;
+  EXPECT_EQ(again.config->adamw_kernel, "aten");
+  c.fused_adamw = false;
+  const std::string off_ini = to_ini(c);
+  EXPECT_NE(off_ini.find("# adamw-kernel = aten  (not used with fused-adamw = false)"), std::string::npos) << off_ini;
+  TempFile off_file(off_ini);
+  const ParseResult off = parse({"--config", off_file.path()});
+  ASSERT_TRUE(off.config.has_value()) << off.message;
+  EXPECT_FALSE(off.config->fused_adamw);
+}
+
 }  // namespace
 
 TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {

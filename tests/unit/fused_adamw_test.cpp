@@ -101,14 +101,16 @@ void expect_same_state(const std::vector<torch::Tensor>& expected_params, torch:
   }
 }
 
-class FusedAdamWThreadsTest : public ::testing::TestWithParam<int> {};
+/// Threads x kernel (strata's or ATen's fused step).
+class FusedAdamWThreadsTest : public ::testing::TestWithParam<std::tuple<int, strata::FusedAdamWKernel>> {};
 
 TEST_P(FusedAdamWThreadsTest, MatchesTorchAdamWOver100StepsWithDecayGroups) {
-  ScopedThreads threads(GetParam());
+  ScopedThreads threads(std::get<0>(GetParam()));
   auto ref_params = make_params(7);
   auto fused_params = clone_params(ref_params);
   torch::optim::AdamW reference(decay_groups(ref_params));
-  FusedAdamW fused(decay_groups(fused_params));
+  FusedAdamW fused(decay_groups(fused_params), {}, std::get<1>(GetParam()));
+  EXPECT_EQ(fused.kernel(), std::get<1>(GetParam()));
   torch::manual_seed(11);
   for (int step = 0; step < 100; ++step) {
     set_grads(ref_params, fused_params, step);
@@ -127,7 +129,27 @@ TEST_P(FusedAdamWThreadsTest, MatchesTorchAdamWOver100StepsWithDecayGroups) {
   RecordProperty("max_rel_diff_param0", std::to_string(max_rel_diff(fused_params[0], ref_params[0])));
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, FusedAdamWThreadsTest, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(ThreadsAndKernel, FusedAdamWThreadsTest,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values(strata::FusedAdamWKernel::kStrata,
+                                                              strata::FusedAdamWKernel::kAten)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Threads" +
+                                  strata::fused_adamw_kernel_name(std::get<1>(info.param));
+                         });
+
+TEST(FusedAdamWTest, KernelNamesParseAndAnUnknownOneIsRefusedWithTheChoices) {
+  for (const auto& name : strata::fused_adamw_kernel_names()) {
+    EXPECT_EQ(strata::fused_adamw_kernel_name(strata::parse_fused_adamw_kernel(name)), name);
+  }
+  try {
+    strata::parse_fused_adamw_kernel("mkl");
+    FAIL() << "no error";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown AdamW kernel 'mkl'; available: strata, aten"), std::string::npos)
+        << e.what();
+  }
+}
 
 class FusedAdamWIsaTest : public ::testing::TestWithParam<AdamWIsa> {};
 
