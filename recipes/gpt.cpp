@@ -2,6 +2,7 @@
 
 #include "core/deferred_init.h"
 #include "kernels/attention.h"
+#include "strategies/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -143,10 +144,14 @@ BlockImpl::BlockImpl(const GPTOptions& o) : approximate_(o.activation() == "gelu
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto h = x + attn_(ln_1_(x));
-  if (!c_fc_lora_) return h + dropout_(linear(c_proj_, torch::gelu(linear(c_fc_, ln_2_(h)), approximate_)));
   const auto in = ln_2_(h);
-  const auto mid = torch::gelu(linear(c_fc_, in) + c_fc_lora_(in), approximate_);
-  return h + dropout_(linear(c_proj_, mid) + c_proj_lora_(mid));
+  const auto mid = torch::gelu(c_fc_lora_ ? linear(c_fc_, in) + c_fc_lora_(in) : linear(c_fc_, in), approximate_);
+  // The block's output reads c_proj's only through dropout and the residual
+  // add, whose backward needs no values: a checkpoint's recompute skips this
+  // GEMM (strategies/activation_checkpoint.h).
+  auto out = linear_output_unread_in_recompute(mid, c_proj_->weight, c_proj_->bias);
+  if (c_proj_lora_) out = out + c_proj_lora_(mid);
+  return h + dropout_(out);
 }
 
 GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)

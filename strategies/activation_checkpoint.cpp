@@ -144,6 +144,20 @@ class RngReplay {
   at::Tensor cpu_now_, cuda_now_;
 };
 
+thread_local bool recomputing = false;
+
+/// RAII: is_recomputing() is true on this thread while it lives.
+class RecomputeScope {
+ public:
+  RecomputeScope() : previous_(recomputing) { recomputing = true; }
+  ~RecomputeScope() { recomputing = previous_; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   /// `anchor`: a tensor requiring grad, passed only when `x` does not require
@@ -194,6 +208,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     {
       RngReplay rng(*state);
       AutocastReplay autocast(state->autocast);
+      RecomputeScope recompute;
       torch::AutoGradMode grad(true);
       out = state->forward(x);
     }
@@ -210,7 +225,61 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 };
 
+/// The dtype torch::linear would compute `x` in under the current autocast.
+at::ScalarType linear_compute_dtype(const torch::Tensor& x) {
+  const auto type = x.device().type();
+  if (at::autocast::is_autocast_enabled(type) && at::isFloatingType(x.scalar_type())) {
+    return at::autocast::get_autocast_dtype(type);
+  }
+  return x.scalar_type();
+}
+
+/// linear_output_unread_in_recompute's recompute path: a zero output and the
+/// Linear's backward.
+class UnreadLinearFunction : public torch::autograd::Function<UnreadLinearFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const c10::optional<torch::Tensor>& bias, at::ScalarType dtype) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
+    ctx->saved_data["has_bias"] = bias.has_value();
+    if (bias) ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias->scalar_type());
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return torch::zeros(sizes, x.options().dtype(dtype));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto& weight = saved[1];
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data.at("dtype").toInt());
+    const auto g = grad_outputs[0].to(dtype).reshape({-1, weight.size(0)});
+    // Only what autograd asks for (a frozen weight, e.g. under LoRA, gets no
+    // GEMM), as ATen's own linear backward does.
+    torch::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) grad_x = g.mm(weight.to(dtype)).reshape(x.sizes()).to(x.scalar_type());
+    if (ctx->needs_input_grad(1)) grad_w = g.t().mm(x.to(dtype).reshape({-1, weight.size(1)})).to(weight.scalar_type());
+    if (ctx->saved_data.at("has_bias").toBool() && ctx->needs_input_grad(2)) {
+      grad_b = g.sum(0).to(static_cast<at::ScalarType>(ctx->saved_data.at("bias_dtype").toInt()));
+    }
+    return {grad_x, grad_w, grad_b, torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+bool is_recomputing() { return recomputing; }
+
+torch::Tensor linear_output_unread_in_recompute(const torch::Tensor& x, const torch::Tensor& weight,
+                                                const torch::Tensor& bias) {
+  if (!recomputing || !torch::GradMode::is_enabled()) return torch::linear(x, weight, bias);
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
+              "linear_output_unread_in_recompute: input ", x.sizes(), " does not fit weight ", weight.sizes());
+  c10::optional<torch::Tensor> b;
+  if (bias.defined()) b = bias;
+  return UnreadLinearFunction::apply(x, weight, b, linear_compute_dtype(x));
+}
 
 torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, bool preserve_rng_state) {
   TORCH_CHECK(forward, "checkpoint: forward is empty");

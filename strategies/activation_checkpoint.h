@@ -72,4 +72,22 @@ UnitRunner checkpoint_runner(const ActivationCheckpointOptions& options, UnitRun
 /// outermost layer. Errors if the module names no wrap units.
 void apply_activation_checkpointing(TrainingModule& module, const ActivationCheckpointOptions& options);
 
+/// True on this thread while a checkpointed unit's forward is being
+/// recomputed for its backward.
+bool is_recomputing();
+
+/// torch::linear(x, weight, bias) for a Linear whose output reaches the unit's
+/// output only through ops whose backward does not read their input's value
+/// (additions, dropout), e.g. a transformer block's last projection before
+/// the residual add. During a checkpoint's recompute (is_recomputing()) it
+/// computes no product: the output is zeros of the right shape and dtype, and
+/// its backward does the Linear's gradient math (dx = g·W, dW = gᵀ·x,
+/// db = Σg) from x and the weight. Why: backward reads nothing of that
+/// output, so its GEMM (a third of a GPT block's forward FLOPs) was wasted
+/// work; torch.compile's partitioner drops it from the recomputed graph the
+/// same way. Under CPU/CUDA autocast it computes in the autocast dtype, as
+/// torch::linear would. Elsewhere it is exactly torch::linear.
+torch::Tensor linear_output_unread_in_recompute(const torch::Tensor& x, const torch::Tensor& weight,
+                                                const torch::Tensor& bias);
+
 }  // namespace strata
