@@ -26,21 +26,7 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   gather(index);
   if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
   const bool grad = torch::GradMode::is_enabled();
-  torch::Tensor in = x;
-  if (grad && slot.frozen != nullptr) {
-    // A second run's backward could read the frozen part after the first
-    // run's input gradient freed it.
-    TORCH_CHECK(!slot.ran_with_grad || recompute, name(), ": wrap unit ", unit, " ran twice in one forward; a unit "
-                "with frozen parameters may run once per micro-batch (its frozen part is freed after its input's "
-                "gradient arrives)");
-    slot.ran_with_grad = true;
-    if (x.requires_grad()) {
-      // Reports when the gradient w.r.t. the unit's input is complete: every
-      // input-gradient computation (those reading the frozen part) is done.
-      in = with_pre_backward_hook(x, [this, index] { input_backward_done(index); });
-      slot.input_hooked = true;
-    }
-  }
+  const torch::Tensor in = grad && slot.frozen != nullptr ? hook_frozen_input(unit, index, x, recompute) : x;
   // A unit computing in low precision (mixed precision) takes its input in
   // that dtype, as torch's FSDP casts forward inputs, and hands its output
   // back in the caller's dtype, so the stream between units keeps its own.
@@ -49,6 +35,26 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
   auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
+  reshard_after_unit_forward(index, grad, recompute);
+  return out;
+}
+
+torch::Tensor FSDPStrategy::hook_frozen_input(int64_t unit, int index, const torch::Tensor& x, bool recompute) {
+  Slot& slot = slots_[index];
+  // A second run's backward could read the frozen part after the first
+  // run's input gradient freed it.
+  TORCH_CHECK(!slot.ran_with_grad || recompute, name(), ": wrap unit ", unit, " ran twice in one "
+              "forward; a unit with frozen parameters may run once per micro-batch (its frozen part is freed after "
+              "its input's gradient arrives)");
+  slot.ran_with_grad = true;
+  if (!x.requires_grad()) return x;
+  // Reports when the gradient w.r.t. the unit's input is complete: every
+  // input-gradient computation (those reading the frozen part) is done.
+  slot.input_hooked = true;
+  return with_pre_backward_hook(x, [this, index] { input_backward_done(index); });
+}
+
+void FSDPStrategy::reshard_after_unit_forward(int index, bool grad, bool recompute) {
   // Without grad no backward will come for this unit's graph: free it (an
   // activation checkpoint's recompute gathers it again). Except: unset
   // reshard_after_forward keeps the last unit gathered when a backward
@@ -56,8 +62,8 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   // it again at once, with nothing to overlap that all-gather. That holds
   // under a checkpoint's no-grad forward too, whose recompute needs it then.
   const bool keep = keep_last_unit_ && backward_follows_ && index == num_wrap_slots_ - 1;
-  if (!keep && (!grad || (reshard_after_forward_ && !recompute))) for_parts(slot, [](FlatParam& part) { part.reshard(); });
-  return out;
+  if (keep) return;
+  if (!grad || (reshard_after_forward_ && !recompute)) for_parts(slots_[index], [](FlatParam& part) { part.reshard(); });
 }
 
 void FSDPStrategy::begin_forward() {

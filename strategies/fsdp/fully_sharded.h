@@ -208,6 +208,12 @@ class FSDPStrategy : public Strategy, private ShardedState {
   void install_gradient_hooks();
 
   torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
+  /// run_unit's input under grad for a slot with a frozen part: x, or x behind
+  /// the hook that reports its gradient (input_backward_done).
+  torch::Tensor hook_frozen_input(int64_t unit, int slot, const torch::Tensor& x, bool recompute);
+  /// run_unit's end: frees the slot's gathered parameters unless backward
+  /// needs them (see there).
+  void reshard_after_unit_forward(int slot, bool grad, bool recompute);
   void begin_forward();
   void gather(int slot);  // slots_[slot], both parts
   void prefetch(int slot);
