@@ -138,6 +138,25 @@ void BM_AdamWTorchPerParam(benchmark::State& state) {
   state.counters["GB"] = benchmark::Counter(7.0 * 4 * t.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// Runs `timed` and `yardstick` alternately, once each per iteration (a load
+/// change on a shared machine slows both alike); the benchmark's time is
+/// timed's. Returns the yardstick's total time ÷ timed's (0 if none ran).
+template <typename Timed, typename Yardstick>
+double time_alternately(benchmark::State& state, Timed&& timed, Yardstick&& yardstick) {
+  double timed_s = 0.0, yardstick_s = 0.0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    timed();
+    const auto t1 = std::chrono::steady_clock::now();
+    yardstick();
+    const auto t2 = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+    timed_s += std::chrono::duration<double>(t1 - t0).count();
+    yardstick_s += std::chrono::duration<double>(t2 - t1).count();
+  }
+  return timed_s > 0 ? yardstick_s / timed_s : 0.0;
+}
+
 void BM_AdamWFlatShard(benchmark::State& state) {
   strata::bench::ScopedThreads threads(state.range(0));
   TorchPerParam reference;  // the same element count, and the yardstick
@@ -146,22 +165,16 @@ void BM_AdamWFlatShard(benchmark::State& state) {
   int64_t step = 1;
   auto opts = strata::AdamWStepOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
   strata::fused_adamw_step(p, g, m, v, opts.step(step++));  // warm-up
-  // torch's per-parameter step interleaved step by step (a load change on a
-  // shared machine slows both alike); the benchmark's time is the fused step's.
-  double fused_s = 0.0, torch_s = 0.0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    strata::fused_adamw_step(p, g, m, v, opts.step(step++));
-    benchmark::DoNotOptimize(p.data_ptr());
-    const auto t1 = std::chrono::steady_clock::now();
-    reference.opt->step();
-    const auto t2 = std::chrono::steady_clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
-    fused_s += std::chrono::duration<double>(t1 - t0).count();
-    torch_s += std::chrono::duration<double>(t2 - t1).count();
-  }
+  // torch's per-parameter step alternates with the fused one.
+  const double ratio = time_alternately(
+      state,
+      [&] {
+        strata::fused_adamw_step(p, g, m, v, opts.step(step++));
+        benchmark::DoNotOptimize(p.data_ptr());
+      },
+      [&] { reference.opt->step(); });
   state.counters["GB"] = benchmark::Counter(7.0 * 4 * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  if (fused_s > 0) state.counters["vs_torch_per_param"] = torch_s / fused_s;
+  if (ratio > 0) state.counters["vs_torch_per_param"] = ratio;
 }
 
 void BM_AdamWFusedPerParam(benchmark::State& state) {
@@ -169,20 +182,15 @@ void BM_AdamWFusedPerParam(benchmark::State& state) {
   const auto kernel = state.range(1) == 1 ? strata::FusedAdamWKernel::kAten : strata::FusedAdamWKernel::kStrata;
   const auto other = state.range(1) == 1 ? strata::FusedAdamWKernel::kStrata : strata::FusedAdamWKernel::kAten;
   TorchPerParam timed(kernel), yardstick(other);
-  double timed_s = 0.0, other_s = 0.0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    timed.opt->step();
-    benchmark::DoNotOptimize(timed.params[0].data_ptr());
-    const auto t1 = std::chrono::steady_clock::now();
-    yardstick.opt->step();
-    const auto t2 = std::chrono::steady_clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
-    timed_s += std::chrono::duration<double>(t1 - t0).count();
-    other_s += std::chrono::duration<double>(t2 - t1).count();
-  }
+  const double ratio = time_alternately(
+      state,
+      [&] {
+        timed.opt->step();
+        benchmark::DoNotOptimize(timed.params[0].data_ptr());
+      },
+      [&] { yardstick.opt->step(); });
   state.counters["GB"] = benchmark::Counter(7.0 * 4 * timed.numel / 1e9, benchmark::Counter::kIsIterationInvariantRate);
-  if (timed_s > 0) state.counters["vs_other"] = other_s / timed_s;
+  if (ratio > 0) state.counters["vs_other"] = ratio;
   state.SetLabel(strata::fused_adamw_kernel_name(kernel));
 }
 
