@@ -6,11 +6,13 @@
 // checkpointing inside and outside FSDP; frozen values stay bit-identical;
 // the frozen parts are freed during backward (no more units gathered than
 // limit_all_gathers allows); checkpoints carry frozen shards across strategies,
-// offloaded ones too.
+// offloaded ones too; a unit with frozen parts run twice in one forward is
+// an error naming it.
 #include "tests/dist/fsdp_harness.h"
 
 #include "strategies/activation_checkpoint.h"
 #include "tests/dist/run_binary.h"
+#include "tests/mlp_stack.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -122,6 +124,40 @@ TEST(FsdpFrozenTest, FrozenPartsMatchWithActivationCheckpointingInsideAndOutside
       return std::vector<std::shared_ptr<strata::Callback>>{std::make_shared<AtFitStart>()};
     };
     expect_parity(pattern, outside);
+  }
+}
+
+/// MlpStackModule whose training step runs block 0 twice (a shared layer).
+class BlockZeroTwice : public strata::testing::MlpStackModule {
+ public:
+  using MlpStackModule::MlpStackModule;
+  torch::Tensor training_step(const strata::Batch& batch) override {
+    auto x = net().embed(batch.input);
+    for (const int64_t unit : {int64_t{0}, int64_t{0}, int64_t{1}}) {
+      x = run_unit(unit, x, [block = net().blocks[unit].ptr()](const torch::Tensor& t) { return block->forward(t); });
+    }
+    const auto logits = net().head(x);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}));
+  }
+};
+
+TEST(FsdpFrozenTest, AUnitWithFrozenPartsRunTwiceInOneForwardIsAnErrorNamingIt) {
+  // Its frozen part is freed when the first run's input gradient arrives;
+  // the second run's backward would then read freed weights.
+  const ModuleFactory make = [] {
+    torch::manual_seed(5);
+    auto module = std::make_unique<BlockZeroTwice>(16, 8, 2);
+    for (auto& item : module->module().named_parameters()) {
+      if (item.key().rfind("block0.fc1.", 0) == 0) item.value().set_requires_grad(false);
+    }
+    return module;
+  };
+  try {
+    train_fsdp(make, fsdp_test_options(2, 1, 0.0, 1), FsdpRun{});
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("wrap unit 0 ran twice in one forward"), std::string::npos) << message;
   }
 }
 
