@@ -229,7 +229,8 @@ std::vector<torch::optim::OptimizerParamGroup> make_optimizer_groups(
     torch::nn::Module& module, const TrainerOptions& options);
 
 /// options.optimizer() with the trainer's settings (AdamW: betas/eps; FusedAdamW
-/// with options.fused_adamw_kernel() when options.fused_adamw()); lr and weight decay come per group.
+/// with options.fused_adamw_kernel() when options.fused_adamw()); lr and
+/// weight decay come per group.
 OptimizerFactory optimizer_factory(const TrainerOptions& options);
 
 }  // namespace strata

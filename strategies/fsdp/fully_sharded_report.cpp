@@ -11,7 +11,8 @@ std::string FSDPStrategy::describe() const {
   out << std::boolalpha << name() << ": " << to_string(options_.sharding_strategy()) << ", shard group of "
       << shard_world_ << " of " << world_size() << " rank(s), replicated " << replicate_comm_.size()
       << "x, reshard_after_forward "
-      << reshard_after_forward_ << (keep_last_unit_ ? " (but the last unit)" : "") << ", limit_all_gathers " << options_.limit_all_gathers()
+      << reshard_after_forward_ << (keep_last_unit_ ? " (but the last unit)" : "")
+      << ", limit_all_gathers " << options_.limit_all_gathers()
       << ", wrap policy " << to_string(options_.wrap_policy()) << ", find_unused_parameters "
       << options_.find_unused_parameters() << ", all-gather dtype "
       << (options_.param_dtype() ? c10::toString(*options_.param_dtype()) : "as the parameters")

@@ -1,5 +1,6 @@
 #include "recipes/cli.h"
 #include "recipes/gpt.h"
+#include "kernels/fused_adamw_optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -548,6 +549,12 @@ TEST(CliTest, AdamWKernelFlagPicksStrataOrAtenAndNeedsTheFusedAdamW) {
   ASSERT_TRUE(aten.config.has_value()) << aten.message;
   EXPECT_EQ(aten.config->adamw_kernel, "aten");
   expect_error({"--adamw-kernel", "mkl"}, {"'mkl'", "adamw-kernel", "strata, aten"});
+  // Every kernel FusedAdamW has is selectable (the parser keeps its own list).
+  for (const auto& name : strata::fused_adamw_kernel_names()) {
+    const ParseResult chosen = parse({"--adamw-kernel", name});
+    ASSERT_TRUE(chosen.config.has_value()) << name << ": " << chosen.message;
+    EXPECT_EQ(chosen.config->adamw_kernel, name);
+  }
   expect_error({"--fused-adamw", "false", "--adamw-kernel", "aten"},
                {"--adamw-kernel", "--fused-adamw false", "ignored"});
   expect_error({"--optimizer", "sgd", "--adamw-kernel", "aten"}, {"--adamw-kernel", "optimizer 'sgd'"});
