@@ -1,6 +1,6 @@
 // A case's numbers: its runs' summary.json files aggregated per rank and
-// over repeats (medians for times, maxima for memory), and the ZeRO formula
-// they are compared with.
+// over repeats (medians for times, maxima for memory), and the strategy's
+// memory model's prediction they are compared with (from summary.json).
 #include "bench/harness.h"
 
 #include <c10/util/Exception.h>
@@ -143,17 +143,6 @@ std::vector<RankResult> aggregate_ranks(const std::vector<nlohmann::json>& summa
 
 }  // namespace
 
-double zero_model_state_bytes(const std::string& strategy, int64_t parameters, int world_size) {
-  TORCH_CHECK_VALUE(parameters >= 0 && world_size >= 1, "zero_model_state_bytes: need parameters >= 0 and ",
-                    "world_size >= 1, got ", parameters, " and ", world_size);
-  const double p = static_cast<double>(parameters), n = world_size;
-  if (strategy == "single" || strategy == "ddp") return 16 * p;
-  if (strategy == "oss") return 8 * p + 8 * p / n;
-  if (strategy == "sdp") return 4 * p + 12 * p / n;
-  if (strategy == "fsdp") return 16 * p / n;
-  TORCH_CHECK_VALUE(false, "no ZeRO formula for strategy '", strategy, "'; known: single, ddp, oss, sdp, fsdp");
-}
-
 Stats compute_stats(std::vector<double> values) {
   TORCH_CHECK_VALUE(!values.empty(), "compute_stats: no values");
   std::sort(values.begin(), values.end());
@@ -224,23 +213,6 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   for (const auto& item : first.at("comm_bytes_rank0").items())
     r.comm_bytes_per_step_by_kind[item.key()] = steps > 0 ? item.value().get<double>() / double(steps) : 0.0;
   r.ranks = aggregate_ranks(summaries, r.world_size);
-  // Without the planner's prediction: the ZeRO formula's split, where it
-  // applies (fp32 AdamW, nothing offloaded).
-  const bool offloaded = std::find(c.extra.begin(), c.extra.end(), "--offload") != c.extra.end();
-  if ((c.precision == "32" || c.precision == "fp32") && !offloaded) {
-    const double p = double(r.parameters), n = double(r.world_size);
-    std::optional<std::array<double, 3>> split;  // params, grads, optimizer bytes
-    if (c.strategy == "single" || c.strategy == "ddp") split = {{4 * p, 4 * p, 8 * p}};
-    if (c.strategy == "oss") split = {{4 * p, 4 * p, 8 * p / n}};
-    if (c.strategy == "sdp") split = {{4 * p, 4 * p / n, 8 * p / n}};
-    if (c.strategy == "fsdp") split = {{4 * p / n, 4 * p / n, 8 * p / n}};
-    for (RankResult& k : r.ranks) {
-      if (!split || k.predicted_params) continue;
-      k.predicted_params = static_cast<int64_t>((*split)[0]);
-      k.predicted_grads = static_cast<int64_t>((*split)[1]);
-      k.predicted_optimizer = static_cast<int64_t>((*split)[2]);
-    }
-  }
   std::vector<double> psi, ratio, peak, loss, loopback;
   for (const auto& s : summaries) {
     if (s.contains("final_train_loss") && s.at("final_train_loss").is_number())

@@ -11,6 +11,12 @@
 //   build/bin/strata-bench --suite zero --from-json runs.jsonl    # re-render saved runs
 //
 // Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input.
+//
+// bench_main() is strata-bench's main over a StrategyRegistry: strata-bench
+// passes the built-ins; a project with strategies of its own builds its own
+// strata-bench around it (examples/local_sgd), and its strategies get suites,
+// sweep cases, report rows and chart colours from their specs.
+#include "bench/bench_main.h"
 #include "bench/checkpoint_bench.h"
 #include "bench/charts.h"
 #include "bench/gate.h"
@@ -57,7 +63,7 @@ struct CliOptions {
   // sweep
   bool sweep = false;
   std::string sweep_config;
-  std::string presets = "gpt-micro", strategies = "ddp", ac = "0", offload = "none", precision = "fp32",
+  std::string presets = "gpt-micro", strategies = "", ac = "0", offload = "none", precision = "fp32",
               nproc = "2", batch_size = "8", block_size = "64", device = "cpu";
   int64_t steps = 20;
   int threads_per_rank = 1;
@@ -210,12 +216,13 @@ std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions o
   return runs;
 }
 
-Suite sweep_from(const CliOptions& cli) {
+Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategies) {
   std::vector<int> nproc;
   for (auto n : split_int_list(cli.nproc, "nproc")) nproc.push_back(static_cast<int>(n));
   return make_sweep(SweepOptions()
                         .presets(split_list(cli.presets, "presets"))
-                        .strategies(split_list(cli.strategies, "strategies"))
+                        .strategies(cli.strategies.empty() ? std::vector<std::string>{}
+                                                           : split_list(cli.strategies, "strategies"))
                         .ac(split_int_list(cli.ac, "ac"))
                         .offload(split_list(cli.offload, "offload"))
                         .precision(split_list(cli.precision, "precision"))
@@ -224,7 +231,8 @@ Suite sweep_from(const CliOptions& cli) {
                         .block_size(split_int_list(cli.block_size, "block-size"))
                         .steps(cli.steps)
                         .threads_per_rank(cli.threads_per_rank)
-                        .device(cli.device));
+                        .device(cli.device),
+                    strategies);
 }
 
 /// The run's options from the command line; exit-2 errors for bad values.
@@ -270,14 +278,15 @@ void list_cases(const std::vector<BenchCase>& cases, const RunOptions& options) 
 
 /// The report: Markdown on stdout (and --markdown), --out's files, --write-baseline.
 void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, const std::vector<CaseResult>& results,
-                   const std::vector<CaseRun>& runs, const ReportHeader& header) {
+                   const std::vector<CaseRun>& runs, const ReportHeader& header,
+                   const strata::StrategyRegistry& strategies) {
   std::string markdown = render_markdown(suites, results, header);
   markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
   bool planner = false;
   for (const auto& s : suites) planner |= s.name == "planner";
   if (planner) markdown += planner_markdown(runs);
   for (const auto& s : suites)
-    if (s.name == "peer") markdown += peer_markdown(results);
+    if (s.name == "peer") markdown += peer_markdown(results, strategies);
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.out_dir.empty()) {
@@ -286,9 +295,9 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
     std::string lines;
     for (const auto& r : results) lines += case_record(r, header).dump() + "\n";
     write_text((out / "results.jsonl").string(), lines, "--out");
-    ChartFiles charts = write_charts(results, cli.out_dir);
+    ChartFiles charts = write_charts(results, cli.out_dir, strategies);
     if (std::any_of(suites.begin(), suites.end(), [](const Suite& s) { return s.name == "peer"; })) {
-      const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results),
+      const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results, strategies),
                                             "strata and PyTorch 2.x on the same job: tokens/s ÷ the faster PyTorch "
                                             "(eager or compiled), higher is faster"}},
                                           cli.out_dir);
@@ -327,12 +336,12 @@ int gate(const CliOptions& cli, const std::vector<CaseResult>& results,
   return failed > 0 ? 1 : 0;
 }
 
-int run(const CliOptions& cli) {
+int run(const CliOptions& cli, const strata::StrategyRegistry& strategies) {
   // ---- Everything that can be wrong with the input, before any case runs (exit 2). ----
   SuiteRegistry registry;
-  register_builtin_suites(registry);
-  // Suites defined in other files register here: register_<name>_suite(registry).
-  const std::vector<Suite> suites = cli.sweep ? std::vector<Suite>{sweep_from(cli)} : registry.select(cli.suites);
+  register_builtin_suites(registry, strategies);
+  const std::vector<Suite> suites =
+      cli.sweep ? std::vector<Suite>{sweep_from(cli, strategies)} : registry.select(cli.suites);
   const std::vector<BenchCase> cases = all_cases(suites);
   const RunOptions run_options = run_options_of(cli, suites, cases);
   if (cli.list) {
@@ -374,16 +383,16 @@ int run(const CliOptions& cli) {
     runs = run_cases(cases, run_options, cli.keep_work_dir, header, json);
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
-  write_reports(cli, suites, results, runs, header);
+  write_reports(cli, suites, results, runs, header, strategies);
   return gate(cli, results, baseline);
 }
 
 /// Reads the command line (and --sweep-config) into `cli`; an exit code when
 /// strata-bench should stop here (--help: 0, bad input: 2).
 /// "comma-separated suites: a,b,...; or checkpoint alone (...)".
-std::string suites_help() {
+std::string suites_help(const strata::StrategyRegistry& strategies) {
   SuiteRegistry registry;
-  register_builtin_suites(registry);
+  register_builtin_suites(registry, strategies);
   std::string help = "comma-separated suites: ";
   const auto names = registry.names();
   for (size_t i = 0; i < names.size(); ++i) help += (i ? "," : "") + names[i];
@@ -391,8 +400,8 @@ std::string suites_help() {
 }
 
 /// The main options, bound to `cli` (and --repeats to `repeats`).
-po::options_description main_options(CliOptions& cli, int& repeats) {
-  const std::string suites_text = suites_help();
+po::options_description main_options(CliOptions& cli, int& repeats, const strata::StrategyRegistry& strategies) {
+  const std::string suites_text = suites_help(strategies);
   po::options_description desc(
       "strata-bench: run strata-gpt over strategy/recipe suites or a sweep and report throughput and memory\n"
       "Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input");
@@ -423,15 +432,16 @@ po::options_description main_options(CliOptions& cli, int& repeats) {
 }
 
 /// The sweep's axes, bound to `cli` (also read from --sweep-config).
-po::options_description sweep_options(CliOptions& cli) {
+po::options_description sweep_options(CliOptions& cli, const std::string& strategies_text,
+                                      const std::string& offload_text) {
   po::options_description sweep("Sweep options (instead of --suite; also as key = value lines in --sweep-config)");
   sweep.add_options()
       ("sweep", po::bool_switch(&cli.sweep), "run the cross product of the axes below")
       ("sweep-config", po::value(&cli.sweep_config), "INI file with the sweep keys below (implies --sweep)")
       ("presets", po::value(&cli.presets)->default_value(cli.presets), "comma-separated presets")
-      ("strategies", po::value(&cli.strategies)->default_value(cli.strategies), "comma-separated strategies")
+      ("strategies", po::value(&cli.strategies), strategies_text.c_str())
       ("ac", po::value(&cli.ac)->default_value(cli.ac), "activation checkpointing values (0 off, n every n-th block)")
-      ("offload", po::value(&cli.offload)->default_value(cli.offload), "none, cpu, disk (fsdp only)")
+      ("offload", po::value(&cli.offload)->default_value(cli.offload), offload_text.c_str())
       ("precision", po::value(&cli.precision)->default_value(cli.precision), "fp32, bf16-mixed")
       ("nproc", po::value(&cli.nproc)->default_value(cli.nproc), "world sizes")
       ("batch-size", po::value(&cli.batch_size)->default_value(cli.batch_size), "batch sizes per rank")
@@ -443,10 +453,14 @@ po::options_description sweep_options(CliOptions& cli) {
   return sweep;
 }
 
-std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
+std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli, const strata::StrategyRegistry& strategies) {
   int repeats = 0;
-  const auto desc = main_options(cli, repeats);
-  const auto sweep = sweep_options(cli);
+  const auto desc = main_options(cli, repeats, strategies);
+  const std::string reference = strategies.reference() ? strategies.reference()->name() : "none";
+  const auto sweep = sweep_options(cli,
+                                   "comma-separated strategies: " + strategies.available() +
+                                       " (default: the reference strategy, " + reference + ")",
+                                   "none, cpu, disk (what moves is each strategy's choice)");
   po::options_description hidden;
   hidden.add_options()
       ("inject-regression", po::value(&cli.inject_regression),
@@ -486,7 +500,9 @@ std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace strata::bench {
+
+int bench_main(int argc, char** argv, const StrategyRegistry& strategies) {
   // The checkpoint suite runs in-process on its own ranks (checkpoint_bench.h).
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -495,6 +511,8 @@ int main(int argc, char** argv) {
     }
   }
   CliOptions cli;
-  if (const auto code = parse_cli(argc, argv, cli)) return *code;
-  return exit_code_of([&] { return run(cli); });
+  if (const auto code = parse_cli(argc, argv, cli, strategies)) return *code;
+  return exit_code_of([&] { return run(cli, strategies); });
 }
+
+}  // namespace strata::bench

@@ -72,10 +72,6 @@ std::string shape_of(const BenchCase& c) {
   return shape;
 }
 
-const std::vector<std::string>& strategy_order() {
-  static const std::vector<std::string> order = {"single", "ddp", "oss", "sdp", "fsdp"};
-  return order;
-}
 
 /// A cell's value for `metric`; nullopt when unknown.
 std::optional<double> metric_of(const CaseResult& r, ChartMetric metric) {
@@ -88,8 +84,11 @@ std::optional<double> metric_of(const CaseResult& r, ChartMetric metric) {
 
 }  // namespace
 
-PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric) {
+PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric,
+                            const StrategyRegistry& strategies) {
   PanelChart chart;
+  const std::string reference = strategies.reference() ? strategies.reference()->name() : "";
+  chart.ylabel = "ratio to " + (reference.empty() ? std::string("the first strategy") : reference);
   // (variant, preset, shape) -> strategy -> value; the order of first appearance.
   std::map<std::tuple<std::string, std::string, std::string>, std::map<std::string, double>> cells;
   for (const auto& r : results) {
@@ -103,10 +102,12 @@ PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric 
       chart.strategies.push_back(c.strategy);
     cells[{variant, c.preset, shape_of(c)}][c.strategy] = *value;
   }
-  // Bars in a fixed strategy order (so a strategy keeps its colour), others after.
+  // Bars in the registry's order (so a strategy keeps its colour), others after.
   std::vector<std::string> ordered;
-  for (const auto& s : strategy_order())
+  for (const auto* spec : strategies.specs()) {
+    const std::string& s = spec->name();
     if (std::find(chart.strategies.begin(), chart.strategies.end(), s) != chart.strategies.end()) ordered.push_back(s);
+  }
   for (const auto& s : chart.strategies)
     if (std::find(ordered.begin(), ordered.end(), s) == ordered.end()) ordered.push_back(s);
   chart.strategies = ordered;
@@ -119,7 +120,8 @@ PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric 
   if (one_shape && !shapes.empty()) out << "# every case: " << *shapes.begin() << "\n";
   out << "# one block per panel (variant); rows: preset (and shape); columns: each strategy's "
       << (metric == ChartMetric::kTokensPerS ? "tokens/s" : "peak tensor bytes per rank")
-      << " divided by ddp's in the same row ('?' = no such case; a row without ddp is divided by its first strategy)\n";
+      << " divided by " << reference << "'s in the same row ('?' = no such case; a row without " << reference
+      << " is divided by its first strategy)\n";
   for (size_t p = 0; p < chart.panels.size(); ++p) {
     if (p > 0) out << "\n\n";
     out << "# panel " << p << ": " << chart.panels[p] << "\n\"preset\"";
@@ -127,8 +129,8 @@ PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric 
     out << "\n";
     for (const auto& [key, by_strategy] : cells) {
       if (std::get<0>(key) != chart.panels[p]) continue;
-      const auto ddp = by_strategy.find("ddp");
-      double base = ddp != by_strategy.end() ? ddp->second : 0.0;
+      const auto ref = by_strategy.find(reference);
+      double base = ref != by_strategy.end() ? ref->second : 0.0;
       for (const auto& s : chart.strategies) {
         if (base > 0) break;
         if (const auto it = by_strategy.find(s); it != by_strategy.end()) base = it->second;
@@ -221,14 +223,16 @@ ChartFiles draw_charts(const std::vector<NamedChart>& charts, const std::string&
   return files;
 }
 
-ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir, const std::string& gnuplot) {
-  std::vector<CaseResult> strategies;
+ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir,
+                        const StrategyRegistry& strategies, const std::string& gnuplot) {
+  std::vector<CaseResult> cases;
   for (const auto& r : results)
-    if (r.bench_case.suite != "peer") strategies.push_back(r);
-  return draw_charts({{"tokens_per_s", panel_chart_data(strategies, ChartMetric::kTokensPerS),
-                       "tokens/s (best step, all ranks) as a ratio to ddp: higher is faster"},
-                      {"memory", panel_chart_data(strategies, ChartMetric::kPeakTensorBytes),
-                       "peak tensor memory per rank as a ratio to ddp: lower is smaller"}},
+    if (r.bench_case.suite != "peer") cases.push_back(r);
+  const std::string reference = strategies.reference() ? strategies.reference()->name() : "the first strategy";
+  return draw_charts({{"tokens_per_s", panel_chart_data(cases, ChartMetric::kTokensPerS, strategies),
+                       "tokens/s (best step, all ranks) as a ratio to " + reference + ": higher is faster"},
+                      {"memory", panel_chart_data(cases, ChartMetric::kPeakTensorBytes, strategies),
+                       "peak tensor memory per rank as a ratio to " + reference + ": lower is smaller"}},
                      dir, gnuplot);
 }
 

@@ -2,7 +2,10 @@
 """Two strata-gpt builds side by side: the same cases, interleaved, repeated.
 
     bench/compare_builds.py --old OLD/strata-gpt --new NEW/strata-gpt [--repeats 3]
-                            [--work DIR] [--steps 40] [-- extra strata-gpt flags]
+                            [--strategies a,b] [--work DIR] [--steps 40] [-- extra strata-gpt flags]
+
+The cases are the strategies the new build lists in its --help (or --strategies): one process
+for a strategy that runs one, 2 ranks otherwise.
 
 Each repeat runs every case on both builds, alternating which build goes first,
 so that load on a shared machine falls on both alike. Prints a Markdown table:
@@ -20,11 +23,29 @@ import subprocess
 import sys
 import tempfile
 
-CASES = [  # name, strata-gpt flags
-    ("single", ["--strategy", "single", "--nproc", "1"]),
-    ("ddp x2", ["--strategy", "ddp", "--nproc", "2"]),
-    ("fsdp x2", ["--strategy", "fsdp", "--nproc", "2"]),
-]
+def listed_strategies(binary):
+    """(name, one_process) for each strategy `binary --help` lists under "Strategies (--strategy):"."""
+    text = subprocess.run([binary, "--help"], stdout=subprocess.PIPE, text=True, check=True).stdout
+    listed, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("Strategies (--strategy):"):
+            inside = True
+        elif inside and line.startswith("  "):
+            names = line.split("  ")[1].strip()
+            listed.append((names.split(",")[0], "(one process)" in line))
+        elif inside:
+            break
+    return listed
+
+
+def cases_of(binary, only):
+    """name, strata-gpt flags"""
+    cases = []
+    for name, one in listed_strategies(binary):
+        if only and name not in only:
+            continue
+        cases.append((name if one else f"{name} x2", ["--strategy", name, "--nproc", "1" if one else "2"]))
+    return cases
 
 
 def write_text(path, size=1 << 20):
@@ -66,12 +87,16 @@ def main():
     parser.add_argument("--new", required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--strategies", default="", help="comma-separated (default: every one --new lists)")
     parser.add_argument("--work", default=None)
     parser.add_argument("extra", nargs="*")
     args = parser.parse_args()
     for b in (args.old, args.new):
         if not os.access(b, os.X_OK):
             sys.exit(f"compare_builds: {b} is not an executable file")
+    cases = cases_of(args.new, [n for n in args.strategies.split(",") if n])
+    if not cases:
+        sys.exit(f"compare_builds: no strategy to run ({args.new} --help lists none of '{args.strategies}')")
     work = args.work or tempfile.mkdtemp(prefix="strata-compare-")
     os.makedirs(work, exist_ok=True)
     text = os.path.join(work, "generated.txt")
@@ -79,10 +104,10 @@ def main():
     base = ["--preset", "gpt-mini", "--data", text, "--batch-size", "8", "--block-size", "128",
             "--max-steps", str(args.steps), "--threads-per-rank", "1", "--log-every-n-steps", "10",
             "--limit-val-batches", "0", "--progress-bar", "false", "--device", "cpu", *args.extra]
-    results = {(case, build): [] for case, _ in CASES for build in ("old", "new")}
+    results = {(case, build): [] for case, _ in cases for build in ("old", "new")}
     for rep in range(args.repeats):
         order = ("old", "new") if rep % 2 == 0 else ("new", "old")
-        for case, flags in CASES:
+        for case, flags in cases:
             for build in order:
                 binary = args.old if build == "old" else args.new
                 out = os.path.join(work, f"{case.replace(' ', '')}-{build}-{rep}")
@@ -95,7 +120,7 @@ def main():
     print("| case | build | tokens/s median (min-max) | new/old | peak RSS MiB | peak tensor MiB | rank 0 sent per step "
           "| matmul probe GFLOP/s |")
     print("|---|---|---|---|---|---|---|---|")
-    for case, _ in CASES:
+    for case, _ in cases:
         medians = {}
         for build in ("old", "new"):
             runs = results[(case, build)]

@@ -8,11 +8,15 @@
 // memory (exact, from the tracking allocator) as a value.
 //
 // Example:
+//   strata::StrategyRegistry strategies;
+//   strata::register_builtin_strategies(strategies);
 //   strata::bench::SuiteRegistry registry;
-//   strata::bench::register_builtin_suites(registry);
+//   strata::bench::register_builtin_suites(registry, strategies);
 //   auto suites = registry.select("smoke");
 //   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
 //   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
+#include "strategies/registry.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -45,9 +49,10 @@ struct BenchCase {
   std::vector<std::string> extra;  ///< further strata-gpt flags
   std::string reference;         ///< name of the case the "vs ref" columns divide by ("": none)
   /// What runs: "strata-gpt", or "peer" (bench/peers/gpt_peer.py, the PyTorch
-  /// 2.x program for the same job: strategy single/ddp/oss/fsdp runs its mode
-  /// single/ddp/zero/fsdp2; `extra` holds the peer's own flags).
+  /// 2.x program for the same job, in `peer_mode`: the strategy's
+  /// StrategySpec::pytorch_peer; `extra` holds the peer's own flags).
   std::string program = "strata-gpt";
+  std::string peer_mode;
   /// Start from the same weights as every other shared_init case of this model:
   /// a file gpt_peer.py --write-init draws once per model shape (preset,
   /// block size and the --n-layer/--n-head/--n-embd/--bias in `extra`),
@@ -65,9 +70,8 @@ struct Suite {
 
 /// Suite name -> a function building it, as StrategyRegistry does for
 /// strategies. Filled explicitly (no self-registering statics): the built-in
-/// suites by register_builtin_suites(), suites defined in other files (planner,
-/// checkpoint) by their own register_*_suite(SuiteRegistry&) called from
-/// strata-bench's main.
+/// suites by register_builtin_suites(), other suites by their own
+/// registry.add() calls from strata-bench's main.
 class SuiteRegistry {
  public:
   using Factory = std::function<Suite()>;
@@ -84,13 +88,24 @@ class SuiteRegistry {
   std::vector<std::pair<std::string, Factory>> entries_;
 };
 
-/// single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale, planner, peer.
-void register_builtin_suites(SuiteRegistry& registry);
+/// The built-in suites, built from the registered strategies' specs
+/// (strategies/spec.h), which `strategies` must outlive `registry` to build:
+///  - one suite per strategy, named after it: its plain case and its
+///    StrategySpec::bench variants on gpt-micro and gpt-mini, the plain case
+///    against the reference strategy's (the reference against the
+///    single-process strategy at the same global batch), variants against
+///    their own plain case;
+///  - zero (every multi-rank strategy against the reference), memory (those
+///    whose state shrinks with N, at N = 1, 2, 4), smoke (the CI gate: every
+///    strategy and the variants that join "smoke"), attention, kernels, scale,
+///    planner, peer (the strategies with a PyTorch counterpart).
+void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies);
 
-/// Names of the built-in suites, in report order.
+/// Names of the built-in suites over the built-in strategies, in report order.
 std::vector<std::string> suite_names();
 
-/// The built-in suites named in `csv` (SuiteRegistry::select over them).
+/// The built-in suites over the built-in strategies named in `csv`
+/// (SuiteRegistry::select over them).
 std::vector<Suite> select_suites(const std::string& csv);
 
 /// The cases of `suites`, concatenated.
@@ -114,10 +129,6 @@ std::vector<std::string> model_shape_flags(const BenchCase& c);
 /// on every machine) to `path`: realistic-width matmuls at any --block-size.
 void write_generated_text(const std::string& path, int64_t bytes = int64_t(2) << 20);
 
-/// ZeRO model-state bytes per rank with fp32 AdamW (16 bytes per parameter):
-/// single/ddp 16Ψ', oss 8Ψ' + 8Ψ'/N, sdp 4Ψ' + 12Ψ'/N, fsdp 16Ψ'/N. Throws for
-/// other strategies.
-double zero_model_state_bytes(const std::string& strategy, int64_t parameters, int world_size);
 
 /// Median (mean of the middle two for an even count), min and max.
 struct Stats {
@@ -199,8 +210,8 @@ struct RankResult {
   std::optional<int64_t> peak_tensor_bytes, peak_rss_bytes;
   /// At the peak: params, grads, optimizer, activations_other.
   std::optional<int64_t> params, grads, optimizer, activations_other;
-  /// ZeRO prediction: the planner's (summary.json "predicted"), else the ZeRO
-  /// formula's split for fp32 AdamW without offload; params, grads, optimizer.
+  /// The strategy's memory model's prediction (summary.json "predicted",
+  /// written by strata-gpt from its StrategySpec::memory); params, grads, optimizer.
   std::optional<int64_t> predicted_params, predicted_grads, predicted_optimizer;
   std::map<std::string, double> comm_bytes_per_step;  ///< by collective kind (empty: unknown)
 };

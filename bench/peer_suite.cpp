@@ -18,6 +18,7 @@ constexpr int64_t kSteps = 15;  ///< the first (compilation, warm-up) is not tim
 struct PeerJob {
   std::string shape;     ///< "gpt-mini" or "gpt-mini-384"
   std::string strategy;  ///< strata's name
+  std::string peer_mode; ///< gpt_peer.py's --mode (StrategySpec::pytorch_peer)
   int nproc, threads;
   std::string precision;
   bool ac;
@@ -48,22 +49,35 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
     c.reference = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/pytorch-eager";
   } else {
     c.program = "peer";
+    c.peer_mode = job.peer_mode;
     if (system == "pytorch-compile") c.extra.push_back("--compile");
   }
   return c;
 }
 
-std::vector<PeerJob> jobs() {
+/// Every strategy with a PyTorch counterpart (StrategySpec::pytorch_peer):
+/// one process x 2 threads where it runs one, else 2 ranks x 1 thread; fp32,
+/// bf16-mixed and fp32 with activation checkpointing; and the single-process
+/// one on a 384-wide gpt-mini at block 256.
+std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
   std::vector<PeerJob> out;
-  const std::vector<std::tuple<std::string, int, int>> strategies = {
-      {"single", 1, 2}, {"ddp", 2, 1}, {"oss", 2, 1}, {"fsdp", 2, 1}};
+  std::vector<std::tuple<std::string, std::string, int, int>> strategies;
+  for (const auto* spec : registry.specs()) {
+    if (spec->pytorch_peer().empty()) continue;
+    const bool one = spec->max_world_size() == 1;
+    strategies.emplace_back(spec->name(), spec->pytorch_peer(), one ? 1 : 2, one ? 2 : 1);
+  }
   for (const std::string precision : {"32", "bf16-mixed"})
-    for (const auto& [strategy, nproc, threads] : strategies)
-      out.push_back({"gpt-mini", strategy, nproc, threads, precision, false, 8, 128, {}});
-  for (const auto& [strategy, nproc, threads] : strategies)
-    out.push_back({"gpt-mini", strategy, nproc, threads, "32", true, 8, 128, {}});
-  for (const std::string precision : {"32", "bf16-mixed"})
-    out.push_back({"gpt-mini-384", "single", 1, 2, precision, false, 4, 256, {"--n-embd", "384"}});
+    for (const auto& [strategy, mode, nproc, threads] : strategies)
+      out.push_back({"gpt-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {}});
+  for (const auto& [strategy, mode, nproc, threads] : strategies)
+    out.push_back({"gpt-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}});
+  const StrategySpec* single = registry.single_process();
+  if (single && !single->pytorch_peer().empty()) {
+    for (const std::string precision : {"32", "bf16-mixed"})
+      out.push_back({"gpt-mini-384", single->name(), single->pytorch_peer(), 1, 2, precision, false, 4, 256,
+                     {"--n-embd", "384"}});
+  }
   return out;
 }
 
@@ -100,7 +114,7 @@ std::string tps_cell(const CaseResult* r) {
 
 double peer_loss_tolerance(const std::string& precision) { return precision == "32" ? 1e-3 : 3e-2; }
 
-Suite peer_suite() {
+Suite peer_suite(const StrategyRegistry& registry) {
   Suite s{kSuite,
           "strata against the PyTorch 2.x program for the same job (bench/peers/gpt_peer.py: "
           "DistributedDataParallel, ZeroRedundancyOptimizer, FSDP2 fully_shard, SDPA, fused AdamW; eager "
@@ -109,19 +123,19 @@ Suite peer_suite() {
               " steps (the first untimed). vs ref: strata ÷ PyTorch eager; the peer table divides by the "
               "faster of eager and compiled.",
           {}};
-  for (const PeerJob& job : jobs())
+  for (const PeerJob& job : jobs(registry))
     for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"}) s.cases.push_back(job_case(job, system));
   return s;
 }
 
-PanelChart peer_chart_data(const std::vector<CaseResult>& results) {
+PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
   std::map<std::string, const CaseResult*> by_name;
   for (const auto& r : results) by_name[r.bench_case.name] = &r;
   PanelChart chart;
   chart.strategies = {"strata", "PyTorch eager", "PyTorch compiled"};
   chart.ylabel = "tokens/s ÷ the faster PyTorch";
   std::map<std::string, std::string> blocks;  // panel -> rows
-  for (const PeerJob& job : jobs()) {
+  for (const PeerJob& job : jobs(registry)) {
     const auto found = job_results(job, by_name);
     double best = 0.0;
     for (const char* p : {"pytorch-eager", "pytorch-compile"})
@@ -145,7 +159,7 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results) {
   return chart;
 }
 
-std::string peer_markdown(const std::vector<CaseResult>& results) {
+std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
   std::map<std::string, const CaseResult*> by_name;
   for (const auto& r : results) by_name[r.bench_case.name] = &r;
   std::ostringstream out;
@@ -153,7 +167,7 @@ std::string peer_markdown(const std::vector<CaseResult>& results) {
          "| job | strata tokens/s | PyTorch eager | PyTorch compiled | strata ÷ faster PyTorch (range) "
          "| peak RSS/rank MiB strata / PyTorch | loopback KiB/step strata / PyTorch "
          "| final loss strata / PyTorch (agree?) |\n|---|---|---|---|---|---|---|---|\n";
-  for (const PeerJob& job : jobs()) {
+  for (const PeerJob& job : jobs(registry)) {
     const std::string stem = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/";
     auto find = [&](const std::string& system) {
       const auto it = by_name.find(stem + system);

@@ -14,7 +14,7 @@
 
 namespace strata::bench {
 
-Suite peer_suite();
+Suite peer_suite(const StrategyRegistry& registry);
 
 /// Loss agreement needed for a comparison to count: |strata − PyTorch| of the
 /// final training loss (fp32: the same math in another order; bf16: rounding
@@ -25,12 +25,12 @@ double peer_loss_tolerance(const std::string& precision);
 /// (median, min–max), strata ÷ the faster PyTorch (median and the range over
 /// repeats), peak RSS per rank, loopback bytes per step, the final losses
 /// and whether they agree (a comparison whose losses disagree is void).
-std::string peer_markdown(const std::vector<CaseResult>& results);
+std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry);
 
 /// The chart of the same: a panel per model and precision (gpt-mini fp32,
 /// bf16-mixed, fp32 + activation checkpointing; the 384-wide gpt-mini), a
 /// cluster per strategy, bars strata / PyTorch eager / PyTorch compiled, each
 /// tokens/s ÷ the faster PyTorch's (1 = PyTorch's best).
-PanelChart peer_chart_data(const std::vector<CaseResult>& results);
+PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry);
 
 }  // namespace strata::bench

@@ -10,20 +10,35 @@
 
 namespace strata::bench {
 
-Suite planner_suite() {
+Suite planner_suite(const StrategyRegistry& strategies) {
   Suite s{"planner",
-          "Memory planner: strata-gpt's predicted per-rank peak (model state by the ZeRO formulas + "
-          "activations probed on a 1- and a 2-block GPT + fsdp's gathered units + overhead) against "
-          "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8. Target: within 10%.",
+          "Memory planner: strata-gpt's predicted per-rank peak (model state by each strategy's memory model + "
+          "activations probed on a 1- and a 2-block GPT + what the strategy gathers + overhead) against "
+          "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8: every multi-rank strategy "
+          "with a memory model, and the variants its spec puts here. Target: within 10%.",
           {}};
+  // (label, strategy, flags): each strategy's plain case and its planner variants.
+  struct Variant {
+    std::string label, strategy;
+    std::vector<std::string> flags;
+  };
+  std::vector<Variant> variants;
+  for (const auto* spec : strategies.specs()) {
+    if (spec->max_world_size() == 1 || !spec->memory()) continue;
+    variants.push_back({spec->name(), spec->name(), {}});
+    for (const auto& v : spec->bench()) {
+      if (std::find(v.suites.begin(), v.suites.end(), "planner") != v.suites.end())
+        variants.push_back({spec->name() + "-" + v.tag, spec->name(), v.flags});
+    }
+  }
   for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
-    for (const char* variant : {"ddp", "oss", "sdp", "fsdp", "fsdp-ac"}) {
+    for (const auto& v : variants) {
       BenchCase c;
-      c.name = std::string("planner/") + preset + "/" + variant + "-2x1";
+      c.name = std::string("planner/") + preset + "/" + v.label + "-2x1";
       c.suite = "planner";
       c.preset = preset;
-      c.strategy = std::string(variant) == "fsdp-ac" ? "fsdp" : variant;
-      if (std::string(variant) == "fsdp-ac") c.extra = {"--activation-checkpointing", "1"};
+      c.strategy = v.strategy;
+      c.extra = v.flags;
       c.nproc = 2;
       c.threads_per_rank = 1;
       c.block_size = 128;
@@ -33,34 +48,32 @@ Suite planner_suite() {
     }
   }
   // Held out: shapes the planner's constants were not fitted on (other
-  // widths, block sizes, batch sizes and world sizes), reported apart.
+  // widths, block sizes, batch sizes and world sizes), reported apart; the
+  // variants take turns over them.
   struct HeldOut {
     const char* preset;
-    const char* variant;
     int nproc;
     int64_t block, batch;
     std::vector<std::string> extra;
   };
   const std::vector<HeldOut> held_out = {
-      {"gpt-micro", "ddp", 2, 128, 8, {"--n-embd", "192"}},
-      {"gpt-micro", "fsdp", 2, 128, 8, {"--n-embd", "192"}},
-      {"gpt-mini", "sdp", 2, 64, 16, {}},
-      {"gpt-mini", "fsdp", 2, 256, 4, {}},
-      {"gpt-mini", "oss", 3, 128, 8, {}},
-      {"gpt-mini", "fsdp", 4, 128, 4, {}},
-      {"gpt-nano", "fsdp-ac", 3, 256, 4, {}},
-      {"gpt-micro", "ddp", 4, 64, 8, {}},
+      {"gpt-micro", 2, 128, 8, {"--n-embd", "192"}}, {"gpt-micro", 2, 128, 8, {"--n-embd", "192"}},
+      {"gpt-mini", 2, 64, 16, {}},                   {"gpt-mini", 2, 256, 4, {}},
+      {"gpt-mini", 3, 128, 8, {}},                   {"gpt-mini", 4, 128, 4, {}},
+      {"gpt-nano", 3, 256, 4, {}},                   {"gpt-micro", 4, 64, 8, {}},
   };
-  for (const auto& h : held_out) {
+  for (size_t i = 0; i < held_out.size() && !variants.empty(); ++i) {
+    const HeldOut& h = held_out[i];
+    const Variant& v = variants[(i + 1) % variants.size()];
     BenchCase c;
     const std::string width = h.extra.empty() ? "" : "-w" + h.extra[1];
-    c.name = std::string(kHeldOutPrefix) + h.preset + width + "/" + h.variant + "-" + std::to_string(h.nproc) +
+    c.name = std::string(kHeldOutPrefix) + h.preset + width + "/" + v.label + "-" + std::to_string(h.nproc) +
              "x1-t" + std::to_string(h.block) + "-b" + std::to_string(h.batch);
     c.suite = "planner";
     c.preset = h.preset;
-    c.strategy = std::string(h.variant) == "fsdp-ac" ? "fsdp" : h.variant;
+    c.strategy = v.strategy;
     c.extra = h.extra;
-    if (std::string(h.variant) == "fsdp-ac") c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
+    c.extra.insert(c.extra.end(), v.flags.begin(), v.flags.end());
     c.nproc = h.nproc;
     c.threads_per_rank = 1;
     c.block_size = h.block;

@@ -4,18 +4,21 @@
 // "predicted_peak_bytes" beside the measured "peak_tensor_bytes"; the table
 // shows both and the error (target: within 10% on every case).
 #include "bench/harness.h"
+#include "strategies/registry.h"
 
 #include <string>
 #include <vector>
 
 namespace strata::bench {
 
-/// gpt-nano/micro/mini x ddp, oss, sdp, fsdp, fsdp + activation checkpointing,
-/// 2 ranks x 1 thread, block 128, batch 8, a few steps (memory is exact): the
-/// cases the planner's constants were fitted on; then held-out cases
-/// (names starting kHeldOutPrefix) at other widths, block and batch sizes
-/// and world sizes.
-Suite planner_suite();
+/// gpt-nano/micro/mini x every multi-rank strategy with a memory model and
+/// the bench variants its spec puts in "planner" (the built-ins: ddp, oss,
+/// sdp, fsdp, fsdp + activation checkpointing), 2 ranks x 1 thread, block
+/// 128, batch 8, a few steps (memory is exact): the cases the planner's
+/// constants were fitted on; then held-out cases (names starting
+/// kHeldOutPrefix) at other widths, block and batch sizes and world sizes,
+/// the variants taking turns.
+Suite planner_suite(const StrategyRegistry& strategies);
 
 inline constexpr const char* kHeldOutPrefix = "planner/held-out/";
 

@@ -15,14 +15,26 @@ namespace {
 
 std::string short_name(const std::string& case_name) { return case_name.substr(case_name.rfind('/') + 1); }
 
-/// The ZeRO formula for a result, or 0 when it does not apply: the formulas
-/// assume fp32 AdamW (bf16-mixed keeps other copies).
-double formula_bytes(const BenchCase& c, int64_t parameters, int world_size) {
-  if (c.precision != "32" && c.precision != "fp32" && c.precision != "32-true") return 0.0;
-  if (std::find(c.extra.begin(), c.extra.end(), "--offload") != c.extra.end()) return 0.0;  // state is elsewhere
-  for (const char* s : {"single", "ddp", "oss", "sdp", "fsdp"})
-    if (c.strategy == s) return zero_model_state_bytes(c.strategy, parameters, world_size);
-  return 0.0;
+/// The model state the strategy's memory model predicted (strata-gpt writes
+/// it into summary.json from its StrategySpec::memory), max over ranks; 0
+/// when there is none (no model, or everything offloaded).
+double formula_bytes(const CaseResult& r) {
+  int64_t most = 0;
+  for (const RankResult& k : r.ranks) {
+    if (k.predicted_params) most = std::max(most, *k.predicted_params + *k.predicted_grads + *k.predicted_optimizer);
+  }
+  return double(most);
+}
+
+double formula_bytes(const nlohmann::json& summary) {
+  int64_t most = 0;
+  if (!summary.contains("per_rank")) return 0.0;
+  for (const auto& pr : summary.at("per_rank")) {
+    if (!pr.contains("predicted")) continue;
+    const auto& m = pr.at("predicted");
+    most = std::max(most, m.value("params", int64_t{0}) + m.value("grads", int64_t{0}) + m.value("optimizer", int64_t{0}));
+  }
+  return double(most);
 }
 
 std::string ratio_cell(double num, double den, const std::string& ref) {
@@ -42,7 +54,7 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
   const std::string vs_peak =
       ref ? ratio_cell(double(r.peak_tensor_bytes_max), double(ref->peak_tensor_bytes_max), c.reference) : "–";
   std::string state_vs_formula = "–";
-  if (const double f = formula_bytes(c, r.parameters, r.world_size); f > 0) {
+  if (const double f = formula_bytes(r); f > 0) {
     const double diff = double(r.model_state_bytes_max) - f;
     // Tolerance 5%; outside it, show the difference in bytes so it can be
     // compared with the bucket buffers.
@@ -118,7 +130,7 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
   for (const Suite& suite : suites) {
     out << "\n### " << suite.name << "\n\n" << suite.about << "\n\n"
         << "| case | strategy | ranks×threads | precision | batch/rank | tokens/s | vs ref | tokens/s @ median step "
-           "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/formula "
+           "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/model "
            "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step | Ψ (fp32 params) | comm/step ÷ Ψ |\n"
         << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchCase& c : suite.cases) {
@@ -170,7 +182,7 @@ nlohmann::json run_record(const CaseRun& run, const ReportHeader& header) {
   j["best_step_tokens_per_s"] = run.best_step_tokens_per_s;
   j["peak_tensor_bytes_max"] = peak_tensor_bytes_max(run.summary);
   j["model_state_bytes_max"] = model_state_bytes_max(run.summary);
-  const double f = formula_bytes(c, run.summary.at("parameters").get<int64_t>(), run.summary.at("world_size").get<int>());
+  const double f = formula_bytes(run.summary);
   j["model_state_formula_bytes"] = f > 0 ? nlohmann::json(f) : nlohmann::json(nullptr);
   return j;
 }
@@ -241,7 +253,7 @@ std::string render_per_rank_markdown(const std::vector<Suite>& suites, const std
   std::ostringstream out;
   out << "| case | rank | tokens/s | forward ms | backward ms | comm wait ms | optimizer ms | step ms "
          "| peak tensor | params | grads | optimizer | activations+other | peak RSS "
-         "| predicted model state (planner, else ZeRO formula) | measured ÷ predicted | bytes sent/step |\n"
+         "| predicted model state (the strategy's memory model) | measured ÷ predicted | bytes sent/step |\n"
       << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const Suite& suite : suites) {
     for (const BenchCase& c : suite.cases) {

@@ -26,12 +26,12 @@ std::string fixed(double value, int digits);
 
 /// Markdown: a header line, then per suite its description and one table row
 /// per case (tokens/s median (min–max), vs-ref ratios, MFU, peak tensor and
-/// model-state bytes per rank, measured/ZeRO-formula, comm per step).
+/// model-state bytes per rank, measured ÷ the strategy's memory model, comm per step).
 std::string render_markdown(const std::vector<Suite>& suites, const std::vector<CaseResult>& results,
                             const ReportHeader& header);
 
 /// Markdown: one row per rank of every case of `suites` (tokens/s, step-time
-/// split, peak tensor bytes by category, peak RSS, ZeRO prediction beside the
+/// split, peak tensor bytes by category, peak RSS, the memory model's prediction beside the
 /// measured model state with the ratio, bytes sent per step by collective
 /// kind); "—" for what the summaries lack. Failed and skipped cases get one
 /// row with their error.
@@ -44,7 +44,8 @@ nlohmann::json case_record(const CaseResult& result, const ReportHeader& header)
 
 /// One JSON line: case, suite, repeat, machine, commit, date, command, wall_s,
 /// every summary.json field, and the derived peak_tensor_bytes_max,
-/// model_state_bytes_max and model_state_formula_bytes (null when not fp32 or no formula).
+/// model_state_bytes_max and model_state_formula_bytes (the strategy's memory
+/// model's, from summary.json; null when it has none or nothing stays in memory).
 nlohmann::json run_record(const CaseRun& run, const ReportHeader& header);
 
 /// The runs of `cases` recorded in a --json file (lines of other cases are

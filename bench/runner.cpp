@@ -287,14 +287,11 @@ double median_step_seconds(const std::string& metrics_csv) {
 
 std::vector<std::string> peer_command(const BenchCase& c, const std::string& python, const std::string& peer_script,
                                       const std::string& data_path, const std::string& output_dir) {
-  static const std::map<std::string, std::string> mode_of = {
-      {"single", "single"}, {"ddp", "ddp"}, {"oss", "zero"}, {"fsdp", "fsdp2"}};
-  const auto mode = mode_of.find(c.strategy);
-  TORCH_CHECK_VALUE(mode != mode_of.end(), "case ", c.name, ": the peer has no counterpart of strategy '",
-                    c.strategy, "'; allowed: single, ddp, oss, fsdp");
+  TORCH_CHECK_VALUE(!c.peer_mode.empty(), "case ", c.name, ": the peer has no counterpart of strategy '",
+                    c.strategy, "' (its spec names no pytorch_peer mode)");
   TORCH_CHECK_VALUE(c.data == kGeneratedText, "case ", c.name, ": the peer reads the generated text only");
   std::vector<std::string> cmd = {python, peer_script,
-                                  "--mode", mode->second,
+                                  "--mode", c.peer_mode,
                                   "--nproc", std::to_string(c.nproc),
                                   "--threads-per-rank", std::to_string(c.threads_per_rank),
                                   "--precision", c.precision,

@@ -68,164 +68,190 @@ Suite table_suite(const std::string& name, const std::string& about, const std::
   return s;
 }
 
-const std::vector<std::string> kBucket1Mib = {"--bucket-cap-mb", "1"};
-
-Suite single_suite() {
-  return table_suite(
-      "single",
-      "One process, 2 threads. MFU is against the fp32 matmul peak measured by strata-gpt "
-      "(issue target: gpt-mini fp32 >= 60%); bf16-mixed MFU uses the same fp32 peak, so it "
-      "can exceed 100%. vs ref: bf16-mixed tokens/s ÷ fp32.",
-      {
-          {.preset = "gpt-micro", .variant = "fp32", .strategy = "single", .nproc = 1, .threads = 2},
-          {.preset = "gpt-micro", .variant = "bf16-mixed", .strategy = "single", .nproc = 1, .threads = 2,
-           .precision = "bf16-mixed", .reference = "fp32"},
-          {.preset = "gpt-mini", .variant = "fp32", .strategy = "single", .nproc = 1, .threads = 2},
-          {.preset = "gpt-mini", .variant = "bf16-mixed", .strategy = "single", .nproc = 1, .threads = 2,
-           .precision = "bf16-mixed", .reference = "fp32"},
-      });
+/// "<name>[-<tag>]-<N>x<threads>": a strategy's case, plain or a variant.
+std::string case_label(const std::string& strategy, const std::string& tag, int nproc, int threads) {
+  return strategy + (tag.empty() ? "" : "-" + tag) + "-" + std::to_string(nproc) + "x" + std::to_string(threads);
 }
 
-Suite ddp_suite() {
+bool multi_rank(const StrategySpec& spec) { return spec.max_world_size() != 1; }
+
+/// One strategy's suite (named after it): on gpt-micro and gpt-mini, its plain
+/// case and its bench variants. A multi-rank strategy runs 2 ranks x 1 thread
+/// and is compared with the reference strategy's plain case; the reference
+/// itself with the single-process strategy as 1 rank x 2 threads at twice the
+/// batch (the same global batch); a single-process strategy runs 1 x 2.
+/// Variants are compared with their plain case (or the variant they name).
+Suite strategy_suite(const StrategyRegistry& strategies, const StrategySpec& spec) {
+  const StrategySpec* reference = strategies.reference();
+  const StrategySpec* single = strategies.single_process();
+  const bool multi = multi_rank(spec);
+  const int nproc = multi ? 2 : 1, threads = multi ? 1 : 2;
+  std::string about = spec.name() + ": " + spec.description() + ". " + std::to_string(nproc) + " rank(s) x " +
+                      std::to_string(threads) + " thread(s).";
   std::vector<CaseRow> rows;
-  // ddp at half single's batch: the same global batch (micro 16, mini 8 per process).
-  for (const auto& [preset, half] : std::vector<std::pair<std::string, int64_t>>{{"gpt-micro", 8}, {"gpt-mini", 4}}) {
-    const std::vector<CaseRow> group = {
-        {.preset = preset, .variant = "single-1x2", .strategy = "single", .nproc = 1, .threads = 2},
-        {.preset = preset, .variant = "ddp-2x1", .strategy = "ddp", .reference = "single-1x2", .batch = half},
-        {.preset = preset, .variant = "ddp-2x1-per-grad-after-bw", .strategy = "ddp",
-         .extra = {"--bucket-cap-mb", "0", "--overlap-comm", "false"}, .reference = "ddp-2x1", .batch = half},
-        {.preset = preset, .variant = "ddp-2x1-1mib", .strategy = "ddp", .extra = kBucket1Mib,
-         .reference = "ddp-2x1", .batch = half},
-        {.preset = preset, .variant = "ddp-2x1-1mib-after-bw", .strategy = "ddp",
-         .extra = {"--bucket-cap-mb", "1", "--overlap-comm", "false"}, .reference = "ddp-2x1-1mib", .batch = half},
-    };
-    rows.insert(rows.end(), group.begin(), group.end());
-  }
-  return table_suite(
-      "ddp",
-      "Same global batch: single 1 rank x 2 threads at batch 2B vs ddp 2 ranks x 1 thread at "
-      "batch B. vs ref: ddp ÷ single (ideal ~1.0 on 2 cores); per-grad-after-bw (one "
-      "all-reduce per gradient after backward: --bucket-cap-mb 0 --overlap-comm false) ÷ ddp "
-      "shows what bucketing plus overlap buy; 1mib (bucketed, several buckets) ÷ ddp, and "
-      "1mib-after-bw ÷ 1mib isolates the overlap (at 25 MiB these models fit one bucket, which "
-      "can only start when backward ends).",
-      rows);
-}
-
-Suite zero_suite() {
-  return table_suite("zero",
-                     "gpt-mini, 2 ranks x 1 thread. state/formula: measured model-state bytes per rank ÷ the "
-                     "ZeRO formula (fp32 AdamW: ddp 16Ψ', oss 8Ψ'+8Ψ'/N, sdp 4Ψ'+12Ψ'/N); expect 1.00 "
-                     "within 5% plus bucket buffers. vs ref: ÷ ddp.",
-                     {
-                         {.preset = "gpt-mini", .variant = "ddp-2x1", .strategy = "ddp"},
-                         {.preset = "gpt-mini", .variant = "oss-2x1", .strategy = "oss", .reference = "ddp-2x1"},
-                         {.preset = "gpt-mini", .variant = "sdp-2x1", .strategy = "sdp", .reference = "ddp-2x1"},
-                     });
-}
-
-Suite memory_suite() {
-  std::vector<CaseRow> rows;
-  for (const std::string strategy : {"oss", "sdp"}) {
-    for (int n : {1, 2, 4}) {
-      rows.push_back({.preset = "gpt-mini", .variant = strategy + "-n" + std::to_string(n), .strategy = strategy,
-                      .nproc = n, .reference = n == 1 ? "" : strategy + "-n1", .steps = 8});
+  for (const std::string preset : {"gpt-micro", "gpt-mini"}) {
+    const std::string plain = case_label(spec.name(), "", nproc, threads);
+    std::string plain_ref;
+    if (multi && reference && reference != &spec) {
+      plain_ref = case_label(reference->name(), "", 2, 1);
+      rows.push_back({.preset = preset, .variant = plain_ref, .strategy = reference->name()});
+    } else if (multi && single) {
+      // The same global batch: make_case's per-rank batch on each of 2 ranks.
+      plain_ref = case_label(single->name(), "", 1, 2);
+      rows.push_back({.preset = preset, .variant = plain_ref, .strategy = single->name(), .nproc = 1, .threads = 2,
+                      .batch = 2 * make_case("", preset, "", "", 1, 1).batch_size});
+    }
+    rows.push_back({.preset = preset, .variant = plain, .strategy = spec.name(), .nproc = nproc, .threads = threads,
+                    .reference = plain_ref});
+    for (const BenchVariant& v : spec.bench()) {
+      rows.push_back({.preset = preset, .variant = case_label(spec.name(), v.tag, nproc, threads),
+                      .strategy = spec.name(), .nproc = nproc, .threads = threads, .precision = v.precision,
+                      .extra = v.flags,
+                      .reference = v.reference.empty() ? plain : case_label(spec.name(), v.reference, nproc, threads)});
     }
   }
-  return table_suite("memory",
-                     "gpt-mini, N ranks x 1 thread, batch 8 per rank, a few steps: memory is exact, tokens/s "
-                     "are incidental (N=4 puts 4 ranks on 2 cores). peak vs ref: peak tensor bytes per rank "
-                     "÷ the same strategy at N=1.",
+  if (multi && reference && reference != &spec) {
+    about += " The plain case ÷ " + reference->name() + " (vs ref).";
+  } else if (multi && single) {
+    about += " The plain case ÷ " + single->name() + " as 1 rank x 2 threads at the same global batch (vs ref).";
+  }
+  for (const BenchVariant& v : spec.bench()) about += " " + v.tag + ": " + v.about + ".";
+  about += " vs ref: variants ÷ their plain case.";
+  return table_suite(spec.name(), about, rows);
+}
+
+/// Every multi-rank strategy's plain case on gpt-mini x2, against the reference.
+Suite zero_suite(const StrategyRegistry& strategies) {
+  const StrategySpec* reference = strategies.reference();
+  const std::string ref = reference ? case_label(reference->name(), "", 2, 1) : "";
+  std::vector<CaseRow> rows;
+  for (const auto* spec : strategies.specs()) {
+    if (!multi_rank(*spec)) continue;
+    const std::string label = case_label(spec->name(), "", 2, 1);
+    rows.push_back({.preset = "gpt-mini", .variant = label, .strategy = spec->name(),
+                    .reference = label == ref ? "" : ref});
+  }
+  return table_suite("zero",
+                     "gpt-mini, 2 ranks x 1 thread, every strategy that runs several ranks. state/model: measured "
+                     "model-state bytes per rank ÷ the strategy's memory model (fp32 AdamW: ddp 16Ψ', oss "
+                     "8Ψ'+8Ψ'/N, sdp 4Ψ'+12Ψ'/N, fsdp 16Ψ'/N); expect 1.00 within 5% plus bucket buffers. vs ref: ÷ " +
+                         (reference ? reference->name() : std::string("—")) + ".",
                      rows);
 }
 
-Suite fsdp_suite() {
-  const std::string ref = "ddp-2x1";
-  return table_suite(
-      "fsdp",
-      "gpt-mini, 2 ranks x 1 thread, the same global batch: ddp (the reference), oss, sdp, fsdp, "
-      "and fsdp with activation checkpointing of every block (ac), --precision bf16-mixed (units "
-      "all-gathered in bf16, fp32 shards and reduce-scatter), and --offload disk (shards, grads "
-      "and AdamW state in an unnamed file in the case's output directory, the step streamed "
-      "through 8 MiB of staging). comm/step is rank 0's bytes sent (ddp ~2Ψ, fsdp ~3Ψ, fsdp "
-      "bf16 ~2Ψ, Ψ = fp32 parameter bytes); the model state of offloaded fsdp is what stays "
-      "in memory. vs ref: ÷ ddp.",
-      {
-          {.preset = "gpt-mini", .variant = "ddp-2x1", .strategy = "ddp"},
-          {.preset = "gpt-mini", .variant = "oss-2x1", .strategy = "oss", .reference = ref},
-          {.preset = "gpt-mini", .variant = "sdp-2x1", .strategy = "sdp", .reference = ref},
-          {.preset = "gpt-mini", .variant = "fsdp-2x1", .strategy = "fsdp", .reference = ref},
-          {.preset = "gpt-mini", .variant = "fsdp-ac-2x1", .strategy = "fsdp",
-           .extra = {"--activation-checkpointing", "1"}, .reference = ref},
-          {.preset = "gpt-mini", .variant = "fsdp-bf16-2x1", .strategy = "fsdp", .precision = "bf16-mixed",
-           .reference = ref},
-          {.preset = "gpt-mini", .variant = "fsdp-offload-disk-2x1", .strategy = "fsdp",
-           .extra = {"--offload", "disk"}, .reference = ref},
-      });
+/// Whether `spec`'s model state per rank shrinks with more ranks (its memory
+/// model, fp32 AdamW, on a nominal model).
+bool shards_state(const StrategySpec& spec) {
+  if (!spec.memory()) return false;
+  MemoryQuery q;
+  q.model = {.params = 1 << 20, .trainable = 1 << 20, .units = 4, .unit_params = 1 << 18, .unit_trainable = 1 << 18};
+  q.args = spec.parse_args();
+  const auto one = spec.memory()(q);
+  q.world_size = q.local_world_size = 2;
+  const auto two = spec.memory()(q);
+  return one && two && two->model_state() < one->model_state();
 }
 
-Suite smoke_suite() {
+Suite memory_suite(const StrategyRegistry& strategies) {
+  std::vector<CaseRow> rows;
+  for (const auto* spec : strategies.specs()) {
+    if (!multi_rank(*spec) || !shards_state(*spec)) continue;
+    for (int n : {1, 2, 4}) {
+      rows.push_back({.preset = "gpt-mini", .variant = spec->name() + "-n" + std::to_string(n),
+                      .strategy = spec->name(), .nproc = n,
+                      .reference = n == 1 ? "" : spec->name() + "-n1", .steps = 8});
+    }
+  }
+  return table_suite("memory",
+                     "gpt-mini, N ranks x 1 thread, batch 8 per rank, a few steps, every strategy whose model state "
+                     "per rank shrinks with N (its memory model): memory is exact, tokens/s are incidental (N=4 "
+                     "puts 4 ranks on 2 cores). peak vs ref: peak tensor bytes per rank ÷ the same strategy at N=1.",
+                     rows);
+}
+
+/// The variants of `spec` that join built-in suite `suite`.
+std::vector<BenchVariant> variants_in(const StrategySpec& spec, const std::string& suite) {
+  std::vector<BenchVariant> out;
+  for (const auto& v : spec.bench()) {
+    if (std::find(v.suites.begin(), v.suites.end(), suite) != v.suites.end()) out.push_back(v);
+  }
+  return out;
+}
+
+Suite smoke_suite(const StrategyRegistry& strategies) {
   // gpt-nano, block 64, batch 8 per rank, 20 steps.
   auto row = [](const std::string& variant, const std::string& strategy, int nproc, std::vector<std::string> extra,
                 const std::string& reference) {
     return CaseRow{.preset = "gpt-nano", .variant = variant, .strategy = strategy, .nproc = nproc,
                    .extra = std::move(extra), .reference = reference, .batch = 8, .block = 64, .steps = 20};
   };
+  const StrategySpec* reference = strategies.reference();
+  const StrategySpec* single = strategies.single_process();
+  const std::string ref = reference ? case_label(reference->name(), "", 2, 1) : "";
+  const std::string single_ref = single ? case_label(single->name(), "", 1, 1) : "";
+  std::vector<CaseRow> rows;
+  for (const auto* spec : strategies.specs()) {
+    const bool multi = multi_rank(*spec);
+    const std::string plain = case_label(spec->name(), "", multi ? 2 : 1, 1);
+    rows.push_back(row(plain, spec->name(), multi ? 2 : 1, {}, !multi ? "" : plain == ref ? single_ref : ref));
+    for (const auto& v : variants_in(*spec, "smoke")) {
+      rows.push_back(row(case_label(spec->name(), v.tag, multi ? 2 : 1, 1), spec->name(), multi ? 2 : 1, v.flags,
+                         multi ? ref : plain));
+    }
+  }
   return table_suite(
       "smoke",
-      "CI regression gate: every strategy at 2 ranks on gpt-nano (fsdp also with activation "
-      "checkpointing and with --offload disk), single as one process; block 64, batch 8 per "
-      "rank, a few steps, 1 thread per process (gpt-nano's tiny matmuls on 2 threads slow down "
-      "several-fold on a loaded machine, which would make the gate flaky). vs ref: ddp ÷ single "
-      "(ideal 2.0), the others ÷ ddp.",
-      {
-          row("single-1x1", "single", 1, {}, ""),
-          row("ddp-2x1", "ddp", 2, {}, "single-1x1"),
-          row("oss-2x1", "oss", 2, {}, "ddp-2x1"),
-          row("sdp-2x1", "sdp", 2, {}, "ddp-2x1"),
-          row("fsdp-2x1", "fsdp", 2, {}, "ddp-2x1"),
-          row("fsdp-ac-2x1", "fsdp", 2, {"--activation-checkpointing", "1"}, "ddp-2x1"),
-          row("fsdp-offload-disk-2x1", "fsdp", 2, {"--offload", "disk"}, "ddp-2x1"),
-      });
+      "CI regression gate: every registered strategy on gpt-nano, at 2 ranks (one process where a strategy runs "
+      "only one), with the variants its spec puts in the gate; block 64, batch 8 per rank, a few steps, 1 thread "
+      "per process (gpt-nano's tiny matmuls on 2 threads slow down several-fold on a loaded machine, which would "
+      "make the gate flaky). vs ref: the reference strategy ÷ the single-process one (ideal 2.0), the others ÷ "
+      "the reference.",
+      rows);
 }
 
-Suite scale_suite() {
+Suite scale_suite(const StrategyRegistry& strategies) {
   Suite s{"scale",
-          "Slow, not in CI. The largest preset each strategy fits, per world size: every preset "
-          "from gpt-nano to gpt2-medium under ddp, oss, sdp, fsdp and fsdp --offload disk at N = 1, 2 and 4 "
-          "ranks x 1 thread, batch 1 per rank, block 128, 3 steps. A case that runs out of memory "
-          "(or time) is recorded as failed and the sweep goes on; the largest preset that ran per "
-          "strategy and N is listed under the table. peak vs ref: ÷ the same preset under ddp.",
+          "Slow, not in CI. The largest preset each strategy fits, per world size: every preset from gpt-nano "
+          "to gpt2-medium under every multi-rank strategy (and the variants its spec puts here, e.g. fsdp "
+          "--offload disk) at N = 1, 2 and 4 ranks x 1 thread, batch 1 per rank, block 128, 3 steps. A case "
+          "that runs out of memory (or time) is recorded as failed and the sweep goes on; the largest preset "
+          "that ran per strategy and N is listed under the table. peak vs ref: ÷ the same preset under the "
+          "reference strategy.",
           {}};
+  const StrategySpec* reference = strategies.reference();
   for (int n : {1, 2, 4}) {
     // gpt2-large/xl (774M/1.5B parameters: 12/24 GB of fp32 AdamW state per
     // unsharded rank) are left out: on a shared machine an OOM there hurts others.
     for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium"}) {
-      std::string ddp;
-      for (const std::string variant : {"ddp", "oss", "sdp", "fsdp", "fsdp-offload-disk"}) {
-        const std::string strategy = variant.substr(0, variant.find('-'));
-        BenchCase c = make_case("scale", preset, variant + "-n" + std::to_string(n), strategy, n, 1);
-        c.batch_size = 1;
-        c.steps = 3;
-        if (variant == "fsdp-offload-disk") c.extra = {"--offload", "disk"};
-        c.reference = ddp;
-        if (variant == "ddp") ddp = c.name;
-        s.cases.push_back(c);
+      const std::string ref =
+          reference ? "scale/" + std::string(preset) + "/" + reference->name() + "-n" + std::to_string(n) : "";
+      for (const auto* spec : strategies.specs()) {
+        if (!multi_rank(*spec)) continue;
+        std::vector<std::pair<std::string, std::vector<std::string>>> runs = {{spec->name(), {}}};
+        for (const auto& v : variants_in(*spec, "scale")) runs.push_back({spec->name() + "-" + v.tag, v.flags});
+        for (const auto& [variant, flags] : runs) {
+          BenchCase c = make_case("scale", preset, variant + "-n" + std::to_string(n), spec->name(), n, 1);
+          c.batch_size = 1;
+          c.steps = 3;
+          c.extra = flags;
+          if (c.name != ref) c.reference = ref;
+          s.cases.push_back(c);
+        }
       }
     }
   }
   return s;
 }
 
-Suite attention_suite() {
+Suite attention_suite(const StrategyRegistry& strategies) {
+  const std::string single = strategies.single_process() ? strategies.single_process()->name() : "";
   std::vector<CaseRow> rows;
   for (int64_t block : {256, 1024}) {
     for (const std::string precision : {"32", "bf16-mixed"}) {
       const std::string tag = std::string(precision == "32" ? "fp32" : "bf16") + "-t" + std::to_string(block);
       const int64_t batch = block == 256 ? 8 : 2;  // the same tokens per step
       for (const std::string attention : {"naive", "fused"}) {
-        rows.push_back({.preset = "gpt-mini", .variant = attention + "-" + tag, .strategy = "single", .nproc = 1,
+        rows.push_back({.preset = "gpt-mini", .variant = attention + "-" + tag, .strategy = single, .nproc = 1,
                         .threads = 2, .precision = precision, .extra = {"--attention", attention},
                         .reference = attention == "fused" ? "naive-" + tag : "", .batch = batch, .block = block,
                         .steps = 20});
@@ -239,10 +265,14 @@ Suite attention_suite() {
                      rows);
 }
 
-Suite kernels_suite() {
+Suite kernels_suite(const StrategyRegistry& strategies) {
   std::vector<CaseRow> rows;
+  const std::string single = strategies.single_process() ? strategies.single_process()->name() : "";
+  const std::string reference = strategies.reference() ? strategies.reference()->name() : "";
   const std::vector<std::tuple<std::string, std::string, int, int, std::vector<std::string>>> shapes = {
-      {"single-1x2", "single", 1, 2, {}}, {"ddp-2x1", "ddp", 2, 1, {}}, {"384-single-1x2", "single", 1, 2, {"--n-embd", "384"}}};
+      {single + "-1x2", single, 1, 2, {}},
+      {reference + "-2x1", reference, 2, 1, {}},
+      {"384-" + single + "-1x2", single, 1, 2, {"--n-embd", "384"}}};
   for (const auto& [tag, strategy, nproc, threads, model] : shapes) {
     std::vector<std::string> off = model;
     off.insert(off.end(), {"--attention", "naive", "--fused-adamw", "false"});
@@ -294,29 +324,35 @@ std::vector<Suite> SuiteRegistry::select(const std::string& csv) const {
   return out;
 }
 
-void register_builtin_suites(SuiteRegistry& registry) {
-  registry.add("single", single_suite);
-  registry.add("ddp", ddp_suite);
-  registry.add("zero", zero_suite);
-  registry.add("fsdp", fsdp_suite);
-  registry.add("memory", memory_suite);
-  registry.add("smoke", smoke_suite);
-  registry.add("attention", attention_suite);
-  registry.add("kernels", kernels_suite);
-  registry.add("scale", scale_suite);
-  registry.add("planner", planner_suite);  // bench/planner_suite.cpp
-  registry.add("peer", peer_suite);        // bench/peer_suite.cpp
+void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies) {
+  // `strategies` by reference: the suites are built when selected.
+  const StrategyRegistry* s = &strategies;
+  for (const auto* spec : strategies.specs()) {
+    registry.add(spec->name(), [s, spec] { return strategy_suite(*s, *spec); });
+  }
+  registry.add("zero", [s] { return zero_suite(*s); });
+  registry.add("memory", [s] { return memory_suite(*s); });
+  registry.add("smoke", [s] { return smoke_suite(*s); });
+  registry.add("attention", [s] { return attention_suite(*s); });
+  registry.add("kernels", [s] { return kernels_suite(*s); });
+  registry.add("scale", [s] { return scale_suite(*s); });
+  registry.add("planner", [s] { return planner_suite(*s); });  // bench/planner_suite.cpp
+  registry.add("peer", [s] { return peer_suite(*s); });        // bench/peer_suite.cpp
 }
 
 std::vector<std::string> suite_names() {
+  StrategyRegistry strategies;
+  register_builtin_strategies(strategies);
   SuiteRegistry registry;
-  register_builtin_suites(registry);
+  register_builtin_suites(registry, strategies);
   return registry.names();
 }
 
 std::vector<Suite> select_suites(const std::string& csv) {
+  StrategyRegistry strategies;
+  register_builtin_strategies(strategies);
   SuiteRegistry registry;
-  register_builtin_suites(registry);
+  register_builtin_suites(registry, strategies);
   return registry.select(csv);
 }
 

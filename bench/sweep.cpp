@@ -13,7 +13,6 @@ namespace strata::bench {
 std::vector<std::string> sweep_presets() {
   return {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
 }
-std::vector<std::string> sweep_strategies() { return {"single", "ddp", "oss", "sdp", "fsdp"}; }
 std::vector<std::string> sweep_precisions() { return {"fp32", "bf16-mixed"}; }
 
 std::vector<std::string> split_list(const std::string& csv, const std::string& what) {
@@ -59,9 +58,9 @@ void check_axis(const std::vector<T>& values, const std::string& what, const std
 
 }  // namespace
 
-void validate(const SweepOptions& o) {
+void validate(const SweepOptions& o, const StrategyRegistry& strategies) {
   check_axis(o.presets(), "presets", sweep_presets());
-  check_axis(o.strategies(), "strategies", sweep_strategies());
+  if (!o.strategies().empty()) check_axis(o.strategies(), "strategies", strategies.names());
   check_axis(o.precision(), "precision", sweep_precisions());
   check_axis(o.offload(), "offload", {"none", "cpu", "disk"});
   check_axis(o.ac(), "ac");
@@ -78,11 +77,17 @@ void validate(const SweepOptions& o) {
                     "'");
 }
 
-Suite make_sweep(const SweepOptions& o) {
-  validate(o);
+Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies) {
+  validate(o, strategies);
+  const std::string reference = strategies.reference() ? strategies.reference()->name() : "";
+  std::vector<std::string> names = o.strategies();
+  if (names.empty()) {
+    TORCH_CHECK_VALUE(!reference.empty(), "sweep axis --strategies is empty and no strategy is the reference");
+    names = {reference};
+  }
   Suite s{"sweep",
           "Sweep: every combination of the axes given, same generated data and seed; vs ref: ÷ the "
-          "fp32 ddp case of the same preset, world size and shape. Skipped rows are combinations "
+          "fp32 " + reference + " case of the same preset, world size and shape. Skipped rows are combinations "
           "strata-gpt refuses.",
           {}};
   for (const auto& preset : o.presets())
@@ -90,7 +95,7 @@ Suite make_sweep(const SweepOptions& o) {
       for (int64_t batch : o.batch_size())
         for (int64_t block : o.block_size()) {
           const size_t group_start = s.cases.size();
-          for (const auto& strategy : o.strategies())
+          for (const auto& strategy : names)
             for (int64_t ac : o.ac())
               for (const auto& offload : o.offload())
                 for (const auto& precision : o.precision()) {
@@ -115,8 +120,10 @@ Suite make_sweep(const SweepOptions& o) {
                   if (ac > 0) c.extra = {"--activation-checkpointing", std::to_string(ac)};
                   if (offload != "none") c.extra.insert(c.extra.end(), {"--offload", offload});
                   // What strata-gpt would refuse (exit 2), kept as skipped rows.
-                  if (strategy == "single" && n > 1)
-                    c.skip_reason = "strategy single runs one process (--nproc " + std::to_string(n) + ")";
+                  const int most = strategies.spec(strategy).max_world_size();
+                  if (most > 0 && n > most)
+                    c.skip_reason = "strategy " + strategy + " runs at most " + std::to_string(most) +
+                                    " process(es) (--nproc " + std::to_string(n) + ")";
                   else if (offload == "cpu" && o.device() != "cuda")
                     c.skip_reason = "--offload cpu (pinned host memory) needs a CUDA device";
                   s.cases.push_back(c);
@@ -125,7 +132,8 @@ Suite make_sweep(const SweepOptions& o) {
           std::string reference;
           for (size_t i = group_start; i < s.cases.size() && reference.empty(); ++i) {
             const BenchCase& c = s.cases[i];
-            if (c.skip_reason.empty() && c.strategy == "ddp" && c.extra.empty() && c.precision == "fp32")
+            if (c.skip_reason.empty() && !reference.empty() && strategies.resolve(c.strategy) == reference &&
+                c.extra.empty() && c.precision == "fp32")
               reference = c.name;
           }
           for (size_t i = group_start; i < s.cases.size() && reference.empty(); ++i)

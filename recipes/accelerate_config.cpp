@@ -19,7 +19,7 @@ namespace {
 
 class Accelerate {
  public:
-  explicit Accelerate(std::string file) : file_(std::move(file)) {}
+  Accelerate(std::string file, const StrategyRegistry& strategies) : file_(std::move(file)), strategies_(strategies) {}
 
   ForeignConfig translate(const json& config) {
     const json& top = object(config, file_, "the file");
@@ -107,18 +107,19 @@ class Accelerate {
   void distributed_type(const std::string& type, const json& fsdp, const json& deepspeed) {
     if (type != "FSDP" && !fsdp.empty()) out_.ignored.push_back("fsdp_config (distributed_type is " + type + ")");
     if (type != "DEEPSPEED" && !deepspeed.empty()) out_.ignored.push_back("deepspeed_config (distributed_type is " + type + ")");
-    if (type == "NO") {
-      out_.keys.emplace_back("strategy", "single");
-    } else if (type == "MULTI_CPU" || type == "MULTI_GPU") {
-      out_.keys.emplace_back("strategy", "ddp");
-    } else if (type == "FSDP") {
-      out_.keys.emplace_back("strategy", "fsdp");
-      fsdp_config(fsdp);
-    } else if (type == "DEEPSPEED") {
-      deepspeed_config(deepspeed);
-    } else {
-      fail(file_, "distributed_type", "'" + type + "' is not supported; strata maps NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED");
+    if (type == "DEEPSPEED") return deepspeed_config(deepspeed);  // the strategy by its ZeRO stage
+    const std::string strategy = accelerate_strategy(strategies_, type);
+    if (strategy.empty()) {
+      std::string mapped;
+      for (const auto* spec : strategies_.specs()) {
+        for (const auto& t : spec->accelerate_types()) mapped += t + ", ";
+      }
+      fail(file_, "distributed_type", "'" + type + "' is not supported; strata maps " + mapped + "DEEPSPEED");
     }
+    out_.keys.emplace_back("strategy", strategy);
+    // fsdp_config holds the FSDP plugin's keys, translated into the options
+    // of the strategy that stands for FSDP.
+    if (type == "FSDP") fsdp_config(fsdp);
   }
 
   void fsdp_config(const json& c);
@@ -126,6 +127,7 @@ class Accelerate {
   void deepspeed_config(const json& c);
 
   std::string file_;
+  const StrategyRegistry& strategies_;
   ForeignConfig out_;
   std::optional<std::string> precision_;  // from mixed_precision
 };
@@ -240,7 +242,7 @@ void Accelerate::deepspeed_config(const json& c) {
   } else if (!zero.empty()) {
     fail(file_, "deepspeed_config", "gives both deepspeed_config_file and zero_* keys; accelerate takes one or the other");
   }
-  ForeignConfig inner = translate_deepspeed(ds, file_ + " (deepspeed_config)");
+  ForeignConfig inner = translate_deepspeed(ds, file_ + " (deepspeed_config)", strategies_);
   for (const auto& [k, v] : inner.keys) {
     // accelerate refuses a mixed_precision its DeepSpeed config contradicts.
     if (k == "precision" && precision_ && *precision_ != v) {
@@ -255,8 +257,8 @@ void Accelerate::deepspeed_config(const json& c) {
 
 }  // namespace
 
-ForeignConfig translate_accelerate(const json& config, const std::string& file) {
-  return Accelerate(file).translate(config);
+ForeignConfig translate_accelerate(const json& config, const std::string& file, const StrategyRegistry& strategies) {
+  return Accelerate(file, strategies).translate(config);
 }
 
 }  // namespace strata::recipes

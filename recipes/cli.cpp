@@ -29,11 +29,6 @@ namespace po = boost::program_options;
 // the offending value and what is allowed, and so the command line can simply
 // be applied after the config file (last write wins).
 
-/// The field's value in `config` as command-line / INI text.
-std::string text_of(const RunConfig& config, const Field& f) {
-  return std::visit([&](auto member) { return format(config.*member); }, f.member);
-}
-
 /// Each parse_text returns "" on success, else what was expected.
 std::string parse_text(const std::string& s, std::string& out) {
   out = s;
@@ -74,23 +69,68 @@ const char* value_name(const Member& m) {
   return names[m.index()];
 }
 
+/// One key of the command line and the INI file: a RunConfig field, or a
+/// registered strategy's option (stored in RunConfig::strategy_options).
+struct Entry {
+  std::string key;
+  int group = 0;
+  std::string help;
+  bool flag = false;
+  std::optional<Field> field;               ///< a RunConfig member
+  const StrategyOption* option = nullptr;   ///< a strategy option (its first declaration)
+};
+
+/// The canonical names of the specs declaring `key`, comma-separated.
+std::string declarers(const std::string& key, const StrategyRegistry& strategies) {
+  std::vector<std::string> who;
+  for (const auto* spec : strategies.specs()) {
+    if (spec->find_option(key) != nullptr) who.push_back(spec->name());
+  }
+  return join(who);
+}
+
+/// Every key, in --help and to_ini() order: the strategy options after kStrategyOptionsAfter.
+std::vector<Entry> entries(const StrategyRegistry& strategies) {
+  std::vector<Entry> out;
+  for (Field& f : fields()) {
+    out.push_back({f.key, f.group, f.help, f.flag, f, nullptr});
+    if (std::string(f.key) != kStrategyOptionsAfter) continue;
+    for (const StrategyOption* o : strategies.all_options()) {
+      out.push_back({o->key(), f.group, declarers(o->key(), strategies) + ": " + o->help(), o->bare(), std::nullopt, o});
+    }
+  }
+  return out;
+}
+
+/// The entry's value in `config` as command-line / INI text.
+std::string text_of(const RunConfig& config, const Entry& e) {
+  if (e.field) return std::visit([&](auto member) { return format(config.*member); }, e.field->member);
+  const auto it = config.strategy_options.find(e.key);
+  return it != config.strategy_options.end() ? it->second : option_text(e.option->default_value());
+}
+
 /// Sets `key` from `text`; returns "" or the one-line error (`where` prefixes it).
-std::string apply(RunConfig& config, const std::string& key, const std::string& text,
+std::string apply(RunConfig& config, const std::vector<Entry>& all, const std::string& key, const std::string& text,
                   const std::string& where) {
-  for (const Field& f : fields()) {
-    if (key != f.key) continue;
-    const std::string expected =
-        std::visit([&](auto member) { return parse_text(text, config.*member); }, f.member);
+  for (const Entry& e : all) {
+    if (key != e.key) continue;
+    std::string expected;
+    if (e.field) {
+      expected = std::visit([&](auto member) { return parse_text(text, config.*member); }, e.field->member);
+    } else {
+      OptionValue value;
+      expected = e.option->parse(text, value);
+      if (expected.empty()) config.strategy_options[key] = option_text(value);
+    }
     if (expected.empty()) return "";
-    return where + "invalid value '" + text + "' for " + (where.empty() ? "--" : "") + key + ": " +
-           expected;
+    return where + "invalid value '" + text + "' for " + (where.empty() ? "--" : "") + key + ": " + expected;
   }
   return where + "unknown key '" + key + "'";  // not reached: Boost rejects unknown keys first
 }
 
 /// The option groups (testing aids last); defaults and choices appear in --help.
 std::vector<po::options_description> option_groups(const std::vector<std::string>& presets,
-                                                   const std::vector<std::string>& strategies) {
+                                                   const std::vector<Entry>& all, const StrategyRegistry& strategies) {
   const RunConfig defaults;  // shown in --help only: values are applied by apply()
   std::vector<po::options_description> groups;
   for (const auto& title : group_titles()) {
@@ -98,15 +138,15 @@ std::vector<po::options_description> option_groups(const std::vector<std::string
                             ? title + " (strata's own tests; listed by --help-all only)"
                             : title + " options");
   }
-  for (const Field& f : fields()) {
-    auto* value = po::value<std::string>()->value_name(value_name(f.member));
-    if (const std::string text = text_of(defaults, f); !text.empty()) value->default_value(text);
-    if (f.flag) value->implicit_value("true");
-    std::string help = f.help;
-    const std::string key = f.key;
-    if (key == "preset" && !presets.empty()) help += ": " + join(presets);
-    if (key == "strategy" && !strategies.empty()) help += ": " + join(strategies);
-    groups[f.group].add_options()(f.key, value, help.c_str());
+  for (const Entry& e : all) {
+    auto* value = po::value<std::string>()->value_name(e.field ? value_name(e.field->member)
+                                                               : option_kind_name(e.option->kind()));
+    if (const std::string text = text_of(defaults, e); !text.empty()) value->default_value(text);
+    if (e.flag) value->implicit_value("true");
+    std::string help = e.help;
+    if (e.key == "preset" && !presets.empty()) help += ": " + join(presets);
+    if (e.key == "strategy") help += ": " + strategies.available() + ", auto (the memory planner picks)";
+    groups[e.group].add_options()(e.key.c_str(), value, help.c_str());
   }
   return groups;
 }
@@ -115,10 +155,11 @@ ParseResult failure(std::string message) { return {std::nullopt, 2, std::move(me
 
 /// Reads --config FILE into `config` and records its keys in `given`; returns
 /// "" or the one-line error.
-std::string apply_foreign_config(const std::string& path, RunConfig& config, GivenKeys& given) {
+std::string apply_foreign_config(const std::string& path, const std::vector<Entry>& all,
+                                 const StrategyRegistry& strategies, RunConfig& config, GivenKeys& given) {
   ForeignConfig foreign;
   try {
-    foreign = read_foreign_config(path);
+    foreign = read_foreign_config(path, strategies);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -126,7 +167,7 @@ std::string apply_foreign_config(const std::string& path, RunConfig& config, Giv
   for (const auto& [key, value] : foreign.keys) {
     // A translation may set a key twice (a scheduler's lr after the
     // optimizer's): the later, more specific one wins.
-    const std::string error = apply(config, key, value, where);
+    const std::string error = apply(config, all, key, value, where);
     if (!error.empty()) return error;
     given[key] = where;
   }
@@ -140,11 +181,12 @@ std::string apply_foreign_config(const std::string& path, RunConfig& config, Giv
 }
 
 std::string apply_config_file(const std::string& path, const po::options_description& desc,
-                              RunConfig& config, GivenKeys& given) {
+                              const std::vector<Entry>& all, const StrategyRegistry& strategies, RunConfig& config,
+                              GivenKeys& given) {
   const std::string where = "config file '" + path + "': ";
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return "cannot read " + where + "is a directory";
-  if (is_foreign_config(path)) return apply_foreign_config(path, config, given);
+  if (is_foreign_config(path)) return apply_foreign_config(path, all, strategies, config, given);
   std::ifstream in(path);
   if (!in) return "cannot read config file '" + path + "': " + std::strerror(errno);
   po::parsed_options parsed(&desc);
@@ -165,10 +207,10 @@ std::string apply_config_file(const std::string& path, const po::options_descrip
     }
     if (option.unregistered) {
       std::vector<std::string> keys;
-      for (const Field& f : fields()) keys.emplace_back(f.key);
+      for (const Entry& e : all) keys.push_back(e.key);
       return where + "unknown key '" + option.string_key + "'; valid keys: " + join(keys);
     }
-    const std::string error = apply(config, option.string_key, option.value.at(0), where);
+    const std::string error = apply(config, all, option.string_key, option.value.at(0), where);
     if (!error.empty()) return error;
     given[option.string_key] = where;
   }
@@ -201,9 +243,16 @@ std::string parse_command_line(const std::vector<std::string>& argv, const po::o
 
 /// --help (all = false: without the testing aids) or --help-all.
 std::string usage_text(const po::options_description& general, const std::vector<po::options_description>& groups,
-                       bool all) {
+                       const StrategyRegistry& strategies, bool all) {
   std::ostringstream usage;
   usage << "Usage: strata-gpt [options]\n\n" << general;  // groups print aligned per group
+  usage << "\nStrategies (--strategy):\n";
+  for (const auto* spec : strategies.specs()) {
+    std::string name = spec->name();
+    for (const auto& alias : spec->aliases()) name += ", " + alias;
+    usage << "  " << name << std::string(name.size() < 22 ? 22 - name.size() : 1, ' ') << spec->description()
+          << (spec->max_world_size() == 1 ? " (one process)" : "") << '\n';
+  }
   for (size_t g = 0; g < groups.size(); ++g) {
     if (all || static_cast<int>(g) != kTestingGroup) usage << '\n' << groups[g];
   }
@@ -214,8 +263,9 @@ std::string usage_text(const po::options_description& general, const std::vector
 }
 
 ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::string>& presets,
-                  const std::vector<std::string>& strategies) {
-  const auto groups = option_groups(presets, strategies);
+                  const StrategyRegistry& strategies) {
+  const auto all = entries(strategies);
+  const auto groups = option_groups(presets, all, strategies);
   po::options_description general("General options");
   general.add_options()("help,h", "print this help and exit")(
       "help-all", "print every option, testing aids included, and exit")(
@@ -245,7 +295,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
                      "'; options are given as --key value");
     }
     if (option.string_key == "help" || option.string_key == "help-all") {
-      const std::string text = usage_text(general, groups, option.string_key == "help-all");
+      const std::string text = usage_text(general, groups, strategies, option.string_key == "help-all");
       return {std::nullopt, 0, text};
     }
     if (option.string_key == "config") config_path = option.value.at(0);
@@ -254,7 +304,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   RunConfig config;
   GivenKeys given;
   if (config_path) {
-    const std::string error = apply_config_file(*config_path, file, config, given);
+    const std::string error = apply_config_file(*config_path, file, all, strategies, config, given);
     if (!error.empty()) return failure(error);
   }
   for (const po::option& option : parsed.options) {
@@ -262,7 +312,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
     // A bare flag (--progress-bar) arrives without tokens: its implicit value. Boost
     // takes "--progress-bar false" and "--lr -1" as key and value by itself.
     const std::string text = option.value.empty() ? "true" : option.value.front();
-    const std::string error = apply(config, option.string_key, text, "");
+    const std::string error = apply(config, all, option.string_key, text, "");
     if (!error.empty()) return failure(error);
     given[option.string_key] = "";  // the command line wins: report it there
     if (option.string_key == "offload") config.offload_host_from_config = false;
@@ -279,9 +329,9 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
 
 ParseResult parse_run_config(const std::vector<std::string>& argv,
                              const std::vector<std::string>& preset_names,
-                             const std::vector<std::string>& strategy_names) {
+                             const StrategyRegistry& strategies) {
   try {
-    return parse(argv, preset_names, strategy_names);
+    return parse(argv, preset_names, strategies);
   } catch (const std::exception& e) {  // never throw: report whatever slipped through
     return failure(std::string("invalid arguments: ") + e.what());
   }
@@ -292,9 +342,10 @@ namespace {
 /// Why config.ini comments `key` out (the run does not read it), or nullopt.
 /// Commented out, the file stays valid as --config (a key that would be
 /// ignored is an error there) and still says which knobs this run did not use.
-std::optional<std::string> unread_because(const std::string& key, const RunConfig& config) {
-  if (const auto option = unused_by(key, config.strategy)) {
-    return "not used by strategy '" + config.strategy + "'; it is for " + option->applies_to;
+std::optional<std::string> unread_because(const std::string& key, const RunConfig& config,
+                                          const StrategyRegistry& strategies) {
+  if (const auto who = strategy_ignores(key, config.strategy, strategies)) {
+    return "not used by strategy '" + config.strategy + "'; it is for " + *who;
   }
   if ((key == "fused-adamw" || key == "adamw-kernel") && config.optimizer != "adamw") {
     return "not used by optimizer '" + config.optimizer + "'; it is for adamw";
@@ -313,23 +364,27 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
 
 }  // namespace
 
-std::string to_ini(const RunConfig& config) {
+std::string to_ini(const RunConfig& config, const StrategyRegistry& strategies) {
   const auto titles = group_titles();
   std::ostringstream out;
   int group = -1;
-  for (const Field& f : fields()) {
-    if (f.group != group) {
-      out << (group < 0 ? "" : "\n") << "# " << titles[f.group] << '\n';
-      group = f.group;
+  for (const Entry& e : entries(strategies)) {
+    if (e.group != group) {
+      out << (group < 0 ? "" : "\n") << "# " << titles[e.group] << '\n';
+      group = e.group;
     }
-    const std::string value = text_of(config, f);
-    if (const auto why = unread_because(f.key, config)) {
-      out << "# " << f.key << " = " << value << "  (" << *why << ")\n";
+    const std::string value = text_of(config, e);
+    if (const auto why = unread_because(e.key, config, strategies)) {
+      out << "# " << e.key << " = " << value << "  (" << *why << ")\n";
     } else {
-      out << f.key << (value.empty() ? " =" : " = ") << value << '\n';
+      out << e.key << (value.empty() ? " =" : " = ") << value << '\n';
     }
   }
   return out.str();
+}
+
+StrategyArgs strategy_args(const RunConfig& config, const StrategyRegistry& strategies) {
+  return strategies.spec(config.strategy).parse_args(config.strategy_options);
 }
 
 }  // namespace strata::recipes

@@ -2,7 +2,10 @@
 // Command line and config file for the recipe binaries (Boost.Program_options).
 // Every option has the same key on the command line (--max-steps 10) and in an
 // INI config file (max-steps = 10); the command line wins over the file.
+#include "strategies/registry.h"
+
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,16 +40,13 @@ struct RunConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;       ///< rank 0's TCP store, --nnodes > 1 only
   double comm_timeout_s = 60.0;
-  double bucket_cap_mb = 25.0;
-  bool find_unused_parameters = false;
-  bool overlap_comm = true;
-  std::string sharding_strategy = "full_shard";  ///< fsdp: full_shard, shard_grad_op, no_shard
-  std::string reshard_after_forward = "auto";    ///< fsdp: auto (the sharding strategy's), true, false
-  bool limit_all_gathers = true;                 ///< fsdp: at most 2 units gathered at once
-  std::string wrap_policy = "block";             ///< fsdp: block (each block a unit) or none
-  std::string reduce_dtype = "fp32";             ///< fsdp: gradient reduce-scatter dtype, fp32 or bf16
-  std::string offload = "none";                  ///< fsdp: none, cpu (pinned host; CUDA only), disk
-  std::string offload_dir;                       ///< fsdp --offload disk: the file's directory ("": --output-dir)
+  /// Strategy options given on the command line or in --config: key ->
+  /// value as text (canonical: "true", "25", "full_shard"). Each is declared
+  /// by the registered strategies that read it (strategies/spec.h); the
+  /// chosen strategy's others take their defaults (StrategySpec::parse_args).
+  std::map<std::string, std::string> strategy_options;
+  std::string offload = "none";  ///< none, cpu (pinned host; CUDA only), disk: what moves is the strategy's choice
+  std::string offload_dir;       ///< --offload disk: the file's directory ("": --output-dir)
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
   /// --strategy auto: per-rank memory budget ("4GiB", "512MiB", bytes; "":
   /// MemAvailable / local ranks, or the GPU's memory on CUDA).
@@ -125,17 +125,24 @@ struct ParseResult {
 /// options, bad values, unreadable or unknown keys in --config each give
 /// exit_code 2 and a one-line message naming the value and what is allowed.
 /// Validates what does not need the data: positive steps/batch/lr, a known
-/// preset, strategy, optimizer and precision, nproc >= 1, n_embd % n_head == 0
-/// when both are given, and that no strategy-specific option (given on the
-/// command line or in --config) is given to a strategy that would ignore it.
-/// --help lists the main options; --help-all adds the testing aids.
+/// preset, strategy (one of `strategies`, or auto), optimizer and precision,
+/// nproc >= 1, n_embd % n_head == 0 when both are given, the chosen
+/// strategy's own options (its spec's rules), and that no strategy option
+/// (given on the command line or in --config) is given to a strategy that
+/// would ignore it. --help lists the main options and every registered
+/// strategy's; --help-all adds the testing aids.
 ParseResult parse_run_config(const std::vector<std::string>& argv,
                              const std::vector<std::string>& preset_names,
-                             const std::vector<std::string>& strategy_names);
+                             const StrategyRegistry& strategies);
 
 /// The resolved config as INI text (same keys), for printing and config.ini.
-/// Strategy-specific keys that config.strategy does not use are written as
-/// comments, so the text is valid as --config for the same strategy.
-std::string to_ini(const RunConfig& config);
+/// Strategy options config.strategy does not read are written as comments,
+/// so the text is valid as --config for the same strategy.
+std::string to_ini(const RunConfig& config, const StrategyRegistry& strategies);
+
+/// The options of `config.strategy` (resolved through `strategies`) from
+/// config.strategy_options and the defaults; throws c10::ValueError (one
+/// line) for a bad value or an option it does not declare.
+StrategyArgs strategy_args(const RunConfig& config, const StrategyRegistry& strategies);
 
 }  // namespace strata::recipes

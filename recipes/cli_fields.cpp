@@ -50,7 +50,8 @@ std::vector<Field> model_data_fields() {
   };
 }
 
-/// Strategy and launch options (group 2).
+/// Strategy and launch options (group 2). The registered strategies' own
+/// options (strategies/spec.h) follow comm-timeout (cli.cpp inserts them).
 std::vector<Field> launch_fields() {
   using C = RunConfig;
   return {
@@ -63,29 +64,10 @@ std::vector<Field> launch_fields() {
       {"master-addr", 2, &C::master_addr, "node 0's address (one machine: Gloo binds to the interface that reaches it)"},
       {"master-port", 2, &C::master_port, "rank 0's store port with --nnodes > 1 (one machine meets in a file, no port)"},
       {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
-      {"bucket-cap-mb", 2, &C::bucket_cap_mb,
-       "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)"},
-      {"find-unused-parameters", 2, &C::find_unused_parameters,
-       "ddp/oss/sdp/fsdp: a parameter without a gradient counts as zero (else an error)", true},
-      {"overlap-comm", 2, &C::overlap_comm, "overlap gradient communication with backward"},
-      {"sharding-strategy", 2, &C::sharding_strategy,
-       "fsdp: full_shard (params, grads, optimizer state), shard_grad_op (keep units gathered "
-       "from forward to backward), no_shard (DDP-like), hybrid_shard (full_shard inside a node of "
-       "--nproc / LOCAL_WORLD_SIZE ranks, replicated across nodes)"},
-      {"reshard-after-forward", 2, &C::reshard_after_forward,
-       "fsdp: free a unit's full parameters after its forward: auto (full_shard, hybrid_shard: "
-       "every unit but the last, which backward starts with, as torchtitan does; shard_grad_op: "
-       "none), true (every unit), false"},
-      {"limit-all-gathers", 2, &C::limit_all_gathers,
-       "fsdp: at most 2 units gathered at once (a prefetch past that waits)"},
-      {"wrap-policy", 2, &C::wrap_policy, "fsdp: block (each block a unit) or none (one unit)"},
-      {"reduce-dtype", 2, &C::reduce_dtype,
-       "fsdp: dtype gradients are reduce-scattered in, fp32 or bf16 (half the bytes); "
-       "with --precision bf16-mixed units are all-gathered in bf16"},
       {"offload", 2, &C::offload,
-       "where state lives between uses, the optimizer step streaming it (fsdp: its parameter "
-       "shards, gradients and optimizer state; single, ddp, oss, sdp: the optimizer state): "
-       "none, cpu (pinned host memory; CUDA devices only), disk (an unnamed file in "
+       "where state lives between uses, the optimizer step streaming it (each strategy says what moves: "
+       "fsdp its parameter shards, gradients and optimizer state; single, ddp, oss, sdp the optimizer "
+       "state): none, cpu (pinned host memory; CUDA devices only), disk (an unnamed file in "
        "--offload-dir, gone when the run ends)"},
       {"offload-dir", 2, &C::offload_dir,
        "--offload disk: an existing directory for the offload file (default: --output-dir)"},

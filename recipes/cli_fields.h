@@ -1,7 +1,9 @@
 #pragma once
 // The recipe binaries' options as data (internal to recipes/cli.cpp): each
 // option's key, --help group, RunConfig member and help text. One table
-// serves the command line, the INI config file, --help and to_ini().
+// serves the command line, the INI config file, --help and to_ini(); the
+// registered strategies' options (strategies/spec.h) join it after
+// kStrategyOptionsAfter.
 #include "recipes/cli.h"
 
 #include <string>
@@ -32,7 +34,10 @@ constexpr int kInteropGroup = 5;
 /// Printed by --help-all after the testing options.
 extern const char* const kTestingEnvironment;
 
-/// Every RunConfig field, in to_ini() and --help order.
+/// Every RunConfig field, in to_ini() and --help order (strategy options not included).
 std::vector<Field> fields();
+
+/// The strategy options are listed right after this key.
+constexpr const char* kStrategyOptionsAfter = "comm-timeout";
 
 }  // namespace strata::recipes

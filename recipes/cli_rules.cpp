@@ -15,22 +15,6 @@ std::string named(const std::string& where, const std::string& key) {
   return where + (where.empty() ? "--" : "") + key;
 }
 
-std::vector<StrategyOption> strategy_options() {
-  const std::vector<std::string> distributed = {"ddp", "oss", "zero1", "sdp", "zero2"};
-  const char* distributed_text = "ddp, oss (zero1) and sdp (zero2)";
-  return {
-      {"bucket-cap-mb", distributed, distributed_text},
-      {"find-unused-parameters", {"ddp", "oss", "zero1", "sdp", "zero2", "fsdp", "zero3"},
-       "ddp, oss (zero1), sdp (zero2) and fsdp (zero3)"},
-      {"overlap-comm", {"ddp"}, "ddp only"},
-      {"sharding-strategy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"reshard-after-forward", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"limit-all-gathers", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"wrap-policy", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-      {"reduce-dtype", {"fsdp", "zero3"}, "fsdp (zero3) only"},
-  };
-}
-
 std::string choice(const std::string& what, const std::string& value, const std::vector<std::string>& allowed) {
   if (allowed.empty()) return "";  // the caller gave no list: nothing to check against
   for (const auto& name : allowed) {
@@ -41,10 +25,12 @@ std::string choice(const std::string& what, const std::string& value, const std:
 
 /// Every value that must be one of a list.
 std::string check_choices(const RunConfig& c, const std::vector<std::string>& presets,
-                          const std::vector<std::string>& strategies) {
+                          const StrategyRegistry& strategies) {
+  auto strategy_names = strategies.names();
+  strategy_names.push_back("auto");  // resolved in phase 1 by the memory planner
   const std::vector<std::tuple<const char*, const std::string*, std::vector<std::string>>> rules = {
       {"preset", &c.preset, presets},
-      {"strategy", &c.strategy, strategies},
+      {"strategy", &c.strategy, strategy_names},
       {"precision", &c.precision, precision_names()},
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
@@ -52,10 +38,6 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"adamw-kernel", &c.adamw_kernel, {"strata", "aten"}},    // fused_adamw_kernel_names(), tested
       {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"activation", &c.activation, {"gelu", "gelu_new"}},
-      {"sharding strategy", &c.sharding_strategy, {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}},
-      {"reshard-after-forward", &c.reshard_after_forward, {"auto", "true", "false"}},
-      {"wrap policy", &c.wrap_policy, {"block", "none"}},
-      {"reduce-dtype", &c.reduce_dtype, {"fp32", "bf16"}},
       {"offload", &c.offload, {"none", "cpu", "disk"}},
       {"checkpoint-format", &c.checkpoint_format, {"auto", "full", "sharded"}},
       {"checkpoint-mode", &c.checkpoint_mode, {"min", "max"}},
@@ -68,7 +50,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
 }
 
 /// Options given where nothing reads them (they would be silently ignored).
-std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
+std::string check_ignored(const RunConfig& c, const GivenKeys& given, const StrategyRegistry& strategies) {
   if (!c.memory_budget.empty() && c.strategy != "auto") {
     return "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
   }
@@ -92,9 +74,9 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
     }
   }
   for (const auto& [key, where] : given) {
-    if (const auto option = unused_by(key, c.strategy)) {
+    if (const auto who = strategy_ignores(key, c.strategy, strategies)) {
       return named(where, key) + " does not apply to strategy '" + c.strategy + "' (it would be ignored); it is for " +
-             option->applies_to;
+             *who;
     }
     if (const auto why = data_ignores(key, c.data)) return named(where, key) + " would be ignored: " + *why;
     if (const auto why = precision_ignores(key, c)) {
@@ -135,19 +117,10 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given) {
 
 /// Options that contradict each other.
 std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
-  if (c.reduce_dtype == "bf16" && c.sharding_strategy == "no_shard") {
-    return "--reduce-dtype bf16 needs sharded gradients (--sharding-strategy full_shard, shard_grad_op or "
-           "hybrid_shard), not no_shard";
-  }
   if (c.offload != "none" && c.checkpoint_async) {
     return "--checkpoint-async cannot be combined with --offload " + c.offload +
            ": its snapshot would bring the offloaded state back into memory (offloaded checkpoints are streamed "
            "synchronously)";
-  }
-  if (c.reshard_after_forward == "true" && c.sharding_strategy != "full_shard" &&
-      c.sharding_strategy != "hybrid_shard") {
-    return "--reshard-after-forward true contradicts --sharding-strategy " + c.sharding_strategy +
-           " (which keeps units gathered until their backward); use full_shard or leave it auto";
   }
   if (!c.init_from.empty() && !c.resume.empty()) {
     return "--init-from and --resume both give the starting weights (the checkpoint would overwrite the file's); "
@@ -197,14 +170,6 @@ std::string check_ranges(const RunConfig& c) {
   need(c.comm_timeout_s >= 0.001, "comm-timeout", c.comm_timeout_s, ">= 0.001 seconds (1 ms)");
   need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
        ">= 0 (0: off, n: every n-th block)");
-  if (unused_by("bucket-cap-mb", c.strategy)) {
-    // check_ignored names the strategy that does not read it.
-  } else if (c.strategy == "ddp") {
-    need(c.bucket_cap_mb >= 0, "bucket-cap-mb", c.bucket_cap_mb, ">= 0 (0: one all-reduce per gradient)");
-  } else {
-    need(c.bucket_cap_mb > 0, "bucket-cap-mb", c.bucket_cap_mb,
-         "> 0 for strategy '" + c.strategy + "' (0, one all-reduce per gradient, is for ddp only)");
-  }
   need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");
   need(c.batch_size > 0, "batch-size", c.batch_size, "> 0");
   need(c.accumulate_grad_batches > 0, "accumulate-grad-batches", c.accumulate_grad_batches, "> 0");
@@ -262,15 +227,12 @@ std::optional<std::string> precision_ignores(const std::string& key, const RunCo
   return std::nullopt;
 }
 
-std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy) {
-  for (const auto& option : strategy_options()) {
-    if (key != option.key) continue;
-    for (const auto& name : option.strategies) {
-      if (name == strategy) return std::nullopt;
-    }
-    return option;
-  }
-  return std::nullopt;
+std::optional<std::string> strategy_ignores(const std::string& key, const std::string& strategy,
+                                            const StrategyRegistry& strategies) {
+  const std::string who = strategies.declared_by(key);
+  if (who.empty()) return std::nullopt;  // not a strategy option
+  if (strategies.contains(strategy) && strategies.spec(strategy).find_option(key) != nullptr) return std::nullopt;
+  return who;
 }
 
 std::optional<std::string> data_ignores(const std::string& key, const std::string& data) {
@@ -287,11 +249,24 @@ std::optional<std::string> data_ignores(const std::string& key, const std::strin
   return std::nullopt;
 }
 
+/// The chosen strategy's own options: each value by its rule, and the rules
+/// between them (its spec's validate).
+std::string check_strategy_options(const RunConfig& c, const StrategyRegistry& strategies) {
+  if (!strategies.contains(c.strategy)) return "";  // auto: the planner picks a strategy and checks then
+  try {
+    strategy_args(c, strategies);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
 std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const std::vector<std::string>& strategies, const GivenKeys& given) {
+                     const StrategyRegistry& strategies, const GivenKeys& given) {
   std::string error = check_choices(c, presets, strategies);
   if (error.empty()) error = check_ranges(c);
-  if (error.empty()) error = check_ignored(c, given);
+  if (error.empty()) error = check_ignored(c, given, strategies);
+  if (error.empty()) error = check_strategy_options(c, strategies);
   if (error.empty()) error = check_conflicts(c, given);
   return error;
 }

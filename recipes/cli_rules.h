@@ -18,17 +18,11 @@ namespace strata::recipes {
 std::vector<std::string> optimizer_names();
 std::vector<std::string> precision_names();
 
-/// Options that only some strategies read. Giving one to another strategy is
-/// bad input: it would be silently ignored.
-struct StrategyOption {
-  const char* key;
-  std::vector<std::string> strategies;  ///< names and aliases that read it
-  const char* applies_to;               ///< the same, for messages
-};
-
-/// The entry for `key` when it is strategy-specific and `strategy` does not
-/// read it; nullopt otherwise.
-std::optional<StrategyOption> unused_by(const std::string& key, const std::string& strategy);
+/// When `key` is a strategy option (some registered spec declares it) that
+/// `strategy` (a name, alias or "auto") does not read: who does ("fsdp
+/// (zero3) only", "ddp, oss (zero1) and sdp (zero2)"). nullopt otherwise.
+std::optional<std::string> strategy_ignores(const std::string& key, const std::string& strategy,
+                                            const StrategyRegistry& strategies);
 
 /// Why `data` does not read the data-shape option `key` ("block-size",
 /// "vocab-size"): addition samples have their own length and vocabulary, a
@@ -46,7 +40,7 @@ using GivenKeys = std::map<std::string, std::string>;
 
 /// "" or the first rule `c` breaks.
 std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const std::vector<std::string>& strategies, const GivenKeys& given);
+                     const StrategyRegistry& strategies, const GivenKeys& given);
 
 std::string join(const std::vector<std::string>& items);
 

@@ -67,6 +67,26 @@ std::string join_key(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;
 }
 
+std::string zero_stage_strategy(const StrategyRegistry& strategies, int64_t stage, const std::string& file,
+                                const std::string& key) {
+  std::string mapped;
+  for (const auto* spec : strategies.specs()) {
+    if (spec->deepspeed_zero_stage() < 0) continue;
+    if (spec->deepspeed_zero_stage() == stage) return spec->name();
+    mapped += (mapped.empty() ? "" : ", ") + std::to_string(spec->deepspeed_zero_stage()) + " (" + spec->name() + ")";
+  }
+  fail(file, key, std::to_string(stage) + " is not a ZeRO stage strata maps; it maps " + (mapped.empty() ? "none" : mapped));
+}
+
+std::string accelerate_strategy(const StrategyRegistry& strategies, const std::string& type) {
+  for (const auto* spec : strategies.specs()) {
+    for (const auto& t : spec->accelerate_types()) {
+      if (t == type) return spec->name();
+    }
+  }
+  return "";
+}
+
 }  // namespace foreign
 
 namespace {
@@ -110,7 +130,7 @@ json to_json(const YAML::Node& node) {
 /// The DeepSpeed translation, one method per block.
 class DeepSpeed {
  public:
-  explicit DeepSpeed(std::string file) : file_(std::move(file)) {}
+  DeepSpeed(std::string file, const StrategyRegistry& strategies) : file_(std::move(file)), strategies_(strategies) {}
 
   ForeignConfig translate(const json& config) {
     const json& top = object(config, file_, "the file");
@@ -144,7 +164,8 @@ class DeepSpeed {
         unsupported(k, v);
       }
     }
-    if (!zero) out_.keys.emplace_back("strategy", "ddp");  // DeepSpeed's default: stage 0, data parallel
+    // DeepSpeed's default: stage 0, data parallel.
+    if (!zero) out_.keys.emplace_back("strategy", zero_stage_strategy(strategies_, 0, file_, "zero_optimization.stage"));
     check_precision();
     return std::move(out_);
   }
@@ -172,7 +193,7 @@ class DeepSpeed {
       const std::string key = join_key(p, k);
       if (k == "stage") {
         stage = whole(v, file_, key);
-        if (stage < 0 || stage > 3) fail(file_, key, std::to_string(stage) + " is not a ZeRO stage; strata maps 0-3 (ddp, oss, sdp, fsdp)");
+        zero_stage_strategy(strategies_, stage, file_, key);  // fails for a stage no strategy stands for
       } else if (k == "offload_optimizer") {
         offload_block(object(v, file_, key), key, opt_device, opt_path);
       } else if (k == "offload_param") {
@@ -187,8 +208,7 @@ class DeepSpeed {
         unsupported(key, v);
       }
     }
-    static const char* const kStrategies[] = {"ddp", "oss", "sdp", "fsdp"};
-    out_.keys.emplace_back("strategy", kStrategies[stage]);
+    out_.keys.emplace_back("strategy", zero_stage_strategy(strategies_, stage, file_, p + ".stage"));
     // strata's ddp can turn the overlap off; its sharded strategies always overlap.
     if (overlap != nullptr && stage == 0) set("overlap-comm", *overlap, p + ".overlap_comm");
     if (overlap != nullptr && stage > 0) out_.ignored.push_back(p + ".overlap_comm");
@@ -305,6 +325,7 @@ class DeepSpeed {
   void activation_checkpointing(const json& block);
 
   std::string file_;
+  const StrategyRegistry& strategies_;
   ForeignConfig out_;
   bool fp16_ = false, bf16_ = false;
   std::optional<double> lr_;  // optimizer.params.lr (scheduler ratios need it)
@@ -432,8 +453,8 @@ void DeepSpeed::activation_checkpointing(const json& block) {
 
 }  // namespace
 
-ForeignConfig translate_deepspeed(const json& config, const std::string& file) {
-  return DeepSpeed(file).translate(config);
+ForeignConfig translate_deepspeed(const json& config, const std::string& file, const StrategyRegistry& strategies) {
+  return DeepSpeed(file, strategies).translate(config);
 }
 
 bool is_foreign_config(const std::string& path) {
@@ -454,7 +475,7 @@ ForeignConfig guarded(const std::string& file, Fn&& translate) {
 }
 }  // namespace
 
-ForeignConfig read_foreign_config(const std::string& path) {
+ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistry& strategies) {
   const std::string file = "config file '" + path + "'";
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read " + file);
@@ -468,7 +489,7 @@ ForeignConfig read_foreign_config(const std::string& path) {
     } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
       throw std::invalid_argument(file + ": not valid JSON: " + e.what());
     }
-    return guarded(file, [&] { return translate_deepspeed(config, file); });
+    return guarded(file, [&] { return translate_deepspeed(config, file, strategies); });
   }
   json config;
   try {
@@ -476,7 +497,7 @@ ForeignConfig read_foreign_config(const std::string& path) {
   } catch (const YAML::Exception& e) {
     throw std::invalid_argument(file + ": not valid YAML: " + e.what());
   }
-  return guarded(file, [&] { return translate_accelerate(config, file); });
+  return guarded(file, [&] { return translate_accelerate(config, file, strategies); });
 }
 
 }  // namespace strata::recipes

@@ -5,15 +5,18 @@
 // (command-line flags still win).
 //
 // What strata supports is mapped (DeepSpeed: zero_optimization.stage 0-3 ->
-// ddp/oss/sdp/fsdp, offload_optimizer/offload_param, fp16/bf16,
+// the registered strategy that says it stands for that stage
+// (StrategySpec::deepspeed_zero_stage), offload_optimizer/offload_param, fp16/bf16,
 // gradient_clipping, batch sizes, optimizer, scheduler, activation
-// checkpointing; Accelerate: distributed_type with fsdp_config or
+// checkpointing; Accelerate: distributed_type (StrategySpec::accelerate_types) with fsdp_config or
 // deepspeed_config, mixed_precision, machines and processes, use_cpu).
 // Tuning knobs strata sizes itself (bucket sizes, prefetch depths, pinned
 // buffers, ...) are accepted and listed in one note. Anything else - a key
 // strata does not know, or a value it cannot honour - is an error naming the
 // key, its value and what is allowed. The value "auto" (Hugging Face's "fill
 // it in from the trainer") leaves the key to strata's flags and defaults.
+#include "strategies/registry.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -43,13 +46,15 @@ bool is_foreign_config(const std::string& path);
 /// Reads and translates `path` (.json: DeepSpeed; .yaml/.yml: Accelerate).
 /// Throws std::invalid_argument with one line naming the file, the key (as a
 /// dotted path) and what is allowed.
-ForeignConfig read_foreign_config(const std::string& path);
+ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistry& strategies);
 
 /// The translations themselves (exposed for tests). `file` names the source
 /// in errors. Accelerate's deepspeed_config_file is opened as accelerate
 /// opens it: relative to the working directory.
-ForeignConfig translate_deepspeed(const nlohmann::json& config, const std::string& file);
-ForeignConfig translate_accelerate(const nlohmann::json& config, const std::string& file);
+ForeignConfig translate_deepspeed(const nlohmann::json& config, const std::string& file,
+                                  const StrategyRegistry& strategies);
+ForeignConfig translate_accelerate(const nlohmann::json& config, const std::string& file,
+                                   const StrategyRegistry& strategies);
 
 namespace foreign {
 // Shared by both translators (foreign_config.cpp).
@@ -67,6 +72,13 @@ std::string string(const nlohmann::json& v, const std::string& file, const std::
 const nlohmann::json& object(const nlohmann::json& v, const std::string& file, const std::string& key);
 /// "a.b" from a prefix and a key.
 std::string join_key(const std::string& prefix, const std::string& key);
+/// The registered strategy standing for DeepSpeed's ZeRO `stage`; fails
+/// (naming `key` and the stages strata maps) when none does.
+std::string zero_stage_strategy(const StrategyRegistry& strategies, int64_t stage, const std::string& file,
+                                const std::string& key);
+/// The registered strategy standing for Accelerate's distributed_type
+/// `type`; "" when none does.
+std::string accelerate_strategy(const StrategyRegistry& strategies, const std::string& type);
 
 }  // namespace foreign
 }  // namespace strata::recipes

@@ -26,23 +26,13 @@ constexpr double kBlockFloats = 16.0;
 constexpr double kLogitFloats = 3.0;
 constexpr double kBaseEmbdFloats = 4.0;
 
-/// Framework overhead per rank beyond model state, activations and FSDP's
-/// gathered units. Calibrated on strata-gpt runs (gpt-nano/micro/mini, block
-/// 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the probe's
-/// activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's gradients
-/// are views of its buckets, and the probe counts the step's transients).
+/// Framework overhead per rank beyond model state, activations and what a
+/// strategy gathers. Calibrated on strata-gpt runs (gpt-nano/micro/mini,
+/// block 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the
+/// probe's activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's
+/// gradients are views of its buckets, and the probe counts the step's
+/// transients).
 constexpr int64_t kOverheadBytes = 16 << 10;
-
-/// OSS/SDP: bytes per parameter of flat buffers alive outside the activation
-/// phase (gpt-mini on 11-token addition data: peak - model state = exactly
-/// 10 bytes/param for both; on block-128 text the activations hide it).
-constexpr int64_t kShardedStagingBytesPerParam = 10;
-
-/// Canonical strategy names the formulas know.
-void check_strategy(const std::string& s) {
-  TORCH_CHECK_VALUE(s == "single" || s == "ddp" || s == "oss" || s == "sdp" || s == "fsdp",
-                    "memory planner: no formula for strategy '", s, "'; known: single, ddp, oss, sdp, fsdp");
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -92,35 +82,55 @@ int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) cons
   return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
 }
 
-ModelStatePrediction predict_model_state(const PlanRequest& r) {
-  check_strategy(r.strategy());
+ModelSize model_size(const GPTOptions& model) {
+  ModelSize m;
+  m.params = count_parameters(model);
+  m.trainable = count_trainable_parameters(model);
+  m.units = model.n_layer();
+  m.unit_params = block_parameters(model);
+  // LoRA: a block's trainable parameters are its adapters (the root has none).
+  m.unit_trainable = model.lora_rank() > 0 ? count_lora_parameters(model) / model.n_layer() : m.unit_params;
+  return m;
+}
+
+MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& r) {
   TORCH_CHECK_VALUE(r.world_size() >= 1, "memory planner: world size must be >= 1, got ", r.world_size());
   TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
                     r.optimizer(), "'; known: adamw, sgd");
-  // Trainable t (all, or LoRA's adapters) and frozen f parameters: frozen
-  // ones have no gradient or state; fsdp shards them, the others hold them whole.
-  const int64_t p = count_parameters(r.model());
-  const int64_t t = count_trainable_parameters(r.model());
-  const int64_t f = p - t;
-  const int64_t n = r.world_size();
-  const int64_t opt = r.optimizer() == "adamw" ? 8 : 0;
-  ModelStatePrediction s;
-  const std::string& name = r.strategy();
-  if (name == "single" || name == "ddp") {
-    s = {4 * p, 4 * t, opt * t};
-  } else if (name == "oss") {
-    s = {4 * p, 4 * t, opt * ceil_div(t, n)};
-  } else if (name == "sdp") {
-    s = {4 * p, 4 * ceil_div(t, n), opt * ceil_div(t, n)};
-  } else {  // fsdp
-    const int64_t shard = ceil_div(t, n);
-    s = {4 * ceil_div(f, n) + 4 * shard, 4 * shard, opt * shard};
-    if (r.offload() != "none") s = {0, 0, 0};  // the shards on the tier between uses
-  }
-  // single, ddp, oss, sdp: --offload keeps the optimizer state in the tier
-  // (strategies/offloaded_moments.h); parameters and gradients stay.
-  if (name != "fsdp" && r.offload() != "none") s.optimizer = 0;
-  return s;
+  MemoryQuery q;
+  q.model = model_size(r.model());
+  q.world_size = r.world_size();
+  q.local_world_size = r.local_world_size() > 0 ? r.local_world_size() : r.world_size();
+  q.optimizer_bytes_per_param = r.optimizer() == "adamw" ? 8 : 0;
+  q.compute_bytes = compute_dtype(r.precision()) ? 2 : 4;
+  q.offload = r.offload();
+  q.micro_batches = r.accumulate_grad_batches();
+  q.args = registry.spec(r.strategy()).parse_args(r.strategy_options());
+  return q;
+}
+
+std::optional<CommEstimate> predict_comm(const StrategyRegistry& registry, const PlanRequest& r) {
+  const StrategySpec& spec = registry.spec(r.strategy());
+  if (!spec.communication()) return std::nullopt;
+  return spec.communication()(memory_query(registry, r));
+}
+
+std::optional<MemoryEstimate> estimate_memory(const StrategyRegistry& registry, const PlanRequest& r) {
+  const StrategySpec& spec = registry.spec(r.strategy());
+  if (!spec.memory()) return std::nullopt;
+  return spec.memory()(memory_query(registry, r));
+}
+
+bool plannable(const StrategyRegistry& registry, const PlanRequest& r) {
+  const auto m = estimate_memory(registry, r);
+  return m && m->predicts_peak;
+}
+
+ModelStatePrediction predict_model_state(const StrategyRegistry& registry, const PlanRequest& r) {
+  const auto m = estimate_memory(registry, r);
+  TORCH_CHECK_VALUE(m.has_value(), "memory planner: strategy '", r.strategy(),
+                    "' has no memory model for these options");
+  return {m->params, m->grads, m->optimizer};
 }
 
 ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
@@ -173,90 +183,65 @@ ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batc
   return probe_activations(model, micro_batch, precision);
 }
 
-MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& activations) {
+MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanRequest& r,
+                              const ActivationProfile& activations) {
+  const auto estimate = estimate_memory(registry, r);
+  TORCH_CHECK_VALUE(estimate && estimate->predicts_peak, "memory planner: strategy '", r.strategy(),
+                    "' has no peak model for these options");
   MemoryPrediction m;
-  m.state = predict_model_state(r);
-  const auto& model = r.model();
-  if (r.strategy() == "fsdp") {
-    // Gathered while a unit runs: the root (embeddings, ln_f: everything in
-    // no block) whole for the micro-batch, params and gradient; and up to
-    // kMaxUnitsGathered (2) blocks' full params (2 bytes under bf16-mixed and 16-mixed), the
-    // running block's full gradient (fp32), and one reduce-scatter in flight
-    // (kMaxReductionsInFlight), holding the previous block's full gradient
-    // and the receive buffer of the same size. Communication-bound steps reach
-    // it; compute-bound ones finish each reduce-scatter early and peak lower.
-    // Frozen parameters are gathered too (their own FlatParams) but have no
-    // gradient: under LoRA the blocks' gradients are the adapters' only, and
-    // the root (all frozen) is gathered without one.
-    const bool lora = model.lora_rank() > 0;
-    const int64_t block = block_parameters(model);
-    const int64_t block_trainable = lora ? count_lora_parameters(model) / model.n_layer() : block;
-    const int64_t root = count_parameters(model) - model.n_layer() * block;
-    const int64_t root_trainable = lora ? 0 : root;
-    const int64_t param_bytes = compute_dtype(r.precision()) ? 2 : 4;
-    const int64_t in_flight = model.n_layer() >= 2 ? 8 : 0;  // a previous block's reduction
-    m.gathered = 4 * (root + root_trainable) + block * std::min<int64_t>(2, model.n_layer()) * param_bytes +
-                 block_trainable * (4 + in_flight);
-  }
-  m.activations = activations.total(model.n_layer(), r.activation_checkpointing());
-  m.overhead = kOverheadBytes;
-  if (r.strategy() == "oss" || r.strategy() == "sdp") {
-    // OSS/SDP hold flat staging buffers outside the activation phase (10
-    // bytes per trainable parameter, measured exactly on gpt-mini for both): the peak
-    // is the larger of the two phases.
-    m.overhead +=
-        std::max<int64_t>(0, kShardedStagingBytesPerParam * count_trainable_parameters(model) - m.activations);
-  }
-  if (r.strategy() == "single") {
-    // zero_grad sets gradients to none, so the activation peak (the start of
-    // backward) meets no gradients; they peak at the end of backward, when
-    // the activations are gone. The distributed strategies keep gradient
-    // buffers (buckets, shards) across steps.
+  m.state = {estimate->params, estimate->grads, estimate->optimizer};
+  m.gathered = estimate->gathered + estimate->held;
+  m.activations = static_cast<int64_t>(
+      double(activations.total(r.model().n_layer(), r.activation_checkpointing())) * estimate->activation_scale);
+  // Staging buffers live outside the activation phase: the peak holds the
+  // larger of the two.
+  m.overhead = kOverheadBytes + std::max<int64_t>(0, estimate->staging - m.activations);
+  if (estimate->grads_freed_between_steps) {
+    // The activation peak (the start of backward) meets no gradients; they
+    // peak at the end of backward, when the activations are gone.
     m.activations = std::max<int64_t>(0, m.activations - std::min(m.activations, m.state.grads));
   }
   return m;
 }
 
-std::vector<PlanChoice> plan_candidates(const PlanRequest& base, const ActivationProfile& activations,
-                                        int64_t budget_bytes) {
-  struct Variant {
-    std::string label, strategy;
-    int64_t ac;
-    std::string offload;
+std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const PlanRequest& base,
+                                        const ActivationProfile& activations, int64_t budget_bytes) {
+  struct Candidate {
+    const StrategySpec* spec;
+    PlanVariant variant;
   };
-  std::vector<Variant> variants;
-  if (base.world_size() == 1) {
-    variants = {{"single", "single", 0, "none"}, {"single+ac", "single", 1, "none"}};
-  } else {
-    // The speed order: replicated state first (no extra communication), then
-    // each ZeRO stage (more sharded, more gathering), then sdp with its
-    // optimizer state streamed from disk (measured on gpt-mini x2, block 64:
-    // 0.87x ddp, between fsdp's 0.92x and fsdp+AC's 0.70x), then
-    // recomputation, then every state streamed from disk.
-    variants = {{"ddp", "ddp", 0, "none"},
-                {"oss", "oss", 0, "none"},
-                {"sdp", "sdp", 0, "none"},
-                {"fsdp", "fsdp", 0, "none"},
-                {"sdp+offload-disk", "sdp", 0, "disk"},
-                {"fsdp+ac", "fsdp", 1, "none"},
-                {"fsdp+offload-disk", "fsdp", 1, "disk"}};
+  std::vector<Candidate> variants;
+  const int world = base.world_size();
+  for (const auto* spec : registry.specs()) {
+    if (spec->max_world_size() > 0 && world > spec->max_world_size()) continue;
+    for (const auto& v : spec->plan()) {
+      if (world >= v.min_world_size) variants.push_back({spec, v});
+    }
   }
+  // The documented speed order (PlanVariant::speed_rank), fastest first.
+  std::stable_sort(variants.begin(), variants.end(), [](const Candidate& a, const Candidate& b) {
+    return a.variant.speed_rank < b.variant.speed_rank;
+  });
   std::vector<PlanChoice> out;
-  for (const auto& v : variants) {
+  for (const auto& [spec, v] : variants) {
     PlanRequest r = base;
-    // A variant without recomputation keeps what the run asked for.
-    r.strategy(v.strategy)
-        .activation_checkpointing(v.ac > 0 ? v.ac : base.activation_checkpointing())
+    // A variant without recomputation keeps what the run asked for; each
+    // strategy with its own defaults.
+    r.strategy(spec->name())
+        .strategy_options({})
+        .activation_checkpointing(v.activation_checkpointing > 0 ? v.activation_checkpointing
+                                                                 : base.activation_checkpointing())
         .offload(v.offload);
-    auto prediction = predict_peak(r, activations);
-    out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes});
+    if (!plannable(registry, r)) continue;
+    auto prediction = predict_peak(registry, r, activations);
+    out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes, v.exact});
   }
   return out;
 }
 
 std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candidates) {
   for (size_t i = 0; i < candidates.size(); ++i) {
-    if (candidates[i].fits) return i;
+    if (candidates[i].fits && candidates[i].exact) return i;
   }
   return std::nullopt;
 }
@@ -271,7 +256,7 @@ std::string format_plan_table(const std::vector<PlanChoice>& candidates, int64_t
     std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s  %s\n", c.label.c_str(),
                   format_bytes(c.prediction.state.total()).c_str(), format_bytes(c.prediction.gathered).c_str(),
                   format_bytes(c.prediction.activations).c_str(), format_bytes(c.prediction.peak()).c_str(),
-                  c.fits ? "yes" : "no");
+                  !c.fits ? "no" : c.exact ? "yes" : "yes (never picked: it trains differently)");
     out << line;
   }
   out << "budget per rank: " << format_bytes(budget_bytes) << "\n";

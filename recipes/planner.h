@@ -4,52 +4,63 @@
 // cannot fit (the pre-flight check) and `--strategy auto` can pick the
 // fastest strategy that does.
 //
-//   peak = model state (the ZeRO formulas, per rank)
+//   peak = model state (the strategy's memory model, StrategySpec::memory)
 //        + activations (from a probe: one micro-step of a 1- and a 2-block GPT
 //          at the real micro-batch x block size, under a MemoryTracker; the
 //          difference is one block, scaled by n_layer; or a formula when the
-//          probe itself would be too large)
-//        + FSDP's gathered units (<= kMaxUnitsGathered units' full params and
-//          grads, and the root's)
-//        + a framework overhead constant (buckets, Gloo staging: calibrated)
+//          probe itself would be too large), scaled by the strategy's
+//          activation_scale
+//        + what the strategy gathers during a step (fsdp's units)
+//        + a framework overhead constant (calibrated), or the strategy's
+//          staging buffers when they outgrow the activations (oss, sdp)
 //
-// Model state per rank, fp32 AdamW (4 + 4 + 8 bytes per parameter, Ψ' the
-// parameter count, N ranks): single/ddp 16Ψ', oss 8Ψ' + 8Ψ'/N, sdp 4Ψ' +
-// 12Ψ'/N, fsdp 16Ψ'/N (SGD: no optimizer state). Offloaded fsdp keeps its
-// shards on disk: nothing of them in memory.
+// The planner keeps no formula of a strategy's: each registered spec says
+// what one rank holds (strategies/spec.h); the built-ins say, with fp32 AdamW
+// (16 bytes per parameter, Ψ' the parameter count, N ranks): single/ddp 16Ψ',
+// oss 8Ψ' + 8Ψ'/N, sdp 4Ψ' + 12Ψ'/N, fsdp 16Ψ'/N.
 //
 // Example:
 //   auto profile = activation_profile(model, /*micro_batch=*/8, Precision::kFp32);
-//   auto rows = plan_candidates(PlanRequest(model, "ddp", 2).micro_batch(8), profile, budget);
-//   std::cout << format_plan_table(rows);
+//   auto rows = plan_candidates(registry, PlanRequest(model, name, 2).micro_batch(8), profile, budget);
+//   std::cout << format_plan_table(rows, budget);
 #include "core/precision.h"
 #include "recipes/gpt.h"
+#include "strategies/registry.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace strata::recipes {
 
+/// Strategy options as text, key -> value (as RunConfig::strategy_options).
+using OptionTexts = std::map<std::string, std::string>;
+
 /// One configuration to predict the peak of.
 struct PlanRequest {
   PlanRequest(GPTOptions model, std::string strategy, int world_size)
       : model_(std::move(model)), strategy_(std::move(strategy)), world_size_(world_size) {}
   TORCH_ARG(GPTOptions, model);
-  /// Canonical name: single, ddp, oss, sdp, fsdp.
+  /// A registered strategy's name (or alias).
   TORCH_ARG(std::string, strategy);
+  /// Its options; empty: its spec's defaults.
+  TORCH_ARG(OptionTexts, strategy_options) = {};
   TORCH_ARG(int, world_size);
+  /// Ranks per node (hybrid sharding's group); 0: the world.
+  TORCH_ARG(int, local_world_size) = 0;
   /// Samples per micro-batch per rank.
   TORCH_ARG(int64_t, micro_batch) = 1;
   TORCH_ARG(Precision, precision) = Precision::kFp32;
   /// 0 off, n: every n-th block (as --activation-checkpointing).
   TORCH_ARG(int64_t, activation_checkpointing) = 0;
-  /// none, cpu, disk: fsdp keeps its whole model state in the tier, the
-  /// other strategies their optimizer state.
+  /// none, cpu, disk: what moves to the tier is the strategy's choice.
   TORCH_ARG(std::string, offload) = "none";
   /// adamw (8 bytes of state per parameter) or sgd (none).
   TORCH_ARG(std::string, optimizer) = "adamw";
+  /// Micro-batches per optimizer step (communication per step).
+  TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
 };
 
 /// Bytes of model state one rank holds by the ZeRO formulas.
@@ -60,9 +71,29 @@ struct ModelStatePrediction {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-/// The ZeRO formula for `request` (see the header comment); fsdp's gathered
-/// units are not model state (they are in MemoryPrediction::gathered).
-ModelStatePrediction predict_model_state(const PlanRequest& request);
+/// The GPT as memory models see it: parameter counts, split into its blocks.
+ModelSize model_size(const GPTOptions& model);
+
+/// What `request` asks its strategy's memory and communication models.
+MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& request);
+
+/// The strategy's memory estimate for `request`; nullopt when its spec has no
+/// memory model for these options. Throws c10::ValueError for an unknown
+/// strategy or bad options.
+std::optional<MemoryEstimate> estimate_memory(const StrategyRegistry& registry, const PlanRequest& request);
+
+/// The strategy's communication model for `request`: bytes one rank sends
+/// per optimizer step by collective; nullopt when it has none for these options.
+std::optional<CommEstimate> predict_comm(const StrategyRegistry& registry, const PlanRequest& request);
+
+/// Whether the planner can predict `request`'s peak: its strategy's memory
+/// model covers these options (MemoryEstimate::predicts_peak).
+bool plannable(const StrategyRegistry& registry, const PlanRequest& request);
+
+/// The model state of `request` (see the header comment): what gathers during
+/// a step is not model state (it is in MemoryPrediction::gathered). Throws
+/// c10::ValueError when the strategy has no memory model for it.
+ModelStatePrediction predict_model_state(const StrategyRegistry& registry, const PlanRequest& request);
 
 /// Activation bytes of one micro-step of a GPT, per rank.
 struct ActivationProfile {
@@ -99,31 +130,39 @@ ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batc
 /// A per-rank peak prediction.
 struct MemoryPrediction {
   ModelStatePrediction state;
-  int64_t gathered = 0;     ///< fsdp: full params + grads of the root and the units held at once
+  /// What the strategy gathers during a step (fsdp: full params + grads of
+  /// the root and the units held at once) and holds beyond its model state.
+  int64_t gathered = 0;
   int64_t activations = 0;
   int64_t overhead = 0;     ///< framework constant (buckets, collective staging)
   int64_t peak() const { return state.total() + gathered + activations + overhead; }
 };
 
-MemoryPrediction predict_peak(const PlanRequest& request, const ActivationProfile& activations);
+/// Throws like predict_model_state, and for a request that is not plannable().
+MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanRequest& request,
+                              const ActivationProfile& activations);
 
 /// One row of the `--strategy auto` table.
 struct PlanChoice {
-  std::string label;        ///< "ddp", "fsdp+ac", "fsdp+offload-disk"
+  std::string label;        ///< PlanVariant::label: ddp, fsdp+ac, fsdp+offload-disk, ...
   PlanRequest request;
   MemoryPrediction prediction;
   bool fits = false;
+  /// The variant trains what single trains (PlanVariant::exact): --strategy
+  /// auto may pick it.
+  bool exact = true;
 };
 
 /// The candidates for `base`'s model, world, micro-batch, precision and
-/// optimizer, fastest first (the documented speed order):
-///   world 1: single, single+ac
-///   world N: ddp, oss, sdp, fsdp, fsdp+ac, fsdp+offload-disk
-/// each with its prediction and whether it fits `budget_bytes` per rank.
-std::vector<PlanChoice> plan_candidates(const PlanRequest& base, const ActivationProfile& activations,
-                                        int64_t budget_bytes);
+/// optimizer: every registered spec's plan variants (StrategySpec::plan)
+/// offered at this world size, fastest first by their speed rank (the
+/// built-ins: world 1: single, single+ac; world N: ddp, oss, sdp, fsdp,
+/// sdp+offload-disk, fsdp+ac, fsdp+offload-disk), each with its prediction and
+/// whether it fits `budget_bytes` per rank.
+std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const PlanRequest& base,
+                                        const ActivationProfile& activations, int64_t budget_bytes);
 
-/// Index of the first candidate that fits; nullopt when none does.
+/// Index of the first exact candidate that fits; nullopt when none does.
 std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candidates);
 
 /// The table strata-gpt prints: strategy, predicted peak per rank, fits?

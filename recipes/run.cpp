@@ -19,6 +19,7 @@
 #include "recipes/run_summary.h"
 #include "recipes/testing_aids.h"
 #include "recipes/torchscript.h"
+#include "recipes/world.h"
 #include "strategies/activation_checkpoint.h"
 #include "strategies/process_group.h"
 
@@ -131,25 +132,6 @@ BuiltModule build_module(CheckedRun& run) {
   return out;
 }
 
-StrategyConfig strategy_config(const RunConfig& c, const std::optional<DistEnv>& env) {
-  StrategyConfig s;
-  s.bucket_cap_mb = c.bucket_cap_mb;
-  s.find_unused_parameters = c.find_unused_parameters;
-  s.overlap_comm = c.overlap_comm;
-  s.sharding_strategy = c.sharding_strategy;
-  s.reshard_after_forward = c.reshard_after_forward;
-  s.limit_all_gathers = c.limit_all_gathers;
-  s.wrap_policy = c.wrap_policy;
-  s.local_world_size = env ? env->local_world_size : 1;
-  // fsdp: bf16-mixed / 16-mixed gather units in bf16 / fp16 (fp32 master shards stay).
-  const auto precision = parse_precision(c.precision);
-  s.param_dtype = precision == Precision::kBf16Mixed ? "bf16" : precision == Precision::kFp16Mixed ? "fp16" : "fp32";
-  s.reduce_dtype = c.reduce_dtype;
-  s.offload = c.offload;
-  s.offload_dir = offload_dir_of(c);
-  return s;
-}
-
 std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::shared_ptr<Throughput> throughput,
                                                       const fs::path& out_dir, const MemoryTracker& memory) {
   std::vector<std::shared_ptr<Callback>> callbacks = {
@@ -191,16 +173,7 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
 /// subgroups, for FSDP's hybrid_shard), or none for a single process.
 Comm make_comm(const RunConfig& c, const std::optional<DistEnv>& env, const torch::Device& device) {
   if (!env) return Comm(device);
-  return create_world_comm(ProcessGroupOptions(env->rank, env->world_size)
-                               .master_addr(env->master_addr)
-                               .master_port(env->master_port)
-                               .store_file(env->store_file)
-                               .agent_store(env->agent_store)
-                               .store_prefix(env->store_prefix)
-                               .gloo_interfaces(env->gloo_interfaces)
-                               .backend(backend_for(device))
-                               .timeout(std::chrono::milliseconds(static_cast<int64_t>(c.comm_timeout_s * 1000))),
-                           device);
+  return join_world(*env, device, std::chrono::milliseconds(static_cast<int64_t>(c.comm_timeout_s * 1000)));
 }
 
 /// Files after training: --dump-params, --export-weights, --export-torchscript.
@@ -250,7 +223,7 @@ nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& ca
 
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
                    Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
-                   const torch::Device& device, const nlohmann::json& saves) {
+                   const torch::Device& device, const nlohmann::json& saves, int local_world) {
   const RunConfig& c = run.config;
   const int world = strategy.comm().size();
   peak.flops = throughput.peak_flops();  // CUDA: measured by the callback on the device
@@ -258,12 +231,17 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
       throughput.mfu() > 0.0 ? std::optional<double>(throughput.mfu()) : std::nullopt;
   auto summary = summary_json(c, result, world, n_params, run.data->name(), peak, mfu);
   summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
-  if (const auto planned = planner_strategy(registry, c); !planned.empty()) {
-    // After fit (the probe's allocations go to its own tracker, so the run's
-    // numbers above are unaffected).
-    const auto request = plan_request(c, run.model, planned, world);
-    const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
-    add_predictions(summary, predict_model_state(request), predict_peak(request, profile).peak());
+  const auto request = plan_request(c, run.model, world, local_world);
+  if (const auto estimate = estimate_memory(registry, request)) {
+    std::optional<int64_t> peak_bytes;
+    if (estimate->predicts_peak) {
+      // After fit (the probe's allocations go to its own tracker, so the run's
+      // numbers above are unaffected).
+      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
+      peak_bytes = predict_peak(registry, request, profile).peak();
+    }
+    add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,
+                    predict_comm(registry, request));
   }
   for (const auto& [key, value] : strategy.report()) {  // rank 0's
     const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
@@ -314,7 +292,7 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   Comm comm = make_comm(c, env, device);
   const bool is_zero = comm.rank() == 0;
   const fs::path out_dir(c.output_dir);
-  const std::string ini = to_ini(resolved_config(c, run.model, at::get_num_threads()));
+  const std::string ini = to_ini(resolved_config(c, run.model, at::get_num_threads()), registry);
   if (is_zero) {
     const auto blas = check_blas_speed();
     if (blas.slow) std::cerr << blas.message << std::endl;
@@ -325,7 +303,9 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   }
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
-  std::shared_ptr<Strategy> strategy = registry.create(c.strategy, comm, strategy_config(c, env));
+  const int local_world = env ? env->local_world_size : 1;
+  std::shared_ptr<Strategy> strategy = registry.create_parsed(
+      c.strategy, comm, strategy_args(c, registry), strategy_context(c, comm.size(), local_world, device));
   const PeakFlops peak = mfu_peak(c, device);
   auto throughput = std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops));
   const auto callbacks = make_callbacks(c, throughput, out_dir, memory);
@@ -347,7 +327,7 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   write_exports(run, *strategy, built, is_zero);
   if (is_zero) {
     write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device,
-                  checkpoint_saves(callbacks));
+                  checkpoint_saves(callbacks), local_world);
   }
 }
 
@@ -383,6 +363,12 @@ TrainerOptions trainer_options(const RunConfig& c) {
 }
 
 int run_gpt(int argc, char** argv) {
+  StrategyRegistry registry;
+  register_builtin_strategies(registry);
+  return run_gpt(argc, argv, registry);
+}
+
+int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
   // Why: glibc raises its mmap threshold each time a large block is freed,
   // after which freed tensors stay in the heap and peak RSS keeps every
   // transient buffer a run ever had (an offloaded run's staging, a
@@ -393,13 +379,9 @@ int run_gpt(int argc, char** argv) {
   // those, and frees the rest within a step. (A MALLOC_MMAP_THRESHOLD_ set by
   // the user wins.)
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  StrategyRegistry registry;
-  register_builtin_strategies(registry);
 
   std::vector<std::string> args(argv, argv + argc);
-  auto strategy_names = registry.names();
-  strategy_names.push_back("auto");  // resolved in phase 1 by the memory planner
-  ParseResult parsed = parse_run_config(args, gpt_preset_names(), strategy_names);
+  ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;

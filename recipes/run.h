@@ -14,7 +14,12 @@
 
 namespace strata::recipes {
 
+/// With the built-in strategies.
 int run_gpt(int argc, char** argv);
+/// With the strategies of `registry` (the built-ins and a user's own, each
+/// selectable by --strategy, its options flags of their own, listed in
+/// --help and planned by --strategy auto): a user's strata-gpt.
+int run_gpt(int argc, char** argv, const StrategyRegistry& registry);
 
 /// The model options a config resolves to, given the data's vocabulary and
 /// sequence length (errors name the offending values).

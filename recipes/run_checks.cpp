@@ -10,8 +10,6 @@
 #include "recipes/output_dir.h"
 #include "recipes/run.h"
 #include "recipes/torchscript.h"
-#include "strategies/fsdp/hybrid.h"
-#include "strategies/fsdp/options.h"
 #include "strategies/offload_tier.h"
 #include "callbacks/model_checkpoint.h"
 #include "trainer/checkpoint.h"
@@ -75,16 +73,25 @@ std::vector<std::string> rewrite_args(const std::vector<std::string>& args, cons
 /// A rank re-reads its launcher's command line: strata's own launcher passes
 /// --nproc (ranks per machine) and --nnodes on, and they must agree with the
 /// world it set up. Under another launcher, leave them out.
-void check_world(const RunConfig& c, const std::optional<DistEnv>& env) {
+void check_world(const RunConfig& c, const std::optional<DistEnv>& env, const StrategyRegistry& registry) {
   TORCH_CHECK_VALUE(!env || c.nproc == 1 || c.nproc == env->local_world_size, "--nproc ", c.nproc,
                     " disagrees with LOCAL_WORLD_SIZE ", env->local_world_size,
                     " set by the launcher; omit --nproc when joining an existing world");
   TORCH_CHECK_VALUE(!env || c.nnodes == 1 || c.nnodes * c.nproc == env->world_size, "--nnodes ", c.nnodes,
                     " x --nproc ", c.nproc, " disagrees with WORLD_SIZE ", env->world_size,
                     " set by the launcher; omit --nnodes when joining an existing world");
-  TORCH_CHECK_VALUE(c.strategy != "single" || world_shape(c, env).world == 1,
-                    "strategy 'single' runs one process but --nproc is ", c.nproc,
-                    "; use ddp, oss, sdp or fsdp for several ranks");
+  if (registry.contains(c.strategy)) {
+    const int most = registry.spec(c.strategy).max_world_size();
+    if (most > 0 && world_shape(c, env).world > most) {
+      std::string several;
+      for (const auto* spec : registry.specs()) {
+        if (spec->max_world_size() == 0) several += (several.empty() ? "" : ", ") + spec->name();
+      }
+      TORCH_CHECK_VALUE(false, "strategy '", c.strategy, "' runs at most ", most, " process(es) but the world has ",
+                        world_shape(c, env).world, " (--nproc ", c.nproc, " x --nnodes ", c.nnodes,
+                        "); use one of ", several, " for several ranks");
+    }
+  }
   // Every local rank must find its device: check the highest LOCAL_RANK now.
   resolve_device(c.device, env ? env->local_rank : c.nproc - 1);
   // strata's own launcher keeps its rendezvous files in TMPDIR.
@@ -199,7 +206,7 @@ void check_late_outputs(const RunConfig& c) {
 /// --strategy auto: the planner's fastest candidate predicted to fit the
 /// budget becomes the config's strategy, and the launcher's command line
 /// names it. Returns the activation profile it measured.
-ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env) {
+ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry) {
   RunConfig& c = run.config;
   // The planner models strata's GPT: a --torchscript model is not planned.
   TORCH_CHECK_VALUE(c.torchscript.empty(),
@@ -216,8 +223,8 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
                          : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
                                                   : available_memory_bytes() / std::max(1, shape.local_ranks);
   auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
-  const auto rows = plan_candidates(plan_request(c, run.model, shape.world == 1 ? "single" : "ddp", shape.world),
-                                    profile, budget);
+  PlanRequest base = plan_request(c, run.model, shape.world, shape.local_ranks);
+  const auto rows = plan_candidates(registry, base, profile, budget);
   const std::string table = format_plan_table(rows, budget);
   const auto pick = pick_fastest_fitting(rows);
   TORCH_CHECK_VALUE(pick.has_value(), "--strategy auto: no strategy is predicted to fit ", format_bytes(budget),
@@ -233,6 +240,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
     std::cout << ")" << std::endl;
   }
   c.strategy = chosen.request.strategy();
+  c.strategy_options.clear();  // auto takes none: the chosen strategy's defaults
   c.activation_checkpointing = chosen.request.activation_checkpointing();
   c.offload = chosen.request.offload();
   c.memory_budget.clear();
@@ -252,30 +260,30 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   // process, or local rank 0 of another launcher; strata's own ranks were
   // checked by their launcher).
   const bool strata_rank = env && std::getenv("STRATA_ERROR_FILE") != nullptr;
-  const std::string planned = planner_strategy(registry, c);
-  if (c.no_memory_check || planned.empty() || !c.torchscript.empty() || strata_rank ||
-      (env && env->local_rank != 0) || !resolve_device(c.device, 0).is_cpu()) {
+  const auto shape = world_shape(c, env);
+  if (c.no_memory_check || !c.torchscript.empty() || strata_rank || (env && env->local_rank != 0) ||
+      !resolve_device(c.device, 0).is_cpu()) {
     return;
   }
+  const auto request = plan_request(c, run.model, shape.world, shape.local_ranks);
+  if (!plannable(registry, request)) return;  // no peak model for this strategy and its options
   const auto start = std::chrono::steady_clock::now();
-  const auto shape = world_shape(c, env);
-  const auto request = plan_request(c, run.model, planned, shape.world);
   const int64_t available = available_memory_bytes();
   // Fast path: when model state alone (no activations) cannot fit, refuse
   // without probing (building even two blocks of a large model takes
   // seconds); the list of what would fit then uses the formula.
-  const int64_t state_only = predict_peak(request, ActivationProfile{}).peak();
+  const int64_t state_only = predict_peak(registry, request, ActivationProfile{}).peak();
   const bool hopeless = available > 0 && state_only * shape.local_ranks > available;
   const auto precision = parse_precision(c.precision);
   if (!profile) {
     profile = hopeless ? estimate_activations(run.model, c.batch_size, precision)
                        : activation_profile(run.model, c.batch_size, precision);
   }
-  const int64_t peak = predict_peak(request, *profile).peak();
+  const int64_t peak = predict_peak(registry, request, *profile).peak();
   if (available <= 0 || peak * shape.local_ranks <= available) return;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string fitting;
-  for (const auto& row : plan_candidates(request, *profile, available / shape.local_ranks)) {
+  for (const auto& row : plan_candidates(registry, request, *profile, available / shape.local_ranks)) {
     if (row.fits) fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) + ")";
   }
   char seconds[32];
@@ -310,75 +318,51 @@ void check_offload_dir(const RunConfig& config, int64_t bytes_per_rank, int loca
                     format_bytes(needed));
 }
 
-/// Bytes one rank offloads: fsdp its fp32 shard, the shard's gradient and
-/// AdamW's two moments (1/shard_group of the model, plus at most one element
-/// of padding per rank and unit); the others AdamW's two moments of what
-/// their optimizer steps (the whole model; oss/sdp 1/world of it). SGD
-/// (no momentum) has no state.
-int64_t offloaded_bytes_per_rank(const RunConfig& config, const std::string& strategy, const GPTOptions& model,
-                                 int shard_group) {
-  const int64_t psi = count_parameters(model);
-  if (strategy == "fsdp") {
-    const int64_t units = model.n_layer() + 1;
-    return 4 * 4 * ((psi + shard_group - 1) / shard_group + units);
-  }
-  if (config.optimizer == "sgd") return 0;
-  return 2 * 4 * ((psi + shard_group - 1) / shard_group);
-}
-
-/// The strategy's own options: hybrid_shard's node size, and --offload's
-/// kind, device and (disk) directory.
+/// The strategy's own checks with the world, the device and --offload
+/// (StrategySpec::check: fsdp's hybrid node size and offload rules, the
+/// others' offload), and the room a disk offload needs.
 void check_strategy_options(const CheckedRun& run, const StrategyRegistry& registry,
                             const std::optional<DistEnv>& env) {
   const RunConfig& c = run.config;
   if (!registry.contains(c.strategy)) return;
-  const std::string strategy = registry.resolve(c.strategy);
   const auto shape = world_shape(c, env);
-  // hybrid_shard's nodes must tile the world.
-  if (strategy == "fsdp" && c.sharding_strategy == "hybrid_shard") check_hybrid_node_size(shape.local_ranks, shape.world);
-  if (c.offload == "none") return;
-  const auto device = resolve_device(c.device, shape.local_rank);
-  // The ranks that share one copy of the offloaded state.
-  int shard_group = 1;
-  if (strategy == "fsdp") {
-    shard_group = c.sharding_strategy == "hybrid_shard" ? shape.local_ranks : shape.world;
-    const auto options = FSDPOptions()
-                             .offload(parse_offload(c.offload))
-                             .offload_dir(offload_dir_of(c))
-                             .sharding_strategy(parse_sharding_strategy(c.sharding_strategy));
-    check_offload_options(options, device, shard_group);
-  } else {
-    if (strategy == "oss" || strategy == "sdp") shard_group = shape.world;
-    check_offload_kind(parse_offload(c.offload), offload_dir_of(c), device);
-  }
+  const auto context = strategy_context(c, shape.world, shape.local_ranks, resolve_device(c.device, shape.local_rank));
+  const std::string problem = registry.spec(c.strategy).check_run(strategy_args(c, registry), context);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
   // Once per machine (its launcher, or its local rank 0, which the other
   // ranks cannot overtake: setup's collectives wait for it): the directory
-  // must take the offload files of this machine's ranks. (Sized for the GPT:
+  // must take the offload files of this machine's ranks, each the bytes its
+  // strategy's memory model says it keeps in the tier. (Sized for the GPT:
   // a --torchscript model's size is not checked.)
   if (c.offload == "disk" && c.torchscript.empty() && shape.local_rank == 0) {
-    check_offload_dir(c, offloaded_bytes_per_rank(c, strategy, run.model, shard_group), shape.local_ranks);
+    const auto estimate = estimate_memory(registry, plan_request(c, run.model, shape.world, shape.local_ranks));
+    if (estimate) check_offload_dir(c, estimate->offloaded, shape.local_ranks);
   }
 }
 
 }  // namespace
 
-std::string planner_strategy(const StrategyRegistry& registry, const RunConfig& c) {
-  if (!registry.contains(c.strategy)) return "";
-  const std::string name = registry.resolve(c.strategy);
-  if (name == "fsdp" && c.sharding_strategy != "full_shard") return "";
-  for (const char* known : {"single", "ddp", "oss", "sdp", "fsdp"}) {
-    if (name == known) return name;
-  }
-  return "";
-}
-
-PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, const std::string& strategy, int world) {
-  return PlanRequest(model, strategy, world)
+PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, int world, int local_world) {
+  return PlanRequest(model, c.strategy == "auto" ? std::string() : c.strategy, world)
+      .strategy_options(c.strategy_options)
+      .local_world_size(local_world)
       .micro_batch(c.batch_size)
       .precision(parse_precision(c.precision))
       .activation_checkpointing(c.activation_checkpointing)
       .offload(c.offload)
-      .optimizer(c.optimizer);
+      .optimizer(c.optimizer)
+      .accumulate_grad_batches(c.accumulate_grad_batches);
+}
+
+StrategyContext strategy_context(const RunConfig& c, int world, int local_world, const torch::Device& device) {
+  StrategyContext context;
+  context.world_size = world;
+  context.local_world_size = local_world;
+  context.device = device;
+  context.precision = parse_precision(c.precision);
+  context.offload = c.offload;
+  context.offload_dir = offload_dir_of(c);
+  return context;
 }
 
 std::string offload_dir_of(const RunConfig& config) {
@@ -438,7 +422,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
                      const StrategyRegistry& registry) {
   CheckedRun run;
   config.resume = resolve_resume(config);
-  check_world(config, env);
+  check_world(config, env, registry);
   check_foreign_config(config, env);
   run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
   run.model = resolve_model_options(config, run.data->vocab_size(), run.data->block_size());
@@ -448,7 +432,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_model_inputs(run);
   check_late_outputs(run.config);
   std::optional<ActivationProfile> profile;
-  if (run.config.strategy == "auto") profile = choose_strategy(run, env);
+  if (run.config.strategy == "auto") profile = choose_strategy(run, env, registry);
   check_memory(run, registry, env, profile);
   check_strategy_options(run, registry, env);
   // Last, and only where rank 0's outputs will be written (the launcher of

@@ -35,12 +35,13 @@ struct CheckedRun {
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
                      const StrategyRegistry& registry);
 
-/// The planner's name for the configured strategy; "" when it has no
-/// formula for it (an unknown strategy, fsdp's other sharding strategies).
-std::string planner_strategy(const StrategyRegistry& registry, const RunConfig& config);
+/// The planner's request for `config`'s run of `model` under its strategy
+/// (config.strategy, a registered name, with config.strategy_options).
+PlanRequest plan_request(const RunConfig& config, const GPTOptions& model, int world, int local_world);
 
-/// The planner's request for `config`'s run of `model` under `strategy`.
-PlanRequest plan_request(const RunConfig& config, const GPTOptions& model, const std::string& strategy, int world);
+/// What a strategy of this run is built and checked with: the world, the
+/// device, --precision and --offload.
+StrategyContext strategy_context(const RunConfig& config, int world, int local_world, const torch::Device& device);
 
 /// --offload-dir, or the output directory when it is not given.
 std::string offload_dir_of(const RunConfig& config);

@@ -112,11 +112,18 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   return j;
 }
 
-void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, int64_t predicted_peak) {
-  summary["predicted_peak_bytes"] = predicted_peak;
+void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, std::optional<int64_t> peak,
+                     const std::optional<CommEstimate>& comm) {
+  const int64_t predicted_peak = peak.value_or(0);  // 0: no peak model (ratio null)
+  if (peak) summary["predicted_peak_bytes"] = *peak;
+  if (comm) {
+    nlohmann::json bytes = nlohmann::json::object();
+    for (const auto& [kind, b] : comm->bytes) bytes[collective_name(kind)] = b;
+    summary["predicted_comm_bytes_per_step"] = bytes;
+  }
   for (auto& e : summary["per_rank"]) {
-    e["predicted"] = {{"params", state.params}, {"grads", state.grads}, {"optimizer", state.optimizer},
-                      {"peak", predicted_peak}};
+    e["predicted"] = {{"params", state.params}, {"grads", state.grads}, {"optimizer", state.optimizer}};
+    if (peak) e["predicted"]["peak"] = *peak;
     if (!e.contains("memory")) continue;
     auto ratio = [](int64_t measured, int64_t predicted) {
       return predicted > 0 ? nlohmann::json(double(measured) / double(predicted)) : nlohmann::json(nullptr);

@@ -26,9 +26,12 @@ RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads);
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size, int64_t n_params,
                             const std::string& data_name, const PeakFlops& peak, std::optional<double> mfu);
 
-/// Adds the planner's prediction beside the measured numbers: per rank
-/// "predicted" (the ZeRO formula's params/grads/optimizer, with measured ÷
-/// predicted ratios) and "predicted_peak_bytes" (the planner's whole peak).
-void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, int64_t predicted_peak);
+/// Adds the strategy's models' predictions beside the measured numbers: per
+/// rank "predicted" (its memory model's params/grads/optimizer, and the
+/// planner's whole peak when it models one, with measured ÷ predicted
+/// ratios), "predicted_peak_bytes", and "predicted_comm_bytes_per_step" (its
+/// communication model's bytes per step by collective, when it has one).
+void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, std::optional<int64_t> predicted_peak,
+                     const std::optional<CommEstimate>& comm);
 
 }  // namespace strata::recipes

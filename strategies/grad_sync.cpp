@@ -97,4 +97,15 @@ HiddenGrads::~HiddenGrads() {
   for (auto& [tensor, grad] : saved_) tensor.mutable_grad() = grad;
 }
 
+StrategyOption bucket_cap_mb_option() {
+  return StrategyOption::real("bucket-cap-mb", 25.0,
+                              "gradient bucket size in MiB (ddp: 0 = one all-reduce per gradient)");
+}
+
+StrategyOption find_unused_parameters_option() {
+  return StrategyOption::boolean("find-unused-parameters", false,
+                                 "a parameter without a gradient counts as zero (else an error naming it)",
+                                 /*bare=*/true);
+}
+
 }  // namespace strata

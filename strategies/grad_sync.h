@@ -21,6 +21,7 @@
 //   void optimizer_step(opt)   { HiddenGrads hide(... grad_sync_.unused_everywhere() ...); opt.step(); }
 #include "strategies/comm.h"
 #include "strategies/grad_buckets.h"
+#include "strategies/spec.h"
 
 #include <torch/torch.h>
 
@@ -77,5 +78,12 @@ class HiddenGrads {
  private:
   std::vector<std::pair<torch::Tensor, torch::Tensor>> saved_;  // (tensor, its grad)
 };
+
+/// The options the data-parallel strategies share, declared here once so
+/// that each spec declares them alike (one key, one kind and default):
+/// --bucket-cap-mb (ddp, oss, sdp; each adds its own range) and
+/// --find-unused-parameters (the rule above; ddp, oss, sdp, fsdp).
+StrategyOption bucket_cap_mb_option();
+StrategyOption find_unused_parameters_option();
 
 }  // namespace strata

@@ -1,11 +1,19 @@
 #pragma once
-// StrategyRegistry: name (and aliases) -> configured Strategy factory, as
-// Lightning's StrategyRegistry. Filled explicitly by register_builtin_strategies()
-// (no self-registering statics: the linker drops unreferenced objects).
+// StrategyRegistry: the registered StrategySpecs (spec.h) by name and alias,
+// as Lightning's StrategyRegistry. Filled explicitly — the built-ins by
+// register_builtin_strategies(), a user's by registry.add(their_spec()) — with
+// no self-registering statics (the linker drops unreferenced objects).
+//
+// Example:
+//   strata::StrategyRegistry registry;
+//   strata::register_builtin_strategies(registry);
+//   registry.add(my_strategy_spec());
+//   auto strategy = registry.create(name, comm, {{"sharding-strategy", "shard_grad_op"}});
 #include "strategies/comm.h"
+#include "strategies/spec.h"
 #include "strategies/strategy.h"
 
-#include <functional>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,58 +21,59 @@
 
 namespace strata {
 
-/// Knobs a strategy factory may read; each strategy validates its own.
-struct StrategyConfig {
-  double bucket_cap_mb = 25.0;          ///< DDP/SDP gradient bucket size
-  bool find_unused_parameters = false;  ///< ddp/oss/sdp/fsdp: tolerate params with no grad (grad_sync.h)
-  bool overlap_comm = true;             ///< DDP: all-reduce from grad hooks (false: after backward)
-  std::string sharding_strategy = "full_shard";  ///< FSDP: full_shard, shard_grad_op, no_shard, hybrid_shard
-  std::string reshard_after_forward = "auto";    ///< FSDP: auto, true, false
-  bool limit_all_gathers = true;                 ///< FSDP: at most 2 units gathered at once
-  std::string wrap_policy = "block";             ///< FSDP: block, none
-  /// Ranks per node (LOCAL_WORLD_SIZE); FSDP hybrid_shard shards inside a
-  /// node. 0: unknown (hybrid_shard then refuses to start).
-  int local_world_size = 0;
-  std::string param_dtype = "fp32";              ///< FSDP: all-gather dtype, fp32 or bf16 (bf16-mixed)
-  std::string reduce_dtype = "fp32";             ///< FSDP: gradient reduction dtype, fp32 or bf16
-  /// none, cpu, disk: where state lives between uses (fsdp: parameter
-  /// shards, gradients, optimizer state; the others: optimizer state).
-  std::string offload = "none";
-  std::string offload_dir;                       ///< disk: directory of the (unnamed) offload file
-};
-
 class StrategyRegistry {
  public:
-  using Factory = std::function<std::unique_ptr<Strategy>(Comm, const StrategyConfig&)>;
-
-  /// Adds `name`; a duplicate name is an error.
-  void add(const std::string& name, Factory factory, const std::string& description);
-  /// Makes `alias` resolve to the already-registered `target`.
-  void add_alias(const std::string& alias, const std::string& target);
-
-  /// Throws "unknown strategy 'x'; available: ..." for unknown names.
-  std::unique_ptr<Strategy> create(const std::string& name, Comm comm,
-                                   const StrategyConfig& config = {}) const;
+  /// Adds `spec` under its name and aliases. Errors (naming them) for a name
+  /// or alias already taken, a spec without a factory, a second reference
+  /// spec, or an option key declared again with another kind or default.
+  void add(StrategySpec spec);
 
   bool contains(const std::string& name) const;
-  /// Canonical name for a name or alias; throws like create() when unknown.
+  /// Canonical name for a name or alias; throws c10::ValueError "unknown
+  /// strategy 'x'; available: ..." when unknown.
   std::string resolve(const std::string& name) const;
+  /// The spec of a name or alias (throws like resolve()).
+  const StrategySpec& spec(const std::string& name) const;
+  /// Every spec, in registration order.
+  std::vector<const StrategySpec*> specs() const;
+
+  /// Builds `name` with its options given as text (key -> value, as on the
+  /// command line; the rest default). Throws c10::ValueError for an unknown
+  /// name or a bad option.
+  std::unique_ptr<Strategy> create(const std::string& name, Comm comm,
+                                   const std::map<std::string, std::string>& options = {},
+                                   const StrategyContext& context = {}) const;
+  /// The same from options already parsed (StrategySpec::parse_args).
+  std::unique_ptr<Strategy> create_parsed(const std::string& name, Comm comm, const StrategyArgs& args,
+                                          const StrategyContext& context) const;
+
   /// "single, ddp, oss (zero1), ..." for error messages and --help.
   std::string available() const;
+  /// Names and aliases.
   std::vector<std::string> names() const;
   std::string description(const std::string& name) const;
 
+  /// Names (with their aliases) of the specs that declare option `key`:
+  /// "ddp, oss (zero1) and sdp (zero2)"; "" when none does.
+  std::string declared_by(const std::string& key) const;
+  /// Every option key any spec declares, each once (the first declaration),
+  /// in registration order.
+  std::vector<const StrategyOption*> all_options() const;
+
+  /// The reference spec (StrategySpec::reference), or null.
+  const StrategySpec* reference() const;
+  /// The first spec that runs one process only (max_world_size 1), or null.
+  const StrategySpec* single_process() const;
+
  private:
-  struct Entry {
-    Factory factory;
-    std::string description;
-  };
-  std::map<std::string, Entry> entries_;
-  std::map<std::string, std::string> aliases_;
-  std::vector<std::string> order_;
+  std::string with_aliases(const StrategySpec& spec) const;
+
+  std::deque<StrategySpec> specs_;  ///< registration order (deque: pointers stay valid)
+  std::map<std::string, size_t> index_;  ///< names and aliases -> specs_ index
 };
 
-/// Registers single, ddp, oss/zero1, sdp/zero2 (and later fsdp/zero3).
+/// Registers the built-ins, each from its own folder: single, ddp, oss
+/// (zero1), sdp (zero2), fsdp (zero3).
 void register_builtin_strategies(StrategyRegistry& registry);
 
 }  // namespace strata

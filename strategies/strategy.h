@@ -77,7 +77,7 @@ class Strategy {
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
-  /// Registry name, e.g. "ddp".
+  /// Registry name (StrategySpec::name).
   virtual std::string name() const = 0;
 
   const Comm& comm() const { return comm_; }

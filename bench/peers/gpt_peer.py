@@ -18,17 +18,21 @@ trainer/trainer.cpp), so the losses of the two agree step by step; only the syst
              warmup then cosine decay to --min-lr at --max-steps (trainer/lr_schedule.cpp), set per step as
              nanoGPT does; clip_grad_norm_ by global norm (--gradient-clip-val, 0 = off).
 
-Modes (--mode), ranks spawned by this script (torch.multiprocessing, gloo over a FileStore: no sockets):
-  single  one process (torch.set_num_threads).
-  ddp     DistributedDataParallel(gradient_as_bucket_view=True), as in PyTorch's DDP tutorial; with --compile
-          torch.compile(ddp_model), as the DDP docs show (DDPOptimizer splits the graph at buckets).
-  zero    DDP + ZeroRedundancyOptimizer(optimizer_class=AdamW, fused=True), as its docs show (ZeRO-1;
-          strata's `oss`).
-  fsdp2   torch.distributed.fsdp.fully_shard on each block, then on the root, FSDP2 defaults, as torchtitan
-          does; with --compile each block is compiled before fully_shard (torchtitan's order).
+Modes (--mode, named after the PyTorch API each runs; a strata strategy names its counterpart in its spec,
+StrategySpec::pytorch_peer), ranks spawned by this script (torch.multiprocessing, gloo over a FileStore: no
+sockets):
+  local                    one process (torch.set_num_threads).
+  DistributedDataParallel  DistributedDataParallel(gradient_as_bucket_view=True), as in PyTorch's DDP
+                           tutorial; with --compile torch.compile(ddp_model), as the DDP docs show
+                           (DDPOptimizer splits the graph at buckets).
+  ZeroRedundancyOptimizer  DDP + ZeroRedundancyOptimizer(optimizer_class=AdamW, fused=True), as its docs show
+                           (ZeRO-1; strata's oss).
+  fully_shard              torch.distributed.fsdp.fully_shard (FSDP2) on each block, then on the root, FSDP2
+                           defaults, as torchtitan does; with --compile each block is compiled before
+                           fully_shard (torchtitan's order).
 Precision: 32, or bf16-mixed: fp32 master weights, gradients and optimiser state with the forward under
-torch.autocast("cpu", bfloat16) (single/ddp/zero; strata's core/precision.h), or
-MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (fsdp2, as torchtitan).
+torch.autocast("cpu", bfloat16) (local, DistributedDataParallel, ZeroRedundancyOptimizer; strata's
+core/precision.h), or MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (fully_shard, as torchtitan).
 --activation-checkpointing 1: each block under torch.utils.checkpoint(use_reentrant=False).
 
 Output: one JSON object, the last line of stdout (and --json FILE): per-step losses (the global mean, rank 0's
@@ -38,7 +42,7 @@ view) and gradient norms (before clipping), tokens/s as strata defines it, per-s
   python bench/peers/gpt_peer.py --write-init init.pt --preset gpt-nano --block-size 64
   strata-gpt --strategy fsdp --nproc 2 --data input.txt --init-from init.pt --preset gpt-nano --block-size 64 \
       --batch-size 4 --max-steps 20 --limit-val-batches 0 --log-every-n-steps 1
-  python bench/peers/gpt_peer.py --mode fsdp2 --nproc 2 --data input.txt --init-from init.pt --preset gpt-nano \
+  python bench/peers/gpt_peer.py --mode fully_shard --nproc 2 --data input.txt --init-from init.pt --preset gpt-nano \
       --block-size 64 --batch-size 4 --max-steps 20
 """
 import argparse
@@ -179,7 +183,7 @@ def build(a, world):
     model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
     a.parameters = sum(p.numel() for p in model.parameters())  # tied wte/lm_head once, as strata counts
     bf16 = a.precision == "bf16-mixed"
-    if a.mode == "fsdp2":
+    if a.mode == "fully_shard":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = init_device_mesh("cpu", (world,))
@@ -191,7 +195,7 @@ def build(a, world):
             fully_shard(block, mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
         runner = model
-    elif a.mode in ("ddp", "zero"):
+    elif a.mode in ("DistributedDataParallel", "ZeroRedundancyOptimizer"):
         from torch.nn.parallel import DistributedDataParallel as DDP
         runner = DDP(model, gradient_as_bucket_view=True)
         runner = torch.compile(runner) if a.compile else runner
@@ -201,7 +205,7 @@ def build(a, world):
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     kw = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    if a.mode == "zero":
+    if a.mode == "ZeroRedundancyOptimizer":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **kw)
     else:
@@ -211,13 +215,13 @@ def build(a, world):
 
 def run_rank(rank, world, a, store_path, result_path):
     torch.set_num_threads(a.threads_per_rank)
-    distributed = a.mode != "single"
+    distributed = a.mode != "local"
     if distributed:
         dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     torch.manual_seed(a.seed)
     data = TextBytes(a.data, a.block_size, a.seed)
     runner, model, opt = build(a, world)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fsdp2"
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fully_shard"
                 else contextlib.nullcontext())
     losses, grad_norms, step_s = [], [], []
     profiler = None
@@ -312,7 +316,8 @@ def write_strata_layout(result, out_dir):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=["single", "ddp", "zero", "fsdp2"], default="single")
+    p.add_argument("--mode", choices=["local", "DistributedDataParallel", "ZeroRedundancyOptimizer", "fully_shard"],
+                   default="local")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--threads-per-rank", type=int, default=0, help="0: cores / nproc")
     p.add_argument("--precision", choices=["32", "bf16-mixed"], default="32")
@@ -344,8 +349,8 @@ def parse_args(argv=None):
     for key, value in zip(("n_layer", "n_head", "n_embd"), PRESETS[a.preset]):
         setattr(a, key, getattr(a, key) or value)
     a.threads_per_rank = a.threads_per_rank or max(1, (os.cpu_count() or 1) // a.nproc)
-    if a.mode == "single" and a.nproc != 1:
-        p.error("--mode single runs one process; use --nproc 1")
+    if a.mode == "local" and a.nproc != 1:
+        p.error("--mode local runs one process; use --nproc 1")
     if not a.write_init and not (a.data and a.init_from):
         p.error("--data and --init-from are required (or --write-init FILE)")
     return a
@@ -359,7 +364,7 @@ def main():
         return
     with tempfile.TemporaryDirectory(prefix="gpt_peer.") as tmp:
         store, result = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
-        if a.mode == "single":
+        if a.mode == "local":
             run_rank(0, 1, a, store, result)
         else:
             mp.spawn(run_rank, args=(a.nproc, a, store, result), nprocs=a.nproc, join=True)

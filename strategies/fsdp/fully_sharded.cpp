@@ -1,7 +1,6 @@
 #include "strategies/fsdp/fully_sharded.h"
 
 #include "core/deferred_init.h"
-#include "strategies/ddp.h"
 #include "strategies/fsdp/hybrid.h"
 #include "strategies/fsdp/pre_backward.h"
 #include "strategies/grad_buckets.h"

@@ -83,6 +83,7 @@
 #include "strategies/fsdp/offload.h"
 #include "strategies/fsdp/options.h"
 #include "strategies/grad_sync.h"
+#include "strategies/spec.h"
 #include "strategies/strategy.h"
 
 #include <deque>
@@ -281,5 +282,12 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::unique_ptr<OffloadTier> tier_;                  // offload: holds every unit's state
   FsdpOffloadedOptimizer* offloaded_optimizer_ = nullptr;  // offload: owned by the caller of setup_optimizer
 };
+
+/// How "fsdp" (alias zero3) registers (strategies/spec.h): its options
+/// (--sharding-strategy, --reshard-after-forward, --limit-all-gathers,
+/// --wrap-policy, --reduce-dtype, --find-unused-parameters); --offload moves
+/// shards, gradients and optimizer state to the tier; --precision's compute
+/// dtype is the all-gather dtype.
+StrategySpec fsdp_spec();
 
 }  // namespace strata

@@ -95,10 +95,11 @@ std::vector<torch::Tensor> run(const Config& c, uint64_t seed, const std::string
   strata::StrategyRegistry registry;
   strata::register_builtin_strategies(registry);
   strata::run_thread_world(c.world, [&](strata::Comm& comm) {
-    strata::StrategyConfig config;
-    config.offload = c.offload;
-    if (c.offload == "disk") config.offload_dir = fs::temp_directory_path().string();
-    std::shared_ptr<strata::Strategy> strategy = registry.create(c.strategy, comm, config);
+    strata::StrategyContext context;
+    context.world_size = comm.size();
+    context.offload = c.offload;
+    if (c.offload == "disk") context.offload_dir = fs::temp_directory_path().string();
+    std::shared_ptr<strata::Strategy> strategy = registry.create(c.strategy, comm, {}, context);
     std::vector<std::shared_ptr<strata::Callback>> callbacks;
     if (!saves.empty()) callbacks.push_back(std::make_shared<SaveAndStop>(kSaveStep, saves));
     if (drop_optimizer_state) callbacks.push_back(std::make_shared<DropOptimizerState>());

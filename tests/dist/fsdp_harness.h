@@ -5,7 +5,7 @@
 // per-step gradient norms and what each rank's strategy reported.
 #include "recipes/gpt.h"
 #include "strategies/fsdp/fully_sharded.h"
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "strategies/thread_world.h"
 #include "tests/toy_data.h"
 #include "trainer/trainer.h"

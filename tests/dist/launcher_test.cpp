@@ -142,7 +142,7 @@ TEST(BadInputTest, EachIsAOneLineErrorWithExitCodeTwo) {
        "--find-unused-parameters does not apply to strategy 'single' (it would be ignored); it is for ddp, oss"},
       {"--bucket-cap-mb 10", "--bucket-cap-mb does not apply to strategy 'single'"},
       {"--strategy sdp --nproc 2 --bucket-cap-mb 0",
-       "invalid value '0' for --bucket-cap-mb: must be > 0 for strategy 'sdp' (0, one all-reduce per gradient, is for ddp only)"},
+       "invalid value '0' for --bucket-cap-mb: must be > 0 for strategy 'sdp'"},
       {"--nnodes 0", "invalid value '0' for --nnodes: must be >= 1"},
       {"--nnodes 2 --node-rank 2 --master-port 29999",
        "invalid value '2' for --node-rank: must be in [0, nnodes) = [0, 2)"},

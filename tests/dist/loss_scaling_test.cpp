@@ -103,15 +103,16 @@ std::vector<Trained> train(const std::string& strategy, int world, const strata:
   std::mutex mu;
   strata::StrategyRegistry registry;
   strata::register_builtin_strategies(registry);
-  strata::StrategyConfig config;
-  if (opts.precision() == strata::Precision::kFp16Mixed) config.param_dtype = "fp16";
+  // As strata-gpt does: fsdp gathers units in the precision's compute dtype.
+  strata::StrategyContext context;
+  context.precision = opts.precision();
   strata::run_thread_world(ranks, [&](strata::Comm& comm) {
     auto module = make_module();
     strata::testing::ToyData data;
     auto log = std::make_shared<ScaleLog>();
     std::vector<std::shared_ptr<strata::Callback>> callbacks{log};
     if (inf_step > 0) callbacks.push_back(std::make_shared<InfInOneElement>(inf_step, inf_rank));
-    std::shared_ptr<strata::Strategy> s = registry.create(world == 0 ? "single" : strategy, comm, config);
+    std::shared_ptr<strata::Strategy> s = registry.create(world == 0 ? "single" : strategy, comm, {}, context);
     strata::Trainer(opts, s, callbacks).fit(module, data);
     const auto full = s->full_params();  // FSDP: the module holds only shards otherwise
     std::lock_guard<std::mutex> lock(mu);

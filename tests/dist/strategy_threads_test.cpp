@@ -4,11 +4,11 @@
 // multi-process parity through the real launcher is in parity_test.cpp.
 #include "kernels/fused_adamw_optimizer.h"
 #include "recipes/gpt.h"
-#include "strategies/ddp.h"
-#include "strategies/oss.h"
+#include "strategies/ddp/ddp.h"
+#include "strategies/oss/oss.h"
 #include "strategies/registry.h"
-#include "strategies/sdp.h"
-#include "strategies/single_device.h"
+#include "strategies/sdp/sdp.h"
+#include "strategies/single/single_device.h"
 #include "strategies/thread_world.h"
 #include "tests/toy_data.h"
 #include "trainer/trainer.h"
@@ -449,11 +449,11 @@ Params snapshot(torch::nn::Module& module) {
   return out;
 }
 
-MakeStrategy from_registry(const std::string& name, strata::StrategyConfig config = {}) {
-  return [name, config](strata::Comm& comm) -> std::shared_ptr<strata::Strategy> {
+MakeStrategy from_registry(const std::string& name, std::map<std::string, std::string> options = {}) {
+  return [name, options](strata::Comm& comm) -> std::shared_ptr<strata::Strategy> {
     strata::StrategyRegistry registry;
     strata::register_builtin_strategies(registry);
-    return registry.create(name, comm, config);
+    return registry.create(name, comm, options);
   };
 }
 
@@ -634,8 +634,7 @@ TEST(StrategyUnusedParameterTest, WithTheFlagMatchesSingleProcess) {
       return std::vector<Params>{snapshot(module.module())};
     };
   };
-  strata::StrategyConfig flag;
-  flag.find_unused_parameters = true;
+  const std::map<std::string, std::string> flag = {{"find-unused-parameters", "true"}};
   for (int world : {2, 3}) {
     const auto reference = run_ranks("single", 1, from_registry("single"), train(2 * world));
     for (const std::string name : {"ddp", "oss", "sdp", "fsdp"}) {

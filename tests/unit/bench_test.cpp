@@ -25,6 +25,16 @@ namespace {
 using namespace strata::bench;
 namespace fs = std::filesystem;
 
+/// The built-in strategies, whose specs the suites, sweeps and charts read.
+const strata::StrategyRegistry& builtins() {
+  static const strata::StrategyRegistry registry = [] {
+    strata::StrategyRegistry r;
+    strata::register_builtin_strategies(r);
+    return r;
+  }();
+  return registry;
+}
+
 /// A summary.json as strata-gpt writes it, with 2 ranks.
 nlohmann::json fake_summary(double tokens_per_s, int64_t peak0, int64_t peak1, int64_t parameters = 1000,
                             const std::string& strategy = "ddp") {
@@ -42,6 +52,17 @@ nlohmann::json fake_summary(double tokens_per_s, int64_t peak0, int64_t peak1, i
           {"comm_bytes_rank0", {{"all_reduce", 900}, {"broadcast", 100}, {"reduce", 0}}}};
 }
 
+/// `summary` with strata-gpt's per-rank prediction of the strategy's memory
+/// model (its model state: params, grads, optimizer bytes).
+nlohmann::json with_prediction(nlohmann::json summary, int64_t params, int64_t grads, int64_t optimizer) {
+  summary["per_rank"] = nlohmann::json::array();
+  for (int r = 0; r < summary.at("world_size").get<int>(); ++r) {
+    summary["per_rank"].push_back(
+        {{"rank", r}, {"predicted", {{"params", params}, {"grads", grads}, {"optimizer", optimizer}}}});
+  }
+  return summary;
+}
+
 BenchCase make_case(const std::string& name, const std::string& strategy = "ddp", const std::string& reference = "") {
   BenchCase c;
   c.name = name;
@@ -52,17 +73,20 @@ BenchCase make_case(const std::string& name, const std::string& strategy = "ddp"
   return c;
 }
 
-TEST(BenchTest, ZeroFormulas) {
-  // Ψ' = 1000 parameters, N = 4 ranks, fp32 AdamW.
-  EXPECT_DOUBLE_EQ(zero_model_state_bytes("single", 1000, 1), 16000);
-  EXPECT_DOUBLE_EQ(zero_model_state_bytes("ddp", 1000, 4), 16000);
-  EXPECT_DOUBLE_EQ(zero_model_state_bytes("oss", 1000, 4), 8000 + 2000);
-  EXPECT_DOUBLE_EQ(zero_model_state_bytes("sdp", 1000, 4), 4000 + 3000);
-  EXPECT_DOUBLE_EQ(zero_model_state_bytes("fsdp", 1000, 4), 4000);
-  // At N = 1 every formula is the unsharded 16Ψ'.
-  for (const char* s : {"oss", "sdp", "fsdp"}) EXPECT_DOUBLE_EQ(zero_model_state_bytes(s, 1000, 1), 16000) << s;
-  EXPECT_THROW(zero_model_state_bytes("pipeline", 1000, 2), c10::Error);
-  EXPECT_THROW(zero_model_state_bytes("ddp", 1000, 0), c10::Error);
+TEST(BenchTest, StateVersusTheStrategysMemoryModel) {
+  // The report divides measured model state by what strata-gpt's summary says
+  // the strategy's memory model predicts (per rank "predicted"); none: "–".
+  const BenchCase c = make_case("zero/gpt-mini/ddp-2x1");
+  auto summary = fake_summary(100, 10, 20);
+  const std::string none = render_markdown({Suite{"zero", "", {c}}}, {aggregate(c, {summary})}, ReportHeader());
+  EXPECT_NE(none.find("| 0.02 MiB | – |"), std::string::npos) << none;
+  summary = with_prediction(summary, 4000, 4000, 8000);
+  const std::string md = render_markdown({Suite{"zero", "", {c}}}, {aggregate(c, {summary})}, ReportHeader());
+  EXPECT_NE(md.find("| 1.000 ✓ |"), std::string::npos) << md;  // 16004 ÷ 16000
+  CaseRun run;
+  run.bench_case = &c;
+  run.summary = summary;
+  EXPECT_DOUBLE_EQ(run_record(run, ReportHeader()).at("model_state_formula_bytes").get<double>(), 16000.0);
 }
 
 TEST(BenchTest, StatsMedianMinMax) {
@@ -120,7 +144,8 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   EXPECT_EQ(suites[0].name, "zero");
   EXPECT_EQ(suites[1].name, "smoke");
   // Case names are unique across all suites, and references name existing cases.
-  const auto cases = all_cases(select_suites("single,ddp,zero,fsdp,memory,smoke,attention,kernels,scale"));
+  const auto cases =
+      all_cases(select_suites("single,ddp,oss,sdp,fsdp,zero,memory,smoke,attention,kernels,scale,planner,peer"));
   std::vector<std::string> names;
   for (const auto& c : cases) names.push_back(c.name);
   std::sort(names.begin(), names.end());
@@ -137,7 +162,8 @@ TEST(BenchTest, SelectSuitesAndErrors) {
   } catch (const c10::ValueError& e) {
     const std::string msg = e.what_without_backtrace();
     EXPECT_NE(msg.find("'fast'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("single, ddp, zero, fsdp, memory, smoke, attention, kernels, scale"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("single, ddp, oss, sdp, fsdp, zero, memory, smoke, attention, kernels, scale"), std::string::npos)
+        << msg;
   }
   EXPECT_THROW(select_suites("zero,zero"), c10::ValueError);
   EXPECT_THROW(select_suites(""), c10::ValueError);
@@ -145,6 +171,8 @@ TEST(BenchTest, SelectSuitesAndErrors) {
 }
 
 TEST(BenchTest, DdpSuiteKeepsTheGlobalBatch) {
+  // The reference strategy's suite compares it with one process at the same
+  // global batch on the same cores.
   const auto suites = select_suites("ddp");
   std::map<std::string, int64_t> global_batch;  // per preset
   for (const auto& c : suites.at(0).cases) {
@@ -182,29 +210,37 @@ TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
   c.program = "peer";
   c.block_size = 256;
   c.extra = {"--n-embd", "384", "--activation-checkpointing", "1"};
-  const auto cmd = peer_command(c, "/venv/bin/python", "/src/bench/peers/gpt_peer.py", "/w/text", "/w/out");
-  auto value_of = [&](const std::string& flag) {
-    auto it = std::find(cmd.begin(), cmd.end(), flag);
-    return it == cmd.end() || it + 1 == cmd.end() ? std::string("<absent>") : *(it + 1);
+  EXPECT_THROW(peer_command(c, "p", "s", "d", "o"), c10::ValueError);  // the case names no peer mode
+  c.peer_mode = "ZeroRedundancyOptimizer";
+  const auto cmd2 = peer_command(c, "/venv/bin/python", "/src/bench/peers/gpt_peer.py", "/w/text", "/w/out");
+  auto value2 = [&](const std::string& flag) {
+    auto it = std::find(cmd2.begin(), cmd2.end(), flag);
+    return it == cmd2.end() || it + 1 == cmd2.end() ? std::string("<absent>") : *(it + 1);
   };
-  EXPECT_EQ(cmd[0], "/venv/bin/python");
-  EXPECT_EQ(cmd[1], "/src/bench/peers/gpt_peer.py");
-  EXPECT_EQ(value_of("--mode"), "zero");  // oss is ZeRO-1
-  EXPECT_EQ(value_of("--nproc"), "2");
-  EXPECT_EQ(value_of("--data"), "/w/text");
-  EXPECT_EQ(value_of("--output-dir"), "/w/out");
-  EXPECT_EQ(value_of("--n-embd"), "384");
-  c.strategy = "fsdp";
-  EXPECT_EQ(peer_command(c, "p", "s", "d", "o")[3], "fsdp2");
-  c.strategy = "sdp";  // PyTorch has no ZeRO-2 of its own
-  EXPECT_THROW(peer_command(c, "p", "s", "d", "o"), c10::ValueError);
+  EXPECT_EQ(cmd2[0], "/venv/bin/python");
+  EXPECT_EQ(cmd2[1], "/src/bench/peers/gpt_peer.py");
+  EXPECT_EQ(value2("--mode"), "ZeroRedundancyOptimizer");
+  EXPECT_EQ(value2("--nproc"), "2");
+  EXPECT_EQ(value2("--data"), "/w/text");
+  EXPECT_EQ(value2("--output-dir"), "/w/out");
+  EXPECT_EQ(value2("--n-embd"), "384");
+  // The suite takes the mode from each spec; one without (sdp: PyTorch has no
+  // ZeRO-2 of its own) is left out.
+  std::map<std::string, std::string> modes;
+  for (const auto& pc : peer_suite(builtins()).cases) {
+    if (pc.program == "peer") modes[pc.strategy] = pc.peer_mode;
+  }
+  EXPECT_EQ(modes, (std::map<std::string, std::string>{{"ddp", "DistributedDataParallel"},
+                                                       {"fsdp", "fully_shard"},
+                                                       {"oss", "ZeroRedundancyOptimizer"},
+                                                       {"single", "local"}}));
   // The initial weights depend on the model's shape only.
   EXPECT_EQ(model_shape_flags(c),
             (std::vector<std::string>{"--preset", "gpt-nano", "--block-size", "256", "--n-embd", "384"}));
 }
 
 TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) {
-  const Suite suite = peer_suite();
+  const Suite suite = peer_suite(builtins());
   std::map<std::string, const BenchCase*> by_name;
   for (const auto& c : suite.cases) by_name[c.name] = &c;
   const std::string stem = "peer/gpt-mini/ddp-2x1-fp32/";
@@ -224,13 +260,13 @@ TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) 
   };
   std::vector<CaseResult> results = {result("strata", 6000, 3.5), result("pytorch-eager", 4000, 3.5002),
                                      result("pytorch-compile", 5000, 3.5001)};
-  std::string md = peer_markdown(results);
+  std::string md = peer_markdown(results, builtins());
   // 6000 ÷ the faster (compiled, 5000); range: 5400 ÷ 5500 to 6600 ÷ 4500.
   EXPECT_NE(md.find("| 1.20× (0.98–1.47) |"), std::string::npos) << md;
   EXPECT_NE(md.find("3.5000 / 3.5001 (|Δ| 0.00010 ✓)"), std::string::npos) << md;
   // A run that did not train (loss off by far more than the tolerance) voids the comparison.
   results[0].final_train_loss = 3.5 + 10 * peer_loss_tolerance("32");
-  md = peer_markdown(results);
+  md = peer_markdown(results, builtins());
   EXPECT_NE(md.find("✗ void"), std::string::npos) << md;
 }
 
@@ -263,8 +299,9 @@ TEST(BenchTest, MarkdownHasRowsRatiosAndFormula) {
   const BenchCase oss = make_case("zero/gpt-mini/oss-2x1", "oss", ddp.name);
   const Suite suite{"zero", "about zero", {ddp, oss}};
   // ddp at exactly 16Ψ' (within 5%); oss measured 16004 bytes vs 12000 formula.
-  const std::vector<CaseResult> results = {aggregate(ddp, {fake_summary(1000, 10, 20)}),
-                                           aggregate(oss, {fake_summary(500, 10, 10, 1000, "oss")})};
+  const std::vector<CaseResult> results = {
+      aggregate(ddp, {with_prediction(fake_summary(1000, 10, 20), 4000, 4000, 8000)}),
+      aggregate(oss, {with_prediction(fake_summary(500, 10, 10, 1000, "oss"), 4000, 4000, 4000)})};
   ReportHeader header;
   header.commit = "abc1234";
   header.machine.cpu_model = "Test CPU";
@@ -274,8 +311,8 @@ TEST(BenchTest, MarkdownHasRowsRatiosAndFormula) {
   EXPECT_NE(md.find("### zero"), std::string::npos) << md;
   EXPECT_NE(md.find("| zero/gpt-mini/ddp-2x1 | ddp | 2×1 | 32 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 500 | 0.50× ddp-2x1 | – |"), std::string::npos) << md;  // oss ÷ ddp throughput
-  EXPECT_NE(md.find("1.000 ✓"), std::string::npos) << md;                  // ddp model state = 16Ψ'
-  EXPECT_NE(md.find("1.334 (+"), std::string::npos) << md;                  // oss 16004 / 12000, flagged
+  EXPECT_NE(md.find("1.000 ✓"), std::string::npos) << md;  // ddp model state = its model's 16Ψ'
+  EXPECT_NE(md.find("1.334 (+"), std::string::npos) << md;  // oss 16004 / its model's 12000, flagged
 }
 
 TEST(BenchTest, RunRecordHasProvenanceAndSummary) {
@@ -283,7 +320,7 @@ TEST(BenchTest, RunRecordHasProvenanceAndSummary) {
   CaseRun run;
   run.bench_case = &c;
   run.command = "strata-gpt --strategy ddp";
-  run.summary = fake_summary(123, 1, 2);
+  run.summary = with_prediction(fake_summary(123, 1, 2), 4000, 4000, 8000);
   ReportHeader header;
   header.commit = "abc1234";
   header.date = "2024-01-01T00:00:00Z";
@@ -514,12 +551,10 @@ TEST(BenchTest, PerRankFieldsAreReadWhenPresentAndDashedWhenAbsent) {
   EXPECT_FALSE(o.ranks[0].forward_s.has_value());
   EXPECT_DOUBLE_EQ(*o.ranks[0].backward_s, 0.5);
   EXPECT_FALSE(o.ranks[1].backward_s.has_value());
-  // No planner prediction: the ZeRO formula's split (ddp: 4Ψ' + 4Ψ' + 8Ψ').
-  EXPECT_EQ(*o.ranks[0].predicted_params, 4000);
-  EXPECT_EQ(*o.ranks[0].predicted_optimizer, 8000);
+  // No prediction in the summary: none made up (the report reads the strategy's own model only).
+  EXPECT_FALSE(o.ranks[0].predicted_params.has_value());
   const std::string old_md = render_per_rank_markdown({Suite{"zero", "", {o.bench_case}}}, {o});
   EXPECT_NE(old_md.find("| zero/gpt-mini/ddp-2x1 | 0 | — | — | 500.0 |"), std::string::npos) << old_md;
-  EXPECT_NE(old_md.find("| 1.000 |"), std::string::npos) << old_md;  // 16000 ÷ 16000
 }
 
 TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
@@ -555,7 +590,7 @@ TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
 
 TEST(BenchTest, SuiteRegistryTakesSuitesFromOtherFiles) {
   SuiteRegistry registry;
-  register_builtin_suites(registry);
+  register_builtin_suites(registry, builtins());
   EXPECT_EQ(registry.names().back(), "peer");  // bench/peer_suite.cpp registers there, after planner
   registry.add("extra", [] { return Suite{"extra", "from another file", {make_case("extra/gpt-nano/x")}}; });
   const auto suites = registry.select("smoke,extra");
@@ -573,7 +608,8 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
                                  .ac({0, 1})
                                  .offload({"none", "disk"})
                                  .precision({"fp32", "bf16-mixed"})
-                                 .nproc({2}));
+                                 .nproc({2}),
+                             builtins());
   ASSERT_EQ(s.cases.size(), 2u * 5 * 2 * 2 * 2);
   int skipped = 0;
   for (const auto& c : s.cases) {
@@ -593,20 +629,18 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
   });
   EXPECT_EQ(fsdp.precision, "bf16-mixed");
   EXPECT_EQ(fsdp.extra, (std::vector<std::string>{"--activation-checkpointing", "1", "--offload", "disk"}));
-  EXPECT_THROW(make_sweep(SweepOptions().presets({"gpt-huge"})), c10::ValueError);
-  EXPECT_THROW(make_sweep(SweepOptions().nproc({0})), c10::ValueError);
-  EXPECT_THROW(make_sweep(SweepOptions().strategies({"ddp", "ddp"})), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().presets({"gpt-huge"}), builtins()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().nproc({0}), builtins()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().strategies({"ddp", "ddp"}), builtins()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().strategies({"pipeline"}), builtins()), c10::ValueError);
+  // No strategies given: the reference strategy alone.
+  EXPECT_EQ(make_sweep(SweepOptions(), builtins()).cases.at(0).strategy, "ddp");
   EXPECT_THROW(split_int_list("1,x", "nproc"), c10::ValueError);
   EXPECT_THROW(split_list("a,,b", "presets"), c10::ValueError);
   EXPECT_EQ(split_list("a, b", "presets"), (std::vector<std::string>{"a", "b"}));
 }
 
-TEST(BenchTest, SweepNamesMatchStrataGpt) {
-  EXPECT_EQ(sweep_presets(), strata::recipes::gpt_preset_names());
-  strata::StrategyRegistry registry;
-  strata::register_builtin_strategies(registry);
-  for (const auto& s : sweep_strategies()) EXPECT_TRUE(registry.contains(s)) << s;
-}
+TEST(BenchTest, SweepNamesMatchStrataGpt) { EXPECT_EQ(sweep_presets(), strata::recipes::gpt_preset_names()); }
 
 TEST(BenchTest, ChartDataAndScripts) {
   // gpt-mini: ddp, fsdp, and fsdp + bf16 (a second panel, whose row has no
@@ -624,7 +658,7 @@ TEST(BenchTest, ChartDataAndScripts) {
   const CaseResult ddp = aggregate(plain_ddp, {fake_summary(200, 10, 20)});
   const CaseResult r = aggregate(fsdp_case, {fake_summary(100, 10, 20)});
   const CaseResult bf16 = aggregate(bf16_case, {fake_summary(300, 10, 20)});
-  const PanelChart tokens = panel_chart_data({ddp, r, bf16}, ChartMetric::kTokensPerS);
+  const PanelChart tokens = panel_chart_data({ddp, r, bf16}, ChartMetric::kTokensPerS, builtins());
   EXPECT_EQ(tokens.panels, (std::vector<std::string>{"fp32", "bf16"}));
   EXPECT_EQ(tokens.strategies, (std::vector<std::string>{"ddp", "fsdp"}));
   // One shape for every case: rows are named by preset.
@@ -635,21 +669,21 @@ TEST(BenchTest, ChartDataAndScripts) {
   EXPECT_NE(script.find("set output 't.png'"), std::string::npos);
   EXPECT_NE(script.find("set multiplot layout 1,2"), std::string::npos) << script;
   EXPECT_NE(script.find("'t.dat' index 1 using i:xtic(1)"), std::string::npos) << script;
-  const PanelChart memory = panel_chart_data({ddp, r}, ChartMetric::kPeakTensorBytes);
+  const PanelChart memory = panel_chart_data({ddp, r}, ChartMetric::kPeakTensorBytes, builtins());
   EXPECT_NE(memory.data.find("\"gpt-mini\" 1 1\n"), std::string::npos) << memory.data;
   // Another shape (block 256): rows name it, and a ratio never crosses shapes.
   BenchCase wide_case = fsdp_case;
   wide_case.name = "fsdp/gpt-mini/fsdp-2x1-t256";
   wide_case.block_size = 256;
   const CaseResult wide = aggregate(wide_case, {fake_summary(50, 10, 20)});
-  const PanelChart mixed = panel_chart_data({ddp, r, wide}, ChartMetric::kTokensPerS);
+  const PanelChart mixed = panel_chart_data({ddp, r, wide}, ChartMetric::kTokensPerS, builtins());
   EXPECT_TRUE(mixed.long_labels);
   EXPECT_NE(mixed.data.find("\"gpt-mini (2x1 b8 t128)\" 1 0.5\n"), std::string::npos) << mixed.data;
   EXPECT_NE(mixed.data.find("\"gpt-mini (2x1 b8 t256)\" ? 1\n"), std::string::npos) << mixed.data;
 
   const fs::path dir = fs::temp_directory_path() / "strata_bench_test_charts";
   fs::remove_all(dir);
-  const ChartFiles missing = write_charts({ddp, r, bf16}, dir.string(), "/nonexistent/gnuplot");
+  const ChartFiles missing = write_charts({ddp, r, bf16}, dir.string(), builtins(), "/nonexistent/gnuplot");
   EXPECT_NE(missing.note.find("gnuplot not found"), std::string::npos) << missing.note;
   EXPECT_TRUE(fs::exists(dir / "tokens_per_s.dat"));
   EXPECT_TRUE(fs::exists(dir / "memory.gp"));
@@ -658,7 +692,7 @@ TEST(BenchTest, ChartDataAndScripts) {
     fs::remove_all(dir);
     GTEST_SKIP() << "gnuplot is not installed (scripts/setup installs gnuplot-nox): PNG drawing not tested";
   }
-  const ChartFiles drawn = write_charts({ddp, r, bf16}, dir.string());
+  const ChartFiles drawn = write_charts({ddp, r, bf16}, dir.string(), builtins());
   EXPECT_EQ(drawn.note, "");
   EXPECT_GT(fs::file_size(dir / "tokens_per_s.png"), 1000u);
   EXPECT_GT(fs::file_size(dir / "memory.png"), 1000u);

@@ -10,7 +10,7 @@
 #include "callbacks/progress.h"
 #include "callbacks/throughput.h"
 #include "recipes/peak_flops.h"
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "trainer/memory.h"
 #include "trainer/trainer.h"
 

@@ -15,13 +15,26 @@ namespace {
 using strata::recipes::parse_run_config;
 using strata::recipes::ParseResult;
 using strata::recipes::RunConfig;
-using strata::recipes::to_ini;
 namespace fs = std::filesystem;
+
+/// The built-in strategies (what strata-gpt parses against).
+const strata::StrategyRegistry& builtins() {
+  static const strata::StrategyRegistry registry = [] {
+    strata::StrategyRegistry r;
+    strata::register_builtin_strategies(r);
+    return r;
+  }();
+  return registry;
+}
+
+std::string to_ini(const RunConfig& c) { return strata::recipes::to_ini(c, builtins()); }
+
+/// The strategy's resolved options (given or default).
+strata::StrategyArgs args_of(const RunConfig& c) { return strata::recipes::strategy_args(c, builtins()); }
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "strata-gpt");
-  return parse_run_config(args, {"gpt-nano", "gpt-micro", "gpt-small"},
-                          {"single", "ddp", "oss", "sdp", "fsdp", "zero1", "zero2", "zero3"});
+  return parse_run_config(args, {"gpt-nano", "gpt-micro", "gpt-small"}, builtins());
 }
 
 /// A file in a fresh temp directory, removed with it.
@@ -66,8 +79,11 @@ TEST(CliTest, DefaultsMatchRunConfig) {
   EXPECT_EQ(to_ini(*result.config), to_ini(RunConfig{}));
   EXPECT_EQ(result.config->preset, "gpt-micro");
   EXPECT_EQ(result.config->max_steps, 2500);
-  EXPECT_TRUE(result.config->overlap_comm);
-  EXPECT_FALSE(result.config->find_unused_parameters);
+  EXPECT_TRUE(result.config->strategy_options.empty());  // every strategy option at its default
+  RunConfig ddp = *result.config;
+  ddp.strategy = "ddp";
+  EXPECT_TRUE(args_of(ddp).boolean("overlap-comm"));
+  EXPECT_FALSE(args_of(ddp).boolean("find-unused-parameters"));
 }
 
 TEST(CliTest, OverridesEveryKind) {
@@ -192,11 +208,9 @@ TEST(CliTest, BucketCapZeroIsForDdpOnly) {
   // ddp: 0 means one all-reduce per gradient; the sharded strategies need a round size.
   auto ddp = parse({"--strategy", "ddp", "--bucket-cap-mb", "0"});
   ASSERT_TRUE(ddp.config.has_value()) << ddp.message;
-  EXPECT_EQ(ddp.config->bucket_cap_mb, 0.0);
-  expect_error({"--strategy", "oss", "--bucket-cap-mb", "0"},
-               {"'0'", "--bucket-cap-mb", "strategy 'oss'", "ddp only"});
-  expect_error({"--strategy", "sdp", "--bucket-cap-mb", "0"},
-               {"'0'", "--bucket-cap-mb", "strategy 'sdp'", "ddp only"});
+  EXPECT_EQ(args_of(*ddp.config).real("bucket-cap-mb"), 0.0);
+  expect_error({"--strategy", "oss", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "strategy 'oss'", "> 0"});
+  expect_error({"--strategy", "sdp", "--bucket-cap-mb", "0"}, {"'0'", "--bucket-cap-mb", "strategy 'sdp'", "> 0"});
 }
 
 TEST(CliTest, StrategySpecificOptionGivenToAnotherStrategyIsAnError) {
@@ -285,19 +299,20 @@ TEST(CliTest, FsdpOptions) {
   auto fsdp = parse({"--strategy", "fsdp", "--nproc", "2", "--sharding-strategy", "shard_grad_op",
                      "--limit-all-gathers", "false", "--wrap-policy", "none"});
   ASSERT_TRUE(fsdp.config.has_value()) << fsdp.message;
-  EXPECT_EQ(fsdp.config->sharding_strategy, "shard_grad_op");
-  EXPECT_FALSE(fsdp.config->limit_all_gathers);
-  EXPECT_EQ(fsdp.config->wrap_policy, "none");
-  EXPECT_EQ(fsdp.config->reshard_after_forward, "auto");
+  const auto fsdp_args = args_of(*fsdp.config);
+  EXPECT_EQ(fsdp_args.text("sharding-strategy"), "shard_grad_op");
+  EXPECT_FALSE(fsdp_args.boolean("limit-all-gathers"));
+  EXPECT_EQ(fsdp_args.text("wrap-policy"), "none");
+  EXPECT_EQ(fsdp_args.text("reshard-after-forward"), "auto");
   EXPECT_TRUE(parse({"--strategy", "zero3", "--nproc", "2", "--reshard-after-forward", "false"}).config);
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "hybrid"},
-               {"unknown sharding strategy 'hybrid'", "full_shard, shard_grad_op, no_shard"});
+               {"invalid value 'hybrid' for --sharding-strategy", "full_shard, shard_grad_op, no_shard"});
   expect_error({"--strategy", "fsdp", "--reshard-after-forward", "yes"}, {"'yes'", "auto, true, false"});
   expect_error({"--strategy", "fsdp", "--wrap-policy", "layer"}, {"'layer'", "block, none"});
   auto reduce = parse({"--strategy", "fsdp", "--precision", "bf16-mixed", "--reduce-dtype", "bf16"});
   ASSERT_TRUE(reduce.config.has_value()) << reduce.message;
-  EXPECT_EQ(reduce.config->reduce_dtype, "bf16");
-  EXPECT_EQ(fsdp.config->reduce_dtype, "fp32");
+  EXPECT_EQ(args_of(*reduce.config).text("reduce-dtype"), "bf16");
+  EXPECT_EQ(fsdp_args.text("reduce-dtype"), "fp32");
   expect_error({"--strategy", "fsdp", "--reduce-dtype", "fp16"}, {"'fp16'", "fp32, bf16"});
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "no_shard", "--reduce-dtype", "bf16"},
                {"--reduce-dtype bf16 needs sharded gradients", "not no_shard"});
@@ -332,7 +347,7 @@ TEST(CliTest, HybridShardIsAShardingStrategy) {
   auto hybrid = parse({"--strategy", "fsdp", "--nproc", "2", "--nnodes", "2", "--master-port", "29999",
                        "--sharding-strategy", "hybrid_shard", "--reshard-after-forward", "true"});
   ASSERT_TRUE(hybrid.config.has_value()) << hybrid.message;
-  EXPECT_EQ(hybrid.config->sharding_strategy, "hybrid_shard");
+  EXPECT_EQ(args_of(*hybrid.config).text("sharding-strategy"), "hybrid_shard");
   expect_error({"--strategy", "fsdp", "--sharding-strategy", "hybrid"}, {"hybrid_shard"});
 }
 
@@ -408,13 +423,17 @@ TEST(CliTest, BoolForms) {
     EXPECT_TRUE(result.config.has_value()) << result.message;
     return result.config.value_or(RunConfig{});
   };
-  EXPECT_FALSE(config({"--strategy", "ddp", "--overlap-comm", "false"}).overlap_comm);
-  EXPECT_FALSE(config({"--strategy=ddp", "--overlap-comm=0"}).overlap_comm);
-  EXPECT_FALSE(config({"--overlap-comm", "no", "--strategy", "ddp"}).overlap_comm);
-  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--find-unused-parameters", "--max-steps", "3", "--strategy", "ddp"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters", "yes"}).find_unused_parameters);
-  EXPECT_TRUE(config({"--strategy", "ddp", "--find-unused-parameters=1"}).find_unused_parameters);
+  const auto flag = [&](std::vector<std::string> args, const std::string& key) {
+    const RunConfig c = config(std::move(args));
+    return args_of(c).boolean(key);
+  };
+  EXPECT_FALSE(flag({"--strategy", "ddp", "--overlap-comm", "false"}, "overlap-comm"));
+  EXPECT_FALSE(flag({"--strategy=ddp", "--overlap-comm=0"}, "overlap-comm"));
+  EXPECT_FALSE(flag({"--overlap-comm", "no", "--strategy", "ddp"}, "overlap-comm"));
+  EXPECT_TRUE(flag({"--strategy", "ddp", "--find-unused-parameters"}, "find-unused-parameters"));
+  EXPECT_TRUE(flag({"--find-unused-parameters", "--max-steps", "3", "--strategy", "ddp"}, "find-unused-parameters"));
+  EXPECT_TRUE(flag({"--strategy", "ddp", "--find-unused-parameters", "yes"}, "find-unused-parameters"));
+  EXPECT_TRUE(flag({"--strategy", "ddp", "--find-unused-parameters=1"}, "find-unused-parameters"));
   EXPECT_FALSE(config({"--progress-bar", "false"}).progress_bar);
   EXPECT_FALSE(config({"--progress-bar=no"}).progress_bar);
   EXPECT_TRUE(config({"--progress-bar"}).progress_bar);
@@ -437,9 +456,7 @@ TEST(CliTest, IniRoundTrips) {
   c.master_addr = "10.0.0.2";
   c.master_port = 29511;
   c.comm_timeout_s = 12.5;
-  c.bucket_cap_mb = 0.1;
-  c.find_unused_parameters = true;
-  c.overlap_comm = false;
+  c.strategy_options = {{"bucket-cap-mb", "0.1"}, {"find-unused-parameters", "true"}, {"overlap-comm", "false"}};
   c.max_steps = 11;
   c.batch_size = 3;
   c.accumulate_grad_batches = 4;
@@ -480,7 +497,8 @@ TEST(CliTest, IniRoundTrips) {
   EXPECT_EQ(r.lr, c.lr);
   EXPECT_EQ(r.seed, c.seed);
   EXPECT_EQ(r.output_dir, c.output_dir);
-  EXPECT_EQ(r.overlap_comm, false);
+  EXPECT_EQ(args_of(r).boolean("overlap-comm"), false);
+  EXPECT_EQ(args_of(r).real("bucket-cap-mb"), 0.1);
   EXPECT_EQ(r.progress_bar, false);
   EXPECT_EQ(r.optimizer, "sgd");
   EXPECT_EQ(r.dump_params, "params.pt");
@@ -577,10 +595,9 @@ TEST(CliTest, AdamWKernelFlagPicksStrataOrAtenAndNeedsTheFusedAdamW) {
 }  // namespace
 
 TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {
-  const auto names = std::vector<std::string>{"single", "ddp", "oss", "sdp", "fsdp", "auto"};
   const auto with_auto = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "strata-gpt");
-    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, names);
+    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, builtins());
   };
   const auto ok = with_auto({"--strategy", "auto", "--memory-budget", "4GiB", "--no-memory-check"});
   ASSERT_TRUE(ok.config.has_value()) << ok.message;

@@ -5,7 +5,7 @@
 #include "core/deferred_init.h"
 #include "recipes/gpt.h"
 #include "strategies/activation_checkpoint.h"
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
 #include "trainer/memory.h"

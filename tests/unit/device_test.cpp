@@ -5,7 +5,7 @@
 #include "core/device.h"
 #include "core/precision.h"
 #include "strategies/process_group.h"
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "tests/error_text.h"
 #include "trainer/memory.h"
 #include "trainer/trainer.h"

@@ -16,7 +16,18 @@
 namespace {
 namespace fs = std::filesystem;
 using strata::recipes::ForeignConfig;
-using strata::recipes::read_foreign_config;
+
+/// The built-in strategies: the translators map onto their specs.
+const strata::StrategyRegistry& builtins() {
+  static const strata::StrategyRegistry registry = [] {
+    strata::StrategyRegistry r;
+    strata::register_builtin_strategies(r);
+    return r;
+  }();
+  return registry;
+}
+
+ForeignConfig read_foreign_config(const std::string& path) { return strata::recipes::read_foreign_config(path, builtins()); }
 
 const fs::path kConfigs = fs::path(STRATA_SOURCE_DIR) / "tests" / "fixtures" / "configs";
 
@@ -215,23 +226,21 @@ TEST(ForeignConfigTest, NewerAccelerateAndDeepSpeedPluginDefaults) {
 
 TEST(ForeignConfigTest, ParsedThroughTheCliTheCommandLineStillWins) {
   const std::string path = (kConfigs / "accelerate_fsdp.yaml").string();
-  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, {"gpt-micro"},
-                                                  {"single", "ddp", "oss", "sdp", "fsdp"});
+  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, {"gpt-micro"}, builtins());
   ASSERT_TRUE(parsed.config) << parsed.message;
   EXPECT_EQ(parsed.config->strategy, "fsdp");
   EXPECT_EQ(parsed.config->nproc, 2);
   EXPECT_EQ(parsed.config->precision, "bf16-mixed");
   EXPECT_EQ(parsed.config->checkpoint_format, "sharded");
   parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path, "--nproc", "3", "--precision", "32"},
-                                             {"gpt-micro"}, {"single", "ddp", "oss", "sdp", "fsdp"});
+                                             {"gpt-micro"}, builtins());
   ASSERT_TRUE(parsed.config) << parsed.message;
   EXPECT_EQ(parsed.config->nproc, 3);
   EXPECT_EQ(parsed.config->precision, "32");
   // An unsupported key through the CLI: exit 2 and the key named.
   strata::testing::TempDir dir("strata-foreign-cli");
   std::ofstream(dir.file("ds.json")) << R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})";
-  parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", dir.file("ds.json")}, {"gpt-micro"},
-                                             {"single", "ddp", "oss", "sdp", "fsdp"});
+  parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", dir.file("ds.json")}, {"gpt-micro"}, builtins());
   EXPECT_FALSE(parsed.config);
   EXPECT_EQ(parsed.exit_code, 2);
   EXPECT_NE(parsed.message.find("zero_optimization.mics_shard_size"), std::string::npos) << parsed.message;

@@ -1,7 +1,7 @@
 // gpt_test - Unit tests for recipes/gpt.cpp
 #include "recipes/gpt.h"
 
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "tests/toy_data.h"
 #include "trainer/trainer.h"
 

@@ -14,6 +14,24 @@ namespace {
 
 GPTOptions nano() { return gpt_preset("gpt-nano").vocab_size(96).block_size(32); }
 
+/// The built-in strategies, whose specs hold the memory models.
+const StrategyRegistry& builtins() {
+  static const StrategyRegistry registry = [] {
+    StrategyRegistry r;
+    register_builtin_strategies(r);
+    return r;
+  }();
+  return registry;
+}
+
+ModelStatePrediction predict_model_state(const PlanRequest& r) { return recipes::predict_model_state(builtins(), r); }
+MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& a) {
+  return recipes::predict_peak(builtins(), r, a);
+}
+std::vector<PlanChoice> plan_candidates(const PlanRequest& r, const ActivationProfile& a, int64_t budget) {
+  return recipes::plan_candidates(builtins(), r, a, budget);
+}
+
 }  // namespace
 
 TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {

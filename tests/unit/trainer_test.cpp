@@ -3,7 +3,7 @@
 
 #include "recipes/gpt.h"
 #include "trainer/resume_state.h"
-#include "strategies/single_device.h"
+#include "strategies/single/single_device.h"
 #include "tests/error_text.h"
 #include "tests/toy_data.h"
 

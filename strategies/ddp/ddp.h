@@ -11,6 +11,7 @@
 // Example:
 //   auto ddp = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().bucket_cap_mb(25));
 #include "strategies/grad_sync.h"
+#include "strategies/spec.h"
 #include "strategies/strategy.h"
 
 #include <memory>
@@ -54,5 +55,10 @@ class DDPStrategy : public Strategy {
   std::vector<PendingWork> in_flight_;
   std::vector<size_t> deferred_;  // ready buckets held back when !overlap_comm
 };
+
+/// How "ddp" registers (strategies/spec.h): --bucket-cap-mb,
+/// --find-unused-parameters, --overlap-comm; --offload keeps the optimizer
+/// state in the tier. The reference strategy of benchmarks.
+StrategySpec ddp_spec();
 
 }  // namespace strata

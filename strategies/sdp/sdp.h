@@ -9,7 +9,7 @@
 // freed, so a rank holds its owned gradient shard plus at most
 // kMaxBucketsInFlight buckets. Model state per rank with fp32 AdamW:
 // 4Ψ' params + 12Ψ'/N (grads + state).
-#include "strategies/oss.h"
+#include "strategies/oss/oss.h"
 
 #include <deque>
 #include <memory>
@@ -44,5 +44,9 @@ class SDPStrategy : public OSSStrategy {
   torch::Tensor shard_grad_;
   std::deque<BucketSend> in_flight_;
 };
+
+/// How "sdp" (alias zero2) registers (strategies/spec.h): oss's options and
+/// offload.
+StrategySpec sdp_spec();
 
 }  // namespace strata

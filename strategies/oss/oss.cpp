@@ -1,4 +1,4 @@
-#include "strategies/oss.h"
+#include "strategies/oss/oss.h"
 
 #include <sstream>
 #include <unordered_map>

@@ -1,4 +1,4 @@
-#include "strategies/ddp.h"
+#include "strategies/ddp/ddp.h"
 
 #include <algorithm>
 #include <sstream>

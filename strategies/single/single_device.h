@@ -1,6 +1,7 @@
 #pragma once
 // SingleDeviceStrategy ("single"): one process, nothing sharded, nothing
 // communicated. Every base-class default is already right for it.
+#include "strategies/spec.h"
 #include "strategies/strategy.h"
 
 namespace strata {
@@ -10,5 +11,9 @@ class SingleDeviceStrategy : public Strategy {
   explicit SingleDeviceStrategy(Comm comm = Comm());
   std::string name() const override { return "single"; }
 };
+
+/// How "single" registers (strategies/spec.h): one process, no options;
+/// --offload keeps the optimizer state in the tier.
+StrategySpec single_device_spec();
 
 }  // namespace strata

@@ -76,4 +76,15 @@ class OSSStrategy : public Strategy {
   std::vector<ParamPiece> optimizer_pieces_;
 };
 
+/// How "oss" (alias zero1) registers (strategies/spec.h): --bucket-cap-mb,
+/// --find-unused-parameters; --offload keeps the optimizer state in the tier.
+StrategySpec oss_spec();
+
+/// What oss and sdp share: their options, their options as ShardOptions, and
+/// their memory (sdp shards gradients too) and communication models.
+std::vector<StrategyOption> shard_options();
+ShardOptions shard_options_from(const StrategyArgs& args);
+std::optional<MemoryEstimate> sharded_optimizer_memory(const MemoryQuery& query, bool shard_grads);
+std::optional<CommEstimate> sharded_optimizer_comm(const MemoryQuery& query, CollectiveKind gradient_collective);
+
 }  // namespace strata

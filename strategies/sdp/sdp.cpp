@@ -1,4 +1,4 @@
-#include "strategies/sdp.h"
+#include "strategies/sdp/sdp.h"
 
 namespace strata {
 

@@ -1,0 +1,28 @@
+// The "single" strategy as strata describes it (strategies/spec.h).
+#include "strategies/single/single_device.h"
+
+namespace strata {
+
+StrategySpec single_device_spec() {
+  return StrategySpec("single", "nothing sharded, nothing communicated")
+      .max_world_size(1)
+      .factory([](Comm comm, const StrategyArgs&, const StrategyContext& context) {
+        return offload_optimizer_state_as_asked(std::make_unique<SingleDeviceStrategy>(std::move(comm)), context);
+      })
+      .check([](const StrategyArgs&, const StrategyContext& context) { return optimizer_offload_problem(context); })
+      .memory([](const MemoryQuery& query) {
+        auto m = replicated_memory(query);
+        // zero_grad sets gradients to none: the activation peak at the start
+        // of backward meets none (the distributed strategies keep buffers).
+        m->grads_freed_between_steps = true;
+        return m;
+      })
+      .communication([](const MemoryQuery&) { return std::optional<CommEstimate>(CommEstimate{}); })
+      .plan({{.label = "single", .speed_rank = 0},
+             {.label = "single+ac", .speed_rank = 5, .activation_checkpointing = 1}})
+      .bench({{.tag = "bf16", .precision = "bf16-mixed", .about = "bf16-mixed against fp32"}})
+      .pytorch_peer("local")
+      .accelerate_types({"NO"});
+}
+
+}  // namespace strata
