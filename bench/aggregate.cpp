@@ -1,7 +1,7 @@
 // A case's numbers: its runs' summary.json files aggregated per rank and
 // over repeats (medians for times, maxima for memory), and the strategy's
 // memory model's prediction they are compared with (from summary.json).
-#include "bench/harness.h"
+#include "strata/bench/harness.h"
 
 #include <c10/util/Exception.h>
 

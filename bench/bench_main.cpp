@@ -16,16 +16,16 @@
 // passes the built-ins; a project with strategies of its own builds its own
 // strata-bench around it (examples/local_sgd), and its strategies get suites,
 // sweep cases, report rows and chart colours from their specs.
-#include "bench/bench_main.h"
-#include "bench/checkpoint_bench.h"
-#include "bench/charts.h"
-#include "bench/gate.h"
-#include "bench/harness.h"
-#include "bench/peer_suite.h"
-#include "bench/planner_suite.h"
-#include "bench/report.h"
-#include "bench/sweep.h"
-#include "core/atomic_file.h"
+#include "strata/bench/bench_main.h"
+#include "strata/bench/checkpoint_bench.h"
+#include "strata/bench/charts.h"
+#include "strata/bench/gate.h"
+#include "strata/bench/harness.h"
+#include "strata/bench/peer_suite.h"
+#include "strata/bench/planner_suite.h"
+#include "strata/bench/report.h"
+#include "strata/bench/sweep.h"
+#include "strata/core/atomic_file.h"
 
 #include <boost/program_options.hpp>
 #include <c10/util/Exception.h>

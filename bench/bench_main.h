@@ -11,7 +11,7 @@
 //     strategies.add(my_strategy_spec());
 //     return strata::bench::bench_main(argc, argv, strategies);
 //   }
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
 namespace strata::bench {
 

@@ -1,4 +1,4 @@
-#include "bench/charts.h"
+#include "strata/bench/charts.h"
 
 #include <c10/util/Exception.h>
 

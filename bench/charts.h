@@ -9,8 +9,8 @@
 //
 //   ChartFiles f = write_charts(results, "out/");  // out/tokens_per_s.{dat,gp,png}, out/memory.{dat,gp,png}
 //   if (!f.note.empty()) std::cerr << f.note;      // e.g. gnuplot missing
-#include "bench/harness.h"
-#include "strategies/registry.h"
+#include "strata/bench/harness.h"
+#include "strata/strategies/registry.h"
 
 #include <string>
 #include <vector>

@@ -13,19 +13,19 @@
 // bytes are what matters), then saves and reloads each format, measuring
 // its own MemoryTracker peak from just before each phase. No training step:
 // the numbers are the checkpoint's alone.
-#include "bench/checkpoint_bench.h"
-#include "bench/harness.h"
+#include "strata/bench/checkpoint_bench.h"
+#include "strata/bench/harness.h"
 
-#include "core/atomic_file.h"
-#include "core/training_module.h"
-#include "launch/environment.h"
-#include "launch/launcher.h"
-#include "recipes/gpt.h"
-#include "strategies/fsdp/fully_sharded.h"
-#include "strategies/process_group.h"
-#include "trainer/checkpoint.h"
-#include "trainer/memory.h"
-#include "trainer/trainer.h"
+#include "strata/core/atomic_file.h"
+#include "strata/core/training_module.h"
+#include "strata/launch/environment.h"
+#include "strata/launch/launcher.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/process_group.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/trainer/memory.h"
+#include "strata/trainer/trainer.h"
 
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>

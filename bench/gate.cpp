@@ -1,6 +1,6 @@
-#include "bench/gate.h"
+#include "strata/bench/gate.h"
 
-#include "bench/report.h"
+#include "strata/bench/report.h"
 
 #include <c10/util/Exception.h>
 

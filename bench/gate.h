@@ -14,7 +14,7 @@
 // the baseline's ratio (ratios, because absolute times on a shared machine are
 // noisy). A case missing from the baseline, a baseline case missing from the
 // results, an empty baseline, a device mismatch and a failed case fail too.
-#include "bench/harness.h"
+#include "strata/bench/harness.h"
 
 #include <map>
 #include <optional>

@@ -15,7 +15,7 @@
 //   auto suites = registry.select("smoke");
 //   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
 //   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
 #include <nlohmann/json.hpp>
 

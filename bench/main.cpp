@@ -1,5 +1,5 @@
 // strata-bench (bench/bench_main.h) over the built-in strategies.
-#include "bench/bench_main.h"
+#include "strata/bench/bench_main.h"
 
 int main(int argc, char** argv) {
   strata::StrategyRegistry strategies;

@@ -6,8 +6,8 @@
 // ZeroRedundancyOptimizer x2, fsdp x2 against FSDP2 fully_shard x2; fp32 and
 // bf16-mixed; activation checkpointing (fp32); and a 384-wide gpt-mini at
 // block 256.
-#include "bench/charts.h"
-#include "bench/harness.h"
+#include "strata/bench/charts.h"
+#include "strata/bench/harness.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
-#include "bench/planner_suite.h"
+#include "strata/bench/planner_suite.h"
 
-#include "bench/report.h"
+#include "strata/bench/report.h"
 
 #include <algorithm>
 #include <cmath>

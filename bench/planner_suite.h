@@ -3,8 +3,8 @@
 // measured peaks. Each case's summary.json carries the planner's
 // "predicted_peak_bytes" beside the measured "peak_tensor_bytes"; the table
 // shows both and the error (target: within 10% on every case).
-#include "bench/harness.h"
-#include "strategies/registry.h"
+#include "strata/bench/harness.h"
+#include "strata/strategies/registry.h"
 
 #include <string>
 #include <vector>

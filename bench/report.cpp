@@ -1,4 +1,4 @@
-#include "bench/report.h"
+#include "strata/bench/report.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
 #pragma once
 // Reports for strata-bench: Markdown tables (one per suite) and one JSON line
 // per run. The regression gate against a baseline file is bench/gate.h.
-#include "bench/harness.h"
+#include "strata/bench/harness.h"
 
 #include <map>
 #include <optional>

@@ -1,7 +1,7 @@
 // Running cases: strata-gpt's command line for a case, one subprocess per
 // run (with a timeout), the runs interleaved over repeats, and what a report
 // says about the machine and the build.
-#include "bench/harness.h"
+#include "strata/bench/harness.h"
 
 #include <c10/util/Exception.h>
 #include <torch/version.h>

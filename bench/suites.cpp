@@ -1,9 +1,9 @@
 // The built-in suites (what each measures and compares) and the registry
 // that selects them by name. Running them: runner.cpp; their numbers:
 // aggregate.cpp.
-#include "bench/harness.h"
-#include "bench/peer_suite.h"
-#include "bench/planner_suite.h"
+#include "strata/bench/harness.h"
+#include "strata/bench/peer_suite.h"
+#include "strata/bench/planner_suite.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "bench/sweep.h"
+#include "strata/bench/sweep.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>

@@ -8,8 +8,8 @@
 //   SweepOptions o;
 //   o.presets({"gpt-micro", "gpt-mini"}).strategies({name_a, name_b}).ac({0, 1});
 //   Suite s = make_sweep(o, strategies);   // s.cases: sweep/gpt-micro/<strategy>-2x1-b8-t64, ...
-#include "bench/harness.h"
-#include "strategies/registry.h"
+#include "strata/bench/harness.h"
+#include "strata/strategies/registry.h"
 
 #include <torch/arg.h>
 

@@ -6,8 +6,8 @@
 //   auto cache = std::make_shared<strata::BlockCache>();
 //   strata::MemoryTracker memory(cache);
 //   callbacks.push_back(std::make_shared<strata::BlockCacheTrim>(cache));
-#include "trainer/block_cache.h"
-#include "trainer/callback.h"
+#include "strata/trainer/block_cache.h"
+#include "strata/trainer/callback.h"
 
 #include <memory>
 #include <string>

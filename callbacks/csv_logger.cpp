@@ -1,8 +1,8 @@
-#include "callbacks/csv_logger.h"
+#include "strata/callbacks/csv_logger.h"
 
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <cstdio>
 #include <filesystem>

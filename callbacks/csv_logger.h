@@ -21,7 +21,7 @@
 //      step,loss,lr,tokens_per_s,val_loss
 //      10,3.2113,0.001,12345,
 //      20,2.9821,0.001,12401,2.9950
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

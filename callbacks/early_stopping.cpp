@@ -1,6 +1,6 @@
-#include "callbacks/early_stopping.h"
+#include "strata/callbacks/early_stopping.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <cmath>
 #include <cstdio>

@@ -13,8 +13,8 @@
 //
 // Example:
 //   std::make_shared<strata::EarlyStopping>(strata::EarlyStoppingOptions().patience(5).min_delta(1e-3));
-#include "callbacks/monitor_mode.h"
-#include "trainer/callback.h"
+#include "strata/callbacks/monitor_mode.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
-#include "callbacks/lr_monitor.h"
+#include "strata/callbacks/lr_monitor.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 namespace strata {
 

@@ -8,7 +8,7 @@
 //
 // Example:
 //   std::make_shared<strata::LrMonitor>(strata::LrMonitorOptions().prefix("opt/"))
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

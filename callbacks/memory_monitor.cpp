@@ -1,7 +1,7 @@
-#include "callbacks/memory_monitor.h"
+#include "strata/callbacks/memory_monitor.h"
 
-#include "trainer/memory.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/memory.h"
+#include "strata/trainer/trainer.h"
 
 #include <algorithm>
 

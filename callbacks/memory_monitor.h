@@ -15,8 +15,8 @@
 //   auto mem = std::make_shared<strata::MemoryMonitor>();
 //   ... trainer.fit(module, data);
 //   std::cout << mem->summary() << "\n";
-#include "trainer/callback.h"
-#include "strategies/strategy.h"
+#include "strata/trainer/callback.h"
+#include "strata/strategies/strategy.h"
 
 #include <torch/torch.h>
 

@@ -1,9 +1,9 @@
-#include "callbacks/model_checkpoint.h"
+#include "strata/callbacks/model_checkpoint.h"
 
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 
-#include "trainer/checkpoint.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/trainer/trainer.h"
 
 #include <algorithm>
 #include <chrono>

@@ -36,9 +36,9 @@
 //       strata::ModelCheckpointOptions("runs/gpt/ckpt").every_n_train_steps(500).keep_last(3)
 //           .monitor("val_loss").save_top_k(2));
 //   resume: TrainerOptions().resume_from(strata::latest_checkpoint("runs/gpt/ckpt"))
-#include "callbacks/monitor_mode.h"
-#include "trainer/callback.h"
-#include "trainer/checkpoint.h"
+#include "strata/callbacks/monitor_mode.h"
+#include "strata/trainer/callback.h"
+#include "strata/trainer/checkpoint.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
-#include "callbacks/profiler.h"
+#include "strata/callbacks/profiler.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 

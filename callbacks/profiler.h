@@ -12,7 +12,7 @@
 //
 // Example (strata-gpt --profile DIR does this):
 //   callbacks.push_back(std::make_shared<strata::Profiler>(strata::ProfilerOptions("prof").steps(3)));
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
-#include "callbacks/progress.h"
+#include "strata/callbacks/progress.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <unistd.h>
 

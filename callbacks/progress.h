@@ -14,7 +14,7 @@
 //   std::ostringstream out;
 //   auto bar = std::make_shared<strata::ProgressBar>(
 //       strata::ProgressBarOptions().mode(strata::ProgressMode::kPlain), out);
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

@@ -1,7 +1,7 @@
-#include "callbacks/throughput.h"
+#include "strata/callbacks/throughput.h"
 
-#include "core/cuda_support.h"
-#include "trainer/trainer.h"
+#include "strata/core/cuda_support.h"
+#include "strata/trainer/trainer.h"
 
 #include <torch/cuda.h>
 

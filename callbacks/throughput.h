@@ -20,7 +20,7 @@
 //   auto tp = std::make_shared<strata::Throughput>(strata::ThroughputOptions().window(50));
 //   ... trainer.fit(module, data);
 //   std::cout << tp->average_tokens_per_s() << " tok/s, MFU " << tp->mfu() << "\n";
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <torch/torch.h>
 

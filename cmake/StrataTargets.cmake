@@ -1,10 +1,14 @@
 # Helpers that apply flags, the precompiled header and warnings in one place, so
 # that every target has identical compile options (REUSE_FROM requires it).
+include(GNUInstallDirs)
 
 # Flags shared by every target, the PCH target included.
 function(strata_apply_common target)
   target_compile_features(${target} PUBLIC cxx_std_20)
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  # Headers are included as "strata/<folder>/x.h", in the build as once
+  # installed (include/strata/...): build/include/strata links to the source tree.
+  target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+                                              $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   # LibTorch's include dirs come in as SYSTEM through the imported target, so
   # the warning flags below only hit project code.
   target_compile_options(${target} PRIVATE -Wall -Wextra -Wno-unused-parameter)
@@ -15,7 +19,10 @@ endfunction()
 
 function(strata_use_pch target)
   strata_apply_common(${target})
-  target_link_libraries(${target} PUBLIC strata_pch)
+  # LibTorch through the PCH target in the build; installed, through
+  # strata::torch_libraries, which strataConfig.cmake makes from the LibTorch
+  # it finds (the PCH is the build's own business).
+  target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:strata_pch> $<INSTALL_INTERFACE:strata::torch_libraries>)
   if(STRATA_ENABLE_PCH)
     target_precompile_headers(${target} REUSE_FROM strata_pch)
   endif()

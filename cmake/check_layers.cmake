@@ -1,5 +1,7 @@
-# Layering check: every `#include "<folder>/..."` in a library folder must
-# name the same folder or one below it (docs/design.md, "Layout"):
+# Layering check: every `#include "strata/<folder>/..."` in a library folder
+# must name the same folder or one below it (docs/design.md, "Layout"); a
+# project include without the strata/ prefix is an error too (it would not
+# resolve once installed):
 #
 #   core  <-  launch, strategies  <-  trainer  <-  callbacks  <-  recipes, bench
 #   core  <-  kernels  <-  strategies, trainer, callbacks, recipes, bench
@@ -35,6 +37,14 @@ foreach(layer IN LISTS layers)
       string(REGEX MATCH "^[^/]+" folder "${header}")
       if(NOT header MATCHES "/")
         continue()  # same-folder include without a path
+      endif()
+      if(folder IN_LIST layers)
+        string(APPEND violations "  ${source} includes \"${header}\" without the strata/ prefix\n")
+        continue()
+      endif()
+      if(folder STREQUAL "strata")
+        string(REGEX REPLACE "^strata/" "" inner "${header}")
+        string(REGEX MATCH "^[^/]+" folder "${inner}")
       endif()
       # Only project folders are layers (e.g. "tests/" is not allowed either).
       if(NOT folder IN_LIST layers AND NOT folder STREQUAL "tests")

@@ -1,4 +1,4 @@
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "core/cuda_support.h"
+#include "strata/core/cuda_support.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "core/deferred_init.h"
+#include "strata/core/deferred_init.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/variable.h>

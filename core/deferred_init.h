@@ -13,7 +13,7 @@
 // LibTorch 1.13's Tensor::set_data (and so Module::to) refuses to move a
 // tensor between the meta device and a real one; replace_data() does what
 // set_data does without that check.
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 

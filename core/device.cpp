@@ -1,6 +1,6 @@
-#include "core/device.h"
+#include "strata/core/device.h"
 
-#include "core/cuda_support.h"
+#include "strata/core/cuda_support.h"
 
 namespace strata {
 

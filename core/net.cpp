@@ -1,4 +1,4 @@
-#include "core/net.h"
+#include "strata/core/net.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "core/precision.h"
+#include "strata/core/precision.h"
 
 #include <ATen/autocast_mode.h>
 

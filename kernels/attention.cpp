@@ -1,8 +1,8 @@
-#include "kernels/attention.h"
+#include "strata/kernels/attention.h"
 
 #include <ATen/record_function.h>
 
-#include "kernels/attention_tiles.h"
+#include "strata/kernels/attention_tiles.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include "kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw.h"
 
 #include <cmath>
 

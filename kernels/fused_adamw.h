@@ -13,7 +13,7 @@
 // Example:
 //   auto opts = strata::AdamWStepOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1).step(t);
 //   strata::fused_adamw_step(param, grad, exp_avg, exp_avg_sq, opts);
-#include "kernels/adamw_scalars.h"
+#include "strata/kernels/adamw_scalars.h"
 
 #include <torch/torch.h>
 

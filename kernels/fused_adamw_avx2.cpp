@@ -12,7 +12,7 @@
 // into fma(s * t1, t2, self); both are written as explicit FMAs here, and
 // this file is compiled with -ffp-contract=off so that nothing else is fused
 // (GCC would otherwise fuse "p * decay + update" and break bit-equality).
-#include "kernels/adamw_scalars.h"
+#include "strata/kernels/adamw_scalars.h"
 
 #include <immintrin.h>
 

@@ -3,7 +3,7 @@
 #ifndef CPU_CAPABILITY
 #define CPU_CAPABILITY DEFAULT
 #endif
-#include "kernels/fused_adamw_kernel.h"
+#include "strata/kernels/fused_adamw_kernel.h"
 
 namespace strata {
 

@@ -17,7 +17,7 @@
 // element takes the same path. ATen's portable fmadd is a * b + c, rounded
 // twice (so this kernel is within a few ulp of torch, not bit-equal); the file
 // is compiled with -ffp-contract=off so the compiler fuses nothing else.
-#include "kernels/adamw_scalars.h"
+#include "strata/kernels/adamw_scalars.h"
 
 #include <ATen/cpu/vec/vec.h>
 

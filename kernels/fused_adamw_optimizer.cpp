@@ -1,7 +1,7 @@
-#include "kernels/fused_adamw_optimizer.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
 
-#include "core/optim_state_key.h"
-#include "kernels/fused_adamw.h"
+#include "strata/core/optim_state_key.h"
+#include "strata/kernels/fused_adamw.h"
 
 #include <cmath>
 

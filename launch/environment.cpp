@@ -1,4 +1,4 @@
-#include "launch/environment.h"
+#include "strata/launch/environment.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,6 @@
-#include "launch/launcher.h"
+#include "strata/launch/launcher.h"
 
-#include "launch/environment.h"
+#include "strata/launch/environment.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>

@@ -1,9 +1,9 @@
-#include "recipes/cli.h"
+#include "strata/recipes/cli.h"
 
-#include "recipes/foreign_config.h"
+#include "strata/recipes/foreign_config.h"
 
-#include "recipes/cli_fields.h"
-#include "recipes/cli_rules.h"
+#include "strata/recipes/cli_fields.h"
+#include "strata/recipes/cli_rules.h"
 
 #include <boost/program_options.hpp>
 
@@ -34,23 +34,8 @@ std::string parse_text(const std::string& s, std::string& out) {
   out = s;
   return "";
 }
-std::string parse_text(const std::string& s, bool& out) {
-  if (s == "true" || s == "1" || s == "yes" || s == "on") {
-    out = true;
-  } else if (s == "false" || s == "0" || s == "no" || s == "off") {
-    out = false;
-  } else {
-    return "expected true/false, 1/0 or yes/no";
-  }
-  return "";
-}
-std::string parse_text(const std::string& s, double& out) {
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(out)) {
-    return "expected a number";
-  }
-  return "";
-}
+std::string parse_text(const std::string& s, bool& out) { return parse_bool_text(s, out); }
+std::string parse_text(const std::string& s, double& out) { return parse_real_text(s, out); }
 template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int>>>
 std::string parse_text(const std::string& s, Int& out) {
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
@@ -347,8 +332,11 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
   if (const auto who = strategy_ignores(key, config.strategy, strategies)) {
     return "not used by strategy '" + config.strategy + "'; it is for " + *who;
   }
-  if ((key == "fused-adamw" || key == "adamw-kernel") && config.optimizer != "adamw") {
+  if ((key == "fused-adamw" || key == "adamw-kernel" || key.rfind("adam-", 0) == 0) && config.optimizer != "adamw") {
     return "not used by optimizer '" + config.optimizer + "'; it is for adamw";
+  }
+  if ((key == "momentum" || key == "nesterov") && config.optimizer != "sgd") {
+    return "not used by optimizer '" + config.optimizer + "'; it is for sgd";
   }
   if (key == "adamw-kernel" && !config.fused_adamw) return std::string("not used with fused-adamw = false");
   if (const auto why = data_ignores(key, config.data)) return "not read: " + *why;

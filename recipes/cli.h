@@ -2,7 +2,7 @@
 // Command line and config file for the recipe binaries (Boost.Program_options).
 // Every option has the same key on the command line (--max-steps 10) and in an
 // INI config file (max-steps = 10); the command line wins over the file.
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
 #include <cstdint>
 #include <map>
@@ -57,7 +57,12 @@ struct RunConfig {
   int64_t max_steps = 2500;
   int64_t batch_size = 64;
   int64_t accumulate_grad_batches = 1;
-  std::string optimizer = "adamw";  ///< adamw or sgd (plain, no momentum)
+  std::string optimizer = "adamw";  ///< adamw or sgd
+  double adam_beta1 = 0.9;          ///< adamw: the first moment's decay
+  double adam_beta2 = 0.95;         ///< adamw: the second moment's decay
+  double adam_eps = 1e-8;           ///< adamw: added to the second moment's root
+  double momentum = 0.0;            ///< sgd: momentum (0: plain SGD)
+  bool nesterov = false;            ///< sgd: Nesterov momentum (needs momentum > 0)
   bool fused_adamw = true;          ///< adamw: FusedAdamW (one fused pass) instead of torch::optim::AdamW
   std::string adamw_kernel = "strata";  ///< fused-adamw: strata (kernels/fused_adamw.h) or aten (at::_fused_adamw_)
   double lr = 3e-3;

@@ -1,4 +1,4 @@
-#include "recipes/cli_fields.h"
+#include "strata/recipes/cli_fields.h"
 
 namespace strata::recipes {
 
@@ -94,7 +94,13 @@ std::vector<Field> optimisation_fields() {
       {"batch-size", 3, &C::batch_size, "samples per micro-batch per rank"},
       {"accumulate-grad-batches", 3, &C::accumulate_grad_batches, "micro-batches per step"},
       {"optimizer", 3, &C::optimizer,
-       "adamw (betas 0.9/0.95) or sgd (plain, no momentum); both decay >= 2-D weights only"},
+       "adamw (decoupled weight decay; --adam-beta1/2, --adam-eps) or sgd (L2 weight decay; --momentum, "
+       "--nesterov); both decay >= 2-D weights only"},
+      {"adam-beta1", 3, &C::adam_beta1, "adamw: the first moment's decay, in [0, 1)"},
+      {"adam-beta2", 3, &C::adam_beta2, "adamw: the second moment's decay, in [0, 1)"},
+      {"adam-eps", 3, &C::adam_eps, "adamw: added to the second moment's square root (> 0)"},
+      {"momentum", 3, &C::momentum, "sgd: momentum, in [0, 1) (0: plain SGD)"},
+      {"nesterov", 3, &C::nesterov, "sgd: Nesterov momentum (needs --momentum > 0)", true},
       {"fused-adamw", 3, &C::fused_adamw,
        "adamw: one fused, vectorised pass per parameter (same math and state as "
        "torch::optim::AdamW, which false selects)"},

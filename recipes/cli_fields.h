@@ -4,7 +4,7 @@
 // serves the command line, the INI config file, --help and to_ini(); the
 // registered strategies' options (strategies/spec.h) join it after
 // kStrategyOptionsAfter.
-#include "recipes/cli.h"
+#include "strata/recipes/cli.h"
 
 #include <string>
 #include <variant>

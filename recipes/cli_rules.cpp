@@ -1,4 +1,4 @@
-#include "recipes/cli_rules.h"
+#include "strata/recipes/cli_rules.h"
 
 #include <algorithm>
 #include <iterator>
@@ -83,10 +83,16 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given, const Stra
       return named(where, key) + " would be ignored: " + *why;
     }
   }
-  for (const char* key : {"fused-adamw", "adamw-kernel"}) {
+  for (const char* key : {"fused-adamw", "adamw-kernel", "adam-beta1", "adam-beta2", "adam-eps"}) {
     if (const auto it = given.find(key); it != given.end() && c.optimizer != "adamw") {
       return named(it->second, key) + " does not apply to optimizer '" + c.optimizer +
              "' (it would be ignored); it is for adamw only";
+    }
+  }
+  for (const char* key : {"momentum", "nesterov"}) {
+    if (const auto it = given.find(key); it != given.end() && c.optimizer != "sgd") {
+      return named(it->second, key) + " does not apply to optimizer '" + c.optimizer +
+             "' (it would be ignored); it is for sgd only";
     }
   }
   if (const auto it = given.find("adamw-kernel"); it != given.end() && !c.fused_adamw) {
@@ -121,6 +127,13 @@ std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
     return "--checkpoint-async cannot be combined with --offload " + c.offload +
            ": its snapshot would bring the offloaded state back into memory (offloaded checkpoints are streamed "
            "synchronously)";
+  }
+  if (c.nesterov && c.momentum == 0.0) {
+    return "--nesterov needs a momentum: give --momentum above 0 (got " + format(c.momentum) + ")";
+  }
+  if (c.offload != "none" && c.momentum > 0.0) {
+    return "--offload " + c.offload + " streams AdamW's state or plain SGD; SGD with --momentum " + format(c.momentum) +
+           " is not supported there (use --momentum 0, or --offload none)";
   }
   if (!c.init_from.empty() && !c.resume.empty()) {
     return "--init-from and --resume both give the starting weights (the checkpoint would overwrite the file's); "
@@ -177,6 +190,10 @@ std::string check_ranges(const RunConfig& c) {
   need(c.min_lr >= 0, "min-lr", c.min_lr, ">= 0");
   need(c.warmup_steps >= 0, "warmup-steps", c.warmup_steps, ">= 0");
   need(c.weight_decay >= 0, "weight-decay", c.weight_decay, ">= 0");
+  need(c.adam_beta1 >= 0 && c.adam_beta1 < 1, "adam-beta1", c.adam_beta1, "in [0, 1)");
+  need(c.adam_beta2 >= 0 && c.adam_beta2 < 1, "adam-beta2", c.adam_beta2, "in [0, 1)");
+  need(c.adam_eps > 0, "adam-eps", c.adam_eps, "> 0");
+  need(c.momentum >= 0 && c.momentum < 1, "momentum", c.momentum, "in [0, 1)");
   need(c.gradient_clip_val >= 0, "gradient-clip-val", c.gradient_clip_val, ">= 0 (0: off)");
   need(c.log_every_n_steps > 0, "log-every-n-steps", c.log_every_n_steps, "> 0");
   need(c.val_check_interval >= 0, "val-check-interval", c.val_check_interval, ">= 0");

@@ -8,7 +8,7 @@
 //  * TextBytesData — any UTF-8 text file, byte-level (vocab 256); the last 10%
 //    of the bytes are held out.
 //  * TokenBinData  — nanoGPT's train.bin / val.bin (little-endian uint16).
-#include "trainer/data_source.h"
+#include "strata/trainer/data_source.h"
 
 #include <cstdint>
 #include <memory>

@@ -1,10 +1,11 @@
 // Reading --config's DeepSpeed JSON / Accelerate YAML, the helpers both
 // translations share, and the DeepSpeed translation (foreign_config.h).
 // Accelerate's is in accelerate_config.cpp.
-#include "recipes/foreign_config.h"
+#include "strata/recipes/foreign_config.h"
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -30,10 +31,8 @@ std::string text(const json& v, const std::string& file, const std::string& key)
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_number()) {
-    std::ostringstream out;
-    out.precision(17);
-    out << v.get<double>();
-    return out.str();
+    char buf[64];  // the shortest text that reads back as the same double ("0.8", not "0.80000000000000004")
+    return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v.get<double>()).ptr);
   }
   fail(file, key, "is " + v.dump() + "; expected a number, a string or true/false");
 }
@@ -157,6 +156,11 @@ class DeepSpeed {
         scheduler(object(v, file_, k));
       } else if (k == "activation_checkpointing") {
         activation_checkpointing(object(v, file_, k));
+      } else if (k == "prescale_gradients") {
+        // Divide before or after the reduction: strata's strategies average
+        // gradients their own way (ddp divides first, fsdp after), as exact in fp32.
+        boolean(v, file_, k);
+        out_.ignored.push_back(k + " (strata averages gradients itself)");
       } else if (k == "steps_per_print" || k == "wall_clock_breakdown" || k == "zero_allow_untested_optimizer" || k == "memory_breakdown" ||
                  k == "zero_force_ds_cpu_optimizer" || k == "dump_state") {
         out_.ignored.push_back(k);
@@ -309,6 +313,11 @@ class DeepSpeed {
         bf16_ = !is_auto(v) && boolean(v, file_, key);
       } else if (k == "immediate_grad_update" || k == "check_grad_overflow") {
         out_.ignored.push_back(key);
+      } else if (k == "loss_scale" || k == "loss_scale_window" || k == "hysteresis" || k == "min_loss_scale" ||
+                 k == "initial_scale_power" || k == "consecutive_hysteresis") {
+        // fp16's loss-scaling keys, copied into a bf16 block: DeepSpeed's bf16
+        // has no loss scaling (bf16 has fp32's range) and reads none of them.
+        out_.ignored.push_back(key + " (bf16 needs no loss scaling)");
       } else {
         unsupported(key, v);
       }
@@ -359,13 +368,22 @@ void DeepSpeed::optimizer(const json& block) {
     } else if (k == "weight_decay") {
       set("weight-decay", v, key);
     } else if (k == "betas") {
-      if (v != json::array({0.9, 0.95})) fail(file_, key, v.dump() + " is not supported; strata's adamw uses betas [0.9, 0.95]");
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
+        fail(file_, key, "is " + v.dump() + "; expected two numbers [beta1, beta2]");
+      }
+      out_.keys.emplace_back("adam-beta1", text(v[0], file_, key + "[0]"));
+      out_.keys.emplace_back("adam-beta2", text(v[1], file_, key + "[1]"));
     } else if (k == "eps") {
-      if (!v.is_number() || v.get<double>() != 1e-8) fail(file_, key, v.dump() + " is not supported; strata's adamw uses eps 1e-8");
+      set("adam-eps", v, key);
     } else if (k == "adam_w_mode") {
       if (!boolean(v, file_, key)) fail(file_, key, "false (Adam with L2 decay) is not supported; strata's adamw decouples weight decay");
     } else if (k == "momentum") {
-      if (!v.is_number() || v.get<double>() != 0.0) fail(file_, key, v.dump() + " is not supported; strata's sgd has no momentum");
+      set("momentum", v, key);
+    } else if (k == "nesterov") {
+      boolean(v, file_, key);
+      set("nesterov", v, key);
+    } else if (k == "dampening") {
+      if (!v.is_number() || v.get<double>() != 0.0) fail(file_, key, v.dump() + " is not supported; strata's sgd has dampening 0");
     } else if (k == "torch_adam") {
       out_.ignored.push_back(key);
     } else {

@@ -15,7 +15,7 @@
 // strata does not know, or a value it cannot honour - is an error naming the
 // key, its value and what is allowed. The value "auto" (Hugging Face's "fill
 // it in from the trainer") leaves the key to strata's flags and defaults.
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
 #include <nlohmann/json.hpp>
 

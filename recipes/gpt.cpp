@@ -1,8 +1,8 @@
-#include "recipes/gpt.h"
+#include "strata/recipes/gpt.h"
 
-#include "core/deferred_init.h"
-#include "kernels/attention.h"
-#include "strategies/activation_checkpoint.h"
+#include "strata/core/deferred_init.h"
+#include "strata/kernels/attention.h"
+#include "strata/strategies/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 

@@ -5,8 +5,8 @@
 // Example:
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
-#include "core/training_module.h"
-#include "recipes/lora.h"
+#include "strata/core/training_module.h"
+#include "strata/recipes/lora.h"
 
 #include <torch/torch.h>
 

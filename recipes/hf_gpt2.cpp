@@ -1,8 +1,8 @@
-#include "recipes/hf_gpt2.h"
+#include "strata/recipes/hf_gpt2.h"
 
-#include "core/atomic_file.h"
-#include "recipes/interop.h"
-#include "recipes/safetensors.h"
+#include "strata/core/atomic_file.h"
+#include "strata/recipes/interop.h"
+#include "strata/recipes/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,9 +1,9 @@
-#include "recipes/interop.h"
+#include "strata/recipes/interop.h"
 
-#include "recipes/hf_gpt2.h"
+#include "strata/recipes/hf_gpt2.h"
 
-#include "core/atomic_file.h"
-#include "recipes/plain_pickle.h"
+#include "strata/core/atomic_file.h"
+#include "strata/recipes/plain_pickle.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
 

@@ -1,6 +1,6 @@
-#include "recipes/lora.h"
+#include "strata/recipes/lora.h"
 
-#include "recipes/gpt.h"
+#include "strata/recipes/gpt.h"
 
 #include <cmath>
 

@@ -11,11 +11,11 @@
 // Any checkpoint loads: either format, written by any strategy at any world
 // size. It runs in one process and reads the model's tensors only (not the
 // optimizer state), every block checked against its CRC.
-#include "callbacks/model_checkpoint.h"
-#include "recipes/gpt.h"
-#include "recipes/hf_gpt2.h"
-#include "recipes/interop.h"
-#include "trainer/checkpoint.h"
+#include "strata/callbacks/model_checkpoint.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/hf_gpt2.h"
+#include "strata/recipes/interop.h"
+#include "strata/trainer/checkpoint.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,6 +1,6 @@
-#include "recipes/output_dir.h"
+#include "strata/recipes/output_dir.h"
 
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,7 +1,7 @@
-#include "recipes/peak_flops.h"
+#include "strata/recipes/peak_flops.h"
 
-#include "callbacks/throughput.h"
-#include "core/atomic_file.h"
+#include "strata/callbacks/throughput.h"
+#include "strata/core/atomic_file.h"
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>

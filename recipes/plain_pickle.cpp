@@ -1,4 +1,4 @@
-#include "recipes/plain_pickle.h"
+#include "strata/recipes/plain_pickle.h"
 
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/in_memory_adapter.h>

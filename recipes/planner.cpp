@@ -1,8 +1,8 @@
-#include "recipes/planner.h"
+#include "strata/recipes/planner.h"
 
-#include "core/training_module.h"
-#include "strategies/activation_checkpoint.h"
-#include "trainer/memory.h"
+#include "strata/core/training_module.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/trainer/memory.h"
 
 #include <c10/util/Exception.h>
 
@@ -101,7 +101,7 @@ MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& r)
   q.model = model_size(r.model());
   q.world_size = r.world_size();
   q.local_world_size = r.local_world_size() > 0 ? r.local_world_size() : r.world_size();
-  q.optimizer_bytes_per_param = r.optimizer() == "adamw" ? 8 : 0;
+  q.optimizer_bytes_per_param = r.optimizer() == "adamw" ? 8 : r.momentum() > 0 ? 4 : 0;
   q.compute_bytes = compute_dtype(r.precision()) ? 2 : 4;
   q.offload = r.offload();
   q.micro_batches = r.accumulate_grad_batches();

@@ -23,9 +23,9 @@
 //   auto profile = activation_profile(model, /*micro_batch=*/8, Precision::kFp32);
 //   auto rows = plan_candidates(registry, PlanRequest(model, name, 2).micro_batch(8), profile, budget);
 //   std::cout << format_plan_table(rows, budget);
-#include "core/precision.h"
-#include "recipes/gpt.h"
-#include "strategies/registry.h"
+#include "strata/core/precision.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/registry.h"
 
 #include <cstdint>
 #include <map>
@@ -57,8 +57,9 @@ struct PlanRequest {
   TORCH_ARG(int64_t, activation_checkpointing) = 0;
   /// none, cpu, disk: what moves to the tier is the strategy's choice.
   TORCH_ARG(std::string, offload) = "none";
-  /// adamw (8 bytes of state per parameter) or sgd (none).
+  /// adamw (8 bytes of state per parameter) or sgd (none; 4 with momentum).
   TORCH_ARG(std::string, optimizer) = "adamw";
+  TORCH_ARG(double, momentum) = 0.0;
   /// Micro-batches per optimizer step (communication per step).
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
 };

@@ -1,27 +1,27 @@
-#include "recipes/run.h"
+#include "strata/recipes/run.h"
 
-#include "callbacks/block_cache_trim.h"
-#include "callbacks/csv_logger.h"
-#include "callbacks/early_stopping.h"
-#include "callbacks/lr_monitor.h"
-#include "callbacks/memory_monitor.h"
-#include "callbacks/model_checkpoint.h"
-#include "callbacks/profiler.h"
-#include "callbacks/progress.h"
-#include "callbacks/throughput.h"
-#include "core/atomic_file.h"
-#include "core/cuda_support.h"
-#include "core/device.h"
-#include "launch/environment.h"
-#include "launch/launcher.h"
-#include "recipes/peak_flops.h"
-#include "recipes/run_checks.h"
-#include "recipes/run_summary.h"
-#include "recipes/testing_aids.h"
-#include "recipes/torchscript.h"
-#include "recipes/world.h"
-#include "strategies/activation_checkpoint.h"
-#include "strategies/process_group.h"
+#include "strata/callbacks/block_cache_trim.h"
+#include "strata/callbacks/csv_logger.h"
+#include "strata/callbacks/early_stopping.h"
+#include "strata/callbacks/lr_monitor.h"
+#include "strata/callbacks/memory_monitor.h"
+#include "strata/callbacks/model_checkpoint.h"
+#include "strata/callbacks/profiler.h"
+#include "strata/callbacks/progress.h"
+#include "strata/callbacks/throughput.h"
+#include "strata/core/atomic_file.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/device.h"
+#include "strata/launch/environment.h"
+#include "strata/launch/launcher.h"
+#include "strata/recipes/peak_flops.h"
+#include "strata/recipes/run_checks.h"
+#include "strata/recipes/run_summary.h"
+#include "strata/recipes/testing_aids.h"
+#include "strata/recipes/torchscript.h"
+#include "strata/recipes/world.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/process_group.h"
 
 #include <nlohmann/json.hpp>
 
@@ -352,6 +352,11 @@ TrainerOptions trainer_options(const RunConfig& c) {
                        .consecutive_hysteresis(c.consecutive_hysteresis)
                        .min_loss_scale(c.min_loss_scale))
       .optimizer(c.optimizer)
+      .beta1(c.adam_beta1)
+      .beta2(c.adam_beta2)
+      .eps(c.adam_eps)
+      .momentum(c.momentum)
+      .nesterov(c.nesterov)
       .fused_adamw(c.fused_adamw)
       .fused_adamw_kernel(parse_fused_adamw_kernel(c.adamw_kernel))
       .lr(c.lr)

@@ -1,18 +1,18 @@
-#include "recipes/run_checks.h"
+#include "strata/recipes/run_checks.h"
 
-#include "recipes/hf_gpt2.h"
+#include "strata/recipes/hf_gpt2.h"
 
-#include "core/atomic_file.h"
-#include "core/cuda_support.h"
-#include "core/device.h"
-#include "launch/launcher.h"
-#include "recipes/data.h"
-#include "recipes/output_dir.h"
-#include "recipes/run.h"
-#include "recipes/torchscript.h"
-#include "strategies/offload_tier.h"
-#include "callbacks/model_checkpoint.h"
-#include "trainer/checkpoint.h"
+#include "strata/core/atomic_file.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/device.h"
+#include "strata/launch/launcher.h"
+#include "strata/recipes/data.h"
+#include "strata/recipes/output_dir.h"
+#include "strata/recipes/run.h"
+#include "strata/recipes/torchscript.h"
+#include "strata/strategies/offload_tier.h"
+#include "strata/callbacks/model_checkpoint.h"
+#include "strata/trainer/checkpoint.h"
 
 #include <unistd.h>
 
@@ -351,6 +351,7 @@ PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, int world,
       .activation_checkpointing(c.activation_checkpointing)
       .offload(c.offload)
       .optimizer(c.optimizer)
+      .momentum(c.momentum)
       .accumulate_grad_batches(c.accumulate_grad_batches);
 }
 

@@ -4,13 +4,13 @@
 // error is a c10::Error with one line naming the value and what is allowed;
 // run_gpt prints it and exits 2, leaving the output directory and every input
 // as they were.
-#include "launch/environment.h"
-#include "recipes/cli.h"
-#include "recipes/gpt.h"
-#include "recipes/interop.h"
-#include "recipes/planner.h"
-#include "strategies/registry.h"
-#include "trainer/data_source.h"
+#include "strata/launch/environment.h"
+#include "strata/recipes/cli.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/interop.h"
+#include "strata/recipes/planner.h"
+#include "strata/strategies/registry.h"
+#include "strata/trainer/data_source.h"
 
 #include <memory>
 #include <optional>

@@ -1,6 +1,6 @@
-#include "recipes/run_summary.h"
+#include "strata/recipes/run_summary.h"
 
-#include "strategies/comm.h"
+#include "strata/strategies/comm.h"
 
 namespace strata::recipes {
 

@@ -1,11 +1,11 @@
 #pragma once
 // What strata-gpt writes about a run: the resolved config (config.ini and the
 // printed header) and summary.json's document.
-#include "recipes/cli.h"
-#include "recipes/gpt.h"
-#include "recipes/peak_flops.h"
-#include "recipes/planner.h"
-#include "trainer/trainer.h"
+#include "strata/recipes/cli.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/peak_flops.h"
+#include "strata/recipes/planner.h"
+#include "strata/trainer/trainer.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "recipes/safetensors.h"
+#include "strata/recipes/safetensors.h"
 
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "recipes/testing_aids.h"
+#include "strata/recipes/testing_aids.h"
 
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 namespace strata::recipes {
 

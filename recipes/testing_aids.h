@@ -1,6 +1,6 @@
 #pragma once
 // Fault injection for strata's own tests (listed by --help-all, not --help).
-#include "trainer/callback.h"
+#include "strata/trainer/callback.h"
 
 #include <cstdint>
 

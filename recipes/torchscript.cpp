@@ -1,7 +1,7 @@
-#include "recipes/torchscript.h"
+#include "strata/recipes/torchscript.h"
 
-#include "core/atomic_file.h"
-#include "recipes/gpt.h"
+#include "strata/core/atomic_file.h"
+#include "strata/recipes/gpt.h"
 
 #include <unordered_set>
 #include <utility>

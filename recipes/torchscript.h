@@ -38,7 +38,7 @@
 // shard and re-point them with set_data (to(device), FSDP's views of its flat
 // buffers), which the scripted code sees, since it holds the same tensors.
 // train()/eval() on the adapter also switch the scripted module.
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <torch/script.h>
 #include <torch/torch.h>

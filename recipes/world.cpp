@@ -1,9 +1,9 @@
-#include "recipes/world.h"
+#include "strata/recipes/world.h"
 
-#include "core/cuda_support.h"
-#include "core/device.h"
-#include "launch/launcher.h"
-#include "strategies/process_group.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/device.h"
+#include "strata/launch/launcher.h"
+#include "strata/strategies/process_group.h"
 
 #include <filesystem>
 

@@ -10,12 +10,12 @@
 //   int main(int argc, char** argv) {
 //     auto world = strata::recipes::launch_or_join({argv, argv + argc}, strata::recipes::WorldOptions().nproc(2));
 //     if (world.launcher_exit_code) return *world.launcher_exit_code;   // the launcher: the ranks ran
-//     auto strategy = registry.create("fsdp", world.comm, {}, world.context());
+//     auto strategy = registry.create(strategy_name, world.comm, {}, world.context());
 //     ...
 //   }
-#include "launch/environment.h"
-#include "strategies/comm.h"
-#include "strategies/spec.h"
+#include "strata/launch/environment.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/spec.h"
 
 #include <torch/arg.h>
 

@@ -1,4 +1,4 @@
-#include "strategies/activation_checkpoint.h"
+#include "strata/strategies/activation_checkpoint.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>

@@ -32,7 +32,7 @@
 //
 // Example:
 //   strata::apply_activation_checkpointing(module, strata::ActivationCheckpointOptions().every_n(2));
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 

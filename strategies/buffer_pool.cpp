@@ -1,4 +1,4 @@
-#include "strategies/buffer_pool.h"
+#include "strata/strategies/buffer_pool.h"
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>

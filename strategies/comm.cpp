@@ -1,4 +1,4 @@
-#include "strategies/comm.h"
+#include "strata/strategies/comm.h"
 
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>

@@ -1,5 +1,5 @@
 // Comm::split: subgroups of a Comm (kept apart from comm.cpp's collectives).
-#include "strategies/comm.h"
+#include "strata/strategies/comm.h"
 
 #include <c10/util/Exception.h>
 

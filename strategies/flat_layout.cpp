@@ -1,4 +1,4 @@
-#include "strategies/flat_layout.h"
+#include "strata/strategies/flat_layout.h"
 
 #include <algorithm>
 #include <iterator>

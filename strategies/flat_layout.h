@@ -7,8 +7,8 @@
 // spans several shards, so optimizer state is balanced to within one element
 // whatever the parameter sizes (greedy whole-parameter assignment cannot do
 // this when one tensor, e.g. a tied embedding, is most of the model).
-#include "strategies/comm.h"
-#include "strategies/state_pieces.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/state_pieces.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "strategies/grad_buckets.h"
+#include "strata/strategies/grad_buckets.h"
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>

@@ -1,4 +1,4 @@
-#include "strategies/grad_sync.h"
+#include "strata/strategies/grad_sync.h"
 
 #include <sstream>
 

@@ -19,9 +19,9 @@
 //   void backward(loss)        { grad_sync_.backward(loss, require_sync()); }
 //   void reduce_gradients()    { grad_sync_.launch_remaining(); wait...; grad_sync_.resolve_unused(comm(), name()); }
 //   void optimizer_step(opt)   { HiddenGrads hide(... grad_sync_.unused_everywhere() ...); opt.step(); }
-#include "strategies/comm.h"
-#include "strategies/grad_buckets.h"
-#include "strategies/spec.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/grad_buckets.h"
+#include "strata/strategies/spec.h"
 
 #include <torch/torch.h>
 

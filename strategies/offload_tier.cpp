@@ -1,6 +1,6 @@
-#include "strategies/offload_tier.h"
+#include "strata/strategies/offload_tier.h"
 
-#include "core/cuda_support.h"
+#include "strata/core/cuda_support.h"
 
 #include <ATen/record_function.h>
 #include <fcntl.h>

@@ -18,7 +18,7 @@
 //
 // IoQueue: one background thread running reads and writes in submission
 // order, so the next chunk's read overlaps the current chunk's compute.
-#include "strategies/state_pieces.h"
+#include "strata/strategies/state_pieces.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
-#include "strategies/offloaded_moments.h"
+#include "strata/strategies/offloaded_moments.h"
 
-#include "kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw.h"
 
 #include <algorithm>
 #include <cmath>

@@ -25,8 +25,8 @@
 // state() is empty (the moments are in the tier): model_state_bytes reports
 // 0 optimizer bytes, state_bytes() what the tier holds. Checkpoints of
 // offloaded state are not supported yet (save()/load() raise).
-#include "strategies/offload_tier.h"
-#include "strategies/optimizer_factory.h"
+#include "strata/strategies/offload_tier.h"
+#include "strata/strategies/optimizer_factory.h"
 
 #include <torch/torch.h>
 

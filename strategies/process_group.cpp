@@ -1,7 +1,7 @@
-#include "strategies/process_group.h"
+#include "strata/strategies/process_group.h"
 
-#include "core/cuda_support.h"
-#include "core/net.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/net.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -20,7 +20,7 @@
 // at MASTER_ADDR by every other node anyway, and the wildcard adds only its
 // other interfaces — the exposure of any torch env:// or torchrun job, which
 // a cluster's network already has to contain.
-#include "strategies/comm.h"
+#include "strata/strategies/comm.h"
 
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

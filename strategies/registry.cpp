@@ -1,10 +1,10 @@
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
-#include "strategies/ddp/ddp.h"
-#include "strategies/fsdp/fully_sharded.h"
-#include "strategies/oss/oss.h"
-#include "strategies/sdp/sdp.h"
-#include "strategies/single/single_device.h"
+#include "strata/strategies/ddp/ddp.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/oss/oss.h"
+#include "strata/strategies/sdp/sdp.h"
+#include "strata/strategies/single/single_device.h"
 
 #include <sstream>
 

@@ -9,9 +9,9 @@
 //   strata::register_builtin_strategies(registry);
 //   registry.add(my_strategy_spec());
 //   auto strategy = registry.create(name, comm, {{"sharding-strategy", "shard_grad_op"}});
-#include "strategies/comm.h"
-#include "strategies/spec.h"
-#include "strategies/strategy.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/spec.h"
+#include "strata/strategies/strategy.h"
 
 #include <deque>
 #include <map>

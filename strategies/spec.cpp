@@ -1,6 +1,6 @@
-#include "strategies/spec.h"
+#include "strata/strategies/spec.h"
 
-#include "strategies/offload_tier.h"
+#include "strata/strategies/offload_tier.h"
 
 #include <c10/util/Exception.h>
 
@@ -56,6 +56,23 @@ std::string option_text(const OptionValue& value) {
         else return v;
       },
       value);
+}
+
+std::string parse_bool_text(const std::string& s, bool& out) {
+  if (s == "true" || s == "1" || s == "yes" || s == "on") {
+    out = true;
+  } else if (s == "false" || s == "0" || s == "no" || s == "off") {
+    out = false;
+  } else {
+    return "expected true/false, 1/0 or yes/no";
+  }
+  return "";
+}
+
+std::string parse_real_text(const std::string& s, double& out) {
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(out)) return "expected a number";
+  return "";
 }
 
 // ---- StrategyOption -----------------------------------------------------------
@@ -115,15 +132,12 @@ std::string StrategyOption::rule() const {
 
 std::string StrategyOption::parse(const std::string& s, OptionValue& out) const {
   switch (kind_) {
-    case OptionKind::kBool:
-      if (s == "true" || s == "1" || s == "yes" || s == "on") {
-        out = true;
-      } else if (s == "false" || s == "0" || s == "no" || s == "off") {
-        out = false;
-      } else {
-        return "expected true/false, 1/0 or yes/no";
-      }
-      return "";
+    case OptionKind::kBool: {
+      bool v = false;
+      const std::string expected = parse_bool_text(s, v);
+      if (expected.empty()) out = v;
+      return expected;
+    }
     case OptionKind::kInt: {
       int64_t v = 0;
       auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -134,10 +148,9 @@ std::string StrategyOption::parse(const std::string& s, OptionValue& out) const 
     }
     case OptionKind::kReal: {
       double v = 0;
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v)) return "expected a number";
-      out = v;
-      return "";
+      const std::string expected = parse_real_text(s, v);
+      if (expected.empty()) out = v;
+      return expected;
     }
     case OptionKind::kText:
       out = s;

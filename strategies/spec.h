@@ -21,9 +21,9 @@
 //       })
 //       .memory(strata::replicated_memory);
 //   registry.add(spec);
-#include "core/precision.h"
-#include "strategies/comm.h"
-#include "strategies/strategy.h"
+#include "strata/core/precision.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/strategy.h"
 
 #include <torch/arg.h>
 
@@ -49,6 +49,12 @@ const char* option_kind_name(OptionKind kind);
 
 /// `value` as command-line / INI text ("true", "25", "0.5", "full_shard").
 std::string option_text(const OptionValue& value);
+
+/// Command-line / INI text as a bool (true/false, 1/0, yes/no, on/off) or a
+/// finite number: "" on success, else what was expected. strata-gpt's own
+/// options read their text the same way.
+std::string parse_bool_text(const std::string& text, bool& out);
+std::string parse_real_text(const std::string& text, double& out);
 
 /// One option of a strategy: --key on strata-gpt's command line, `key = value`
 /// in an INI config, a line in --help and config.ini. Several strategies may

@@ -1,9 +1,9 @@
-#include "strategies/strategy.h"
+#include "strata/strategies/strategy.h"
 
-#include "strategies/offload_tier.h"
-#include "strategies/offloaded_moments.h"
+#include "strata/strategies/offload_tier.h"
+#include "strata/strategies/offloaded_moments.h"
 
-#include "core/deferred_init.h"
+#include "strata/core/deferred_init.h"
 
 #include <cmath>
 #include <sstream>

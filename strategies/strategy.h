@@ -6,10 +6,10 @@
 //   reduce_gradients(); clip_grad_norm(max); optimizer_step(opt); zero_grad(opt)
 // A subclass overrides only what it changes; its class comment says what it
 // shards and what it communicates.
-#include "strategies/comm.h"
-#include "strategies/optimizer_factory.h"
-#include "strategies/state_pieces.h"
-#include "core/training_module.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/optimizer_factory.h"
+#include "strata/strategies/state_pieces.h"
+#include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 
@@ -184,6 +184,8 @@ class Strategy {
   /// save before the first step stores it). Stepping is unchanged: torch
   /// creates exactly this state on a parameter's first step.
   static void create_optimizer_state(torch::optim::Optimizer& optimizer);
+  /// The same for SGD with momentum: zero momentum buffers.
+  static void create_sgd_momentum(torch::optim::Optimizer& optimizer);
 
   /// A one-paragraph description of the partition / buckets, printed at start.
   virtual std::string describe() const;

@@ -3,11 +3,11 @@
 // checkpoint written by any strategy loads into any other (trainer/checkpoint.h).
 // Implements the state-piece part of strategy.h (param_pieces,
 // optimizer_param_pieces, state_pieces); the piece types are in state_pieces.h.
-#include "strategies/strategy.h"
+#include "strata/strategies/strategy.h"
 
-#include "strategies/offloaded_moments.h"
+#include "strata/strategies/offloaded_moments.h"
 
-#include "core/optim_state_key.h"
+#include "strata/core/optim_state_key.h"
 
 #include <unordered_set>
 
@@ -48,7 +48,8 @@ void add_step(std::vector<StatePiece>& out, const std::string& name, State* stat
 void Strategy::create_optimizer_state(torch::optim::Optimizer& optimizer) {
   const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
   const bool adam = dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr;
-  if (!adamw && !adam) return;  // SGD without momentum has no state; others create theirs when stepping
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer) != nullptr) return create_sgd_momentum(optimizer);
+  if (!adamw && !adam) return;  // others create theirs when stepping
   for (auto& group : optimizer.param_groups()) {
     const bool amsgrad = adamw ? static_cast<torch::optim::AdamWOptions&>(group.options()).amsgrad()
                                : static_cast<torch::optim::AdamOptions&>(group.options()).amsgrad();
@@ -68,6 +69,24 @@ void Strategy::create_optimizer_state(torch::optim::Optimizer& optimizer) {
       } else {
         fill(std::make_unique<torch::optim::AdamParamState>());
       }
+    }
+  }
+}
+
+void Strategy::create_sgd_momentum(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    const auto& o = static_cast<torch::optim::SGDOptions&>(group.options());
+    if (o.momentum() == 0.0) continue;  // plain SGD: no state
+    // Zeros stand for "no buffer yet": with dampening 0, torch's first step
+    // (buf = d_p) and a step from a zero buffer (buf = 0 * momentum + d_p)
+    // give the same buffer, bit for bit.
+    TORCH_CHECK(o.dampening() == 0.0, "checkpoints of SGD with dampening ", o.dampening(), " are not supported");
+    for (const auto& p : group.params()) {
+      const auto key = state_key(p);
+      if (optimizer.state().count(key) != 0) continue;
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      state->momentum_buffer(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      optimizer.state()[key] = std::move(state);
     }
   }
 }

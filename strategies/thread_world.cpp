@@ -1,6 +1,6 @@
-#include "strategies/thread_world.h"
+#include "strata/strategies/thread_world.h"
 
-#include "strategies/process_group.h"
+#include "strata/strategies/process_group.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

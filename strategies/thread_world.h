@@ -8,7 +8,7 @@
 //     comm.all_reduce(t);
 //     EXPECT_TRUE(t.equal(torch::full({4}, 3.0)));
 //   });
-#include "strategies/comm.h"
+#include "strata/strategies/comm.h"
 
 #include <chrono>
 #include <functional>

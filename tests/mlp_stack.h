@@ -4,7 +4,7 @@
 // embedding -> `depth` residual MLP blocks (the wrap units, each called through
 // run_unit) -> linear head, next-token cross-entropy. Each block counts its
 // forward calls, so tests can see what runners and recomputes do.
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 

@@ -2,7 +2,7 @@
 // ToyData: a tiny learnable DataSource for tests that must not depend on the
 // recipes' data (sequences x_{t+1} = (3 x_t + 1) mod V from a hashed start),
 // deterministic by sample index and honouring the sharding contract.
-#include "trainer/data_source.h"
+#include "strata/trainer/data_source.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "trainer/block_cache.h"
+#include "strata/trainer/block_cache.h"
 
 #include <c10/core/impl/alloc_cpu.h>
 

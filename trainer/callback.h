@@ -4,7 +4,7 @@
 // forward-declared Trainer); implementations live in callbacks/.
 // Every hook runs on every rank; rank-0-only output checks
 // trainer.strategy().is_global_zero().
-#include "core/metrics.h"
+#include "strata/core/metrics.h"
 
 #include <torch/torch.h>
 

@@ -1,6 +1,6 @@
-#include "trainer/checkpoint.h"
+#include "strata/trainer/checkpoint.h"
 
-#include "trainer/checkpoint_format.h"
+#include "strata/trainer/checkpoint_format.h"
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>

@@ -24,7 +24,7 @@
 // Format "full": rank 0 writes one file, gathered one logical tensor at a
 // time (a reduce of that tensor's pieces), so no rank holds more than its own
 // state plus one full tensor.
-#include "strategies/strategy.h"
+#include "strata/strategies/strategy.h"
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

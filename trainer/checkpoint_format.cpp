@@ -1,4 +1,4 @@
-#include "trainer/checkpoint_format.h"
+#include "strata/trainer/checkpoint_format.h"
 
 #include <zlib.h>
 

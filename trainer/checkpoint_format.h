@@ -4,8 +4,8 @@
 // tensor's pieces, the files' block CRCs, a CRC of its own body) and reads
 // that verify every block they touch. Internal to trainer/ (see
 // checkpoint.h for the format's description).
-#include "strategies/strategy.h"
-#include "trainer/checkpoint.h"
+#include "strata/strategies/strategy.h"
+#include "strata/trainer/checkpoint.h"
 
 #include <nlohmann/json.hpp>
 

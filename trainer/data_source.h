@@ -2,7 +2,7 @@
 // DataSource: where the Trainer gets micro-batches. Deterministic by index so
 // that (a) a resumed run sees the same data and (b) N ranks with batch B see
 // exactly the samples one process with batch N·B sees.
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <cstdint>
 #include <string>

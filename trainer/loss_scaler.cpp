@@ -1,4 +1,4 @@
-#include "trainer/loss_scaler.h"
+#include "strata/trainer/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

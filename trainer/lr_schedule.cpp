@@ -1,4 +1,4 @@
-#include "trainer/lr_schedule.h"
+#include "strata/trainer/lr_schedule.h"
 
 #include <c10/util/Exception.h>
 

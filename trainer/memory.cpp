@@ -1,6 +1,6 @@
-#include "trainer/memory.h"
+#include "strata/trainer/memory.h"
 
-#include "core/cuda_support.h"
+#include "strata/core/cuda_support.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>

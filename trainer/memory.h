@@ -10,7 +10,7 @@
 // With a BlockCache (trainer/block_cache.h), large blocks come from and go
 // back to it instead of the system (the cache, too, lives as long as the
 // last allocation made from it).
-#include "trainer/block_cache.h"
+#include "strata/trainer/block_cache.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>

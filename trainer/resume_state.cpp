@@ -1,4 +1,4 @@
-#include "trainer/resume_state.h"
+#include "strata/trainer/resume_state.h"
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>

@@ -1,9 +1,9 @@
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
-#include "kernels/fused_adamw_optimizer.h"
-#include "trainer/checkpoint.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/resume_state.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/trainer/lr_schedule.h"
+#include "strata/trainer/resume_state.h"
 
 #include <ATen/record_function.h>
 #include <algorithm>
@@ -31,12 +31,21 @@ void check_optimizer_name(const std::string& name) {
                     name, "'; available: ", c10::Join(", ", known));
 }
 
+/// torch's SGD with the trainer's learning rate, momentum and Nesterov
+/// (dampening 0: what Nesterov needs, and DeepSpeed's and torch's default).
+torch::optim::SGDOptions sgd_options(const TrainerOptions& options) {
+  TORCH_CHECK_VALUE(options.momentum() >= 0.0 && options.momentum() < 1.0, "SGD momentum must be in [0, 1), got ",
+                    options.momentum());
+  TORCH_CHECK_VALUE(!options.nesterov() || options.momentum() > 0.0,
+                    "SGD with Nesterov needs a momentum above 0 (got ", options.momentum(), ")");
+  return torch::optim::SGDOptions(options.lr()).momentum(options.momentum()).nesterov(options.nesterov());
+}
+
 /// Options of the configured optimizer for one parameter group.
 std::unique_ptr<torch::optim::OptimizerOptions> group_options(const TrainerOptions& options,
                                                               double weight_decay) {
   if (options.optimizer() == "sgd") {
-    return std::make_unique<torch::optim::SGDOptions>(
-        torch::optim::SGDOptions(options.lr()).weight_decay(weight_decay));
+    return std::make_unique<torch::optim::SGDOptions>(sgd_options(options).weight_decay(weight_decay));
   }
   check_optimizer_name(options.optimizer());
   return std::make_unique<torch::optim::AdamWOptions>(
@@ -72,8 +81,8 @@ OptimizerFactory optimizer_factory(const TrainerOptions& options) {
   if (options.optimizer() == "sgd") {
     return [options](std::vector<torch::optim::OptimizerParamGroup> groups) {
       return with_exact_group_options(std::move(groups), [&](std::vector<torch::optim::OptimizerParamGroup> g) {
-        return std::make_unique<torch::optim::SGD>(
-            std::move(g), torch::optim::SGDOptions(options.lr()).weight_decay(options.weight_decay()));
+        return std::make_unique<torch::optim::SGD>(std::move(g),
+                                                   sgd_options(options).weight_decay(options.weight_decay()));
       });
     };
   }

@@ -6,16 +6,16 @@
 //   strata::Trainer trainer(strata::TrainerOptions().max_steps(100).lr(1e-3),
 //                           strategy, {std::make_shared<strata::ProgressBar>()});
 //   auto result = trainer.fit(module, data);
-#include "trainer/callback.h"
-#include "trainer/checkpoint.h"
-#include "core/precision.h"
-#include "strategies/strategy.h"
-#include "trainer/data_source.h"
-#include "trainer/loss_scaler.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/memory.h"
-#include "core/training_module.h"
-#include "kernels/fused_adamw_optimizer.h"
+#include "strata/trainer/callback.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/core/precision.h"
+#include "strata/strategies/strategy.h"
+#include "strata/trainer/data_source.h"
+#include "strata/trainer/loss_scaler.h"
+#include "strata/trainer/lr_schedule.h"
+#include "strata/trainer/memory.h"
+#include "strata/core/training_module.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
 
 #include <torch/torch.h>
 
@@ -48,10 +48,11 @@ struct TrainerOptions {
   /// read under the other precisions, which need none.
   TORCH_ARG(LossScalerOptions, loss_scaler) = {};
   /// "adamw": AdamW with nanoGPT's groups (decay on >=2-D weights only) and
-  /// beta1/beta2/eps below. "sgd": plain SGD (no momentum) over the same groups,
-  /// with torch::optim::SGD's L2 weight decay. Why SGD: its update is linear in
-  /// the gradient, so a gradient N times too large shows in the parameters,
-  /// where Adam's per-element normalisation would hide it (parity tests).
+  /// beta1/beta2/eps below. "sgd": SGD over the same groups, with
+  /// torch::optim::SGD's L2 weight decay and momentum/nesterov below (plain by
+  /// default). Why plain SGD in tests: its update is linear in the gradient,
+  /// so a gradient N times too large shows in the parameters, where Adam's
+  /// per-element normalisation would hide it (parity tests).
   TORCH_ARG(std::string, optimizer) = "adamw";
   /// "adamw" only: step with FusedAdamW (kernels/fused_adamw_optimizer.h: one
   /// vectorised pass per parameter, the same math and state as
@@ -67,6 +68,10 @@ struct TrainerOptions {
   TORCH_ARG(double, beta1) = 0.9;
   TORCH_ARG(double, beta2) = 0.95;
   TORCH_ARG(double, eps) = 1e-8;
+  /// "sgd" only: momentum in [0, 1) (0: plain SGD) and Nesterov (needs
+  /// momentum > 0); dampening 0, as torch's and DeepSpeed's default.
+  TORCH_ARG(double, momentum) = 0.0;
+  TORCH_ARG(bool, nesterov) = false;
   /// Checkpoint directory to resume from ("" = start fresh). A resume restores
   /// the parameters, optimizer state, step (hence the LR schedule's position),
   /// data position, random generator states and callback states, so it

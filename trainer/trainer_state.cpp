@@ -1,11 +1,11 @@
 // The Trainer's part of a checkpoint: saving (with every callback's and the
 // generators' state) and putting back what a resume needs -- the data
 // position, the step limit, the world size, each rank's generators.
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
-#include "trainer/checkpoint.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/resume_state.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/trainer/lr_schedule.h"
+#include "strata/trainer/resume_state.h"
 
 #include <chrono>
 #include <iostream>

@@ -18,10 +18,10 @@
 // that the in-place AdamW buffers do not).
 //
 //   build/bin/strata-micro-bench --benchmark_filter='AdamW|Copy|Memcpy'
-#include "kernels/fused_adamw.h"
-#include "kernels/fused_adamw_optimizer.h"
+#include "strata/kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
 
-#include "bench/micro/scoped_threads.h"
+#include "strata/bench/micro/scoped_threads.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>

@@ -7,9 +7,9 @@
 //   BM_AttentionSdpa/T/threads/bf16     at::scaled_dot_product_attention(is_causal=true)
 //
 //   build/bin/strata-micro-bench --benchmark_filter='Attention'
-#include "kernels/attention.h"
+#include "strata/kernels/attention.h"
 
-#include "bench/micro/scoped_threads.h"
+#include "strata/bench/micro/scoped_threads.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>

@@ -21,10 +21,10 @@
 // fused step's 7 x 4 bytes per element (read p, g, m, v; write p, m, v).
 //
 //   build/bin/strata-micro-bench --benchmark_filter='Flatten|Unflatten|PerParam|FlatShard'
-#include "kernels/fused_adamw.h"
-#include "kernels/fused_adamw_optimizer.h"
+#include "strata/kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
 
-#include "bench/micro/scoped_threads.h"
+#include "strata/bench/micro/scoped_threads.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>

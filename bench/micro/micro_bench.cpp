@@ -31,11 +31,11 @@
 //   build/bin/strata-micro-bench                       # ~20 s on 2 cores
 //   build/bin/strata-micro-bench --benchmark_filter=Matmul
 //   build/bin/strata-micro-bench --benchmark_filter=Attention
-#include "bench/micro/scoped_threads.h"
-#include "kernels/attention.h"
-#include "strategies/comm.h"
-#include "strategies/thread_world.h"
-#include "trainer/memory.h"
+#include "strata/bench/micro/scoped_threads.h"
+#include "strata/kernels/attention.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/thread_world.h"
+#include "strata/trainer/memory.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>

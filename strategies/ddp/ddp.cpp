@@ -1,4 +1,4 @@
-#include "strategies/ddp/ddp.h"
+#include "strata/strategies/ddp/ddp.h"
 
 #include <algorithm>
 #include <sstream>

@@ -10,9 +10,9 @@
 //
 // Example:
 //   auto ddp = std::make_shared<strata::DDPStrategy>(comm, strata::DDPOptions().bucket_cap_mb(25));
-#include "strategies/grad_sync.h"
-#include "strategies/spec.h"
-#include "strategies/strategy.h"
+#include "strata/strategies/grad_sync.h"
+#include "strata/strategies/spec.h"
+#include "strata/strategies/strategy.h"
 
 #include <memory>
 #include <vector>

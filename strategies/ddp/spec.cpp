@@ -1,5 +1,5 @@
 // The "ddp" strategy as strata describes it (strategies/spec.h).
-#include "strategies/ddp/ddp.h"
+#include "strata/strategies/ddp/ddp.h"
 
 namespace strata {
 

@@ -1,6 +1,6 @@
-#include "strategies/fsdp/flat_param.h"
+#include "strata/strategies/fsdp/flat_param.h"
 
-#include "core/deferred_init.h"
+#include "strata/core/deferred_init.h"
 
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>

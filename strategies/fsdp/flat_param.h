@@ -31,10 +31,10 @@
 // from the tier just before sending it; reduced gradients are added into the
 // tier's copy; the optimizer (fsdp/offload.h) streams both through its
 // staging buffers. shard(), shard_grad() and pieces() are then empty.
-#include "strategies/buffer_pool.h"
-#include "strategies/comm.h"
-#include "strategies/flat_layout.h"
-#include "strategies/offload_tier.h"
+#include "strata/strategies/buffer_pool.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/flat_layout.h"
+#include "strata/strategies/offload_tier.h"
 
 #include <torch/torch.h>
 

@@ -1,9 +1,9 @@
-#include "strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
 
-#include "core/deferred_init.h"
-#include "strategies/fsdp/hybrid.h"
-#include "strategies/fsdp/pre_backward.h"
-#include "strategies/grad_buckets.h"
+#include "strata/core/deferred_init.h"
+#include "strata/strategies/fsdp/hybrid.h"
+#include "strata/strategies/fsdp/pre_backward.h"
+#include "strata/strategies/grad_buckets.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/variable.h>

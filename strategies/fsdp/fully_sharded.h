@@ -79,12 +79,12 @@
 // host memory) between uses; a gather reads the shard just before sending
 // it, reduced gradients are added into the tier, and the optimizer step is
 // streamed through a bounded staging buffer (FsdpOffloadedOptimizer).
-#include "strategies/fsdp/flat_param.h"
-#include "strategies/fsdp/offload.h"
-#include "strategies/fsdp/options.h"
-#include "strategies/grad_sync.h"
-#include "strategies/spec.h"
-#include "strategies/strategy.h"
+#include "strata/strategies/fsdp/flat_param.h"
+#include "strata/strategies/fsdp/offload.h"
+#include "strata/strategies/fsdp/options.h"
+#include "strata/strategies/grad_sync.h"
+#include "strata/strategies/spec.h"
+#include "strata/strategies/strategy.h"
 
 #include <deque>
 #include <memory>

@@ -1,6 +1,6 @@
 // FSDPStrategy's reporting: describe() (printed at start by strata-gpt) and
 // sharding_report() (Strategy::report, merged into summary.json). Kept apart from the sharding logic.
-#include "strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
 
 #include <sstream>
 

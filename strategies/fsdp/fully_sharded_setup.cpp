@@ -2,10 +2,10 @@
 // wrap unit's trainable and frozen parameters (and the root's), built and
 // resharded one at a time, the gradient hooks, the optimizer over the
 // shards. Kept apart from the step logic of fully_sharded.cpp.
-#include "strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
 
-#include "core/deferred_init.h"
-#include "strategies/fsdp/hybrid.h"
+#include "strata/core/deferred_init.h"
+#include "strata/strategies/fsdp/hybrid.h"
 
 #include <torch/csrc/autograd/variable.h>
 

@@ -2,7 +2,7 @@
 // (norms and scaling of the gradient shards for clipping, the bytes it holds,
 // the full parameters gathered on request) and the pieces checkpoints save.
 // Kept apart from the forward/backward/step logic of fully_sharded.cpp.
-#include "strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
 
 #include <torch/csrc/autograd/variable.h>
 

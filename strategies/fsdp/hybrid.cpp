@@ -1,4 +1,4 @@
-#include "strategies/fsdp/hybrid.h"
+#include "strata/strategies/fsdp/hybrid.h"
 
 #include <vector>
 

@@ -13,8 +13,8 @@
 // hybrid_shard with one node (node_size == world) is full_shard, with nodes of
 // one rank (node_size == 1) it is no_shard; both are accepted and make no
 // subgroup.
-#include "strategies/comm.h"
-#include "strategies/fsdp/options.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/fsdp/options.h"
 
 namespace strata {
 

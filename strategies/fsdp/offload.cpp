@@ -1,6 +1,6 @@
-#include "strategies/fsdp/offload.h"
+#include "strata/strategies/fsdp/offload.h"
 
-#include "kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw.h"
 
 #include <algorithm>
 #include <cmath>

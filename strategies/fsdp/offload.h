@@ -22,9 +22,9 @@
 // units' runs): they carry the options the Trainer adjusts. state() is empty
 // (the state is in the tier); checkpoints reach it through state_pieces_of
 // (torch's save()/load() archives raise an error saying so).
-#include "strategies/fsdp/flat_param.h"
-#include "strategies/offload_tier.h"
-#include "strategies/optimizer_factory.h"
+#include "strata/strategies/fsdp/flat_param.h"
+#include "strata/strategies/offload_tier.h"
+#include "strata/strategies/optimizer_factory.h"
 
 #include <torch/torch.h>
 

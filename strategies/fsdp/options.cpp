@@ -1,4 +1,4 @@
-#include "strategies/fsdp/options.h"
+#include "strata/strategies/fsdp/options.h"
 
 namespace strata {
 

@@ -1,8 +1,8 @@
 #pragma once
 // FSDPOptions: how FSDPStrategy shards (torch.distributed.fsdp's knobs that
 // strata implements).
-#include "strategies/fsdp/wrap.h"
-#include "strategies/offload_tier.h"
+#include "strata/strategies/fsdp/wrap.h"
+#include "strata/strategies/offload_tier.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "strategies/fsdp/pre_backward.h"
+#include "strata/strategies/fsdp/pre_backward.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

@@ -1,6 +1,6 @@
 // The "fsdp" strategy (ZeRO-3) as strata describes it (strategies/spec.h).
-#include "strategies/fsdp/fully_sharded.h"
-#include "strategies/fsdp/hybrid.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/fsdp/hybrid.h"
 
 namespace strata {
 

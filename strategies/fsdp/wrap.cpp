@@ -1,4 +1,4 @@
-#include "strategies/fsdp/wrap.h"
+#include "strata/strategies/fsdp/wrap.h"
 
 #include <unordered_map>
 #include <unordered_set>

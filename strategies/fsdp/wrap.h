@@ -7,7 +7,7 @@
 // reachable from two units (a tie across units) goes to the root, which stays
 // gathered for the whole step. `none`: the root unit holds everything.
 // A parameter registered under two names (a tied weight) is one parameter.
-#include "core/training_module.h"
+#include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 

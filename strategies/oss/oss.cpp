@@ -1,4 +1,4 @@
-#include "strategies/oss/oss.h"
+#include "strata/strategies/oss/oss.h"
 
 #include <sstream>
 #include <unordered_map>

@@ -12,9 +12,9 @@
 // element-wise optimizer (SGD, Adam, AdamW, Adagrad, RMSprop); LBFGS is not
 // supported. All trainable parameters must share one dtype (one flat buffer).
 // Parameters without a gradient: see grad_sync.h.
-#include "strategies/flat_layout.h"
-#include "strategies/grad_sync.h"
-#include "strategies/strategy.h"
+#include "strata/strategies/flat_layout.h"
+#include "strata/strategies/grad_sync.h"
+#include "strata/strategies/strategy.h"
 
 #include <utility>
 #include <vector>

@@ -1,5 +1,5 @@
 // The "oss" strategy (ZeRO-1) as strata describes it (strategies/spec.h).
-#include "strategies/oss/oss.h"
+#include "strata/strategies/oss/oss.h"
 
 namespace strata {
 

@@ -1,4 +1,4 @@
-#include "strategies/sdp/sdp.h"
+#include "strata/strategies/sdp/sdp.h"
 
 namespace strata {
 

@@ -9,7 +9,7 @@
 // freed, so a rank holds its owned gradient shard plus at most
 // kMaxBucketsInFlight buckets. Model state per rank with fp32 AdamW:
 // 4Ψ' params + 12Ψ'/N (grads + state).
-#include "strategies/oss/oss.h"
+#include "strata/strategies/oss/oss.h"
 
 #include <deque>
 #include <memory>

@@ -1,5 +1,5 @@
 // The "sdp" strategy (ZeRO-2) as strata describes it (strategies/spec.h).
-#include "strategies/sdp/sdp.h"
+#include "strata/strategies/sdp/sdp.h"
 
 namespace strata {
 

@@ -1,4 +1,4 @@
-#include "strategies/single/single_device.h"
+#include "strata/strategies/single/single_device.h"
 
 namespace strata {
 

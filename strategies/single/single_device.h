@@ -1,8 +1,8 @@
 #pragma once
 // SingleDeviceStrategy ("single"): one process, nothing sharded, nothing
 // communicated. Every base-class default is already right for it.
-#include "strategies/spec.h"
-#include "strategies/strategy.h"
+#include "strata/strategies/spec.h"
+#include "strata/strategies/strategy.h"
 
 namespace strata {
 

@@ -1,5 +1,5 @@
 // The "single" strategy as strata describes it (strategies/spec.h).
-#include "strategies/single/single_device.h"
+#include "strata/strategies/single/single_device.h"
 
 namespace strata {
 

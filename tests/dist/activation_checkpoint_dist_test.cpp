@@ -4,14 +4,14 @@
 // post-hooks on each parameter's AccumulateGrad node, and a checkpointed
 // unit's parameters get their gradients in the backward through the
 // recomputed graph, so this checks that those hooks still fire.
-#include "strategies/activation_checkpoint.h"
+#include "strata/strategies/activation_checkpoint.h"
 
-#include "recipes/gpt.h"
-#include "strategies/registry.h"
-#include "strategies/thread_world.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/registry.h"
+#include "strata/strategies/thread_world.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

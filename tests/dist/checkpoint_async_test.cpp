@@ -5,14 +5,14 @@
 // continues exactly like an uninterrupted one; async needs checkpoints and
 // the sharded format. (Running out of disk: checkpoint_test's
 // CheckpointDiskTest, which runs an async variant.)
-#include "recipes/gpt.h"
-#include "strategies/registry.h"
-#include "strategies/thread_world.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/registry.h"
+#include "strata/strategies/thread_world.h"
 #include "tests/dist/run_binary.h"
 #include "tests/temp_dir.h"
 #include "tests/toy_data.h"
-#include "trainer/checkpoint.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/checkpoint.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -2,9 +2,9 @@
 // Every collective, sync and async, for world sizes 1..4, with sizes that do not
 // divide evenly; Gloo's missing collectives go through Comm's emulation here.
 #include "tests/error_text.h"
-#include "strategies/comm.h"
-#include "strategies/process_group.h"
-#include "strategies/thread_world.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/process_group.h"
+#include "strata/strategies/thread_world.h"
 
 #include <gtest/gtest.h>
 

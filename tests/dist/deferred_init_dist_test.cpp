@@ -4,11 +4,11 @@
 // rank 0's values on every rank, setup memory bounded by the final shards
 // plus one unit), trains it like single-process training, and every other
 // strategy trains a deferred module exactly like an eager one.
-#include "core/deferred_init.h"
-#include "strategies/activation_checkpoint.h"
-#include "strategies/registry.h"
+#include "strata/core/deferred_init.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/registry.h"
 #include "tests/dist/fsdp_harness.h"
-#include "trainer/memory.h"
+#include "strata/trainer/memory.h"
 
 #include <gtest/gtest.h>
 

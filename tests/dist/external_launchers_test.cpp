@@ -7,7 +7,7 @@
 // (STRATA_PYTHON, compiled in), with its static and c10d rendezvous.
 #include "tests/dist/process.h"
 #include "tests/dist/run_binary.h"
-#include "core/net.h"
+#include "strata/core/net.h"
 
 #include <gtest/gtest.h>
 

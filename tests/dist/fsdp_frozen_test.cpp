@@ -10,7 +10,7 @@
 // an error naming it.
 #include "tests/dist/fsdp_harness.h"
 
-#include "strategies/activation_checkpoint.h"
+#include "strata/strategies/activation_checkpoint.h"
 #include "tests/dist/run_binary.h"
 #include "tests/mlp_stack.h"
 #include "tests/temp_dir.h"

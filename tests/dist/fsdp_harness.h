@@ -3,12 +3,12 @@
 // FSDPStrategy on thread-ranks, and return the parameters (through
 // summon_full_params: FSDP leaves the module holding shards only), the
 // per-step gradient norms and what each rank's strategy reported.
-#include "recipes/gpt.h"
-#include "strategies/fsdp/fully_sharded.h"
-#include "strategies/single/single_device.h"
-#include "strategies/thread_world.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/fsdp/fully_sharded.h"
+#include "strata/strategies/single/single_device.h"
+#include "strata/strategies/thread_world.h"
 #include "tests/toy_data.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

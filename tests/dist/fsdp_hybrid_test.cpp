@@ -4,7 +4,7 @@
 // clipping), the bytes each group carries, and bad node sizes.
 #include "tests/dist/fsdp_harness.h"
 
-#include "strategies/fsdp/hybrid.h"
+#include "strata/strategies/fsdp/hybrid.h"
 
 #include <gtest/gtest.h>
 

@@ -4,8 +4,8 @@
 // validation, options, and a failing rank ending every rank.
 #include "tests/dist/fsdp_harness.h"
 
-#include "strategies/fsdp/flat_param.h"
-#include "strategies/registry.h"
+#include "strata/strategies/fsdp/flat_param.h"
+#include "strata/strategies/registry.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -2,9 +2,9 @@
 // the tier and its I/O queue, training with disk offload against training
 // without it (thread ranks), and through strata-gpt: memory lowered, files
 // gone after success, failure and signals, bad input refused.
-#include "core/cuda_support.h"
-#include "strategies/fsdp/offload.h"
-#include "strategies/offload_tier.h"
+#include "strata/core/cuda_support.h"
+#include "strata/strategies/fsdp/offload.h"
+#include "strata/strategies/offload_tier.h"
 #include "tests/dist/fsdp_harness.h"
 #include "tests/dist/process.h"
 #include "tests/dist/run_binary.h"

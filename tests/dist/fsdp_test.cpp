@@ -5,7 +5,7 @@
 // and the FlatParam mechanics are in fsdp_mechanics_test.cpp.
 #include "tests/dist/fsdp_harness.h"
 
-#include "strategies/activation_checkpoint.h"
+#include "strata/strategies/activation_checkpoint.h"
 #include "tests/mlp_stack.h"
 
 #include <gtest/gtest.h>

@@ -12,12 +12,12 @@
 #include "tests/dist/process.h"
 #include "tests/dist/run_binary.h"
 #include "tests/dist/run_outputs.h"
-#include "recipes/cli.h"
-#include "recipes/data.h"
-#include "recipes/gpt.h"
-#include "recipes/interop.h"
-#include "recipes/run.h"
-#include "recipes/torchscript.h"
+#include "strata/recipes/cli.h"
+#include "strata/recipes/data.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/interop.h"
+#include "strata/recipes/run.h"
+#include "strata/recipes/torchscript.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>

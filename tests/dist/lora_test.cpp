@@ -2,14 +2,14 @@
 // base weights get no gradient, no optimizer state and no communication;
 // every strategy matches one process; model state and bytes sent follow the
 // README's formulas with the trainable count; export merges the adapters.
-#include "recipes/gpt.h"
-#include "recipes/interop.h"
-#include "strategies/registry.h"
-#include "strategies/thread_world.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/interop.h"
+#include "strata/strategies/registry.h"
+#include "strata/strategies/thread_world.h"
 #include "tests/dist/run_binary.h"
 #include "tests/temp_dir.h"
 #include "tests/toy_data.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,7 @@
 // the gradient, and the logged grad_norm is the gradient's global norm itself.
 #include "tests/dist/run_binary.h"
 #include "tests/dist/run_outputs.h"
-#include "core/net.h"
+#include "strata/core/net.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -3,10 +3,10 @@
 // launcher), c10d's TCPStore hosted by rank 0 (SLURM, mpirun, several nodes),
 // and torchrun's agent store (every rank a client, keys under a prefix).
 // Errors name the store, the rank and the world size; nothing hangs.
-#include "core/cuda_support.h"
-#include "core/net.h"
-#include "strategies/comm.h"
-#include "strategies/process_group.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/net.h"
+#include "strata/strategies/comm.h"
+#include "strata/strategies/process_group.h"
 #include "tests/error_text.h"
 #include "tests/temp_dir.h"
 

@@ -7,11 +7,11 @@
 #include "tests/dist/run_binary.h"
 #include "tests/dist/run_outputs.h"
 #include "tests/temp_dir.h"
-#include "recipes/data.h"
-#include "recipes/gpt.h"
-#include "recipes/hf_gpt2.h"
-#include "recipes/interop.h"
-#include "recipes/safetensors.h"
+#include "strata/recipes/data.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/hf_gpt2.h"
+#include "strata/recipes/interop.h"
+#include "strata/recipes/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>

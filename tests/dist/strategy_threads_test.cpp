@@ -2,16 +2,16 @@
 // ranks as threads in one process (a HashStore and one Gloo group per thread).
 // Fast enough to sweep world sizes 1-4 (uneven too) and options; the
 // multi-process parity through the real launcher is in parity_test.cpp.
-#include "kernels/fused_adamw_optimizer.h"
-#include "recipes/gpt.h"
-#include "strategies/ddp/ddp.h"
-#include "strategies/oss/oss.h"
-#include "strategies/registry.h"
-#include "strategies/sdp/sdp.h"
-#include "strategies/single/single_device.h"
-#include "strategies/thread_world.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/ddp/ddp.h"
+#include "strata/strategies/oss/oss.h"
+#include "strata/strategies/registry.h"
+#include "strata/strategies/sdp/sdp.h"
+#include "strata/strategies/single/single_device.h"
+#include "strata/strategies/thread_world.h"
 #include "tests/toy_data.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,13 +1,13 @@
 // activation_checkpoint_test - Unit tests for strategies/activation_checkpoint.cpp
 // and the unit seam (core/training_module.h) it is installed through.
-#include "strategies/activation_checkpoint.h"
+#include "strata/strategies/activation_checkpoint.h"
 
-#include "core/precision.h"
-#include "recipes/gpt.h"
-#include "strategies/grad_buckets.h"
+#include "strata/core/precision.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/grad_buckets.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
-#include "trainer/memory.h"
+#include "strata/trainer/memory.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>

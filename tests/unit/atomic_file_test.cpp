@@ -1,5 +1,5 @@
 // atomic_file_test - outputs are replaced whole or not at all.
-#include "core/atomic_file.h"
+#include "strata/core/atomic_file.h"
 #include "tests/error_text.h"
 
 #include <gtest/gtest.h>

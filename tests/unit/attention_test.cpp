@@ -2,10 +2,10 @@
 // naive reference: outputs and q/k/v gradients, fp32 and bf16, with and
 // without dropout (the naive run is fed the fused kernel's own mask), and the
 // GPT's --attention choice.
-#include "kernels/attention.h"
+#include "strata/kernels/attention.h"
 
-#include "core/precision.h"
-#include "recipes/gpt.h"
+#include "strata/core/precision.h"
+#include "strata/recipes/gpt.h"
 
 #include <gtest/gtest.h>
 

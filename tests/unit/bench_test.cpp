@@ -1,13 +1,14 @@
 // bench_test - Unit tests for bench/harness.cpp and bench/report.cpp (the pure
 // logic; strata-gpt subprocesses run only in the bench_smoke_gate ctest).
-#include "bench/charts.h"
-#include "bench/gate.h"
-#include "bench/harness.h"
-#include "bench/peer_suite.h"
-#include "bench/report.h"
-#include "bench/sweep.h"
-#include "recipes/gpt.h"
-#include "strategies/registry.h"
+#include "tests/builtin_strategies.h"
+#include "strata/bench/charts.h"
+#include "strata/bench/gate.h"
+#include "strata/bench/harness.h"
+#include "strata/bench/peer_suite.h"
+#include "strata/bench/report.h"
+#include "strata/bench/sweep.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/registry.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -25,15 +26,7 @@ namespace {
 using namespace strata::bench;
 namespace fs = std::filesystem;
 
-/// The built-in strategies, whose specs the suites, sweeps and charts read.
-const strata::StrategyRegistry& builtins() {
-  static const strata::StrategyRegistry registry = [] {
-    strata::StrategyRegistry r;
-    strata::register_builtin_strategies(r);
-    return r;
-  }();
-  return registry;
-}
+const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
 /// A summary.json as strata-gpt writes it, with 2 ranks.
 nlohmann::json fake_summary(double tokens_per_s, int64_t peak0, int64_t peak1, int64_t parameters = 1000,

@@ -2,17 +2,17 @@
 // pure part (CsvLogger::add_row, Throughput::update, MemoryMonitor::sample,
 // learning_rates, prune_checkpoints) with a real Trainer that never ran fit();
 // one test runs a real fit() with all of them on a tiny model.
-#include "callbacks/csv_logger.h"
-#include "callbacks/early_stopping.h"
-#include "callbacks/lr_monitor.h"
-#include "callbacks/memory_monitor.h"
-#include "callbacks/model_checkpoint.h"
-#include "callbacks/progress.h"
-#include "callbacks/throughput.h"
-#include "recipes/peak_flops.h"
-#include "strategies/single/single_device.h"
-#include "trainer/memory.h"
-#include "trainer/trainer.h"
+#include "strata/callbacks/csv_logger.h"
+#include "strata/callbacks/early_stopping.h"
+#include "strata/callbacks/lr_monitor.h"
+#include "strata/callbacks/memory_monitor.h"
+#include "strata/callbacks/model_checkpoint.h"
+#include "strata/callbacks/progress.h"
+#include "strata/callbacks/throughput.h"
+#include "strata/recipes/peak_flops.h"
+#include "strata/strategies/single/single_device.h"
+#include "strata/trainer/memory.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

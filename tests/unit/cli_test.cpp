@@ -1,6 +1,9 @@
-#include "recipes/cli.h"
-#include "recipes/gpt.h"
-#include "kernels/fused_adamw_optimizer.h"
+#include "tests/builtin_strategies.h"
+#include "strata/recipes/cli.h"
+#include "strata/recipes/run.h"
+#include "strata/strategies/single/single_device.h"
+#include "strata/recipes/gpt.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
 
 #include <gtest/gtest.h>
 
@@ -17,17 +20,14 @@ using strata::recipes::ParseResult;
 using strata::recipes::RunConfig;
 namespace fs = std::filesystem;
 
-/// The built-in strategies (what strata-gpt parses against).
-const strata::StrategyRegistry& builtins() {
-  static const strata::StrategyRegistry registry = [] {
-    strata::StrategyRegistry r;
-    strata::register_builtin_strategies(r);
-    return r;
-  }();
-  return registry;
-}
+const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
 std::string to_ini(const RunConfig& c) { return strata::recipes::to_ini(c, builtins()); }
+
+/// A strategy for registries of the tests' own: one process.
+std::unique_ptr<strata::Strategy> registry_builtin_single(strata::Comm comm) {
+  return std::make_unique<strata::SingleDeviceStrategy>(std::move(comm));
+}
 
 /// The strategy's resolved options (given or default).
 strata::StrategyArgs args_of(const RunConfig& c) { return strata::recipes::strategy_args(c, builtins()); }
@@ -277,6 +277,74 @@ TEST(CliTest, OptimizerChoice) {
   EXPECT_NE(to_ini(*sgd.config).find("\noptimizer = sgd\n"), std::string::npos);
   expect_error({"--optimizer", "adam"}, {"unknown optimizer 'adam'", "available: adamw, sgd"});
   expect_error({"--optimizer", "SGD"}, {"'SGD'", "adamw, sgd"});
+}
+
+TEST(CliTest, AUsersStrategyGetsItsOptionsHelpAndConfigIni) {
+  // A strategy registered from outside strata: its options are flags, INI
+  // keys and --help lines like the built-ins', and are refused elsewhere.
+  strata::StrategyRegistry registry;
+  strata::register_builtin_strategies(registry);
+  registry.add(strata::StrategySpec("toy", "a user's strategy")
+                   .options({strata::StrategyOption::integer("sync-every", 8, "steps between averages").at_least(1)})
+                   .factory([](strata::Comm comm, const strata::StrategyArgs&, const strata::StrategyContext&) {
+                     return registry_builtin_single(std::move(comm));
+                   }));
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "strata-gpt");
+    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, registry);
+  };
+  const auto toy = run({"--strategy", "toy", "--sync-every", "3"});
+  ASSERT_TRUE(toy.config.has_value()) << toy.message;
+  EXPECT_EQ(strata::recipes::strategy_args(*toy.config, registry).integer("sync-every"), 3);
+  const std::string ini = strata::recipes::to_ini(*toy.config, registry);
+  EXPECT_NE(ini.find("\nsync-every = 3\n"), std::string::npos) << ini;
+  EXPECT_NE(ini.find("# bucket-cap-mb = 25  (not used by strategy 'toy'"), std::string::npos) << ini;
+  const auto elsewhere = run({"--strategy", "ddp", "--sync-every", "3"});
+  EXPECT_EQ(elsewhere.exit_code, 2);
+  EXPECT_NE(elsewhere.message.find("--sync-every does not apply to strategy 'ddp' (it would be ignored); it is for toy only"),
+            std::string::npos)
+      << elsewhere.message;
+  const auto bad = run({"--strategy", "toy", "--sync-every", "0"});
+  EXPECT_NE(bad.message.find("invalid value '0' for --sync-every: must be >= 1 for strategy 'toy'"), std::string::npos)
+      << bad.message;
+  const auto help = run({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.message.find("  toy                   a user's strategy"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("--sync-every INT (=8)"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("toy: steps between averages"), std::string::npos) << help.message;
+}
+
+TEST(CliTest, OptimizerHyperparametersReachTheTrainer) {
+  auto adamw = parse({"--adam-beta1", "0.8", "--adam-beta2", "0.999", "--adam-eps", "1e-6"});
+  ASSERT_TRUE(adamw.config.has_value()) << adamw.message;
+  const auto o = strata::recipes::trainer_options(*adamw.config);
+  EXPECT_EQ(o.beta1(), 0.8);
+  EXPECT_EQ(o.beta2(), 0.999);
+  EXPECT_EQ(o.eps(), 1e-6);
+  EXPECT_NE(to_ini(*adamw.config).find("\nadam-beta1 = 0.8\n"), std::string::npos) << to_ini(*adamw.config);
+  // The defaults are nanoGPT's.
+  EXPECT_EQ(strata::recipes::trainer_options(RunConfig{}).beta2(), 0.95);
+  auto sgd = parse({"--optimizer", "sgd", "--momentum", "0.9", "--nesterov"});
+  ASSERT_TRUE(sgd.config.has_value()) << sgd.message;
+  const auto s = strata::recipes::trainer_options(*sgd.config);
+  EXPECT_EQ(s.momentum(), 0.9);
+  EXPECT_TRUE(s.nesterov());
+  // Each optimizer's options are for it only; config.ini comments out the other's.
+  expect_error({"--optimizer", "sgd", "--adam-beta1", "0.8"}, {"--adam-beta1", "optimizer 'sgd'", "adamw only"});
+  expect_error({"--momentum", "0.9"}, {"--momentum", "optimizer 'adamw'", "sgd only"});
+  expect_error({"--optimizer", "sgd", "--nesterov"}, {"--nesterov needs a momentum"});
+  expect_error({"--adam-beta2", "1"}, {"'1'", "--adam-beta2", "in [0, 1)"});
+  expect_error({"--adam-eps", "0"}, {"'0'", "--adam-eps", "> 0"});
+  expect_error({"--optimizer", "sgd", "--momentum", "-0.1"}, {"'-0.1'", "--momentum", "in [0, 1)"});
+  expect_error({"--optimizer", "sgd", "--momentum", "0.9", "--offload", "disk"}, {"--offload disk", "--momentum 0.9"});
+  const std::string sgd_ini = to_ini(*sgd.config);
+  EXPECT_NE(sgd_ini.find("# adam-beta1 = 0.9  (not used by optimizer 'sgd'; it is for adamw)"), std::string::npos)
+      << sgd_ini;
+  EXPECT_NE(sgd_ini.find("\nmomentum = 0.9\nnesterov = true\n"), std::string::npos) << sgd_ini;
+  TempFile file(sgd_ini);
+  const ParseResult again = parse({"--config", file.path()});
+  ASSERT_TRUE(again.config.has_value()) << again.message;
+  EXPECT_EQ(to_ini(*again.config), sgd_ini);
 }
 
 TEST(CliTest, ActivationCheckpointingPolicy) {

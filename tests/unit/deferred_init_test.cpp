@@ -2,14 +2,14 @@
 // build plus init_parameter gives the eager model bit for bit, whatever the
 // order and place of initialisation; the base Strategy materialises a
 // deferred module; meta-device parameters keep their identity.
-#include "core/deferred_init.h"
-#include "recipes/gpt.h"
-#include "strategies/activation_checkpoint.h"
-#include "strategies/single/single_device.h"
+#include "strata/core/deferred_init.h"
+#include "strata/recipes/gpt.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/single/single_device.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
-#include "trainer/memory.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/memory.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

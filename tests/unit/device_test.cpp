@@ -1,14 +1,14 @@
 // device_test - device choice, placement and the CUDA seam on this build:
 // resolve_device / backend_for, Comm and Strategy devices, to_device, the
 // CUDA half of AutocastGuard, and cuda_support's CPU-only errors.
-#include "core/cuda_support.h"
-#include "core/device.h"
-#include "core/precision.h"
-#include "strategies/process_group.h"
-#include "strategies/single/single_device.h"
+#include "strata/core/cuda_support.h"
+#include "strata/core/device.h"
+#include "strata/core/precision.h"
+#include "strata/strategies/process_group.h"
+#include "strata/strategies/single/single_device.h"
 #include "tests/error_text.h"
-#include "trainer/memory.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/memory.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

@@ -3,8 +3,9 @@
 // documentation (tests/fixtures/configs, SOURCES.md says where each is from)
 // translate to the strata-gpt keys they mean; what strata does not support
 // is one error naming the key; "auto" leaves a key to strata.
-#include "recipes/cli.h"
-#include "recipes/foreign_config.h"
+#include "tests/builtin_strategies.h"
+#include "strata/recipes/cli.h"
+#include "strata/recipes/foreign_config.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -17,15 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using strata::recipes::ForeignConfig;
 
-/// The built-in strategies: the translators map onto their specs.
-const strata::StrategyRegistry& builtins() {
-  static const strata::StrategyRegistry registry = [] {
-    strata::StrategyRegistry r;
-    strata::register_builtin_strategies(r);
-    return r;
-  }();
-  return registry;
-}
+const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
 ForeignConfig read_foreign_config(const std::string& path) { return strata::recipes::read_foreign_config(path, builtins()); }
 
@@ -158,7 +151,7 @@ TEST(ForeignConfigTest, WhatStrataDoesNotSupportIsOneErrorNamingTheKey) {
       {"param offload below 3", {"ds.json", R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"}},
       {"optimizer only at 3", {"ds.json", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})"}},
       {"nvme without path", {"ds.json", R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme"}}})"}},
-      {"betas", {"ds.json", R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.999]}}})"}},
+      {"betas", {"ds.json", R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, "x"]}}})"}},
       {"lamb", {"ds.json", R"({"optimizer": {"type": "Lamb"}})"}},
       {"linear decay", {"ds.json", R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10}}})"}},
       {"both precisions", {"ds.json", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"}},
@@ -222,6 +215,46 @@ TEST(ForeignConfigTest, NewerAccelerateAndDeepSpeedPluginDefaults) {
   EXPECT_EQ(w.at("lr"), "0.001");
   EXPECT_EQ(w.at("min-lr"), "0.001");
   EXPECT_EQ(w.at("warmup-steps"), "5");
+}
+
+TEST(ForeignConfigTest, DeepSpeedsOwnTestConfigTrainsWithItsBetas) {
+  // From DeepSpeed's test suite: Adam with betas [0.8, 0.999], once refused
+  // (strata's AdamW had 0.9/0.95 fixed); a bf16 block carrying fp16's
+  // loss-scaling keys, and prescale_gradients, accepted without effect.
+  const std::string path = (kConfigs / "ds_torch_compile_z2.json").string();
+  const auto c = read_foreign_config(path);
+  const auto k = keys_of(c);
+  EXPECT_EQ(k.at("strategy"), "sdp");
+  EXPECT_EQ(k.at("optimizer"), "adamw");
+  EXPECT_EQ(k.at("adam-beta1"), "0.8");
+  EXPECT_EQ(k.at("adam-beta2"), "0.999");
+  EXPECT_EQ(k.at("adam-eps"), "1e-08");
+  EXPECT_EQ(k.at("weight-decay"), "3e-07");
+  EXPECT_EQ(k.at("precision"), "bf16-mixed");
+  EXPECT_NE(joined(c.ignored).find("bf16.loss_scale_window (bf16 needs no loss scaling)"), std::string::npos);
+  EXPECT_NE(joined(c.ignored).find("prescale_gradients"), std::string::npos);
+  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, {"gpt-micro"}, builtins());
+  ASSERT_TRUE(parsed.config) << parsed.message;
+  EXPECT_EQ(parsed.config->adam_beta1, 0.8);
+  EXPECT_EQ(parsed.config->adam_beta2, 0.999);
+  const std::string ini = strata::recipes::to_ini(*parsed.config, builtins());
+  EXPECT_NE(ini.find("\nadam-beta1 = 0.8\nadam-beta2 = 0.999\n"), std::string::npos) << ini;
+  // SGD's momentum and Nesterov come through too; "auto" leaves them to strata.
+  EXPECT_EQ(error_for("ds.json", R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9, "nesterov": true}}})"),
+            "(no error)");
+  strata::testing::TempDir dir("strata-foreign-sgd");
+  std::ofstream(dir.file("sgd.json")) << R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9, "nesterov": true,
+                                               "dampening": 0}}})";
+  const auto sgd = keys_of(read_foreign_config(dir.file("sgd.json")));
+  EXPECT_EQ(sgd.at("momentum"), "0.9");
+  EXPECT_EQ(sgd.at("nesterov"), "true");
+  std::ofstream(dir.file("auto.json")) << R"({"optimizer": {"type": "AdamW", "params": {"betas": "auto", "eps": "auto"}}})";
+  EXPECT_EQ(keys_of(read_foreign_config(dir.file("auto.json"))).count("adam-beta1"), 0u);
+  EXPECT_NE(error_for("d.json", R"({"optimizer": {"type": "SGD", "params": {"dampening": 0.1}}})").find("dampening"),
+            std::string::npos);
+  EXPECT_NE(error_for("b.json", R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})")
+                .find("optimizer.params.betas"),
+            std::string::npos);
 }
 
 TEST(ForeignConfigTest, ParsedThroughTheCliTheCommandLineStillWins) {

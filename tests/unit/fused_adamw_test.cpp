@@ -1,7 +1,7 @@
-#include "core/optim_state_key.h"
-#include "kernels/fused_adamw.h"
-#include "kernels/fused_adamw_optimizer.h"
-#include "trainer/trainer.h"
+#include "strata/core/optim_state_key.h"
+#include "strata/kernels/fused_adamw.h"
+#include "strata/kernels/fused_adamw_optimizer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
 // gpt_test - Unit tests for recipes/gpt.cpp
-#include "recipes/gpt.h"
+#include "strata/recipes/gpt.h"
 
-#include "strategies/single/single_device.h"
+#include "strata/strategies/single/single_device.h"
 #include "tests/toy_data.h"
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // grad_buckets_test - bucket assignment and launch order (strategies/grad_buckets.cpp),
 // and DDP's per-gradient mode (bucket_cap_mb 0).
-#include "strategies/ddp/ddp.h"
-#include "strategies/grad_buckets.h"
+#include "strata/strategies/ddp/ddp.h"
+#include "strata/strategies/grad_buckets.h"
 #include "tests/error_text.h"
 
 #include <gtest/gtest.h>

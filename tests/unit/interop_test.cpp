@@ -1,7 +1,7 @@
 // interop_test - recipes/interop: nanoGPT names and the weights file, without
 // Python (tests/dist/interop_test.cpp checks the files against Python).
-#include "recipes/gpt.h"
-#include "recipes/interop.h"
+#include "strata/recipes/gpt.h"
+#include "strata/recipes/interop.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,7 +1,7 @@
 // Launch: environment parsing (torchrun incl. its agent store, SLURM, Open
 // MPI, strata's own launcher), spawning and stopping ranks.
-#include "launch/environment.h"
-#include "launch/launcher.h"
+#include "strata/launch/environment.h"
+#include "strata/launch/launcher.h"
 #include "tests/error_text.h"
 #include "tests/temp_dir.h"
 #include "tests/scoped_env.h"

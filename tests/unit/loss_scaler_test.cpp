@@ -1,6 +1,6 @@
 // loss_scaler_test - DynamicLossScaler's state machine against DeepSpeed's
 // documented behaviour (trainer/loss_scaler.h).
-#include "trainer/loss_scaler.h"
+#include "strata/trainer/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // lr_schedule_test - Unit tests for trainer/lr_schedule.cpp
-#include "trainer/lr_schedule.h"
+#include "strata/trainer/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // memory_test - Unit tests for trainer/memory.cpp
-#include "trainer/memory.h"
+#include "strata/trainer/memory.h"
 
-#include "strategies/buffer_pool.h"
+#include "strata/strategies/buffer_pool.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

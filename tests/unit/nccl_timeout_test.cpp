@@ -1,6 +1,6 @@
 // The NCCL timeout switch in core/cuda_support: the part of NCCL group
 // creation that needs no GPU to check.
-#include "core/cuda_support.h"
+#include "strata/core/cuda_support.h"
 #include "tests/scoped_env.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // core/net: the one address lookup (resolve, free port, the local address
 // that routes to a host).
-#include "core/net.h"
+#include "strata/core/net.h"
 #include "tests/error_text.h"
 
 #include <gtest/gtest.h>

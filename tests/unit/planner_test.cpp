@@ -1,4 +1,5 @@
-#include "recipes/planner.h"
+#include "tests/builtin_strategies.h"
+#include "strata/recipes/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -14,15 +15,7 @@ namespace {
 
 GPTOptions nano() { return gpt_preset("gpt-nano").vocab_size(96).block_size(32); }
 
-/// The built-in strategies, whose specs hold the memory models.
-const StrategyRegistry& builtins() {
-  static const StrategyRegistry registry = [] {
-    StrategyRegistry r;
-    register_builtin_strategies(r);
-    return r;
-  }();
-  return registry;
-}
+const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
 ModelStatePrediction predict_model_state(const PlanRequest& r) { return recipes::predict_model_state(builtins(), r); }
 MemoryPrediction predict_peak(const PlanRequest& r, const ActivationProfile& a) {

@@ -1,5 +1,5 @@
 // precision_test - Unit tests for strategies/precision.cpp
-#include "core/precision.h"
+#include "strata/core/precision.h"
 
 #include <gtest/gtest.h>
 

@@ -2,10 +2,10 @@
 // register by name and alias, their options parse typed with their rules, a
 // user's spec registers exactly as the built-ins do, and the built-ins' memory
 // and communication models say what the ZeRO paper says.
-#include "strategies/registry.h"
+#include "strata/strategies/registry.h"
 
-#include "strategies/grad_sync.h"
-#include "strategies/single/single_device.h"
+#include "strata/strategies/grad_sync.h"
+#include "strata/strategies/single/single_device.h"
 
 #include <gtest/gtest.h>
 

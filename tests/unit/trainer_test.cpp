@@ -1,9 +1,9 @@
 // trainer_test - Unit tests for trainer/trainer.cpp (single process)
-#include "trainer/trainer.h"
+#include "strata/trainer/trainer.h"
 
-#include "recipes/gpt.h"
-#include "trainer/resume_state.h"
-#include "strategies/single/single_device.h"
+#include "strata/recipes/gpt.h"
+#include "strata/trainer/resume_state.h"
+#include "strata/strategies/single/single_device.h"
 #include "tests/error_text.h"
 #include "tests/toy_data.h"
 

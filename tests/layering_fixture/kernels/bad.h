@@ -1,3 +1,3 @@
 #pragma once
 // Layering fixture: kernels/ may include core/ only; this include points up.
-#include "strategies/strategy.h"
+#include "strata/strategies/strategy.h"
