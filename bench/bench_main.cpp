@@ -21,6 +21,7 @@
 #include "strata/bench/charts.h"
 #include "strata/bench/gate.h"
 #include "strata/bench/harness.h"
+#include "strata/bench/output_files.h"
 #include "strata/bench/peer_suite.h"
 #include "strata/bench/planner_suite.h"
 #include "strata/bench/report.h"
@@ -75,40 +76,6 @@ std::string default_gpt_binary() {
   return ec ? "strata-gpt" : (self.parent_path() / "strata-gpt").string();
 }
 
-void write_text(const std::string& path, const std::string& text, const char* flag) {
-  std::ofstream out(path);
-  out << text;
-  TORCH_CHECK_VALUE(out.good(), flag, " file '", path, "' cannot be written");
-}
-
-/// The same file, whether or not it exists yet (symlinks and ".." resolved).
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec1, ec2;
-  const auto x = fs::weakly_canonical(fs::absolute(a), ec1), y = fs::weakly_canonical(fs::absolute(b), ec2);
-  return !ec1 && !ec2 && x == y;
-}
-
-/// Exit-2 error unless `path` can be created or replaced: its directory
-/// exists and is writable, and it is not a directory.
-void check_writable_file(const std::string& flag, const std::string& path) {
-  const std::string problem = strata::output_file_problem(path);
-  TORCH_CHECK_VALUE(problem.empty(), flag, " '", path, "': ", problem);
-}
-
-/// Exit-2 error unless directory `dir` exists or can be created: its nearest
-/// existing ancestor (or itself) is a directory that takes new files.
-void check_creatable_dir(const char* flag, const std::string& dir) {
-  if (dir.empty()) return;
-  std::error_code ec;
-  fs::path existing = fs::absolute(dir, ec);
-  while (!fs::exists(existing, ec) && existing != existing.parent_path()) existing = existing.parent_path();
-  TORCH_CHECK_VALUE(fs::is_directory(existing, ec), flag, " '", dir, "': '", existing.string(),
-                    "' exists and is not a directory");
-  const std::string problem = strata::directory_write_problem(existing.string());
-  TORCH_CHECK_VALUE(problem.empty(), flag, " '", dir, "' cannot be created or written: '", existing.string(),
-                    "' does not take new files (", problem, ")");
-}
-
 /// Every file the run will write, with the flag that names it.
 std::vector<std::pair<std::string, std::string>> outputs_of(const CliOptions& cli) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -146,13 +113,6 @@ void check_files(const CliOptions& cli) {
   }
   check_creatable_dir("--out", cli.out_dir);
   check_creatable_dir("--work-dir", cli.work_dir);
-}
-
-/// Creates `dir` (and its parents) or says in one line why it cannot.
-void create_dir(const char* flag, const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TORCH_CHECK_VALUE(!ec && fs::is_directory(dir), flag, " directory '", dir, "' cannot be created: ", ec.message());
 }
 
 std::string duration_text(double s) {
