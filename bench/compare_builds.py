@@ -17,6 +17,7 @@ OpenBLAS under Debian's LibTorch, MKL inside the wheel). Used for the LibTorch 1
 import argparse
 import json
 import random
+import re
 import os
 import statistics
 import subprocess
@@ -31,7 +32,7 @@ def listed_strategies(binary):
         if line.startswith("Strategies (--strategy):"):
             inside = True
         elif inside and line.startswith("  "):
-            names = line.split("  ")[1].strip()
+            names = re.split(r"\s{2,}", line.strip())[0]  # names and aliases, then 2+ spaces, then the description
             listed.append((names.split(",")[0], "(one process)" in line))
         elif inside:
             break

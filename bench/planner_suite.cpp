@@ -17,18 +17,19 @@ Suite planner_suite(const StrategyRegistry& strategies) {
           "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8: every multi-rank strategy "
           "with a memory model, and the variants its spec puts here. Target: within 10%.",
           {}};
-  // (label, strategy, flags): each strategy's plain case and its planner variants.
+  // Each strategy's plain case and its planner variants, in registration order.
   struct Variant {
     std::string label, strategy;
     std::vector<std::string> flags;
+    std::string precision;
   };
   std::vector<Variant> variants;
   for (const auto* spec : strategies.specs()) {
     if (spec->max_world_size() == 1 || !spec->memory()) continue;
-    variants.push_back({spec->name(), spec->name(), {}});
+    variants.push_back({spec->name(), spec->name(), {}, "32"});
     for (const auto& v : spec->bench()) {
       if (std::find(v.suites.begin(), v.suites.end(), "planner") != v.suites.end())
-        variants.push_back({spec->name() + "-" + v.tag, spec->name(), v.flags});
+        variants.push_back({spec->name() + "-" + v.tag, spec->name(), v.flags, v.precision});
     }
   }
   for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
@@ -39,6 +40,7 @@ Suite planner_suite(const StrategyRegistry& strategies) {
       c.preset = preset;
       c.strategy = v.strategy;
       c.extra = v.flags;
+      c.precision = v.precision;
       c.nproc = 2;
       c.threads_per_rank = 1;
       c.block_size = 128;
@@ -48,23 +50,30 @@ Suite planner_suite(const StrategyRegistry& strategies) {
     }
   }
   // Held out: shapes the planner's constants were not fitted on (other
-  // widths, block sizes, batch sizes and world sizes), reported apart; the
-  // variants take turns over them.
+  // widths, block sizes, batch sizes and world sizes), reported apart. Each
+  // names the variant it runs by its position in the list above (the
+  // built-ins: 0 ddp, 1 oss, 2 sdp, 3 fsdp, 4 fsdp-ac), so strategies
+  // registered after the built-ins leave these cases as they are.
   struct HeldOut {
     const char* preset;
+    size_t variant;
     int nproc;
     int64_t block, batch;
     std::vector<std::string> extra;
   };
   const std::vector<HeldOut> held_out = {
-      {"gpt-micro", 2, 128, 8, {"--n-embd", "192"}}, {"gpt-micro", 2, 128, 8, {"--n-embd", "192"}},
-      {"gpt-mini", 2, 64, 16, {}},                   {"gpt-mini", 2, 256, 4, {}},
-      {"gpt-mini", 3, 128, 8, {}},                   {"gpt-mini", 4, 128, 4, {}},
-      {"gpt-nano", 3, 256, 4, {}},                   {"gpt-micro", 4, 64, 8, {}},
+      {"gpt-micro", 0, 2, 128, 8, {"--n-embd", "192"}},
+      {"gpt-micro", 3, 2, 128, 8, {"--n-embd", "192"}},
+      {"gpt-mini", 2, 2, 64, 16, {}},
+      {"gpt-mini", 3, 2, 256, 4, {}},
+      {"gpt-mini", 1, 3, 128, 8, {}},
+      {"gpt-mini", 3, 4, 128, 4, {}},  // fsdp where N does not divide evenly: padding
+      {"gpt-nano", 4, 3, 256, 4, {}},
+      {"gpt-micro", 0, 4, 64, 8, {}},
   };
-  for (size_t i = 0; i < held_out.size() && !variants.empty(); ++i) {
-    const HeldOut& h = held_out[i];
-    const Variant& v = variants[(i + 1) % variants.size()];
+  for (const HeldOut& h : held_out) {
+    if (h.variant >= variants.size()) continue;  // fewer strategies registered
+    const Variant& v = variants[h.variant];
     BenchCase c;
     const std::string width = h.extra.empty() ? "" : "-w" + h.extra[1];
     c.name = std::string(kHeldOutPrefix) + h.preset + width + "/" + v.label + "-" + std::to_string(h.nproc) +
@@ -74,6 +83,7 @@ Suite planner_suite(const StrategyRegistry& strategies) {
     c.strategy = v.strategy;
     c.extra = h.extra;
     c.extra.insert(c.extra.end(), v.flags.begin(), v.flags.end());
+    c.precision = v.precision;
     c.nproc = h.nproc;
     c.threads_per_rank = 1;
     c.block_size = h.block;

@@ -181,9 +181,10 @@ std::vector<BenchVariant> variants_in(const StrategySpec& spec, const std::strin
 Suite smoke_suite(const StrategyRegistry& strategies) {
   // gpt-nano, block 64, batch 8 per rank, 20 steps.
   auto row = [](const std::string& variant, const std::string& strategy, int nproc, std::vector<std::string> extra,
-                const std::string& reference) {
+                const std::string& reference, const std::string& precision = "32") {
     return CaseRow{.preset = "gpt-nano", .variant = variant, .strategy = strategy, .nproc = nproc,
-                   .extra = std::move(extra), .reference = reference, .batch = 8, .block = 64, .steps = 20};
+                   .precision = precision, .extra = std::move(extra), .reference = reference, .batch = 8,
+                   .block = 64, .steps = 20};
   };
   const StrategySpec* reference = strategies.reference();
   const StrategySpec* single = strategies.single_process();
@@ -196,7 +197,7 @@ Suite smoke_suite(const StrategyRegistry& strategies) {
     rows.push_back(row(plain, spec->name(), multi ? 2 : 1, {}, !multi ? "" : plain == ref ? single_ref : ref));
     for (const auto& v : variants_in(*spec, "smoke")) {
       rows.push_back(row(case_label(spec->name(), v.tag, multi ? 2 : 1, 1), spec->name(), multi ? 2 : 1, v.flags,
-                         multi ? ref : plain));
+                         multi ? ref : plain, v.precision));
     }
   }
   return table_suite(
@@ -227,13 +228,15 @@ Suite scale_suite(const StrategyRegistry& strategies) {
           reference ? "scale/" + std::string(preset) + "/" + reference->name() + "-n" + std::to_string(n) : "";
       for (const auto* spec : strategies.specs()) {
         if (!multi_rank(*spec)) continue;
-        std::vector<std::pair<std::string, std::vector<std::string>>> runs = {{spec->name(), {}}};
-        for (const auto& v : variants_in(*spec, "scale")) runs.push_back({spec->name() + "-" + v.tag, v.flags});
-        for (const auto& [variant, flags] : runs) {
+        std::vector<BenchVariant> runs = {BenchVariant{}};  // the plain case, then the variants
+        for (const auto& v : variants_in(*spec, "scale")) runs.push_back(v);
+        for (const auto& v : runs) {
+          const std::string variant = spec->name() + (v.tag.empty() ? "" : "-" + v.tag);
           BenchCase c = make_case("scale", preset, variant + "-n" + std::to_string(n), spec->name(), n, 1);
           c.batch_size = 1;
           c.steps = 3;
-          c.extra = flags;
+          c.extra = v.flags;
+          c.precision = v.precision;
           if (c.name != ref) c.reference = ref;
           s.cases.push_back(c);
         }

@@ -128,18 +128,18 @@ Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies) {
                     c.skip_reason = "--offload cpu (pinned host memory) needs a CUDA device";
                   s.cases.push_back(c);
                 }
-          // The group's reference: its plain fp32 ddp case, else its first runnable case.
-          std::string reference;
-          for (size_t i = group_start; i < s.cases.size() && reference.empty(); ++i) {
+          // The group's reference: the reference strategy's plain fp32 case, else its first runnable case.
+          std::string group_ref;
+          for (size_t i = group_start; i < s.cases.size() && group_ref.empty(); ++i) {
             const BenchCase& c = s.cases[i];
             if (c.skip_reason.empty() && !reference.empty() && strategies.resolve(c.strategy) == reference &&
                 c.extra.empty() && c.precision == "fp32")
-              reference = c.name;
+              group_ref = c.name;
           }
-          for (size_t i = group_start; i < s.cases.size() && reference.empty(); ++i)
-            if (s.cases[i].skip_reason.empty()) reference = s.cases[i].name;
+          for (size_t i = group_start; i < s.cases.size() && group_ref.empty(); ++i)
+            if (s.cases[i].skip_reason.empty()) group_ref = s.cases[i].name;
           for (size_t i = group_start; i < s.cases.size(); ++i)
-            if (s.cases[i].name != reference && s.cases[i].skip_reason.empty()) s.cases[i].reference = reference;
+            if (s.cases[i].name != group_ref && s.cases[i].skip_reason.empty()) s.cases[i].reference = group_ref;
         }
   return s;
 }

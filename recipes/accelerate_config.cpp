@@ -119,15 +119,26 @@ class Accelerate {
     out_.keys.emplace_back("strategy", strategy);
     // fsdp_config holds the FSDP plugin's keys, translated into the options
     // of the strategy that stands for FSDP.
+    fsdp_strategy_ = strategy;
     if (type == "FSDP") fsdp_config(fsdp);
   }
 
   void fsdp_config(const json& c);
+  /// `strata_key` = `value` for the strategy standing for FSDP; an error naming
+  /// `key` when its spec has no such option.
+  void fsdp_option(const std::string& strata_key, const std::string& value, const std::string& key) {
+    if (strategies_.spec(fsdp_strategy_).find_option(strata_key) == nullptr) {
+      fail(file_, key, "has no counterpart: strategy " + fsdp_strategy_ + ", which stands for FSDP, has no --" +
+                           strata_key);
+    }
+    out_.keys.emplace_back(strata_key, value);
+  }
   void sharding_strategy(const json& v, const std::string& key);
   void deepspeed_config(const json& c);
 
   std::string file_;
   const StrategyRegistry& strategies_;
+  std::string fsdp_strategy_;  ///< the registered strategy standing for FSDP
   ForeignConfig out_;
   std::optional<std::string> precision_;  // from mixed_precision
 };
@@ -148,7 +159,7 @@ void Accelerate::sharding_strategy(const json& v, const std::string& key) {
   }
   std::string lower = s;
   for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  out_.keys.emplace_back("sharding-strategy", lower);
+  fsdp_option("sharding-strategy", lower, key);
 }
 
 void Accelerate::fsdp_config(const json& c) {
@@ -158,8 +169,8 @@ void Accelerate::fsdp_config(const json& c) {
       sharding_strategy(v, key);
     } else if (k == "fsdp_auto_wrap_policy") {
       const std::string s = text(v, file_, key);
-      if (s == "TRANSFORMER_BASED_WRAP") out_.keys.emplace_back("wrap-policy", "block");
-      else if (s == "NO_WRAP") out_.keys.emplace_back("wrap-policy", "none");
+      if (s == "TRANSFORMER_BASED_WRAP") fsdp_option("wrap-policy", "block", key);
+      else if (s == "NO_WRAP") fsdp_option("wrap-policy", "none", key);
       else fail(file_, key, "'" + s + "' is not supported; strata wraps each transformer block (TRANSFORMER_BASED_WRAP) or nothing (NO_WRAP)");
     } else if (k == "fsdp_transformer_layer_cls_to_wrap") {
       out_.ignored.push_back(key + " (strata-gpt wraps its transformer blocks)");
@@ -182,7 +193,7 @@ void Accelerate::fsdp_config(const json& c) {
     } else if (k == "fsdp_activation_checkpointing") {
       out_.keys.emplace_back("activation-checkpointing", boolean(v, file_, key) ? "1" : "0");
     } else if (k == "fsdp_reshard_after_forward" && v.is_boolean()) {
-      out_.keys.emplace_back("reshard-after-forward", v.get<bool>() ? "true" : "false");  // FSDP2's flag
+      fsdp_option("reshard-after-forward", v.get<bool>() ? "true" : "false", key);  // FSDP2's flag
     } else if (k == "fsdp_reshard_after_forward") {
       // accelerate >= 1.6 writes FSDP1's sharding strategy under this name.
       sharding_strategy(v, key);

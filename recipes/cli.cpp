@@ -74,6 +74,24 @@ std::string declarers(const std::string& key, const StrategyRegistry& strategies
   return join(who);
 }
 
+/// "" or why `strategies` cannot be strata-gpt's: a strategy named auto (the
+/// planner's), or an option key strata-gpt has itself (--lr, --momentum: one
+/// of the two would never get its value).
+std::string registry_conflict(const StrategyRegistry& strategies) {
+  if (strategies.contains("auto")) {
+    return "strategy '" + strategies.resolve("auto") + "' is registered as 'auto', which is --strategy auto (the "
+           "memory planner's choice); rename it";
+  }
+  for (const Field& f : fields()) {
+    const std::string who = strategies.declared_by(f.key);
+    if (!who.empty()) {
+      return "strategy option '--" + std::string(f.key) + "' (declared by " + who +
+             ") is one of strata-gpt's own options; give the strategy's option another key";
+    }
+  }
+  return "";
+}
+
 /// Every key, in --help and to_ini() order: the strategy options after kStrategyOptionsAfter.
 std::vector<Entry> entries(const StrategyRegistry& strategies) {
   std::vector<Entry> out;
@@ -235,7 +253,7 @@ std::string usage_text(const po::options_description& general, const std::vector
   for (const auto* spec : strategies.specs()) {
     std::string name = spec->name();
     for (const auto& alias : spec->aliases()) name += ", " + alias;
-    usage << "  " << name << std::string(name.size() < 22 ? 22 - name.size() : 1, ' ') << spec->description()
+    usage << "  " << name << std::string(name.size() < 20 ? 22 - name.size() : 2, ' ') << spec->description()
           << (spec->max_world_size() == 1 ? " (one process)" : "") << '\n';
   }
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -249,6 +267,7 @@ std::string usage_text(const po::options_description& general, const std::vector
 
 ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::string>& presets,
                   const StrategyRegistry& strategies) {
+  if (std::string conflict = registry_conflict(strategies); !conflict.empty()) return failure(conflict);
   const auto all = entries(strategies);
   const auto groups = option_groups(presets, all, strategies);
   po::options_description general("General options");

@@ -109,6 +109,13 @@ class DeepSpeed {
   void set(const std::string& strata_key, const json& v, const std::string& key) {
     if (!is_auto(v)) out_.keys.emplace_back(strata_key, text(v, file_, key));
   }
+  /// `strata_key` for `strategy` when its spec declares it; else the key is
+  /// listed as accepted without effect.
+  void strategy_option(const std::string& strategy, const std::string& strata_key, const json& v,
+                       const std::string& key) {
+    if (strategies_.spec(strategy).find_option(strata_key) != nullptr) return set(strata_key, v, key);
+    out_.ignored.push_back(key + " (strategy " + strategy + " has no --" + strata_key + ")");
+  }
   [[noreturn]] void unsupported(const std::string& key, const json& v) {
     fail(file_, key, "(" + v.dump() + ") is not supported by strata; remove it, or run without --config");
   }
@@ -117,7 +124,7 @@ class DeepSpeed {
     const std::string p = "zero_optimization";
     int64_t stage = 0;
     std::string opt_device = "none", param_device = "none", opt_path, param_path;
-    const json* overlap = nullptr;
+    const json *overlap = nullptr, *unused = nullptr;
     static const std::set<std::string> tuning = {
         "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "allgather_partitions", "reduce_scatter",
         "round_robin_gradients", "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
@@ -136,17 +143,19 @@ class DeepSpeed {
       } else if (k == "overlap_comm") {
         overlap = &v;
       } else if (k == "ignore_unused_parameters") {
-        set("find-unused-parameters", v, key);
+        unused = &v;
       } else if (tuning.count(k) != 0) {
         out_.ignored.push_back(key);
       } else {
         unsupported(key, v);
       }
     }
-    out_.keys.emplace_back("strategy", zero_stage_strategy(strategies_, stage, file_, p + ".stage"));
-    // strata's ddp can turn the overlap off; its sharded strategies always overlap.
-    if (overlap != nullptr && stage == 0) set("overlap-comm", *overlap, p + ".overlap_comm");
-    if (overlap != nullptr && stage > 0) out_.ignored.push_back(p + ".overlap_comm");
+    const std::string strategy = zero_stage_strategy(strategies_, stage, file_, p + ".stage");
+    out_.keys.emplace_back("strategy", strategy);
+    // Where the strategy has the option (ddp can turn the overlap off; the
+    // sharded ones always overlap, so for them the key has no effect).
+    if (overlap != nullptr) strategy_option(strategy, "overlap-comm", *overlap, p + ".overlap_comm");
+    if (unused != nullptr) strategy_option(strategy, "find-unused-parameters", *unused, p + ".ignore_unused_parameters");
     offload(stage, opt_device, opt_path, param_device, param_path);
   }
 
@@ -178,7 +187,7 @@ class DeepSpeed {
     }
     if (stage == 3 && opt != param) {
       fail(file_, p + "offload_param.device", "'" + param + "' differs from offload_optimizer.device '" + opt +
-           "'; strata's fsdp offloads parameter shards, gradients and optimizer state together: give both the same device");
+           "'; strata's ZeRO-3 strategy offloads parameter shards, gradients and optimizer state together: give both the same device");
     }
     if (opt == "none") return;
     if (opt == "cpu") {
@@ -298,6 +307,10 @@ void DeepSpeed::optimizer(const json& block) {
       out_.keys.emplace_back("lr", text(v, file_, key));
     } else if (k == "weight_decay") {
       set("weight-decay", v, key);
+    } else if ((k == "betas" || k == "eps") && lower == "sgd") {
+      out_.ignored.push_back(key + " (SGD reads no " + k + ")");
+    } else if ((k == "momentum" || k == "nesterov" || k == "dampening") && (lower == "adam" || lower == "adamw")) {
+      out_.ignored.push_back(key + " (Adam reads no " + k + ")");
     } else if (k == "betas") {
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
         fail(file_, key, "is " + v.dump() + "; expected two numbers [beta1, beta2]");

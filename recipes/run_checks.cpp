@@ -284,7 +284,10 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string fitting;
   for (const auto& row : plan_candidates(registry, request, *profile, available / shape.local_ranks)) {
-    if (row.fits) fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) + ")";
+    if (row.fits) {
+      fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) +
+                 (row.exact ? "" : "; trains differently, --strategy auto never picks it") + ")";
+    }
   }
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.2f", took);

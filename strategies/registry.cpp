@@ -15,8 +15,17 @@ void StrategyRegistry::add(StrategySpec spec) {
   TORCH_CHECK(spec.factory() != nullptr, "strategy '", spec.name(), "' has no factory");
   std::vector<std::string> names = {spec.name()};
   names.insert(names.end(), spec.aliases().begin(), spec.aliases().end());
-  for (const auto& name : names) {
-    TORCH_CHECK(!contains(name), "strategy '", name, "' is already registered");
+  for (size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK(!contains(names[i]), "strategy '", names[i], "' is already registered");
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK(names[j] != names[i], "strategy '", spec.name(), "' names '", names[i], "' twice");
+    }
+  }
+  for (size_t i = 0; i < spec.options().size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      TORCH_CHECK(spec.options()[j].key() != spec.options()[i].key(), "strategy '", spec.name(),
+                  "' declares option '", spec.options()[i].key(), "' twice");
+    }
   }
   TORCH_CHECK(!spec.reference() || reference() == nullptr, "strategy '", spec.name(),
               "' is the reference, but '", reference() ? reference()->name() : "", "' already is");
@@ -24,10 +33,13 @@ void StrategyRegistry::add(StrategySpec spec) {
     // One key, one meaning: the command line has one --key for every spec.
     for (const auto* other : all_options()) {
       if (other->key() != option.key()) continue;
-      TORCH_CHECK(other->kind() == option.kind() && option_text(other->default_value()) == option_text(option.default_value()),
-                  "strategy '", spec.name(), "' declares option '", option.key(), "' as ", option_kind_name(option.kind()),
-                  " default ", option_text(option.default_value()), ", but ", declared_by(option.key()), " declare it as ",
-                  option_kind_name(other->kind()), " default ", option_text(other->default_value()));
+      const auto described = [](const StrategyOption& o) {
+        return std::string(option_kind_name(o.kind())) + " default " + option_text(o.default_value()) +
+               (o.bare() ? " (bare --key means true)" : "");
+      };
+      TORCH_CHECK(described(*other) == described(option), "strategy '", spec.name(), "' declares option '",
+                  option.key(), "' as ", described(option), ", but ", declared_by(option.key()), " declare it as ",
+                  described(*other));
     }
   }
   const size_t at = specs_.size();
@@ -59,7 +71,11 @@ std::unique_ptr<Strategy> StrategyRegistry::create(const std::string& name, Comm
 
 std::unique_ptr<Strategy> StrategyRegistry::create_parsed(const std::string& name, Comm comm, const StrategyArgs& args,
                                                           const StrategyContext& context) const {
-  return spec(name).factory()(std::move(comm), args, context);
+  StrategyContext resolved = context;
+  if (resolved.world_size == 0) resolved.world_size = comm.size();
+  TORCH_CHECK_VALUE(resolved.world_size == comm.size(), "strategy '", name, "': the context's world size ",
+                    resolved.world_size, " is not the Comm's ", comm.size());
+  return spec(name).factory()(std::move(comm), args, resolved);
 }
 
 std::string StrategyRegistry::with_aliases(const StrategySpec& s) const {

@@ -132,9 +132,10 @@ class StrategyArgs {
 /// What a strategy's factory and checks may read besides its own options:
 /// the run's settings that belong to no one strategy.
 struct StrategyContext {
-  int world_size = 1;
-  /// Ranks per node (LOCAL_WORLD_SIZE); 0: unknown.
-  int local_world_size = 1;
+  /// Ranks in the world; 0: the Comm's size (StrategyRegistry::create fills it in).
+  int world_size = 0;
+  /// Ranks per node (LOCAL_WORLD_SIZE); 0: unknown (fsdp's hybrid_shard then refuses to start).
+  int local_world_size = 0;
   torch::Device device = torch::kCPU;
   Precision precision = Precision::kFp32;
   /// Where state lives between uses: "none", "cpu" (pinned host memory,

@@ -17,7 +17,8 @@ void LocalSGDStrategy::setup(strata::TrainingModule& module) {
   std::vector<torch::Tensor> flat;
   for (const auto& p : params()) flat.push_back(p.detach().reshape(-1));
   anchor_ = torch::cat(flat);
-  momentum_ = torch::zeros_like(anchor_);
+  // Plain averaging has no outer momentum (what the memory model counts).
+  momentum_ = options_.outer_optimizer() == "nesterov" ? torch::zeros_like(anchor_) : torch::Tensor();
   steps_ = 0;
 }
 

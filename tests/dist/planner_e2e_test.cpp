@@ -182,3 +182,43 @@ TEST(PlannerE2ETest, SummaryHasAConsistentPerRankSplit) {
   EXPECT_NE(ini.str().find("threads-per-rank = 1\n"), std::string::npos) << ini.str();
   EXPECT_EQ(ini.str().find("vocab-size = 50257"), std::string::npos) << ini.str();
 }
+
+namespace {
+
+/// Rank 0's measured bytes per step of `kind` in a summary (0 when absent).
+double measured(const nlohmann::json& summary, const std::string& kind) {
+  return summary.at("per_rank").at(0).at("comm_bytes_per_step").value(kind, 0.0);
+}
+
+/// Every collective the strategy's communication model predicts is what rank
+/// 0 sent per step, to the byte for the all-gathers and reduce-scatters; the
+/// all-reduces also carry the step's loss and agreement scalars (< 64 bytes).
+void expect_comm_model_matches(const nlohmann::json& summary, const std::string& what) {
+  ASSERT_TRUE(summary.contains("predicted_comm_bytes_per_step")) << what;
+  const auto& predicted = summary.at("predicted_comm_bytes_per_step");
+  ASSERT_FALSE(predicted.empty()) << what;
+  double sent = 0;
+  for (const auto& [kind, bytes] : predicted.items()) {
+    const double got = measured(summary, kind);
+    sent += got;
+    const double slack = kind == "all_reduce" ? 64.0 : 0.5;
+    EXPECT_NEAR(got, bytes.get<double>(), slack) << what << ": " << kind;
+  }
+  EXPECT_GT(sent, 0.0) << what;
+}
+
+}  // namespace
+
+TEST(PlannerE2ETest, EveryStrategysCommunicationModelIsWhatItSends) {
+  // The spec's model, written into summary.json by strata-gpt, against the
+  // bytes the same run counted (steps 2..4).
+  for (const std::string strategy : {"ddp", "oss", "sdp", "fsdp"}) expect_comm_model_matches(summary_of(strategy), strategy);
+  // fsdp gathers every unit again for each micro-batch; reduce-scatters once a step.
+  const auto out = scratch() / "fsdp-accumulate";
+  const auto run = run_gpt_binary("--strategy fsdp --accumulate-grad-batches 2 --reshard-after-forward true" + kRun +
+                                  "--output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto accumulated = read_json(out / "summary.json");
+  expect_comm_model_matches(accumulated, "fsdp, 2 micro-batches, reshard after forward");
+  EXPECT_GT(measured(accumulated, "all_gather"), 1.9 * measured(summary_of("fsdp"), "all_gather"));
+}

@@ -628,9 +628,42 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
   EXPECT_THROW(make_sweep(SweepOptions().strategies({"pipeline"}), builtins()), c10::ValueError);
   // No strategies given: the reference strategy alone.
   EXPECT_EQ(make_sweep(SweepOptions(), builtins()).cases.at(0).strategy, "ddp");
+  // The reference is the reference strategy's case wherever it comes in the list.
+  const Suite later = make_sweep(SweepOptions().strategies({"fsdp", "oss", "ddp"}), builtins());
+  for (const auto& c : later.cases) {
+    EXPECT_EQ(c.reference, c.strategy == "ddp" ? "" : "sweep/gpt-micro/ddp-2x1-b8-t64") << c.name;
+  }
   EXPECT_THROW(split_int_list("1,x", "nproc"), c10::ValueError);
   EXPECT_THROW(split_list("a,,b", "presets"), c10::ValueError);
   EXPECT_EQ(split_list("a, b", "presets"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(BenchTest, SuitesTakeAUsersStrategyFromItsSpec) {
+  // A strategy registered by another project gets its own suite, smoke rows
+  // (with the variant's precision), and planner cases; the built-ins' held-out
+  // planner cases stay what they were.
+  strata::StrategyRegistry registry;
+  strata::register_builtin_strategies(registry);
+  const auto& ddp = registry.spec("ddp");
+  registry.add(strata::StrategySpec("mine", "a user's strategy")
+                   .factory(ddp.factory())
+                   .memory(strata::replicated_memory)
+                   .bench({{.tag = "bf16", .precision = "bf16-mixed", .suites = {"smoke", "planner"}}}));
+  SuiteRegistry suites;
+  register_builtin_suites(suites, registry);
+  std::map<std::string, BenchCase> cases;
+  for (const auto& c : all_cases(suites.select("mine,smoke,planner"))) cases[c.name] = c;
+  ASSERT_TRUE(cases.count("mine/gpt-mini/mine-2x1")) << "its own suite";
+  EXPECT_EQ(cases.at("mine/gpt-mini/mine-2x1").reference, "mine/gpt-mini/ddp-2x1");
+  ASSERT_TRUE(cases.count("smoke/gpt-nano/mine-bf16-2x1"));
+  EXPECT_EQ(cases.at("smoke/gpt-nano/mine-bf16-2x1").precision, "bf16-mixed");
+  EXPECT_EQ(cases.at("smoke/gpt-nano/mine-bf16-2x1").reference, "smoke/gpt-nano/ddp-2x1");
+  EXPECT_EQ(cases.at("planner/gpt-mini/mine-bf16-2x1").precision, "bf16-mixed");
+  for (const char* held_out : {"planner/held-out/gpt-micro-w192/ddp-2x1-t128-b8",
+                               "planner/held-out/gpt-micro-w192/fsdp-2x1-t128-b8", "planner/held-out/gpt-mini/oss-3x1-t128-b8",
+                               "planner/held-out/gpt-mini/fsdp-4x1-t128-b4", "planner/held-out/gpt-nano/fsdp-ac-3x1-t256-b4"}) {
+    EXPECT_TRUE(cases.count(held_out)) << held_out;
+  }
 }
 
 TEST(BenchTest, SweepNamesMatchStrataGpt) { EXPECT_EQ(sweep_presets(), strata::recipes::gpt_preset_names()); }

@@ -314,6 +314,30 @@ TEST(CliTest, AUsersStrategyGetsItsOptionsHelpAndConfigIni) {
   EXPECT_NE(help.message.find("toy: steps between averages"), std::string::npos) << help.message;
 }
 
+TEST(CliTest, AStrategyMayNotTakeStrataGptsOwnKeysOrAuto) {
+  // One key, one meaning: a strategy option named like one of strata-gpt's
+  // (or a strategy named auto) would leave one of the two without its value.
+  const auto parse_with = [](const strata::StrategyRegistry& registry) {
+    return parse_run_config({"strata-gpt", "--max-steps", "3"}, {"gpt-micro"}, registry);
+  };
+  const auto factory = [](strata::Comm comm, const strata::StrategyArgs&, const strata::StrategyContext&) {
+    return registry_builtin_single(std::move(comm));
+  };
+  strata::StrategyRegistry clash;
+  strata::register_builtin_strategies(clash);
+  clash.add(strata::StrategySpec("heavy-ball", "momentum of its own")
+                .options({strata::StrategyOption::real("momentum", 0.5, "outer momentum")})
+                .factory(factory));
+  const auto refused = parse_with(clash);
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.message.find("strategy option '--momentum' (declared by heavy-ball only) is one of strata-gpt's own"),
+            std::string::npos)
+      << refused.message;
+  strata::StrategyRegistry named_auto;
+  named_auto.add(strata::StrategySpec("auto", "a strategy called auto").factory(factory));
+  EXPECT_NE(parse_with(named_auto).message.find("registered as 'auto'"), std::string::npos);
+}
+
 TEST(CliTest, OptimizerHyperparametersReachTheTrainer) {
   auto adamw = parse({"--adam-beta1", "0.8", "--adam-beta2", "0.999", "--adam-eps", "1e-6"});
   ASSERT_TRUE(adamw.config.has_value()) << adamw.message;

@@ -43,6 +43,9 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
   EXPECT_EQ(state("sdp", 2).optimizer, 8 * half);
   EXPECT_EQ(state("fsdp", 2).total(), 16 * half);
   EXPECT_EQ(state("ddp", 2, "sgd").optimizer, 0);
+  // SGD with momentum keeps one buffer per parameter.
+  EXPECT_EQ(predict_model_state(PlanRequest(model, "ddp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * p);
+  EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * half);
   EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).offload("disk")).total(), 0);
   // The other strategies offload their optimizer state only.
   const auto ddp_offloaded = predict_model_state(PlanRequest(model, "ddp", 2).offload("disk"));

@@ -79,6 +79,31 @@ TEST(StrategyRegistryTest, ConflictingRegistrationsFail) {
   EXPECT_NE(msg.find("bucket-cap-mb"), std::string::npos) << msg;
   EXPECT_NE(msg.find("ddp, oss (zero1) and sdp (zero2)"), std::string::npos) << msg;
   EXPECT_FALSE(registry.contains("mine"));  // nothing half-registered
+  EXPECT_THROW(registry.add(user_spec().aliases({"again", "again"})), c10::Error);
+  EXPECT_THROW(registry.add(user_spec().aliases({"mine"})), c10::Error);
+  EXPECT_THROW(registry.add(user_spec().options({strata::StrategyOption::integer("k", 1, "a"),
+                                                 strata::StrategyOption::integer("k", 1, "b")})),
+               c10::Error);
+  // find-unused-parameters is a bare flag everywhere (--find-unused-parameters alone means true).
+  EXPECT_THROW(registry.add(user_spec().options({strata::StrategyOption::boolean("find-unused-parameters", false, "x")})),
+               c10::Error);
+  EXPECT_FALSE(registry.contains("mine"));
+}
+
+TEST(StrategyRegistryTest, AContextWithoutTheNodeSizeRefusesHybridSharding) {
+  // hybrid_shard needs LOCAL_WORLD_SIZE; a context that does not know it
+  // (the default) must not run it as something else.
+  const auto registry = builtins();
+  const auto& fsdp = registry.spec("fsdp");
+  const auto args = fsdp.parse_args({{"sharding-strategy", "hybrid_shard"}});
+  strata::StrategyContext unknown;
+  unknown.world_size = 4;
+  EXPECT_NE(fsdp.check_run(args, unknown).find("needs the node size"), std::string::npos) << fsdp.check_run(args, unknown);
+  strata::StrategyContext known = unknown;
+  known.local_world_size = 2;
+  EXPECT_EQ(fsdp.check_run(args, known), "");
+  known.local_world_size = 3;
+  EXPECT_NE(fsdp.check_run(args, known).find("3"), std::string::npos);
 }
 
 TEST(StrategyRegistryTest, OptionsParseTypedWithTheirRules) {
@@ -164,6 +189,14 @@ TEST(StrategyRegistryTest, BuiltinCommunicationModelsAreTheZeroMultiples) {
   EXPECT_DOUBLE_EQ(multiple("fsdp", {{"reshard-after-forward", "true"}}), 2.0 + 4 * 0.2);  // all 4 again
   EXPECT_DOUBLE_EQ(multiple("fsdp", {{"sharding-strategy", "shard_grad_op"}}), 2.0);
   EXPECT_DOUBLE_EQ(multiple("fsdp", {{"reduce-dtype", "bf16"}}), 1.5 + 3 * 0.2);
+  // Gradient accumulation: fsdp gathers every micro-batch, reduces once;
+  // ddp reduces once (no_sync on the others).
+  auto q = query(world);
+  q.micro_batches = 3;
+  q.args = registry.spec("fsdp").parse_args();
+  EXPECT_DOUBLE_EQ(registry.spec("fsdp").communication()(q)->total() / psi, 3 * 1.6 + 1.0);
+  q.args = registry.spec("ddp").parse_args();
+  EXPECT_DOUBLE_EQ(registry.spec("ddp").communication()(q)->total() / psi, 2.0);
 }
 
 }  // namespace
