@@ -25,6 +25,9 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
 // Case shapes. Batch sizes put one step at ~0.1–0.4 s on 2 idle cores, steps
 // make a case ~5–20 s; block 128 on the generated text gives realistically
 // shaped matmuls (the addition task's 11 tokens would not).
+/// Samples per rank of a suite's case on `preset` (see above).
+int64_t default_batch(const std::string& preset) { return preset == "gpt-mini" ? 8 : 16; }
+
 BenchCase make_case(const std::string& suite, const std::string& preset, const std::string& variant,
                     const std::string& strategy, int nproc, int threads) {
   BenchCase c;
@@ -36,7 +39,7 @@ BenchCase make_case(const std::string& suite, const std::string& preset, const s
   c.threads_per_rank = threads;
   c.block_size = 128;
   c.steps = preset == "gpt-mini" ? 40 : 60;
-  c.batch_size = preset == "gpt-mini" ? 8 : 16;
+  c.batch_size = default_batch(preset);
   return c;
 }
 
@@ -99,7 +102,7 @@ Suite strategy_suite(const StrategyRegistry& strategies, const StrategySpec& spe
       // The same global batch: make_case's per-rank batch on each of 2 ranks.
       plain_ref = case_label(single->name(), "", 1, 2);
       rows.push_back({.preset = preset, .variant = plain_ref, .strategy = single->name(), .nproc = 1, .threads = 2,
-                      .batch = 2 * make_case("", preset, "", "", 1, 1).batch_size});
+                      .batch = 2 * default_batch(preset)});
     }
     rows.push_back({.preset = preset, .variant = plain, .strategy = spec.name(), .nproc = nproc, .threads = threads,
                     .reference = plain_ref});

@@ -65,14 +65,6 @@ struct Entry {
   const StrategyOption* option = nullptr;   ///< a strategy option (its first declaration)
 };
 
-/// The canonical names of the specs declaring `key`, comma-separated.
-std::string declarers(const std::string& key, const StrategyRegistry& strategies) {
-  std::vector<std::string> who;
-  for (const auto* spec : strategies.specs()) {
-    if (spec->find_option(key) != nullptr) who.push_back(spec->name());
-  }
-  return join(who);
-}
 
 /// "" or why `strategies` cannot be strata-gpt's: a strategy named auto (the
 /// planner's), or an option key strata-gpt has itself (--lr, --momentum: one
@@ -99,7 +91,7 @@ std::vector<Entry> entries(const StrategyRegistry& strategies) {
     out.push_back({f.key, f.group, f.help, f.flag, f, nullptr});
     if (std::string(f.key) != kStrategyOptionsAfter) continue;
     for (const StrategyOption* o : strategies.all_options()) {
-      out.push_back({o->key(), f.group, declarers(o->key(), strategies) + ": " + o->help(), o->bare(), std::nullopt, o});
+      out.push_back({o->key(), f.group, "[" + strategies.declared_by(o->key()) + "] " + o->help(), o->bare(), std::nullopt, o});
     }
   }
   return out;

@@ -60,12 +60,6 @@ class RecordRankError : public Callback {
   }
 };
 
-std::string self_executable(const char* argv0) {
-  std::error_code ec;
-  auto path = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(argv0) : path.string();
-}
-
 void dump_params(const std::string& path, torch::nn::Module& module) {
   torch::serialize::OutputArchive archive;
   for (const auto& item : module.named_parameters()) archive.write(item.key(), item.value());

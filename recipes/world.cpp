@@ -17,6 +17,12 @@ StrategyContext World::context() const {
   return c;
 }
 
+std::string self_executable(const std::string& argv0) {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? argv0 : path.string();
+}
+
 Comm join_world(const DistEnv& env, const torch::Device& device, std::chrono::milliseconds timeout) {
   return create_world_comm(ProcessGroupOptions(env.rank, env.world_size)
                                .master_addr(env.master_addr)
@@ -37,9 +43,7 @@ World launch_or_join(std::vector<std::string> argv, const WorldOptions& options)
   world.env = dist_env_from(current_environment());
   if (!world.env && options.nproc() > 1) {
     // The ranks run this very binary (its path, not argv[0], which may be relative to a PATH entry).
-    std::error_code ec;
-    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (!ec) argv[0] = self.string();
+    argv[0] = self_executable(argv[0]);
     LaunchOptions launch;
     launch.nproc = options.nproc();
     launch.threads_per_rank = options.threads_per_rank();

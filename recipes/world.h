@@ -52,6 +52,10 @@ struct World {
   StrategyContext context() const;
 };
 
+/// This running binary's path (/proc/self/exe), else `argv0`: what a launcher
+/// re-executes for its ranks.
+std::string self_executable(const std::string& argv0);
+
 /// The world a launcher set up (`env`), on `device`: its process group over
 /// the launcher's store (Gloo on CPU, NCCL on CUDA), able to split into
 /// subgroups. Collective: every rank of the world calls it.

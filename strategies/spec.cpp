@@ -3,6 +3,7 @@
 #include "strata/strategies/offload_tier.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <charconv>
@@ -18,11 +19,7 @@ std::string shortest(double v) {
   return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::general).ptr);
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
-}
+std::string join(const std::vector<std::string>& items) { return c10::Join(", ", items); }
 
 const char* kind_word(OptionKind kind) {
   switch (kind) {
@@ -289,7 +286,7 @@ std::unique_ptr<Strategy> offload_optimizer_state_as_asked(std::unique_ptr<Strat
   return strategy;
 }
 
-std::string optimizer_offload_problem(const StrategyContext& context) {
+std::string optimizer_offload_problem(const StrategyArgs&, const StrategyContext& context) {
   try {
     check_offload_kind(parse_offload(context.offload), context.offload_dir, context.device);
   } catch (const c10::Error& e) {

@@ -307,7 +307,8 @@ std::unique_ptr<Strategy> offload_optimizer_state_as_asked(std::unique_ptr<Strat
 MemoryEstimate with_optimizer_offload(MemoryEstimate estimate, const MemoryQuery& query);
 
 /// "" or the error for --offload `context.offload` on this device (cpu needs
-/// CUDA, disk an existing writable directory): what with_offload checks.
-std::string optimizer_offload_problem(const StrategyContext& context);
+/// CUDA, disk a directory): what offload_optimizer_state_as_asked checks; a
+/// StrategySpec::check for the strategies that offload that way.
+std::string optimizer_offload_problem(const StrategyArgs& args, const StrategyContext& context);
 
 }  // namespace strata

@@ -91,9 +91,7 @@ strata::StrategySpec local_sgd_spec() {
         // --offload: the inner optimizer's state in the tier, as ddp does.
         return strata::offload_optimizer_state_as_asked(std::move(s), context);
       })
-      .check([](const strata::StrategyArgs&, const strata::StrategyContext& context) {
-        return strata::optimizer_offload_problem(context);
-      })
+      .check(strata::optimizer_offload_problem)
       .memory([](const strata::MemoryQuery& q) {
         auto m = strata::replicated_memory(q);
         // The last synchronised parameters, and the outer momentum.

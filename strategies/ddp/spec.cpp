@@ -17,7 +17,7 @@ StrategySpec ddp_spec() {
                                                                       .overlap_comm(args.boolean("overlap-comm")));
         return offload_optimizer_state_as_asked(std::move(ddp), context);
       })
-      .check([](const StrategyArgs&, const StrategyContext& context) { return optimizer_offload_problem(context); })
+      .check(optimizer_offload_problem)
       .reference(true)
       .memory(replicated_memory)
       .communication([](const MemoryQuery& q) {

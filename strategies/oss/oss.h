@@ -86,5 +86,12 @@ std::vector<StrategyOption> shard_options();
 ShardOptions shard_options_from(const StrategyArgs& args);
 std::optional<MemoryEstimate> sharded_optimizer_memory(const MemoryQuery& query, bool shard_grads);
 std::optional<CommEstimate> sharded_optimizer_comm(const MemoryQuery& query, CollectiveKind gradient_collective);
+/// Their factory: `S` with the shard options, the optimizer state offloaded as asked.
+template <typename S>
+StrategySpec::Factory shard_factory() {
+  return [](Comm comm, const StrategyArgs& args, const StrategyContext& context) -> std::unique_ptr<Strategy> {
+    return offload_optimizer_state_as_asked(std::make_unique<S>(std::move(comm), shard_options_from(args)), context);
+  };
+}
 
 }  // namespace strata

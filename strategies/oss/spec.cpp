@@ -43,11 +43,8 @@ StrategySpec oss_spec() {
   return StrategySpec("oss", "ZeRO-1: optimizer state sharded; grads reduce-scattered after backward")
       .aliases({"zero1"})
       .options(shard_options())
-      .factory([](Comm comm, const StrategyArgs& args, const StrategyContext& context) {
-        return offload_optimizer_state_as_asked(std::make_unique<OSSStrategy>(std::move(comm), shard_options_from(args)),
-                                                context);
-      })
-      .check([](const StrategyArgs&, const StrategyContext& context) { return optimizer_offload_problem(context); })
+      .factory(shard_factory<OSSStrategy>())
+      .check(optimizer_offload_problem)
       .memory([](const MemoryQuery& q) { return sharded_optimizer_memory(q, /*shard_grads=*/false); })
       .communication([](const MemoryQuery& q) { return sharded_optimizer_comm(q, CollectiveKind::kReduceScatter); })
       .plan({{.label = "oss", .speed_rank = 20, .min_world_size = 2}})

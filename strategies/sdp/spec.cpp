@@ -7,11 +7,8 @@ StrategySpec sdp_spec() {
   return StrategySpec("sdp", "ZeRO-2: optimizer state and grads sharded; grads reduced to owners during backward")
       .aliases({"zero2"})
       .options(shard_options())
-      .factory([](Comm comm, const StrategyArgs& args, const StrategyContext& context) {
-        return offload_optimizer_state_as_asked(std::make_unique<SDPStrategy>(std::move(comm), shard_options_from(args)),
-                                                context);
-      })
-      .check([](const StrategyArgs&, const StrategyContext& context) { return optimizer_offload_problem(context); })
+      .factory(shard_factory<SDPStrategy>())
+      .check(optimizer_offload_problem)
       .memory([](const MemoryQuery& q) { return sharded_optimizer_memory(q, /*shard_grads=*/true); })
       .communication([](const MemoryQuery& q) { return sharded_optimizer_comm(q, CollectiveKind::kReduce); })
       // With its optimizer state streamed from disk: measured on gpt-mini x2,

@@ -9,7 +9,7 @@ StrategySpec single_device_spec() {
       .factory([](Comm comm, const StrategyArgs&, const StrategyContext& context) {
         return offload_optimizer_state_as_asked(std::make_unique<SingleDeviceStrategy>(std::move(comm)), context);
       })
-      .check([](const StrategyArgs&, const StrategyContext& context) { return optimizer_offload_problem(context); })
+      .check(optimizer_offload_problem)
       .memory([](const MemoryQuery& query) {
         auto m = replicated_memory(query);
         // zero_grad sets gradients to none: the activation peak at the start

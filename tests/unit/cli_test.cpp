@@ -311,7 +311,7 @@ TEST(CliTest, AUsersStrategyGetsItsOptionsHelpAndConfigIni) {
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.message.find("  toy                   a user's strategy"), std::string::npos) << help.message;
   EXPECT_NE(help.message.find("--sync-every INT (=8)"), std::string::npos) << help.message;
-  EXPECT_NE(help.message.find("toy: steps between averages"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("[toy only] steps between averages"), std::string::npos) << help.message;
 }
 
 TEST(CliTest, AStrategyMayNotTakeStrataGptsOwnKeysOrAuto) {
