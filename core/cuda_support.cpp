@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #ifdef STRATA_WITH_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -52,10 +53,20 @@ std::vector<std::string> nccl_timeout_variables_in_libtorch() {
 
 bool built_with_cuda() { return true; }
 
+namespace {
+// LibTorch initialises CUDA lazily, on the first CUDA tensor: until then the
+// caching allocator has no per-device state, and asking it for statistics
+// fails with "Invalid device argument 0: did you call init?" (seen on the
+// first H200 run: the memory tracker resets its peak before the model exists).
+// The Python frontend calls the same init in torch.cuda._lazy_init.
+void init_cuda() { at::globalContext().lazyInitDevice(c10::DeviceType::CUDA); }
+}  // namespace
+
 void set_cuda_device(int index) {
   const int count = static_cast<int>(c10::cuda::device_count());
   TORCH_CHECK(index >= 0 && index < count, "cuda:", index, " does not exist: ", count,
               " CUDA device(s) visible (check LOCAL_RANK and CUDA_VISIBLE_DEVICES)");
+  init_cuda();
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
 }
 
@@ -78,12 +89,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_nccl_group(const c10::intrusive_pt
 
 CudaAllocatedBytes cuda_allocated_bytes(int index) {
   using c10::CachingAllocator::StatType;
+  init_cuda();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   const auto& bytes = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
   return {bytes.current, bytes.peak};
 }
 
 void reset_cuda_peak_allocated_bytes(int index) {
+  init_cuda();
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
 }
 
