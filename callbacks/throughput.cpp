@@ -54,18 +54,20 @@ double measure_matmul_peak_flops(int64_t n, int repeats, torch::Dtype dtype) {
   return flops / best_matmul_seconds(n, repeats, /*budget_s=*/2.0, dtype);
 }
 
-double measure_cuda_matmul_peak_flops(int index, int64_t n, int repeats) {
+double measure_cuda_matmul_peak_flops(int index, int64_t n, int repeats, torch::Dtype dtype) {
   TORCH_CHECK(n >= 1 && repeats >= 1, "measure_cuda_matmul_peak_flops: need n >= 1 and repeats >= 1, got n=",
               n, ", repeats=", repeats);
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kHalf,
+              "measure_cuda_matmul_peak_flops: dtype must be float32, bfloat16 or float16, got ", dtype);
   torch::NoGradGuard no_grad;
   double best = std::numeric_limits<double>::infinity();
   {
-    const auto options = torch::TensorOptions(torch::kFloat32).device(torch::kCUDA, index);
+    const auto options = torch::TensorOptions(dtype).device(torch::kCUDA, index);
     // Drawn on the host from its own generator: the device's default one
     // (dropout on CUDA) must not move.
     auto gen = at::detail::createCPUGenerator(/*seed_in=*/0);
-    const auto a = torch::randn({n, n}, gen, torch::kFloat32).to(options.device());
-    const auto b = torch::randn({n, n}, gen, torch::kFloat32).to(options.device());
+    const auto a = torch::randn({n, n}, gen, torch::kFloat32).to(options);
+    const auto b = torch::randn({n, n}, gen, torch::kFloat32).to(options);
     auto c = torch::empty({n, n}, options);
     torch::mm_out(c, a, b);  // warm-up: cuBLAS handle and workspace
     for (int i = 0; i < repeats; ++i) {
@@ -119,8 +121,9 @@ void Throughput::on_fit_start(Trainer& trainer, TrainingModule&) {
   // its own peak: ranks sharing a machine share its cores, which is the point.
   if (peak_flops_ > 0.0) return;
   const torch::Device& device = trainer.strategy().device();
-  peak_flops_ = device.is_cuda() ? measure_cuda_matmul_peak_flops(device.index())
-                                 : measure_matmul_peak_flops(options_.peak_matmul_size());
+  peak_flops_ = device.is_cuda()
+                    ? measure_cuda_matmul_peak_flops(device.index(), 4096, 10, options_.peak_dtype())
+                    : measure_matmul_peak_flops(options_.peak_matmul_size(), 5, options_.peak_dtype());
 }
 
 void Throughput::on_train_batch_end(Trainer& trainer, TrainingModule& module,

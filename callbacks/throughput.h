@@ -37,10 +37,11 @@ namespace strata {
 /// MemoryTracker's peak is unaffected.
 double measure_matmul_peak_flops(int64_t n = 1024, int repeats = 5, torch::Dtype dtype = torch::kFloat32);
 
-/// The same for cuda:index, timed between device synchronizations (fp32,
-/// LibTorch's default math: no TF32). The probe's tensors are freed, and the
-/// device's peak-allocated counter reset, before it returns.
-double measure_cuda_matmul_peak_flops(int index, int64_t n = 4096, int repeats = 10);
+/// The same for cuda:index in `dtype`, timed between device synchronizations
+/// (fp32 is LibTorch's default math: no TF32). The probe's tensors are freed,
+/// and the device's peak-allocated counter reset, before it returns.
+double measure_cuda_matmul_peak_flops(int index, int64_t n = 4096, int repeats = 10,
+                                      torch::Dtype dtype = torch::kFloat32);
 
 /// Result of check_blas_speed().
 struct BlasCheck {
@@ -64,6 +65,10 @@ struct ThroughputOptions {
   TORCH_ARG(double, peak_flops) = 0.0;
   /// Matrix size of that measurement.
   TORCH_ARG(int64_t, peak_matmul_size) = 1024;
+  /// The dtype the model's matmuls run in (bf16 under bf16-mixed): the peak
+  /// is that dtype's, or a bf16 run on a GPU divides by the fp32 rate and its
+  /// MFU comes out above 1 (seen on an H200: 51 TFLOP/s fp32 probe).
+  TORCH_ARG(torch::Dtype, peak_dtype) = torch::kFloat32;
 };
 
 class Throughput : public Callback {

@@ -268,7 +268,7 @@ std::string peak_dtype(const RunConfig& c) {
 /// 0, which the Throughput callback measures on the device.
 PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
   if (c.peak_flops > 0.0) return {c.peak_flops, "--peak-flops"};
-  if (device.is_cuda()) return {0.0, "measured on " + device.str()};
+  if (device.is_cuda()) return {0.0, "measured on " + device.str() + " in " + peak_dtype(c)};
   return cpu_peak_flops(at::get_num_threads(), peak_dtype(c), default_peak_flops_cache());
 }
 
@@ -301,7 +301,9 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   std::shared_ptr<Strategy> strategy = registry.create_parsed(
       c.strategy, comm, strategy_args(c, registry), strategy_context(c, comm.size(), local_world, device));
   const PeakFlops peak = mfu_peak(c, device);
-  auto throughput = std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops));
+  const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
+  auto throughput =
+      std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
   const auto callbacks = make_callbacks(c, throughput, out_dir, memory);
   if (is_zero) {
     std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : c.preset) << " | "

@@ -343,9 +343,10 @@ def throughput_row(label, world, run_dir, rc, peak_tflops):
 def throughput_markdown(rows, gpu_name, torch_version, peak_tflops):
     peak = "%g TFLOP/s" % peak_tflops if peak_tflops else "unknown (set GPU_CHECK_PEAK_TFLOPS)"
     out = ["GPU: %s; nominal bf16 dense peak %s; torch %s." % (gpu_name, peak, torch_version), "",
-           "strata mfu: strata's own field, against its fp32 matmul probe (no TF32), so bf16 runs can exceed 1; "
+           "strata mfu: strata's own field, against its own 4096^3 matmul probe on the device in the run's "
+           "compute dtype (bf16 under bf16-mixed; until 2026-11-27 it probed fp32, so bf16 runs exceeded 1); "
            "MFU bf16: the same FLOPs (6 N + 12 L H Q T per token) against the nominal bf16 peak.", "",
-           "| strategy | world | tokens/s | tokens/s/GPU | ms/step | strata mfu | fp32 probe TFLOP/s "
+           "| strategy | world | tokens/s | tokens/s/GPU | ms/step | strata mfu | probe TFLOP/s "
            "| MFU bf16 | peak tensor GiB | peak RSS GiB |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
