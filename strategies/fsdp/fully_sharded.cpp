@@ -13,23 +13,23 @@
 
 namespace strata {
 
-torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
-  TORCH_CHECK(unit < static_cast<int64_t>(index_of_unit_.size()), name(), ": the module ran unit ",
-              unit, " but named ", index_of_unit_.size(), " wrap units at setup");
-  const int index = index_of_unit_[unit];
+torch::Tensor FSDPStrategy::run_unit(int64_t module_unit, const torch::Tensor& x, const UnitFn& forward) {
+  TORCH_CHECK(module_unit < static_cast<int64_t>(index_of_unit_.size()), name(), ": the module ran unit ",
+              module_unit, " but named ", index_of_unit_.size(), " wrap units at setup");
+  const int index = index_of_unit_[module_unit];
   if (index < 0) return forward(x);
-  Slot& slot = slots_[index];
+  const FsdpUnit& unit = *units_[index];
   // Called during backward: an activation checkpoint installed outside FSDP
   // recomputes the unit, and the unit's own backward follows at once.
   const bool recompute = in_backward_;
   gather(index);
   if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
   const bool grad = torch::GradMode::is_enabled();
-  const torch::Tensor in = grad && slot.frozen != nullptr ? hook_frozen_input(unit, index, x, recompute) : x;
+  const torch::Tensor in = grad && unit.frozen() != nullptr ? hook_frozen_input(module_unit, index, x, recompute) : x;
   // A unit computing in low precision (mixed precision) takes its input in
   // that dtype, as torch's FSDP casts forward inputs, and hands its output
   // back in the caller's dtype, so the stream between units keeps its own.
-  const FlatParam& flat = lead(slot);
+  const FlatParam& flat = unit.lead();
   const auto compute = flat.compute_dtype();
   const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
   auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
@@ -38,18 +38,19 @@ torch::Tensor FSDPStrategy::run_unit(int64_t unit, const torch::Tensor& x, const
   return out;
 }
 
-torch::Tensor FSDPStrategy::hook_frozen_input(int64_t unit, int index, const torch::Tensor& x, bool recompute) {
-  Slot& slot = slots_[index];
+torch::Tensor FSDPStrategy::hook_frozen_input(int64_t module_unit, int index, const torch::Tensor& x,
+                                              bool recompute) {
+  FsdpUnit& unit = *units_[index];
   // A second run's backward could read the frozen part after the first
   // run's input gradient freed it.
-  TORCH_CHECK(!slot.ran_with_grad || recompute, name(), ": wrap unit ", unit, " ran twice in one "
+  TORCH_CHECK(!unit.ran_with_grad() || recompute, name(), ": wrap unit ", module_unit, " ran twice in one "
               "forward; a unit with frozen parameters may run once per micro-batch (its frozen part is freed after "
               "its input's gradient arrives)");
-  slot.ran_with_grad = true;
+  unit.mark_ran_with_grad();
   if (!x.requires_grad()) return x;
   // Reports when the gradient w.r.t. the unit's input is complete: every
   // input-gradient computation (those reading the frozen part) is done.
-  slot.input_hooked = true;
+  unit.mark_input_hooked();
   return with_pre_backward_hook(x, [this, index] { input_backward_done(index); });
 }
 
@@ -60,17 +61,17 @@ void FSDPStrategy::reshard_after_unit_forward(int index, bool grad, bool recompu
   // follows (torchtitan's default): backward starts with it and would gather
   // it again at once, with nothing to overlap that all-gather. That holds
   // under a checkpoint's no-grad forward too, whose recompute needs it then.
-  const bool keep = keep_last_unit_ && backward_follows_ && index == num_wrap_slots_ - 1;
+  const bool keep = keep_last_unit_ && backward_follows_ && index == num_wrap_units_ - 1;
   if (keep) return;
-  if (!grad || (reshard_after_forward_ && !recompute)) for_parts(slots_[index], [](FlatParam& part) { part.reshard(); });
+  if (!grad || (reshard_after_forward_ && !recompute)) units_[index]->reshard();
 }
 
 void FSDPStrategy::begin_forward() {
-  for (auto& slot : slots_) slot.ran_with_grad = slot.input_hooked = slot.input_done = slot.train_done = false;
+  for (auto& unit : units_) unit->begin_micro_batch();
   // The root's parameters (embeddings, final norm, head) are used before the
   // first unit and after the last one; gather them for the whole micro-batch.
-  if (num_wrap_slots_ < static_cast<int>(slots_.size())) {
-    for_parts(slots_.back(), [&](FlatParam& part) { part.finish_gather(shard_comm_); });
+  if (num_wrap_units_ < static_cast<int>(units_.size())) {
+    units_.back()->for_parts([&](FlatParam& part) { part.finish_gather(shard_comm_); });
   }
   prefetch(0);
 }
@@ -93,48 +94,40 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
 
 void FSDPStrategy::gather(int index) {
   RECORD_FUNCTION("strata::fsdp_gather", std::vector<c10::IValue>());  // a span in --profile traces
-  const Slot& slot = slots_[index];
-  if (slot.frozen != nullptr) slot.frozen->finish_gather(shard_comm_);
-  if (slot.train >= 0) {
-    FlatParam& unit = *units_[slot.train];
-    unit.finish_gather(shard_comm_);
-    if (unit.compute_dtype() != unit.dtype()) {
+  const FsdpUnit& unit = *units_[index];
+  if (unit.frozen() != nullptr) unit.frozen()->finish_gather(shard_comm_);
+  if (FlatParam* train = unit.train()) {
+    train->finish_gather(shard_comm_);
+    if (train->compute_dtype() != train->dtype()) {
       // The parameters changed dtype (set_data), which drops their gradient
       // accumulators: hook the new ones before the unit's graph uses them.
-      for (size_t k : hooks_of_unit_[slot.train]) grad_sync_.rehook(k);
+      for (size_t k : unit.hooks()) grad_sync_.rehook(k);
     }
   }
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
 void FSDPStrategy::prefetch(int index) {
-  if (index < 0 || index >= num_wrap_slots_) return;
-  const Slot& slot = slots_[index];
-  bool needed = false;
-  for_parts(slot, [&](FlatParam& part) { needed = needed || (part.sharded() && !part.holds_full()); });
-  if (!needed) return;
+  if (index < 0 || index >= num_wrap_units_) return;
+  const FsdpUnit& unit = *units_[index];
+  if (!unit.needs_gather()) return;
   // Decided from state every rank has alike (never from whether a collective
   // has finished), so every rank issues the same all-gathers in the same order.
   if (options_.limit_all_gathers() && wrap_units_holding_full() >= kMaxUnitsGathered) return;
-  for_parts(slot, [&](FlatParam& part) { part.start_gather(shard_comm_); });
+  unit.for_parts([&](FlatParam& part) { part.start_gather(shard_comm_); });
   max_units_gathered_ = std::max(max_units_gathered_, wrap_units_holding_full());
 }
 
 int FSDPStrategy::wrap_units_holding_full() const {
   int n = 0;
-  for (int i = 0; i < num_wrap_slots_; ++i) {
-    const Slot& slot = slots_[i];
-    const bool train = slot.train >= 0 && units_[slot.train]->sharded() && units_[slot.train]->holds_full();
-    const bool frozen = slot.frozen != nullptr && slot.frozen->sharded() && slot.frozen->holds_full();
-    n += train || frozen;
-  }
+  for (int i = 0; i < num_wrap_units_; ++i) n += units_[i]->holds_full();
   return n;
 }
 
 void FSDPStrategy::backward(const torch::Tensor& loss) {
   sync_backward_ = require_sync();
   if (root_ != nullptr) root_->prepare_grads();
-  prefetch(num_wrap_slots_ - 1);  // backward reaches the last unit first
+  prefetch(num_wrap_units_ - 1);  // backward reaches the last unit first
   // The step's peak so far (a model of one unit has no pre_backward); the
   // first unit's pre_backward replaces it with the larger set it holds.
   if (pool_ != nullptr) pool_at_peak_ = pool_->in_use();
@@ -150,7 +143,7 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   backward_follows_ = false;
   // Frozen parts no event freed (the root's; a unit whose input needed no
   // gradient): backward is over, nothing reads them any more.
-  for (auto& unit : frozen_units_) unit->reshard();
+  for (FlatParam* part : frozen_parts()) part->reshard();
 }
 
 void FSDPStrategy::pre_backward(int index) {
@@ -158,7 +151,7 @@ void FSDPStrategy::pre_backward(int index) {
   // output is complete, before any of the unit's backward nodes.
   gather(index);  // Sync point: the unit's backward reads its full parameters
   prefetch(index - 1);
-  if (slots_[index].train >= 0) units_[slots_[index].train]->prepare_grads();
+  if (FlatParam* train = units_[index]->train()) train->prepare_grads();
   if (pool_ != nullptr && !peak_noted_) {
     // Every activation is still alive and the first unit's buffers are all
     // held: what a step holds at its peak (optimizer_step keeps that much).
@@ -171,34 +164,21 @@ void FSDPStrategy::post_backward(size_t bucket) {
   // Called from the AccumulateGrad post-hook of the unit's last parameter
   // (GradReadiness, in bucket order), or from reduce_gradients() for a unit
   // whose parameters did not all get a gradient.
-  FlatParam& unit = *units_[unit_of_bucket_[bucket]];
+  FsdpUnit& unit = *unit_of_bucket_[bucket];
+  FlatParam& train = *unit.train();
   // A unit whose backward never started still takes part with zeros: every
   // rank must issue the same collectives.
-  unit.prepare_grads();
-  if (sync_backward_) launch_reduction(unit);
-  unit.reshard();
-  Slot& slot = slots_[slot_of_train_[unit_of_bucket_[bucket]]];
-  slot.train_done = true;
-  maybe_reshard_frozen(slot);
+  train.prepare_grads();
+  if (sync_backward_) launch_reduction(train);
+  train.reshard();
+  unit.mark_train_done();
+  unit.maybe_reshard_frozen();
 }
 
 void FSDPStrategy::input_backward_done(int index) {
   // On the autograd thread: the unit's input gradient is complete.
-  slots_[index].input_done = true;
-  maybe_reshard_frozen(slots_[index]);
-}
-
-void FSDPStrategy::maybe_reshard_frozen(Slot& slot) {
-  // A backward node reading the frozen part computes the gradient of an
-  // input that needs one: one made from the unit's input (its gradient
-  // completes after the node) or from the unit's trainable parameters
-  // (theirs do). After both, no node reads it. The root (never run through
-  // run_unit: its inputs come from every unit) waits for backward's end.
-  // Local only: no rank issues a collective here.
-  if (slot.frozen == nullptr || !slot.ran_with_grad) return;
-  if (slot.input_hooked && !slot.input_done) return;
-  if (slot.train >= 0 && !slot.train_done) return;
-  slot.frozen->reshard();
+  units_[index]->mark_input_done();
+  units_[index]->maybe_reshard_frozen();
 }
 
 void FSDPStrategy::launch_reduction(FlatParam& unit) {
@@ -275,8 +255,8 @@ std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
   // parameter's pieces makes torch skip it, as it skips a .grad == None.
   std::vector<torch::Tensor> hidden;
   for (size_t k : grad_sync_.unused_everywhere()) {
-    const auto& [index, param] = hooked_param_[k];
-    const auto& unit = *units_[index];
+    const auto& [part, param] = hooked_param_[k];
+    const FlatParam& unit = *part;
     for (size_t j = 0; j < unit.pieces().size(); ++j) {
       if (unit.piece_params()[j] == param) hidden.push_back(unit.pieces()[j]);
     }
@@ -285,8 +265,24 @@ std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
 }
 
 void FSDPStrategy::reshard_all() {
-  for (auto& unit : units_) unit->reshard();
-  for (auto& unit : frozen_units_) unit->reshard();
+  for (FlatParam* part : trainable_parts()) part->reshard();
+  for (FlatParam* part : frozen_parts()) part->reshard();
+}
+
+std::vector<FlatParam*> FSDPStrategy::trainable_parts() const {
+  std::vector<FlatParam*> parts;
+  for (const auto& unit : units_) {
+    if (unit->train() != nullptr) parts.push_back(unit->train());
+  }
+  return parts;
+}
+
+std::vector<FlatParam*> FSDPStrategy::frozen_parts() const {
+  std::vector<FlatParam*> parts;
+  for (const auto& unit : units_) {
+    if (unit->frozen() != nullptr) parts.push_back(unit->frozen());
+  }
+  return parts;
 }
 
 torch::Tensor FSDPStrategy::scratch(int64_t numel, const torch::TensorOptions& options) {
@@ -312,8 +308,8 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
     TORCH_CHECK(&optimizer == offloaded_optimizer_, name(), ": with offload, step the optimizer setup_optimizer() made");
     std::unordered_set<const void*> skipped;
     for (size_t k : grad_sync_.unused_everywhere()) {
-      const auto& [index, param] = hooked_param_[k];
-      skipped.insert(units_[index]->params()[param].unsafeGetTensorImpl());
+      const auto& [part, param] = hooked_param_[k];
+      skipped.insert(part->params()[param].unsafeGetTensorImpl());
     }
     offloaded_optimizer_->set_skipped(std::move(skipped));
     optimizer.step();
@@ -325,9 +321,9 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
 
 void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
   end_step();  // again (idempotent): a skipped step (16-mixed overflow) calls no optimizer_step
-  for (auto& unit : units_) {
-    unit->release_full_grad();
-    unit->zero_shard_grad();
+  for (FlatParam* part : trainable_parts()) {
+    part->release_full_grad();
+    part->zero_shard_grad();
   }
 }
 

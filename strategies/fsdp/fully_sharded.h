@@ -3,7 +3,8 @@
 //
 // Sharded: parameters, gradients and optimizer state. Each wrap unit (wrap.h:
 // GPT's blocks, plus a root unit for the parameters in no block) is one
-// FlatParam (flat_param.h); every rank keeps a 1/N shard of each. Per step:
+// FsdpUnit (unit.h) whose parameters are one FlatParam (flat_param.h; frozen
+// ones a second); every rank keeps a 1/N shard of each. Per step:
 //  - forward: a unit's shards are all-gathered just before it runs (the next
 //    unit's gather is prefetched while it runs) and freed after it;
 //  - backward: when the gradient reaches a unit's output, its shards are
@@ -82,6 +83,7 @@
 #include "strata/strategies/fsdp/flat_param.h"
 #include "strata/strategies/fsdp/offload.h"
 #include "strata/strategies/fsdp/options.h"
+#include "strata/strategies/fsdp/unit.h"
 #include "strata/strategies/grad_sync.h"
 #include "strata/strategies/spec.h"
 #include "strata/strategies/strategy.h"
@@ -173,20 +175,6 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::vector<torch::Tensor> shard_grad_norms() const override;
   void scale_shard_grads(double coef) override;
 
-  // A wrap unit (or the root) as FSDP runs it: its trainable FlatParam
-  // (units_) and its frozen one (frozen_units_); either may be absent.
-  struct Slot {
-    int train = -1;               // units_ index; -1: no trainable parameters
-    FlatParam* frozen = nullptr;  // null: no frozen parameters
-    // This micro-batch: the unit ran with grad (ran_with_grad), its input
-    // gradient will report (input_hooked) or has (input_done), the trainable
-    // part's gradients are all accumulated (train_done). maybe_reshard_frozen
-    // frees the frozen part from these.
-    bool ran_with_grad = false;
-    bool input_hooked = false;
-    bool input_done = false;
-    bool train_done = false;
-  };
   struct Reduction {
     FlatParam* unit = nullptr;
     torch::Tensor input;   // the full gradient (kept alive until the collective ends)
@@ -197,40 +185,35 @@ class FSDPStrategy : public Strategy, private ShardedState {
   /// Attaches, materialises frozen parameters, broadcasts rank 0's state,
   /// makes the shard/replicate groups, the CPU buffer pool and the tier.
   void prepare_module(TrainingModule& module);
-  /// One FlatParam per wrap unit (and the root), each built, initialised,
-  /// resharded (and offloaded) before the next.
+  /// One FsdpUnit per wrap unit (and the root), its FlatParams each built,
+  /// initialised, resharded (and offloaded) before the next.
   void build_units(TrainingModule& module, std::vector<GradAccumulatorPtr>& accumulators);
   /// `members` index `ps` / `names` (trainable: params(); frozen: the
   /// module's frozen parameters, each tensor once).
-  std::unique_ptr<FlatParam> make_unit(TrainingModule& module, const std::string& unit_name,
+  std::unique_ptr<FlatParam> make_part(TrainingModule& module, const std::string& unit_name,
                                        const std::vector<torch::Tensor>& ps, const std::vector<std::string>& names,
                                        const std::vector<size_t>& members, std::vector<GradAccumulatorPtr>& accumulators);
   /// One readiness bucket per unit, in the order backward finishes them.
   void install_gradient_hooks();
 
-  torch::Tensor run_unit(int64_t unit, const torch::Tensor& x, const UnitFn& forward);
-  /// run_unit's input under grad for a slot with a frozen part: x, or x behind
+  torch::Tensor run_unit(int64_t module_unit, const torch::Tensor& x, const UnitFn& forward);
+  /// run_unit's input under grad for a unit with a frozen part: x, or x behind
   /// the hook that reports its gradient (input_backward_done).
-  torch::Tensor hook_frozen_input(int64_t unit, int slot, const torch::Tensor& x, bool recompute);
-  /// run_unit's end: frees the slot's gathered parameters unless backward
+  torch::Tensor hook_frozen_input(int64_t module_unit, int index, const torch::Tensor& x, bool recompute);
+  /// run_unit's end: frees the unit's gathered parameters unless backward
   /// needs them (see there).
-  void reshard_after_unit_forward(int slot, bool grad, bool recompute);
+  void reshard_after_unit_forward(int index, bool grad, bool recompute);
   void begin_forward();
-  void gather(int slot);  // slots_[slot], both parts
-  void prefetch(int slot);
-  void pre_backward(int slot);
+  void gather(int index);  // units_[index], both parts
+  void prefetch(int index);
+  void pre_backward(int index);
   void post_backward(size_t bucket);
-  /// The gradient w.r.t. slot's input has arrived: its frozen part may go.
-  void input_backward_done(int slot);
-  void maybe_reshard_frozen(Slot& slot);
-  /// Slot's trainable part, or its frozen one when it has none.
-  FlatParam& lead(const Slot& slot) const { return slot.train >= 0 ? *units_[slot.train] : *slot.frozen; }
-  /// Calls fn(FlatParam&) on slot's parts: the frozen one first.
-  template <typename Fn>
-  void for_parts(const Slot& slot, Fn&& fn) {
-    if (slot.frozen != nullptr) fn(*slot.frozen);
-    if (slot.train >= 0) fn(*units_[slot.train]);
-  }
+  /// The gradient w.r.t. the unit's input has arrived: its frozen part may go.
+  void input_backward_done(int index);
+  /// The units' trainable parts (wrap units in forward order, then the
+  /// root's): the optimizer's units, in its order. And their frozen parts.
+  std::vector<FlatParam*> trainable_parts() const;
+  std::vector<FlatParam*> frozen_parts() const;
   void launch_reduction(FlatParam& unit);
   void finish_oldest_reduction();
   void reshard_all();
@@ -263,18 +246,17 @@ class FSDPStrategy : public Strategy, private ShardedState {
   // step's activation peak), per size: what optimizer_step() trims it to.
   std::unordered_map<size_t, size_t> pool_at_peak_;
   bool peak_noted_ = false;
-  std::vector<std::unique_ptr<FlatParam>> units_;  // trainable parts: wrap units in forward order, then root
+  // The units: wrap units in forward order, then the root (when it has
+  // parameters). Each owns its trainable and frozen parts (unit.h).
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
   int num_wrap_units_ = 0;                         // units_[0, num_wrap_units_) are wrap units
   FlatParam* root_ = nullptr;                      // the root's trainable part
-  std::vector<std::unique_ptr<FlatParam>> frozen_units_;  // frozen parts, in slot order
-  std::vector<Slot> slots_;                        // wrap units in forward order, then the root
-  int num_wrap_slots_ = 0;                         // slots_[0, num_wrap_slots_) are wrap units
-  std::vector<int> slot_of_train_;                 // units_ index -> slots_ index
-  std::vector<int> index_of_unit_;                 // module unit -> slots_ index, -1: no params
-  std::vector<int> unit_of_bucket_;                // GradReadiness bucket -> units_ index
+  // The three ways into units_: by the module's unit index (run_unit), by
+  // readiness bucket (post_backward) and by hooked parameter (unused ones).
+  std::vector<int> index_of_unit_;                 // module unit -> units_ index, -1: no params
+  std::vector<FsdpUnit*> unit_of_bucket_;          // GradReadiness bucket -> its unit
   GradSync grad_sync_;                             // hooks + the unused-parameter rule
-  std::vector<std::pair<int, size_t>> hooked_param_;  // GradSync param -> (units_ index, its param)
-  std::vector<std::vector<size_t>> hooks_of_unit_;     // units_ index -> its GradSync params
+  std::vector<std::pair<const FlatParam*, size_t>> hooked_param_;  // GradSync param -> (trainable part, its param)
   std::deque<Reduction> in_flight_;
   bool sync_backward_ = true;
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute

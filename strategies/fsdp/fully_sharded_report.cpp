@@ -18,8 +18,8 @@ std::string FSDPStrategy::describe() const {
       << (options_.param_dtype() ? c10::toString(*options_.param_dtype()) : "as the parameters")
       << ", reduce dtype "
       << (options_.reduce_dtype() ? c10::toString(*options_.reduce_dtype()) : "as the parameters") << "; "
-      << num_wrap_slots_ << " wrap unit(s)"
-      << (num_wrap_slots_ < static_cast<int>(slots_.size()) ? " + root" : "");
+      << num_wrap_units_ << " wrap unit(s)"
+      << (num_wrap_units_ < static_cast<int>(units_.size()) ? " + root" : "");
   int64_t shard_bytes = 0;         // this rank's trainable shards, padding included
   int64_t frozen_shard_bytes = 0;  // its frozen ones
   auto list = [&](const FlatParam& unit) {
@@ -29,9 +29,9 @@ std::string FSDPStrategy::describe() const {
         << ", shard " << l.shard_numel() << " per rank";
     (unit.frozen() ? frozen_shard_bytes : shard_bytes) += l.shard_numel() * static_cast<int64_t>(c10::elementSize(unit.dtype()));
   };
-  for (const auto& slot : slots_) {
-    if (slot.train >= 0) list(*units_[slot.train]);
-    if (slot.frozen != nullptr) list(*slot.frozen);
+  for (const auto& unit : units_) {
+    if (unit->train() != nullptr) list(*unit->train());
+    if (unit->frozen() != nullptr) list(*unit->frozen());
   }
   // Between steps each rank holds its shards, their gradients, and (AdamW)
   // two optimizer states per element; a unit's full parameters and gradient

@@ -41,18 +41,18 @@ void FSDPStrategy::setup(TrainingModule& module) {
   std::vector<GradAccumulatorPtr> accumulators;
   build_units(module, accumulators);
   install_gradient_hooks();
-  // From here on each rank holds shards only (make_unit resharded each unit;
+  // From here on each rank holds shards only (make_part resharded each part;
   // with offload, not even those are in memory).
   // Mixed precision: wrap units compute in param_dtype (gathered straight
   // into a buffer of it: half the memory, nothing for autocast to cache);
   // the root, gathered for the whole step and holding the embeddings whose
   // outputs start the fp32 residual stream, keeps fp32 values in memory and
   // only travels in param_dtype.
-  for (int i = 0; i < num_wrap_slots_; ++i) {
-    for_parts(slots_[i], [&](FlatParam& part) { part.set_compute_dtype(options_.param_dtype()); });
+  for (int i = 0; i < num_wrap_units_; ++i) {
+    units_[i]->for_parts([&](FlatParam& part) { part.set_compute_dtype(options_.param_dtype()); });
   }
-  if (num_wrap_slots_ < static_cast<int>(slots_.size())) {
-    for_parts(slots_.back(), [&](FlatParam& part) { part.set_gather_dtype(options_.param_dtype()); });
+  if (num_wrap_units_ < static_cast<int>(units_.size())) {
+    units_.back()->for_parts([&](FlatParam& part) { part.set_gather_dtype(options_.param_dtype()); });
   }
   module.add_unit_runner([this](int64_t unit, const torch::Tensor& x, const UnitFn& forward) {
     return run_unit(unit, x, forward);
@@ -64,7 +64,7 @@ void FSDPStrategy::prepare_module(TrainingModule& module) {
   // its units are built, one at a time.
   attach(module);
   // Every rank cuts its shards from rank 0's values (deferred parameters:
-  // each unit's full buffer is broadcast once initialised, in make_unit).
+  // each unit's full buffer is broadcast once initialised, in make_part).
   broadcast_module_state(comm(), module.module());
   // Collective (hybrid_shard makes subgroups): every rank is here, in setup.
   FsdpGroups groups = make_fsdp_groups(comm(), options_);
@@ -86,7 +86,7 @@ void FSDPStrategy::prepare_module(TrainingModule& module) {
   }
 }
 
-std::unique_ptr<FlatParam> FSDPStrategy::make_unit(TrainingModule& module, const std::string& unit_name,
+std::unique_ptr<FlatParam> FSDPStrategy::make_part(TrainingModule& module, const std::string& unit_name,
                                                    const std::vector<torch::Tensor>& all_params,
                                                    const std::vector<std::string>& all_names,
                                                    const std::vector<size_t>& members,
@@ -142,29 +142,20 @@ void FSDPStrategy::build_units(TrainingModule& module, std::vector<GradAccumulat
   // rank ever holds more than its shards so far plus one unit's full buffer.
   // -1: the unit runs unwrapped (no parameters, or wrap policy none).
   index_of_unit_.assign(module.wrap_units().size(), -1);
-  auto add_slot = [&](const std::string& name, const std::vector<size_t>& t, const std::vector<size_t>& f) {
-    Slot slot;
-    if (!t.empty()) {
-      slot.train = static_cast<int>(units_.size());
-      slot_of_train_.push_back(static_cast<int>(slots_.size()));
-      units_.push_back(make_unit(module, name, params(), param_names(), t, accumulators));
-    }
-    if (!f.empty()) {
-      frozen_units_.push_back(make_unit(module, name + " (frozen)", frozen, frozen_names, f, accumulators));
-      slot.frozen = frozen_units_.back().get();
-    }
-    slots_.push_back(slot);
+  auto add_unit = [&](const std::string& name, const std::vector<size_t>& t, const std::vector<size_t>& f) {
+    auto trainable = t.empty() ? nullptr : make_part(module, name, params(), param_names(), t, accumulators);
+    auto still_part = f.empty() ? nullptr : make_part(module, name + " (frozen)", frozen, frozen_names, f, accumulators);
+    units_.push_back(std::make_unique<FsdpUnit>(name, std::move(trainable), std::move(still_part)));
   };
   for (size_t u = 0; u < train.units.size(); ++u) {
     if (train.units[u].empty() && still.units[u].empty()) continue;
-    index_of_unit_[u] = static_cast<int>(slots_.size());
-    add_slot(train.units[u].empty() ? still.unit_names[u] : train.unit_names[u], train.units[u], still.units[u]);
+    index_of_unit_[u] = static_cast<int>(units_.size());
+    add_unit(train.units[u].empty() ? still.unit_names[u] : train.unit_names[u], train.units[u], still.units[u]);
   }
   num_wrap_units_ = static_cast<int>(units_.size());
-  num_wrap_slots_ = static_cast<int>(slots_.size());
   if (!train.root.empty() || !still.root.empty()) {
-    add_slot("root", train.root, still.root);
-    if (!train.root.empty()) root_ = units_.back().get();
+    add_unit("root", train.root, still.root);
+    root_ = units_.back()->train();  // null: the root has frozen parameters only
   }
 }
 
@@ -174,21 +165,21 @@ void FSDPStrategy::install_gradient_hooks() {
   std::vector<torch::Tensor> hooked;
   std::vector<std::string> hooked_names;
   std::vector<std::vector<size_t>> buckets;
-  auto add_bucket = [&](int index) {
-    unit_of_bucket_.push_back(index);
+  auto add_bucket = [&](FsdpUnit& unit) {
+    const FlatParam* train = unit.train();
+    if (train == nullptr) return;  // frozen only: nothing to reduce
+    unit_of_bucket_.push_back(&unit);
     buckets.emplace_back();
-    const auto& unit = *units_[index];
-    for (size_t k = 0; k < unit.params().size(); ++k) {
-      hooks_of_unit_[index].push_back(hooked.size());
+    for (size_t k = 0; k < train->params().size(); ++k) {
+      unit.hooks().push_back(hooked.size());
       buckets.back().push_back(hooked.size());
-      hooked.push_back(unit.params()[k]);
-      hooked_names.push_back(unit.param_names()[k]);
-      hooked_param_.emplace_back(index, k);
+      hooked.push_back(train->params()[k]);
+      hooked_names.push_back(train->param_names()[k]);
+      hooked_param_.emplace_back(train, k);
     }
   };
-  hooks_of_unit_.assign(units_.size(), {});
-  for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(i);
-  if (root_ != nullptr) add_bucket(num_wrap_units_);
+  for (int i = num_wrap_units_ - 1; i >= 0; --i) add_bucket(*units_[i]);
+  if (num_wrap_units_ < static_cast<int>(units_.size())) add_bucket(*units_.back());
   // Installs the hooks now, before the first reshard: each AccumulateGrad
   // node records its parameter's shape when created, and must record the
   // full one. Always active: under no_sync the hooks still free each unit.
@@ -201,9 +192,7 @@ std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
   if (tier_ != nullptr) {
     // The state lives in the tier: the step is streamed from there (offload.h),
     // per parameter piece, with the groups' options.
-    std::vector<FlatParam*> units;
-    for (auto& unit : units_) units.push_back(unit.get());
-    auto optimizer = std::make_unique<FsdpOffloadedOptimizer>(std::move(groups), std::move(units), *tier_,
+    auto optimizer = std::make_unique<FsdpOffloadedOptimizer>(std::move(groups), trainable_parts(), *tier_,
                                                           options_.offload_chunk_numel());
     offloaded_optimizer_ = optimizer.get();
     return optimizer;
@@ -212,7 +201,7 @@ std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(
   // the parameter was in, so per-parameter choices such as weight decay
   // survive flattening. Exact for element-wise optimizers (SGD, Adam(W), ...).
   std::unordered_map<const void*, std::vector<torch::Tensor>> pieces_of;
-  for (const auto& unit : units_) {
+  for (const FlatParam* unit : trainable_parts()) {
     for (size_t j = 0; j < unit->pieces().size(); ++j) {
       const auto& p = unit->params()[unit->piece_params()[j]];
       pieces_of[p.unsafeGetTensorImpl()].push_back(unit->pieces()[j]);

@@ -16,21 +16,21 @@ std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
   if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
   // Shard gradients, padding included: padding gradients are zero.
   std::vector<torch::Tensor> norms;
-  for (const auto& unit : units_) norms.push_back(unit->shard_grad_norm());
+  for (const FlatParam* unit : trainable_parts()) norms.push_back(unit->shard_grad_norm());
   return norms;
 }
 
 void FSDPStrategy::scale_shard_grads(double coef) {
-  for (auto& unit : units_) unit->scale_shard_grad(coef);
+  for (FlatParam* unit : trainable_parts()) unit->scale_shard_grad(coef);
 }
 
 ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& optimizer) const {
   ModelStateBytes bytes;
-  for (const auto& unit : units_) {
+  for (const FlatParam* unit : trainable_parts()) {
     bytes.params += unit->param_bytes();
     bytes.grads += unit->grad_bytes();
   }
-  for (const auto& unit : frozen_units_) bytes.params += unit->param_bytes();
+  for (const FlatParam* unit : frozen_parts()) bytes.params += unit->param_bytes();
   bytes.optimizer = optimizer_state_bytes(optimizer);
   return bytes;
 }
@@ -42,7 +42,7 @@ std::vector<Strategy::ParamPiece> FSDPStrategy::shard_pieces(StateUse use, bool 
   if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;
   std::unordered_map<const void*, size_t> index_of;
   for (size_t k = 0; k < params().size(); ++k) index_of[params()[k].unsafeGetTensorImpl()] = k;
-  for (const auto& unit : units_) {
+  for (const FlatParam* unit : trainable_parts()) {
     const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
     for (size_t j = 0; j < unit->pieces().size(); ++j) {
       const auto& lp = layout_pieces[j];  // pieces() are cut in this order (flat_param.cpp)
@@ -58,7 +58,7 @@ std::vector<NamedPiece> FSDPStrategy::frozen_pieces(StateUse use) const {
   std::vector<NamedPiece> out;
   if (tier_ != nullptr) return out;  // offloaded: offloaded_state_pieces streams them
   if (use == StateUse::kSave && replicate_comm_.rank() != 0) return out;  // the other replicas hold copies
-  for (const auto& unit : frozen_units_) {
+  for (const FlatParam* unit : frozen_parts()) {
     const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
     for (size_t j = 0; j < unit->pieces().size(); ++j) {
       const auto& lp = layout_pieces[j];  // pieces() are cut in this order (flat_param.cpp)
@@ -77,7 +77,7 @@ std::vector<StatePiece> FSDPStrategy::offloaded_state_pieces(torch::optim::Optim
   TORCH_CHECK(offloaded_optimizer_ == nullptr || &optimizer == offloaded_optimizer_, name(),
               ": with offload, checkpoint the optimizer setup_optimizer() made");
   // Every unit's shard pieces, read from and written to the tier in chunks;
-  // the trainable ones with their moments (units_ index = the optimizer's unit index).
+  // the trainable ones with their moments (trainable_parts() index = the optimizer's unit index).
   auto add_unit = [&](FlatParam& unit, std::optional<size_t> optimizer_unit) {
     const int64_t shard_begin = unit.layout().shard_begin(unit.shard_rank());
     const int64_t esize = static_cast<int64_t>(c10::elementSize(unit.dtype()));
@@ -94,8 +94,9 @@ std::vector<StatePiece> FSDPStrategy::offloaded_state_pieces(torch::optim::Optim
       }
     }
   };
-  for (size_t u = 0; u < units_.size(); ++u) add_unit(*units_[u], u);
-  for (auto& unit : frozen_units_) add_unit(*unit, std::nullopt);
+  const std::vector<FlatParam*> trainable = trainable_parts();
+  for (size_t u = 0; u < trainable.size(); ++u) add_unit(*trainable[u], u);
+  for (FlatParam* unit : frozen_parts()) add_unit(*unit, std::nullopt);
   return out;
 }
 
@@ -110,8 +111,8 @@ std::vector<Strategy::ParamPiece> FSDPStrategy::optimizer_param_pieces(StateUse 
 FSDPStrategy::FullParams FSDPStrategy::summon_full_params(bool writeback) {
   // Sync point: every rank gathers every unit, in unit order.
   // exact: the full-precision values even under param_dtype (export, checkpoints).
-  for (auto& unit : units_) unit->finish_gather(shard_comm_, /*exact=*/true);
-  for (auto& unit : frozen_units_) unit->finish_gather(shard_comm_, /*exact=*/true);
+  for (FlatParam* unit : trainable_parts()) unit->finish_gather(shard_comm_, /*exact=*/true);
+  for (FlatParam* unit : frozen_parts()) unit->finish_gather(shard_comm_, /*exact=*/true);
   return FullParams(this, writeback);
 }
 
@@ -122,8 +123,8 @@ std::shared_ptr<void> FSDPStrategy::gather_full_params(bool writeback) {
 FSDPStrategy::FullParams::~FullParams() {
   if (strategy_ == nullptr) return;
   if (writeback_) {
-    for (auto& unit : strategy_->units_) unit->write_back();
-    for (auto& unit : strategy_->frozen_units_) unit->write_back();
+    for (FlatParam* unit : strategy_->trainable_parts()) unit->write_back();
+    for (FlatParam* unit : strategy_->frozen_parts()) unit->write_back();
   }
   strategy_->reshard_all();
 }
