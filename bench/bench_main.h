@@ -1,7 +1,7 @@
 #pragma once
 // strata-bench's main over a registry of strategies (bench/bench_main.cpp):
 // strata-bench runs it with the built-ins; a project with strategies of its
-// own builds its own strata-bench (and strata-gpt: recipes/run.h) around its
+// own builds its own strata-bench (and strata-gpt: recipes/app/run.h) around its
 // registry, and its strategies get suites, sweep cases, report rows and chart
 // colours from their specs.
 //

@@ -2,6 +2,7 @@
 
 #include "strata/bench/report.h"
 
+#include <c10/util/StringUtil.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -145,7 +146,7 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results, const Strateg
     if (std::find(chart.panels.begin(), chart.panels.end(), panel) == chart.panels.end()) chart.panels.push_back(panel);
     std::string line = "\"" + row + "\"";
     for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"})
-      line += found.count(system) ? " " + fixed(found.at(system)->tokens_per_s.median / best, 4) : " ?";
+      line += found.count(system) ? c10::str(" ", fixed(found.at(system)->tokens_per_s.median / best, 4)) : " ?";
     blocks[panel] += line + "\n";
   }
   std::ostringstream out;

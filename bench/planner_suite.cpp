@@ -10,20 +10,18 @@
 
 namespace strata::bench {
 
-Suite planner_suite(const StrategyRegistry& strategies) {
-  Suite s{"planner",
-          "Memory planner: strata-gpt's predicted per-rank peak (model state by each strategy's memory model + "
-          "activations probed on a 1- and a 2-block GPT + what the strategy gathers + overhead) against "
-          "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8: every multi-rank strategy "
-          "with a memory model, and the variants its spec puts here. Target: within 10%.",
-          {}};
-  // Each strategy's plain case and its planner variants, in registration order.
-  struct Variant {
-    std::string label, strategy;
-    std::vector<std::string> flags;
-    std::string precision;
-  };
-  std::vector<Variant> variants;
+namespace {
+/// A case the planner suite runs: a strategy's plain case or one of its
+/// spec's planner variants.
+struct PlannerVariant {
+  std::string label, strategy;
+  std::vector<std::string> flags;
+  std::string precision;
+};
+
+/// Each strategy's plain case and its planner variants, in registration order.
+std::vector<PlannerVariant> planner_variants(const StrategyRegistry& strategies) {
+  std::vector<PlannerVariant> variants;
   for (const auto* spec : strategies.specs()) {
     if (spec->max_world_size() == 1 || !spec->memory()) continue;
     variants.push_back({spec->name(), spec->name(), {}, "32"});
@@ -32,27 +30,14 @@ Suite planner_suite(const StrategyRegistry& strategies) {
         variants.push_back({spec->name() + "-" + v.tag, spec->name(), v.flags, v.precision});
     }
   }
-  for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
-    for (const auto& v : variants) {
-      BenchCase c;
-      c.name = std::string("planner/") + preset + "/" + v.label + "-2x1";
-      c.suite = "planner";
-      c.preset = preset;
-      c.strategy = v.strategy;
-      c.extra = v.flags;
-      c.precision = v.precision;
-      c.nproc = 2;
-      c.threads_per_rank = 1;
-      c.block_size = 128;
-      c.batch_size = 8;
-      c.steps = 4;
-      s.cases.push_back(c);
-    }
-  }
-  // Held out: shapes the planner's constants were not fitted on (other
-  // widths, block sizes, batch sizes and world sizes), reported apart. Each
-  // names the variant it runs by its position in the list above (the
-  // built-ins: 0 ddp, 1 oss, 2 sdp, 3 fsdp, 4 fsdp-ac), so strategies
+  return variants;
+}
+
+/// Held out: shapes the planner's constants were not fitted on (other
+/// widths, block sizes, batch sizes and world sizes), reported apart.
+void add_held_out_cases(Suite& s, const std::vector<PlannerVariant>& variants) {
+  // Each names the variant it runs by its position in planner_variants()
+  // (the built-ins: 0 ddp, 1 oss, 2 sdp, 3 fsdp, 4 fsdp-ac), so strategies
   // registered after the built-ins leave these cases as they are.
   struct HeldOut {
     const char* preset;
@@ -73,7 +58,7 @@ Suite planner_suite(const StrategyRegistry& strategies) {
   };
   for (const HeldOut& h : held_out) {
     if (h.variant >= variants.size()) continue;  // fewer strategies registered
-    const Variant& v = variants[h.variant];
+    const PlannerVariant& v = variants[h.variant];
     BenchCase c;
     const std::string width = h.extra.empty() ? "" : "-w" + h.extra[1];
     c.name = std::string(kHeldOutPrefix) + h.preset + width + "/" + v.label + "-" + std::to_string(h.nproc) +
@@ -91,6 +76,35 @@ Suite planner_suite(const StrategyRegistry& strategies) {
     c.steps = 4;
     s.cases.push_back(c);
   }
+}
+}  // namespace
+
+Suite planner_suite(const StrategyRegistry& strategies) {
+  Suite s{"planner",
+          "Memory planner: strata-gpt's predicted per-rank peak (model state by each strategy's memory model + "
+          "activations probed on a 1- and a 2-block GPT + what the strategy gathers + overhead) against "
+          "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8: every multi-rank strategy "
+          "with a memory model, and the variants its spec puts here. Target: within 10%.",
+          {}};
+  const std::vector<PlannerVariant> variants = planner_variants(strategies);
+  for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
+    for (const auto& v : variants) {
+      BenchCase c;
+      c.name = std::string("planner/") + preset + "/" + v.label + "-2x1";
+      c.suite = "planner";
+      c.preset = preset;
+      c.strategy = v.strategy;
+      c.extra = v.flags;
+      c.precision = v.precision;
+      c.nproc = 2;
+      c.threads_per_rank = 1;
+      c.block_size = 128;
+      c.batch_size = 8;
+      c.steps = 4;
+      s.cases.push_back(c);
+    }
+  }
+  add_held_out_cases(s, variants);
   return s;
 }
 

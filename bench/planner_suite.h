@@ -1,5 +1,5 @@
 #pragma once
-// The planner suite: strata-gpt's memory planner (recipes/planner.h) against
+// The planner suite: strata-gpt's memory planner (recipes/app/planner.h) against
 // measured peaks. Each case's summary.json carries the planner's
 // "predicted_peak_bytes" beside the measured "peak_tensor_bytes"; the table
 // shows both and the error (target: within 10% on every case).

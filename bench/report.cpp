@@ -1,5 +1,6 @@
 #include "strata/bench/report.h"
 
+#include <c10/util/StringUtil.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -58,7 +59,7 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
     const double diff = double(r.model_state_bytes_max) - f;
     // Tolerance 5%; outside it, show the difference in bytes so it can be
     // compared with the bucket buffers.
-    const std::string signed_diff = (diff > 0 ? "+" : "") + format_mib(diff);
+    const std::string signed_diff = c10::str(diff > 0 ? "+" : "", format_mib(diff));
     state_vs_formula =
         fixed(double(r.model_state_bytes_max) / f, 3) + (std::abs(diff) <= 0.05 * f ? " ✓" : " (" + signed_diff + ")");
   }

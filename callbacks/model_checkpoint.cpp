@@ -5,6 +5,7 @@
 #include "strata/trainer/checkpoint.h"
 #include "strata/trainer/trainer.h"
 
+#include <c10/util/StringUtil.h>
 #include <algorithm>
 #include <chrono>
 #include <cctype>
@@ -104,7 +105,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 fs::path ModelCheckpoint::tmp_dir(int64_t step) const {
-  return fs::path(options_.dirpath()) / ("." + checkpoint_dir_name(step) + ".tmp");
+  return fs::path(options_.dirpath()) / c10::str(".", checkpoint_dir_name(step), ".tmp");
 }
 
 void ModelCheckpoint::save(Trainer& trainer, int64_t step) {

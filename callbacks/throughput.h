@@ -8,7 +8,7 @@
 //
 //   mfu = tokens/s per rank * module.flops_per_token() / peak_flops
 //
-// where peak_flops is given in the options (strata-gpt: recipes/peak_flops.h,
+// where peak_flops is given in the options (strata-gpt: recipes/app/peak_flops.h,
 // measured once per machine), else this process's fp32 matmul speed with the
 // current torch thread count, measured by measure_matmul_peak_flops() in
 // on_fit_start. An MFU above 1 means the peak is wrong: mfu() is then 0

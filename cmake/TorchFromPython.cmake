@@ -58,7 +58,24 @@ if(NOT TORCH_CUDA_ARCH_LIST AND "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
   set(TORCH_CUDA_ARCH_LIST "9.0" CACHE STRING "CUDA architectures for torch's CMake config")
 endif()
 
+# A fresh configure must print no warnings that are not strata's to act on.
+# TorchConfig looks for a separate libkineto and warns when there is none: the
+# wheel links Kineto (the profiler behind --profile) into libtorch_cpu.so, so
+# that is the library to name. And Caffe2's cuda.cmake enables CUDA, which
+# under policy CMP0104 defines CMAKE_CUDA_ARCHITECTURES, then warns that it
+# ignores it (TORCH_CUDA_ARCH_LIST, above, is what it reads); the OLD
+# behaviour leaves it undefined. strata compiles no CUDA code of its own.
+if(_strata_torch_root AND NOT kineto_LIBRARY AND EXISTS "${_strata_torch_root}/lib/libtorch_cpu.so")
+  # FORCE: a build directory configured before this keeps kineto_LIBRARY-NOTFOUND.
+  set(kineto_LIBRARY "${_strata_torch_root}/lib/libtorch_cpu.so" CACHE FILEPATH
+    "Kineto: compiled into the torch wheel's libtorch_cpu.so" FORCE)
+endif()
+# Likewise the value an earlier configure cached.
+unset(CMAKE_CUDA_ARCHITECTURES CACHE)
+cmake_policy(PUSH)
+cmake_policy(SET CMP0104 OLD)
 find_package(Torch REQUIRED)
+cmake_policy(POP)
 set(STRATA_TORCH_VERSION "${Torch_VERSION}")
 # Every LibTorch library must be the package's own: a libc10.so from another
 # LibTorch links, then crashes or misbehaves at run time.

@@ -7,8 +7,12 @@
 #   core  <-  kernels  <-  strategies, trainer, callbacks, recipes, bench
 #
 # (launch sits beside strategies: neither includes the other; kernels, the
-# hand-written compute kernels, include core only.) tests/ may
-# include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
+# hand-written compute kernels, include core only.) Inside recipes/ the
+# concerns are layers too:
+#
+#   data  <-  models  <-  io  <-  app;   config  <-  app
+#
+# tests/ may include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
 # Exits non-zero listing every upward include.
 cmake_minimum_required(VERSION 3.18)
 if(NOT ROOT)
@@ -24,6 +28,13 @@ set(allowed_trainer    core kernels strategies trainer)
 set(allowed_callbacks  core kernels strategies trainer callbacks)
 set(allowed_recipes    core kernels launch strategies trainer callbacks recipes)
 set(allowed_bench      core kernels launch strategies trainer callbacks recipes bench)
+
+set(recipe_parts data models io config app)
+set(allowed_recipes_data   data)
+set(allowed_recipes_models data models)
+set(allowed_recipes_io     data models io)
+set(allowed_recipes_config config)
+set(allowed_recipes_app    data models io config app)
 
 set(violations "")
 set(checked 0)
@@ -53,6 +64,18 @@ foreach(layer IN LISTS layers)
       if(NOT folder IN_LIST allowed_${layer})
         string(REPLACE ";" ", " allowed_list "${allowed_${layer}}")
         string(APPEND violations "  ${source} includes \"${header}\" (${layer} may include: ${allowed_list})\n")
+      elseif(layer STREQUAL "recipes" AND folder STREQUAL "recipes")
+        # recipes/<part>/x.h: the part must be the source's own or one below it.
+        string(REGEX MATCH "^recipes/([^/]+)/" _ "${source}")
+        set(own "${CMAKE_MATCH_1}")
+        string(REGEX MATCH "recipes/([^/]+)/" _ "${header}")
+        set(part "${CMAKE_MATCH_1}")
+        if(NOT own IN_LIST recipe_parts OR NOT part IN_LIST recipe_parts)
+          string(APPEND violations "  ${source} includes \"${header}\": recipes/ files live in one of ${recipe_parts}\n")
+        elseif(NOT part IN_LIST allowed_recipes_${own})
+          string(REPLACE ";" ", " allowed_list "${allowed_recipes_${own}}")
+          string(APPEND violations "  ${source} includes \"${header}\" (recipes/${own} may include: ${allowed_list})\n")
+        endif()
       endif()
     endforeach()
   endforeach()

@@ -1,5 +1,6 @@
 #include "strata/core/atomic_file.h"
 
+#include <c10/util/StringUtil.h>
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
@@ -35,7 +36,7 @@ fs::path parent_or_dot(const fs::path& path) {
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
   const fs::path target(path);
   const fs::path tmp = parent_or_dot(target) /
-                       ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+                       c10::str(".", target.filename().string(), ".tmp-", ::getpid());
   try {
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

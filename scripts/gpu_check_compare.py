@@ -11,7 +11,7 @@ Subcommands (each prints nothing on stdout but what it is asked for):
       parity: per-step losses and final parameters of RUN against REF. fp32:
       max |d param| <= --tol-fp32. bf16: the updates from INIT_DIR's parameters
       (the initial ones) in L2, |RUN - REF| / |REF - INIT| <= --update-rtol-bf16,
-      as tests/dist/parity_test.cpp does: Adam turns bf16 rounding noise in a
+      as tests/strategies/parity_test.cpp does: Adam turns bf16 rounding noise in a
       near-zero gradient into steps of up to ~lr in single elements, so the
       element-wise difference is reported there but not judged.
       sanity: how far the reference's parameters moved between step 1 and step 10;
@@ -51,7 +51,7 @@ from array import array
 def load_params(path):
     """Name -> tensor from a strata --dump-params file.
 
-    strata writes it with torch::serialize::OutputArchive (recipes/run.cpp,
+    strata writes it with torch::serialize::OutputArchive (recipes/app/run.cpp,
     dump_params): a TorchScript archive of one method-less module whose
     attributes are the parameters, registered as parameters under their full
     dotted names ("transformer.h.0.attn.c_attn.weight"). Python reads such a
@@ -300,7 +300,7 @@ def read_ini(path):
 
 
 def flops_per_token(summary, ini):
-    """strata's GPTModule::flops_per_token (recipes/gpt.cpp), nanoGPT's estimate:
+    """strata's GPTModule::flops_per_token (recipes/models/gpt.cpp), nanoGPT's estimate:
     6 N + 12 L H Q T, N = parameters without the position embedding (T x C)."""
     layers, heads, width = int(ini["n-layer"]), int(ini["n-head"]), int(ini["n-embd"])
     block = int(ini["block-size"])

@@ -2,7 +2,7 @@
 // Reading what a strata-gpt run left (metrics.csv) and talking to the venv's
 // Python oracle (a script printing key=value lines); shared by the tests that
 // run the real binaries.
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>

@@ -2,6 +2,7 @@
 
 #include "strata/trainer/checkpoint_format.h"
 
+#include <c10/util/StringUtil.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 
@@ -300,7 +301,7 @@ void checkpoint_kill_point(const std::string& point, int rank, int64_t step) {
   if (env == nullptr) return;
   const std::string want(env);
   const std::string at_rank = point + "@" + std::to_string(rank);
-  const std::string at_step = "/" + std::to_string(step);
+  const std::string at_step = c10::str("/", step);
   for (const auto& candidate : {point, at_rank, point + at_step, at_rank + at_step}) {
     if (want == candidate) std::raise(SIGKILL);
   }

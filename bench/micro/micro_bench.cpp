@@ -26,7 +26,7 @@
 // Collective sizes are the full flat buffer (what ZeRO shards); bytes_per_second
 // is that size per call, so the three compare as "time to sync S bytes". Each
 // collective iteration is one call on every rank; ranks are threads in one
-// process sharing the cores (tests/dist/thread_world.h).
+// process sharing the cores (strategies/thread_world.h).
 //
 //   build/bin/strata-micro-bench                       # ~20 s on 2 cores
 //   build/bin/strata-micro-bench --benchmark_filter=Matmul

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 r"""The PyTorch 2.x peer of `strata-gpt`: the same GPT job, written as an expert PyTorch user would.
 
-Same model, data, initial weights and optimisation as strata-gpt (recipes/gpt.cpp, recipes/data.cpp,
+Same model, data, initial weights and optimisation as strata-gpt (recipes/models/gpt.cpp, recipes/data/data.cpp,
 trainer/trainer.cpp), so the losses of the two agree step by step; only the system differs.
 
   model      nanoGPT's layout: tied wte/lm_head, learned wpe, pre-LN blocks (ln_1, attn.c_attn, attn.c_proj,
@@ -13,7 +13,7 @@ trainer/trainer.cpp), so the losses of the two agree step by step; only the syst
              c_proj N(0, 0.02/sqrt(2 n_layer)), zero biases) drawn from --seed.
   data       --data FILE: byte-level text (vocab 256), the last 10% held out; train window j starts at
              hash2(seed ^ kTrainStream, j) % (len(train) - block_size); step s of rank r holds global windows
-             [(s*world + r)*B, +B): a port of recipes/data.cpp.
+             [(s*world + r)*B, +B): a port of recipes/data/data.cpp.
   optimiser  torch.optim.AdamW(fused=True), betas (0.9, 0.95), eps 1e-8, decay on >= 2-D weights only; lr
              warmup then cosine decay to --min-lr at --max-steps (trainer/lr_schedule.cpp), set per step as
              nanoGPT does; clip_grad_norm_ by global norm (--gradient-clip-val, 0 = off).
@@ -96,7 +96,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, a):
         super().__init__()
-        # strata's LayerNorms always carry a bias (recipes/interop.h), whatever --bias says.
+        # strata's LayerNorms always carry a bias (recipes/io/interop.h), whatever --bias says.
         self.ln_1, self.attn = nn.LayerNorm(a.n_embd), CausalSelfAttention(a)
         self.ln_2, self.mlp = nn.LayerNorm(a.n_embd), MLP(a)
 
@@ -129,7 +129,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
-# ---------------------------------------------------------------- data (a port of recipes/data.cpp)
+# ---------------------------------------------------------------- data (a port of recipes/data/data.cpp)
 MASK64 = (1 << 64) - 1
 K_TRAIN_STREAM = 0x747261696E000001  # "train"
 

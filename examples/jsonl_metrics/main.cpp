@@ -6,8 +6,8 @@
 #include "jsonl_metrics.h"
 
 #include <strata/callbacks/progress.h>
-#include <strata/recipes/data.h>
-#include <strata/recipes/gpt.h>
+#include <strata/recipes/data/data.h>
+#include <strata/recipes/models/gpt.h>
 #include <strata/strategies/registry.h>
 #include <strata/trainer/trainer.h>
 

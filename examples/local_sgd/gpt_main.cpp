@@ -1,10 +1,10 @@
-// strata-gpt with local SGD: strata's GPT recipe binary (strata/recipes/run.h)
+// strata-gpt with local SGD: strata's GPT recipe binary (strata/recipes/app/run.h)
 // over a registry holding the built-in strategies and this one, so
 // `--strategy local-sgd --sync-every 8 --nproc 2` works, --help lists it and
 // its options, and --strategy auto's table shows it.
 #include "local_sgd.h"
 
-#include <strata/recipes/run.h>
+#include <strata/recipes/app/run.h>
 
 int main(int argc, char** argv) {
   strata::StrategyRegistry registry;

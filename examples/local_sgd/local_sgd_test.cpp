@@ -7,9 +7,9 @@
 // Exit 0 when all hold, 1 naming the first that does not.
 #include "local_sgd.h"
 
-#include <strata/recipes/data.h>
-#include <strata/recipes/gpt.h>
-#include <strata/recipes/planner.h>
+#include <strata/recipes/data/data.h>
+#include <strata/recipes/models/gpt.h>
+#include <strata/recipes/app/planner.h>
 #include <strata/strategies/registry.h>
 #include <strata/strategies/thread_world.h>
 #include <strata/trainer/trainer.h>

@@ -16,7 +16,7 @@
 
 #include <strata/callbacks/model_checkpoint.h>
 #include <strata/launch/launcher.h>
-#include <strata/recipes/world.h>
+#include <strata/recipes/app/world.h>
 #include <strata/strategies/activation_checkpoint.h>
 #include <strata/strategies/registry.h>
 #include <strata/trainer/trainer.h>

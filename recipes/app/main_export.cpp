@@ -1,8 +1,8 @@
 // strata-export: a strata checkpoint -> the model's weights under nanoGPT's
 // parameter names, as a file Python's torch.load reads into a dict (the same
-// file strata-gpt --export-weights writes; recipes/interop.h), or as a
+// file strata-gpt --export-weights writes; recipes/io/interop.h), or as a
 // Hugging Face GPT2LMHeadModel directory (model.safetensors + config.json;
-// recipes/hf_gpt2.h).
+// recipes/io/hf_gpt2.h).
 //
 //   strata-export runs/gpt/checkpoints/step-500 gpt.pt
 //   strata-export runs/gpt gpt.pt          # an output directory: its newest checkpoint
@@ -12,11 +12,12 @@
 // size. It runs in one process and reads the model's tensors only (not the
 // optimizer state), every block checked against its CRC.
 #include "strata/callbacks/model_checkpoint.h"
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/hf_gpt2.h"
-#include "strata/recipes/interop.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/io/hf_gpt2.h"
+#include "strata/recipes/io/interop.h"
 #include "strata/trainer/checkpoint.h"
 
+#include <c10/util/StringUtil.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -116,7 +117,7 @@ void lora_of_run(const strata::recipes::NamedTensors& w, const std::string& chec
 /// The GPT's options as far as the tensors and the head count tell them.
 strata::recipes::GPTOptions options_of(const strata::recipes::NamedTensors& w, int64_t n_head) {
   int64_t layers = 0;
-  while (w.count("h" + std::to_string(layers) + ".ln_1.weight")) ++layers;
+  while (w.count(c10::str("h", layers, ".ln_1.weight"))) ++layers;
   const auto& wte = w.at("wte.weight");
   return strata::recipes::GPTOptions(layers, n_head, wte.size(1))
       .vocab_size(wte.size(0))

@@ -1,4 +1,4 @@
-#include "strata/recipes/output_dir.h"
+#include "strata/recipes/app/output_dir.h"
 
 #include "strata/core/atomic_file.h"
 

@@ -1,4 +1,4 @@
-#include "strata/recipes/peak_flops.h"
+#include "strata/recipes/app/peak_flops.h"
 
 #include "strata/callbacks/throughput.h"
 #include "strata/core/atomic_file.h"

@@ -1,4 +1,4 @@
-#include "strata/recipes/planner.h"
+#include "strata/recipes/app/planner.h"
 
 #include "strata/core/training_module.h"
 #include "strata/strategies/activation_checkpoint.h"

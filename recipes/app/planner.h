@@ -24,7 +24,7 @@
 //   auto rows = plan_candidates(registry, PlanRequest(model, name, 2).micro_batch(8), profile, budget);
 //   std::cout << format_plan_table(rows, budget);
 #include "strata/core/precision.h"
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 #include "strata/strategies/registry.h"
 
 #include <cstdint>

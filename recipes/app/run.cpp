@@ -1,4 +1,4 @@
-#include "strata/recipes/run.h"
+#include "strata/recipes/app/run.h"
 
 #include "strata/callbacks/block_cache_trim.h"
 #include "strata/callbacks/csv_logger.h"
@@ -14,12 +14,12 @@
 #include "strata/core/device.h"
 #include "strata/launch/environment.h"
 #include "strata/launch/launcher.h"
-#include "strata/recipes/peak_flops.h"
-#include "strata/recipes/run_checks.h"
-#include "strata/recipes/run_summary.h"
-#include "strata/recipes/testing_aids.h"
-#include "strata/recipes/torchscript.h"
-#include "strata/recipes/world.h"
+#include "strata/recipes/app/peak_flops.h"
+#include "strata/recipes/app/run_checks.h"
+#include "strata/recipes/app/run_summary.h"
+#include "strata/recipes/app/testing_aids.h"
+#include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/app/world.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/process_group.h"
 
@@ -264,7 +264,7 @@ std::string peak_dtype(const RunConfig& c) {
 }
 
 /// What MFU divides by: --peak-flops, else on CPU this machine's cached peak
-/// for this rank's threads and compute dtype (recipes/peak_flops.h), else (CUDA)
+/// for this rank's threads and compute dtype (recipes/app/peak_flops.h), else (CUDA)
 /// 0, which the Throughput callback measures on the device.
 PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
   if (c.peak_flops > 0.0) return {c.peak_flops, "--peak-flops"};
@@ -363,6 +363,40 @@ TrainerOptions trainer_options(const RunConfig& c) {
       .checkpoint_format(c.checkpoint_format == "auto" ? "" : c.checkpoint_format);
 }
 
+namespace {
+/// Phase 1 passed and this process is no rank: start this machine's ranks
+/// (strata-gpt again, with the same arguments) and supervise them.
+int launch_local_ranks(CheckedRun& run, const char* argv0) {
+  const RunConfig& c = run.config;
+  run.args[0] = self_executable(argv0);
+  LaunchOptions launch;
+  launch.nproc = c.nproc;
+  launch.nnodes = c.nnodes;
+  launch.node_rank = c.node_rank;
+  launch.master_addr = c.master_addr;
+  launch.master_port = c.master_port;
+  launch.threads_per_rank = c.threads_per_rank;
+  // More ranks than cores runs, slowly (a correctness test may want it):
+  // warned, not refused, once the input is known to be good.
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<unsigned>(c.nproc) > cores) {
+    std::cerr << "warning: --nproc " << c.nproc << " is more than this machine's " << cores
+              << " cores; the ranks will share them (slower, same results)" << std::endl;
+  }
+  try {
+    // Measured (once per machine) before any rank runs: ranks measuring
+    // side by side would each see part of the cores.
+    if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
+      cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), peak_dtype(c), default_peak_flops_cache());
+    }
+    return launch_ranks(run.args, launch);
+  } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  }
+}
+}  // namespace
+
 int run_gpt(int argc, char** argv) {
   StrategyRegistry registry;
   register_builtin_strategies(registry);
@@ -410,35 +444,7 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
     for (const auto& note : run.config.config_notes) std::cerr << "note: " << note << std::endl;
   }
 
-  if (!env && (run.config.nproc > 1 || run.config.nnodes > 1)) {
-    const RunConfig& c = run.config;
-    run.args[0] = self_executable(argv[0]);
-    LaunchOptions launch;
-    launch.nproc = c.nproc;
-    launch.nnodes = c.nnodes;
-    launch.node_rank = c.node_rank;
-    launch.master_addr = c.master_addr;
-    launch.master_port = c.master_port;
-    launch.threads_per_rank = c.threads_per_rank;
-    // More ranks than cores runs, slowly (a correctness test may want it):
-    // warned, not refused, once the input is known to be good.
-    const unsigned cores = std::thread::hardware_concurrency();
-    if (cores > 0 && static_cast<unsigned>(c.nproc) > cores) {
-      std::cerr << "warning: --nproc " << c.nproc << " is more than this machine's " << cores
-                << " cores; the ranks will share them (slower, same results)" << std::endl;
-    }
-    try {
-      // Measured (once per machine) before any rank runs: ranks measuring
-      // side by side would each see part of the cores.
-      if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
-        cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), peak_dtype(c), default_peak_flops_cache());
-      }
-      return launch_ranks(run.args, launch);
-    } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped
-      std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-      return 1;
-    }
-  }
+  if (!env && (run.config.nproc > 1 || run.config.nnodes > 1)) return launch_local_ranks(run, argv[0]);
 
   // ---- Phase 2: train; failures exit 1 and are recorded for the launcher. ----
   const int rank = env ? env->rank : 0;

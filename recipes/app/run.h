@@ -6,7 +6,7 @@
 //   <output-dir>/checkpoints/  step-<N> directories (--checkpoint-every, --checkpoint-monitor)
 //   <output-dir>/summary.json  written last: its presence marks a finished run
 // Exit codes: 0 success, 2 bad input (one-line error), 1 failure in training.
-#include "strata/recipes/cli.h"
+#include "strata/recipes/config/cli.h"
 #include "strata/trainer/trainer.h"
 
 #include <string>

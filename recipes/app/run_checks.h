@@ -5,10 +5,10 @@
 // run_gpt prints it and exits 2, leaving the output directory and every input
 // as they were.
 #include "strata/launch/environment.h"
-#include "strata/recipes/cli.h"
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/interop.h"
-#include "strata/recipes/planner.h"
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/io/interop.h"
+#include "strata/recipes/app/planner.h"
 #include "strata/strategies/registry.h"
 #include "strata/trainer/data_source.h"
 

@@ -1,4 +1,4 @@
-#include "strata/recipes/run_summary.h"
+#include "strata/recipes/app/run_summary.h"
 
 #include "strata/strategies/comm.h"
 

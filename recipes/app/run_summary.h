@@ -1,10 +1,10 @@
 #pragma once
 // What strata-gpt writes about a run: the resolved config (config.ini and the
 // printed header) and summary.json's document.
-#include "strata/recipes/cli.h"
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/peak_flops.h"
-#include "strata/recipes/planner.h"
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/app/peak_flops.h"
+#include "strata/recipes/app/planner.h"
 #include "strata/trainer/trainer.h"
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "strata/recipes/testing_aids.h"
+#include "strata/recipes/app/testing_aids.h"
 
 #include "strata/trainer/trainer.h"
 

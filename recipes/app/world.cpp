@@ -1,4 +1,4 @@
-#include "strata/recipes/world.h"
+#include "strata/recipes/app/world.h"
 
 #include "strata/core/cuda_support.h"
 #include "strata/core/device.h"

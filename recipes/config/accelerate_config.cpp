@@ -2,7 +2,7 @@
 // strata-gpt keys. distributed_type picks the strategy; fsdp_config maps onto
 // strata's fsdp options; deepspeed_config is rewritten as a DeepSpeed JSON
 // (or its deepspeed_config_file read) and translated as one.
-#include "strata/recipes/foreign_config.h"
+#include "strata/recipes/config/foreign_config.h"
 
 #include <filesystem>
 #include <fstream>

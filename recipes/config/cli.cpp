@@ -1,10 +1,11 @@
-#include "strata/recipes/cli.h"
+#include "strata/recipes/config/cli.h"
 
-#include "strata/recipes/foreign_config.h"
+#include "strata/recipes/config/foreign_config.h"
 
-#include "strata/recipes/cli_fields.h"
-#include "strata/recipes/cli_rules.h"
+#include "strata/recipes/config/cli_fields.h"
+#include "strata/recipes/config/cli_rules.h"
 
+#include <c10/util/StringUtil.h>
 #include <boost/program_options.hpp>
 
 #include <cerrno>
@@ -91,7 +92,7 @@ std::vector<Entry> entries(const StrategyRegistry& strategies) {
     out.push_back({f.key, f.group, f.help, f.flag, f, nullptr});
     if (std::string(f.key) != kStrategyOptionsAfter) continue;
     for (const StrategyOption* o : strategies.all_options()) {
-      out.push_back({o->key(), f.group, "[" + strategies.declared_by(o->key()) + "] " + o->help(), o->bare(), std::nullopt, o});
+      out.push_back({o->key(), f.group, c10::str("[", strategies.declared_by(o->key()), "] ", o->help()), o->bare(), std::nullopt, o});
     }
   }
   return out;

@@ -95,9 +95,9 @@ struct RunConfig {
   int64_t early_stopping_patience = 0;  ///< 0: off
   std::string resume;             ///< checkpoint dir to resume from, or "last"
   std::string profile;           ///< --profile DIR: Chrome traces of a few steps ("": off)
-  double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/peak_flops.h)
+  double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/app/peak_flops.h)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
-  // Python interop (recipes/interop.h, recipes/torchscript.h)
+  // Python interop (recipes/io/interop.h, recipes/io/torchscript.h)
   std::string init_from;          ///< nanoGPT-named weights file to start the GPT from
   std::string export_weights;     ///< rank 0 writes the trained GPT's weights here (nanoGPT names)
   std::string torchscript;        ///< train this TorchScript model instead of the GPT
@@ -110,7 +110,7 @@ struct RunConfig {
   /// At this step (1-based; 0: never) the last rank's loss gradient is
   /// multiplied by 1e6 on its way back: 16-mixed overflows there.
   int64_t debug_overflow_step = 0;
-  // From a DeepSpeed / Accelerate --config (recipes/foreign_config.h), not
+  // From a DeepSpeed / Accelerate --config (recipes/config/foreign_config.h), not
   // options of their own (config.ini holds what they resolved to).
   bool offload_host_from_config = false;  ///< its offload to "cpu": nothing to offload on a CPU device
   int64_t config_global_batch = 0;        ///< its train_batch_size (0: none): checked against the world

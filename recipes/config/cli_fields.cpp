@@ -1,4 +1,4 @@
-#include "strata/recipes/cli_fields.h"
+#include "strata/recipes/config/cli_fields.h"
 
 namespace strata::recipes {
 
@@ -8,7 +8,7 @@ std::vector<std::string> group_titles() {
 }
 
 /// Printed by --help-all after the testing options: fault injection read from
-/// the environment (recipes/run.cpp, trainer/checkpoint.cpp, strategies/offload_tier.cpp).
+/// the environment (recipes/app/run.cpp, trainer/checkpoint.cpp, strategies/offload_tier.cpp).
 const char* const kTestingEnvironment =
     "Testing aids in the environment:\n"
     "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
@@ -177,7 +177,7 @@ std::vector<Field> interop_testing_fields() {
        "after training, write the GPT's weights here under nanoGPT's names (Python: torch.load)"},
       {"torchscript", kInteropGroup, &C::torchscript,
        "train this TorchScript model (torch.jit.script(model).save(...)) instead of the GPT; "
-       "model options do not apply (see recipes/torchscript.h for the contract)"},
+       "model options do not apply (see recipes/io/torchscript.h for the contract)"},
       {"export-torchscript", kInteropGroup, &C::export_torchscript,
        "with --torchscript: after training, save the trained model here (torch.jit.load)"},
       {"dump-params", kTestingGroup, &C::dump_params,

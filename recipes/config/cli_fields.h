@@ -1,10 +1,10 @@
 #pragma once
-// The recipe binaries' options as data (internal to recipes/cli.cpp): each
+// The recipe binaries' options as data (internal to recipes/config/cli.cpp): each
 // option's key, --help group, RunConfig member and help text. One table
 // serves the command line, the INI config file, --help and to_ini(); the
 // registered strategies' options (strategies/spec.h) join it after
 // kStrategyOptionsAfter.
-#include "strata/recipes/cli.h"
+#include "strata/recipes/config/cli.h"
 
 #include <string>
 #include <variant>

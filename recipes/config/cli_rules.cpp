@@ -1,4 +1,4 @@
-#include "strata/recipes/cli_rules.h"
+#include "strata/recipes/config/cli_rules.h"
 
 #include <algorithm>
 #include <iterator>
@@ -34,7 +34,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"precision", &c.precision, precision_names()},
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
-      {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/gpt.h attention_names(), tested
+      {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/models/gpt.h attention_names(), tested
       {"adamw-kernel", &c.adamw_kernel, {"strata", "aten"}},    // fused_adamw_kernel_names(), tested
       {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"activation", &c.activation, {"gelu", "gelu_new"}},

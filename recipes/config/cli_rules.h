@@ -4,7 +4,7 @@
 // ignored or contradict each other, and value ranges. Internal to the recipes
 // library; every message is one line naming the key, the value and what is
 // allowed.
-#include "strata/recipes/cli.h"
+#include "strata/recipes/config/cli.h"
 
 #include <charconv>
 #include <map>

@@ -1,7 +1,7 @@
 // Reading --config's DeepSpeed JSON / Accelerate YAML and the DeepSpeed
 // translation (foreign_config.h). Accelerate's is in accelerate_config.cpp,
 // the helpers both share in foreign_values.cpp.
-#include "strata/recipes/foreign_config.h"
+#include "strata/recipes/config/foreign_config.h"
 
 #include <yaml-cpp/yaml.h>
 

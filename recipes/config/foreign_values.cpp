@@ -2,7 +2,7 @@
 // foreign): typed reads of a config's values, each failing with one line that
 // names the file and the key, and the registered strategy a DeepSpeed stage or
 // an Accelerate distributed_type stands for.
-#include "strata/recipes/foreign_config.h"
+#include "strata/recipes/config/foreign_config.h"
 
 #include <charconv>
 #include <cmath>

@@ -6,7 +6,7 @@
 // same data. Sharding: micro-batch `index` of `shard` holds global samples
 // [index*B*world + rank*B, +B), so the ranks' batches concatenated are the
 // single-process batch of B*world.
-#include "strata/recipes/data.h"
+#include "strata/recipes/data/data.h"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,8 +1,8 @@
-#include "strata/recipes/hf_gpt2.h"
+#include "strata/recipes/io/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
-#include "strata/recipes/interop.h"
-#include "strata/recipes/safetensors.h"
+#include "strata/recipes/io/interop.h"
+#include "strata/recipes/io/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-#include "strata/recipes/plain_pickle.h"
+#include "strata/recipes/io/plain_pickle.h"
 
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/in_memory_adapter.h>
@@ -195,7 +195,7 @@ class PlainDictRewriter {
         // APPEND / SETITEM, which the unpickler lacks: MARK item(s) APPENDS / SETITEMS.
         auto first = pop(op == 'a' ? 1 : 2);
         if (!first) return false;
-        out_.insert(first->start, "(");
+        out_.insert(out_.begin() + static_cast<std::ptrdiff_t>(first->start), '(');
         out_.push_back(op == 'a' ? 'e' : 'u');
         emit = false;
         return true;

@@ -1,4 +1,4 @@
-#include "strata/recipes/safetensors.h"
+#include "strata/recipes/io/safetensors.h"
 
 #include "strata/core/atomic_file.h"
 

@@ -1,9 +1,10 @@
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 
 #include "strata/core/deferred_init.h"
 #include "strata/kernels/attention.h"
 #include "strata/strategies/activation_checkpoint.h"
 
+#include <c10/util/StringUtil.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
@@ -169,7 +170,7 @@ GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)
   wpe_ = add("wpe", torch::nn::Embedding(o.block_size(), o.n_embd()));
   drop_ = add("drop", torch::nn::Dropout(o.dropout()));
   for (int64_t i = 0; i < o.n_layer(); ++i) {
-    blocks_.push_back(add("h" + std::to_string(i), Block(o)));
+    blocks_.push_back(add(c10::str("h", i), Block(o)));
   }
   ln_f_ = add("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.n_embd()})));
   if (!o.tie_weights()) {

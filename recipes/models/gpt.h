@@ -6,7 +6,7 @@
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
 #include "strata/core/training_module.h"
-#include "strata/recipes/lora.h"
+#include "strata/recipes/models/lora.h"
 
 #include <torch/torch.h>
 
@@ -37,7 +37,7 @@ struct GPTOptions {
   /// The MLP's GELU: "gelu" (exact, erf; nanoGPT's) or "gelu_new" (the tanh
   /// approximation OpenAI's GPT-2 and transformers' "gelu_new" compute).
   TORCH_ARG(std::string, activation) = "gelu";
-  /// LoRA adapters (recipes/lora.h): rank 0 = off. With rank r > 0 the
+  /// LoRA adapters (recipes/models/lora.h): rank 0 = off. With rank r > 0 the
   /// targeted Linears gain (alpha / r) · B A and every other parameter is
   /// frozen. alpha 8 and targets attn are PEFT LoraConfig's defaults for GPT-2.
   TORCH_ARG(int64_t, lora_rank) = 0;

@@ -1,6 +1,6 @@
-#include "strata/recipes/lora.h"
+#include "strata/recipes/models/lora.h"
 
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 
 #include <cmath>
 

@@ -2,7 +2,7 @@
 // strategy made to keep one extra copy of its parameters
 // (strata-bench --inject-regression CASE -> strata-gpt --debug-extra-param-copy)
 // must fail against the committed baseline, naming the case and the metric.
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 

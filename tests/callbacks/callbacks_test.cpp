@@ -9,7 +9,7 @@
 #include "strata/callbacks/model_checkpoint.h"
 #include "strata/callbacks/progress.h"
 #include "strata/callbacks/throughput.h"
-#include "strata/recipes/peak_flops.h"
+#include "strata/recipes/app/peak_flops.h"
 #include "strata/strategies/single/single_device.h"
 #include "strata/trainer/memory.h"
 #include "strata/trainer/trainer.h"

@@ -7,7 +7,7 @@
 #include "strata/core/deferred_init.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/registry.h"
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 #include "strata/trainer/memory.h"
 
 #include <gtest/gtest.h>

@@ -60,7 +60,7 @@ TEST(NetTest, LocalAddressTowardsAHostIsTheSourceTheKernelPicks) {
   EXPECT_EQ(strata::local_address_towards("::1"), "::1");
   EXPECT_CONTAINS(what_of([] { strata::local_address_towards("no-such-host.invalid", "MASTER_ADDR"); }),
                   "cannot resolve MASTER_ADDR 'no-such-host.invalid'");
-  // The network-namespace test (tests/dist/multi_node_test.cpp) checks it
+  // The network-namespace test (tests/launch/multi_node_test.cpp) checks it
   // across a veth link, where the answer is not loopback.
 }
 

@@ -5,8 +5,8 @@
 //
 // torchrun is the real one, from the Python environment scripts/setup made
 // (STRATA_PYTHON, compiled in), with its static and c10d rendezvous.
-#include "tests/dist/process.h"
-#include "tests/dist/run_binary.h"
+#include "tests/process.h"
+#include "tests/run_binary.h"
 #include "strata/core/net.h"
 
 #include <gtest/gtest.h>

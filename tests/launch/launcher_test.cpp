@@ -1,7 +1,7 @@
 // launcher_test - the strata-gpt binary end to end: failure handling across
 // ranks, and the bad-input contract (one-line error naming the value, exit
 // code 2, no output directory left looking valid).
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -11,8 +11,8 @@
 // here, unreachable from the other node); cutting the link mid-training stops
 // every rank on both sides within --comm-timeout + 10 s, each launcher naming
 // its failed ranks, and leaves no process behind.
-#include "tests/dist/process.h"
-#include "tests/dist/run_binary.h"
+#include "tests/process.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 

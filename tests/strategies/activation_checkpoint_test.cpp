@@ -3,7 +3,7 @@
 #include "strata/strategies/activation_checkpoint.h"
 
 #include "strata/core/precision.h"
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 #include "strata/strategies/grad_buckets.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"

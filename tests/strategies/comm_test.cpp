@@ -1,4 +1,4 @@
-// Comm against local references, with ranks as threads (tests/dist/thread_world.h).
+// Comm against local references, with ranks as threads (strategies/thread_world.h).
 // Every collective, sync and async, for world sizes 1..4, with sizes that do not
 // divide evenly; Gloo's missing collectives go through Comm's emulation here.
 #include "tests/error_text.h"

@@ -10,8 +10,8 @@
 // times too large or too small (a missing or doubled division by the world
 // size) changes its update by ~eps and would pass; SGD's update is lr times
 // the gradient, and the logged grad_norm is the gradient's global norm itself.
-#include "tests/dist/run_binary.h"
-#include "tests/dist/run_outputs.h"
+#include "tests/run_binary.h"
+#include "tests/run_outputs.h"
 #include "strata/core/net.h"
 
 #include <gtest/gtest.h>

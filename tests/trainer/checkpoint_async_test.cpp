@@ -5,10 +5,10 @@
 // continues exactly like an uninterrupted one; async needs checkpoints and
 // the sharded format. (Running out of disk: checkpoint_test's
 // CheckpointDiskTest, which runs an async variant.)
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 #include "tests/toy_data.h"
 #include "strata/trainer/checkpoint.h"

@@ -1,7 +1,7 @@
 // checkpoint_compat_test - checkpoints written by the LibTorch 1.13 build
 // (tests/fixtures/libtorch-1.13, both formats) resume in this build: the
 // resumed run logs the 1.13 run's losses for the steps after the checkpoint.
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>

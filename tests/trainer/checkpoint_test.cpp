@@ -4,11 +4,11 @@
 // Faults: corrupt files, a different model or optimizer, and a rank killed
 // mid-save (real processes through strata-gpt).
 #include "strata/callbacks/model_checkpoint.h"
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 #include "strata/strategies/fsdp/fully_sharded.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/toy_data.h"
 #include "strata/trainer/checkpoint.h"
 #include "strata/trainer/trainer.h"

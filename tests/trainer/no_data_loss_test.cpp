@@ -2,7 +2,7 @@
 // strata-bench refuse it with one line and exit 2 before they open anything
 // for writing, so an existing output directory and every input file are
 // byte-identical afterwards (and nothing new is created).
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 
@@ -45,7 +45,8 @@ std::map<std::string, std::string> snapshot(const fs::path& root) {
 }
 
 struct Case {
-  std::string args, expect, env;
+  Case(std::string a, std::string e, std::string v = "") : args(std::move(a)), expect(std::move(e)), env(std::move(v)) {}
+  std::string args, expect, env;  ///< env: NAME=VALUE for the run, or ""
 };
 
 void expect_refused(const BinaryRun& run, const Case& c) {

@@ -3,7 +3,7 @@
 // its checkpoint logs the uninterrupted run's metrics bit for bit, under every
 // strategy, with dropout on; metrics.csv reads as one run; --resume last; a
 // resume on another world size stays within tolerance; bad resumes exit 2.
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -3,8 +3,8 @@
 // end within 3e-2 of fp32's loss, an injected overflow (--debug-overflow-step)
 // is skipped, the loss scale is in checkpoints and a resume continues with it
 // exactly. Per-rank agreement is checked in-process (loss_scaling_test.cpp).
-#include "tests/dist/run_binary.h"
-#include "tests/dist/run_outputs.h"
+#include "tests/run_binary.h"
+#include "tests/run_outputs.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>

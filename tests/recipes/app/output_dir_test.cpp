@@ -1,7 +1,7 @@
-// output_dir_test - check_output_dir (recipes/output_dir.cpp): an unusable
+// output_dir_test - check_output_dir (recipes/app/output_dir.cpp): an unusable
 // --output-dir is a one-line error naming it and the reason, and the check
 // leaves nothing behind, whether it passes or fails.
-#include "strata/recipes/output_dir.h"
+#include "strata/recipes/app/output_dir.h"
 
 #include "tests/error_text.h"
 

@@ -1,10 +1,10 @@
 // planner_e2e_test - strata-gpt end to end with the memory planner: the
 // pre-flight refusal, --strategy auto with a budget between two measured
 // peaks, and summary.json's per-rank step split and communication ratios.
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/planner.h"
-#include "tests/dist/run_binary.h"
-#include "strata/recipes/data.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/app/planner.h"
+#include "tests/run_binary.h"
+#include "strata/recipes/data/data.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
 #include "tests/builtin_strategies.h"
-#include "strata/recipes/planner.h"
+#include "strata/recipes/app/planner.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 #include "tests/builtin_strategies.h"
-#include "strata/recipes/cli.h"
-#include "strata/recipes/run.h"
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/app/run.h"
 #include "strata/strategies/single/single_device.h"
-#include "strata/recipes/gpt.h"
+#include "strata/recipes/models/gpt.h"
 #include "strata/kernels/fused_adamw_optimizer.h"
 
 #include <gtest/gtest.h>

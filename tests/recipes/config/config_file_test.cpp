@@ -3,7 +3,7 @@
 // each runs as the strategy it names, at its process count and precision;
 // an unsupported key and a train_batch_size that disagrees with the world
 // are one-line errors with exit 2 and nothing written.
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>

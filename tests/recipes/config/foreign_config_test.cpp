@@ -1,11 +1,11 @@
 // foreign_config_test - --config with a DeepSpeed JSON or an Accelerate YAML
-// (recipes/foreign_config.h): the configurations from those projects'
+// (recipes/config/foreign_config.h): the configurations from those projects'
 // documentation (tests/fixtures/configs, SOURCES.md says where each is from)
 // translate to the strata-gpt keys they mean; what strata does not support
 // is one error naming the key; "auto" leaves a key to strata.
 #include "tests/builtin_strategies.h"
-#include "strata/recipes/cli.h"
-#include "strata/recipes/foreign_config.h"
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/config/foreign_config.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>

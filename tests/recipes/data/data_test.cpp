@@ -1,7 +1,7 @@
 // Tests for recipes/data: addition encoding and split, text bytes, nanoGPT
 // .bin tokens, make_data, determinism, the sharding contract, and one-line
 // errors that name the offending value.
-#include "strata/recipes/data.h"
+#include "strata/recipes/data/data.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>

@@ -9,15 +9,15 @@
 //    loads in Python and in C++ and gives the same loss.
 // Batches come from the recipe's data source (addition:2), written by this
 // test for Python (torch::pickle_save: Python's torch.load reads it).
-#include "tests/dist/process.h"
-#include "tests/dist/run_binary.h"
-#include "tests/dist/run_outputs.h"
-#include "strata/recipes/cli.h"
-#include "strata/recipes/data.h"
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/interop.h"
-#include "strata/recipes/run.h"
-#include "strata/recipes/torchscript.h"
+#include "tests/process.h"
+#include "tests/run_binary.h"
+#include "tests/run_outputs.h"
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/data/data.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/io/interop.h"
+#include "strata/recipes/app/run.h"
+#include "strata/recipes/io/torchscript.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>

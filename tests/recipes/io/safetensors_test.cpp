@@ -1,17 +1,17 @@
-// safetensors_test - Hugging Face interop (recipes/safetensors.h,
-// recipes/hf_gpt2.h): the file format round-trips and refuses bad headers;
+// safetensors_test - Hugging Face interop (recipes/io/safetensors.h,
+// recipes/io/hf_gpt2.h): the file format round-trips and refuses bad headers;
 // strata-export --format safetensors gives a directory that transformers'
 // GPT2LMHeadModel loads with strata's logits (the `transformers` package from
 // PyPI, installed by scripts/setup, is the oracle); --init-from reads such a
 // directory, one written by transformers itself included.
-#include "tests/dist/run_binary.h"
-#include "tests/dist/run_outputs.h"
+#include "tests/run_binary.h"
+#include "tests/run_outputs.h"
 #include "tests/temp_dir.h"
-#include "strata/recipes/data.h"
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/hf_gpt2.h"
-#include "strata/recipes/interop.h"
-#include "strata/recipes/safetensors.h"
+#include "strata/recipes/data/data.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/io/hf_gpt2.h"
+#include "strata/recipes/io/interop.h"
+#include "strata/recipes/io/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -132,7 +132,7 @@ TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
 TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBack) {
   REQUIRE_TRANSFORMERS();
   strata::testing::TempDir dir("strata-hf");
-  for (const std::string lora :
+  for (const std::string& lora :
        {std::string(""), std::string(" --lora-rank 4 --lora-targets attn,mlp"), std::string(" --activation gelu_new")}) {
     SCOPED_TRACE(lora);
     const fs::path run = dir.path() / ("run" + std::to_string(lora.size()));
@@ -228,7 +228,7 @@ TEST(HfGpt2Test, InitFromADirectoryTransformersWrote) {
               << ", the other GELU moves them " << control << std::endl;
     EXPECT_LE(diff, 1e-5);
     EXPECT_GT(control, 10 * diff);
-    for (const std::string from : {hf.string(), hf.string() + "-base"}) {
+    for (const std::string& from : {hf.string(), hf.string() + "-base"}) {
       const fs::path out = from + "-out";
       auto run = run_gpt_binary(flags(out) + " --max-steps 1 --batch-size 8 --activation " + activation +
                                 " --init-from " + from);

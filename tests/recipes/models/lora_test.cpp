@@ -1,12 +1,12 @@
-// lora_test - LoRA fine-tuning under every strategy (recipes/lora.h): frozen
+// lora_test - LoRA fine-tuning under every strategy (recipes/models/lora.h): frozen
 // base weights get no gradient, no optimizer state and no communication;
 // every strategy matches one process; model state and bytes sent follow the
 // README's formulas with the trainable count; export merges the adapters.
-#include "strata/recipes/gpt.h"
-#include "strata/recipes/interop.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/io/interop.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 #include "tests/toy_data.h"
 #include "strata/trainer/trainer.h"
@@ -111,7 +111,7 @@ TEST(LoraTest, ModelStateAndBytesSentFollowTheFormulas) {
   const double share = 4.0 * static_cast<double>(t) * (world - 1) / world;
   int64_t f_root = 0;  // frozen parameters in no block: embeddings, ln_f
   int64_t n_last = 0;  // every parameter of the last block
-  const std::string last_block = "h" + std::to_string(model.n_layer() - 1) + ".";
+  const std::string last_block = c10::str("h", model.n_layer() - 1, ".");
   for (const auto& item : make_module(model).module().named_parameters()) {
     if (item.key().rfind(last_block, 0) == 0) n_last += item.value().numel();
     if (item.value().requires_grad()) continue;
@@ -202,7 +202,7 @@ TEST(LoraTest, StrataGptUnderFsdpMatchesOneProcessAndExportsAPlainGpt) {
   for (const auto& [name, value] : a) EXPECT_LE((value - b.at(name)).abs().max().item<double>(), 1e-5) << name;
   // The export holds W + (alpha / rank) B A with this run's alpha (16 / 4).
   const auto merged = strata::recipes::read_weights(dir.file("merged.pt"));
-  for (const std::string& stem : {"h0.attn.c_attn", "h2.c_proj"}) {
+  for (const std::string stem : {"h0.attn.c_attn", "h2.c_proj"}) {
     const auto want = a.at(stem + ".weight") + 4.0 * torch::matmul(a.at(stem + "_lora.B"), a.at(stem + "_lora.A"));
     const auto got = merged.at(strata::recipes::to_nanogpt_name(stem + ".weight"));
     EXPECT_LE((got - want).abs().max().item<double>(), 1e-6) << stem;

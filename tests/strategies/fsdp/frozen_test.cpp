@@ -8,10 +8,10 @@
 // limit_all_gathers allows); checkpoints carry frozen shards across strategies,
 // offloaded ones too; a unit with frozen parts run twice in one forward is
 // an error naming it.
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 
 #include "strata/strategies/activation_checkpoint.h"
-#include "tests/dist/run_binary.h"
+#include "tests/run_binary.h"
 #include "tests/mlp_stack.h"
 #include "tests/temp_dir.h"
 

@@ -3,7 +3,7 @@
 // tied and untied embeddings, both wrap policies, a unit smaller than the
 // world (padding), and FSDP(checkpoint(block)). Memory, bytes sent, failure
 // and the FlatParam mechanics are in fsdp_mechanics_test.cpp.
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 
 #include "strata/strategies/activation_checkpoint.h"
 #include "tests/mlp_stack.h"

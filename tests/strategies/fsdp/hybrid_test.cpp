@@ -2,7 +2,7 @@
 // nodes) on thread-ranks: Comm::split, parity with single-process training at
 // world 4 as 2 nodes of 2, 4 nodes of 1 and 1 node of 4 (with accumulation and
 // clipping), the bytes each group carries, and bad node sizes.
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 
 #include "strata/strategies/fsdp/hybrid.h"
 

@@ -2,7 +2,7 @@
 // FlatParam's free-in-place reshard, model state against the ZeRO-3 formula,
 // bytes sent per step against 3Ψ, weight-decay groups through flattening,
 // validation, options, and a failing rank ending every rank.
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 
 #include "strata/strategies/fsdp/flat_param.h"
 #include "strata/strategies/registry.h"

@@ -2,7 +2,7 @@
 // threads: param_dtype bf16 all-gathers half the bytes and matches
 // single-process bf16-mixed training; reduce_dtype bf16 reduce-scatters half
 // the bytes and still trains.
-#include "tests/dist/fsdp_harness.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
 
 #include <gtest/gtest.h>
 

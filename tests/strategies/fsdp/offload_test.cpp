@@ -5,9 +5,9 @@
 #include "strata/core/cuda_support.h"
 #include "strata/strategies/fsdp/offload.h"
 #include "strata/strategies/offload_tier.h"
-#include "tests/dist/fsdp_harness.h"
-#include "tests/dist/process.h"
-#include "tests/dist/run_binary.h"
+#include "tests/strategies/fsdp/fsdp_harness.h"
+#include "tests/process.h"
+#include "tests/run_binary.h"
 #include "tests/error_text.h"
 #include "tests/temp_dir.h"
 
@@ -418,7 +418,9 @@ TEST(FsdpOffloadBinaryTest, NoOffloadFileOutlivesAFailedOrSignalledRun) {
     ::kill(kill.rank ? holders.front() : run.pid(), kill.sig);
     const auto code = run.wait_for(std::chrono::seconds(60));
     ASSERT_TRUE(code.has_value()) << "the launcher did not stop";
-    if (kill.sig != SIGKILL || kill.rank) EXPECT_NE(*code, 0);
+    if (kill.sig != SIGKILL || kill.rank) {
+      EXPECT_NE(*code, 0);
+    }
     EXPECT_TRUE(wait_until([&] { return processes_holding_files_in(offload_dir).empty(); }, std::chrono::seconds(30)))
         << "a rank outlived the run";
     EXPECT_TRUE(entries(offload_dir).empty());
