@@ -1,4 +1,4 @@
-// interop_test - recipes/interop: nanoGPT names and the weights file, without
+// interop_test - recipes/io/interop: nanoGPT names and the weights file, without
 // Python (tests/recipes/io/interop_e2e_test.cpp checks the files against Python).
 #include "strata/recipes/models/gpt.h"
 #include "strata/recipes/io/interop.h"
