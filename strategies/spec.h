@@ -158,6 +158,10 @@ struct ModelSize {
 };
 
 /// What one rank's memory (or communication) is asked for.
+/// ceil(a / b) for a >= 0, b > 0: what one of b ranks holds of a elements
+/// split evenly with padding (flat buffers are padded to a multiple of b).
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 struct MemoryQuery {
   ModelSize model;
   int world_size = 1;

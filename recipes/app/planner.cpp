@@ -34,8 +34,6 @@ constexpr double kBaseEmbdFloats = 4.0;
 /// transients).
 constexpr int64_t kOverheadBytes = 16 << 10;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// Parameters of one block (all blocks have the same shape).
 int64_t block_parameters(const GPTOptions& model) {
   auto one = model;

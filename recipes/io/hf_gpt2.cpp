@@ -16,14 +16,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 /// transformers' Conv1D weights: [in, out], the transpose of a Linear's.
 bool is_conv1d_weight(const std::string& nanogpt_name) {
   for (const char* layer : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
-    if (ends_with(nanogpt_name, layer)) return true;
+    if (nanogpt_name.ends_with(layer)) return true;
   }
   return false;
 }
@@ -61,7 +57,7 @@ nlohmann::json config_json(const GPTOptions& o) {
 bool is_hf_gpt2(const std::string& path) {
   std::error_code ec;  // unreadable paths are not this format; read_weights then says why
   return (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "model.safetensors", ec)) ||
-         (fs::is_regular_file(path, ec) && ends_with(path, ".safetensors"));
+         (fs::is_regular_file(path, ec) && path.ends_with(".safetensors"));
 }
 
 void write_hf_gpt2(const std::string& dir, const std::map<std::string, torch::Tensor>& by_strata_name,
@@ -85,7 +81,7 @@ std::map<std::string, torch::Tensor> read_hf_gpt2(const std::string& path) {
   for (auto& [stored, tensor] : read_safetensors(model_file(path))) {
     // transformers' own checkpoints may hold the attention mask buffers
     // (attn.bias, attn.masked_bias): not parameters, as nanoGPT skips them.
-    if (ends_with(stored, ".attn.bias") || ends_with(stored, ".attn.masked_bias")) continue;
+    if (stored.ends_with(".attn.bias") || stored.ends_with(".attn.masked_bias")) continue;
     // A GPT2Model (the hub's "gpt2" files) names its tensors without the
     // LM head model's "transformer." prefix.
     const bool bare = stored.rfind("transformer.", 0) != 0 && stored.rfind("lm_head.", 0) != 0;

@@ -6,11 +6,6 @@
 
 namespace strata::recipes {
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
 
 LoraTargets parse_lora_targets(const std::string& text) {
   if (text == "attn") return {true, false};
@@ -35,7 +30,7 @@ torch::Tensor LoRAImpl::forward(const torch::Tensor& x) {
 }
 
 bool is_lora_parameter(const std::string& name) {
-  return ends_with(name, "_lora.A") || ends_with(name, "_lora.B");
+  return name.ends_with("_lora.A") || name.ends_with("_lora.B");
 }
 
 int64_t count_lora_parameters(const GPTOptions& o) {
@@ -50,11 +45,11 @@ int64_t count_lora_parameters(const GPTOptions& o) {
 
 void init_lora_parameter(const std::string& name, const torch::Tensor& param, at::Generator generator) {
   torch::NoGradGuard no_grad;
-  if (ends_with(name, "_lora.B")) {
+  if (name.ends_with("_lora.B")) {
     param.zero_();
     return;
   }
-  TORCH_CHECK(ends_with(name, "_lora.A") && param.dim() == 2, "not a LoRA A matrix: ", name);
+  TORCH_CHECK(name.ends_with("_lora.A") && param.dim() == 2, "not a LoRA A matrix: ", name);
   const double bound = 1.0 / std::sqrt(static_cast<double>(param.size(1)));
   auto values = torch::empty(param.sizes(), param.options().device(torch::kCPU));
   values.uniform_(-bound, bound, generator);
@@ -78,7 +73,7 @@ std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torc
   const double scale = options.lora_alpha() / static_cast<double>(options.lora_rank());
   torch::NoGradGuard no_grad;
   for (const auto& [name, a] : by_strata_name) {
-    if (!ends_with(name, "_lora.A")) continue;
+    if (!name.ends_with("_lora.A")) continue;
     const std::string stem = name.substr(0, name.size() - std::string("_lora.A").size());
     const auto b = by_strata_name.find(stem + "_lora.B");
     const auto w = out.find(stem + ".weight");

@@ -6,8 +6,6 @@ namespace strata {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 std::vector<StrategyOption> fsdp_options() {
   return {
       StrategyOption::choice("sharding-strategy", "full_shard", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"},

@@ -3,10 +3,6 @@
 
 namespace strata {
 
-namespace {
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
-
 std::vector<StrategyOption> shard_options() {
   return {bucket_cap_mb_option().above(0), find_unused_parameters_option()};
 }
