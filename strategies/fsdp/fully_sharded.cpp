@@ -143,7 +143,9 @@ void FSDPStrategy::backward(const torch::Tensor& loss) {
   backward_follows_ = false;
   // Frozen parts no event freed (the root's; a unit whose input needed no
   // gradient): backward is over, nothing reads them any more.
-  for (FlatParam* part : frozen_parts()) part->reshard();
+  for (auto& unit : units_) {
+    if (unit->frozen() != nullptr) unit->frozen()->reshard();
+  }
 }
 
 void FSDPStrategy::pre_backward(int index) {
@@ -265,8 +267,8 @@ std::vector<torch::Tensor> FSDPStrategy::pieces_unused_everywhere() const {
 }
 
 void FSDPStrategy::reshard_all() {
-  for (FlatParam* part : trainable_parts()) part->reshard();
-  for (FlatParam* part : frozen_parts()) part->reshard();
+  // Per step (end_step): the units directly, no list of parts built.
+  for (auto& unit : units_) unit->reshard();
 }
 
 std::vector<FlatParam*> FSDPStrategy::trainable_parts() const {
@@ -321,9 +323,11 @@ void FSDPStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
 
 void FSDPStrategy::zero_grad(torch::optim::Optimizer&) {
   end_step();  // again (idempotent): a skipped step (16-mixed overflow) calls no optimizer_step
-  for (FlatParam* part : trainable_parts()) {
-    part->release_full_grad();
-    part->zero_shard_grad();
+  for (auto& unit : units_) {
+    if (FlatParam* train = unit->train()) {
+      train->release_full_grad();
+      train->zero_shard_grad();
+    }
   }
 }
 

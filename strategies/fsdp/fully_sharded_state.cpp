@@ -16,12 +16,16 @@ std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
   if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};
   // Shard gradients, padding included: padding gradients are zero.
   std::vector<torch::Tensor> norms;
-  for (const FlatParam* unit : trainable_parts()) norms.push_back(unit->shard_grad_norm());
+  for (const auto& unit : units_) {
+    if (unit->train() != nullptr) norms.push_back(unit->train()->shard_grad_norm());
+  }
   return norms;
 }
 
 void FSDPStrategy::scale_shard_grads(double coef) {
-  for (FlatParam* unit : trainable_parts()) unit->scale_shard_grad(coef);
+  for (auto& unit : units_) {
+    if (unit->train() != nullptr) unit->train()->scale_shard_grad(coef);
+  }
 }
 
 ModelStateBytes FSDPStrategy::held_state_bytes(const torch::optim::Optimizer& optimizer) const {
