@@ -76,6 +76,12 @@ cmake_policy(PUSH)
 cmake_policy(SET CMP0104 OLD)
 find_package(Torch REQUIRED)
 cmake_policy(POP)
+# Past this point CMP0104 is NEW again, and CMake 4 rejects any CUDA-enabled
+# target without architectures, try-compiles included (FindOpenMP's, in
+# kernels/). OFF: no architecture flags; strata's own targets are C++ only.
+if(CMAKE_CUDA_COMPILER_LOADED OR CMAKE_CUDA_COMPILER)
+  set(CMAKE_CUDA_ARCHITECTURES OFF)
+endif()
 set(STRATA_TORCH_VERSION "${Torch_VERSION}")
 # Every LibTorch library must be the package's own: a libc10.so from another
 # LibTorch links, then crashes or misbehaves at run time.
