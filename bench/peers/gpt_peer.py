@@ -181,12 +181,13 @@ def build(a, world):
     """The model to call, the module whose parameters to clip, and the optimizer."""
     model = GPT(a)
     model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
+    model.to(a.device)
     a.parameters = sum(p.numel() for p in model.parameters())  # tied wte/lm_head once, as strata counts
     bf16 = a.precision == "bf16-mixed"
     if a.mode == "fully_shard":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(a.device, (world,))
         mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
                      else MixedPrecisionPolicy())
         for block in model.transformer.h:
@@ -216,26 +217,32 @@ def build(a, world):
 def run_rank(rank, world, a, store_path, result_path):
     torch.set_num_threads(a.threads_per_rank)
     distributed = a.mode != "local"
+    if a.device == "cuda":
+        torch.cuda.set_device(rank)  # one GPU per rank, as strata-gpt --device cuda
     if distributed:
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+        backend = "nccl" if a.device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     torch.manual_seed(a.seed)
     data = TextBytes(a.data, a.block_size, a.seed)
     runner, model, opt = build(a, world)
-    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fully_shard"
+    autocast = (torch.autocast(a.device, dtype=torch.bfloat16) if a.precision == "bf16-mixed" and a.mode != "fully_shard"
                 else contextlib.nullcontext())
     losses, grad_norms, step_s = [], [], []
     profiler = None
     for step in range(a.max_steps):
         if a.profile and step == PROFILED_STEPS[0]:
             # Steps 3-5, as strata-gpt --profile traces them (callbacks/profiler.h).
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if a.device == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            profiler = torch.profiler.profile(activities=activities)
             profiler.__enter__()
         # Timed like strata's Trainer::run_step: batch, forward, backward, clip, step, zero_grad, and the
         # all-reduce of the loss for the log.
         start = time.perf_counter()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, a)
-        x, y = data.batch(step, a.batch_size, rank, world)
+        x, y = (t.to(a.device, non_blocking=True) for t in data.batch(step, a.batch_size, rank, world))
         with autocast:
             loss = runner(x, y)
         loss.backward()
@@ -276,7 +283,7 @@ def write_result(a, world, losses, grad_norms, step_s, rss, path):
     steady = step_s[1:]
     tokens = a.batch_size * a.block_size * world * len(steady)
     result = {
-        "peer": "pytorch", "torch": torch.__version__, "mode": a.mode, "nproc": world,
+        "peer": "pytorch", "torch": torch.__version__, "mode": a.mode, "nproc": world, "device": a.device,
         "threads_per_rank": a.threads_per_rank, "precision": a.precision, "compile": bool(a.compile),
         "activation_checkpointing": a.activation_checkpointing,
         "model": {"n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd, "block_size": a.block_size,
@@ -284,7 +291,9 @@ def write_result(a, world, losses, grad_norms, step_s, rss, path):
         "batch_size": a.batch_size, "steps": a.max_steps, "parameters": a.parameters,
         "tokens_per_s": tokens / sum(steady) if steady else 0.0,
         "step_s": step_s, "first_step_s": step_s[0] if step_s else 0.0,
-        "peak_rss_bytes": rss, "losses": losses, "grad_norms": grad_norms,
+        "peak_rss_bytes": rss,
+        "peak_cuda_bytes": torch.cuda.max_memory_allocated() if a.device == "cuda" else None,
+        "losses": losses, "grad_norms": grad_norms,
         "final_train_loss": losses[-1] if losses else None,
     }
     with open(path, "w") as f:
@@ -321,6 +330,8 @@ def parse_args(argv=None):
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--threads-per-rank", type=int, default=0, help="0: cores / nproc")
     p.add_argument("--precision", choices=["32", "bf16-mixed"], default="32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: one GPU per rank, NCCL between ranks, autocast on cuda (strata-gpt --device cuda)")
     p.add_argument("--activation-checkpointing", type=int, choices=[0, 1], default=0)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--preset", choices=sorted(PRESETS), default="gpt-micro")
