@@ -73,11 +73,57 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   return loss;
 }
 
+namespace {
+
+/// The parameters of one at::_fused_adamw_ call: ATen's kernel takes a group
+/// as lists on one device, with each parameter's step count as a float tensor
+/// it reads (PyTorch's AdamW increments it before the call).
+struct AtenBatch {
+  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<float> steps;
+
+  void add(const torch::Tensor& p, const torch::Tensor& grad, torch::optim::AdamWParamState& state) {
+    params.push_back(p);
+    grads.push_back(grad);
+    exp_avgs.push_back(state.exp_avg());
+    exp_avg_sqs.push_back(state.exp_avg_sq());
+    steps.push_back(static_cast<float>(state.step()));
+  }
+
+  void run(const torch::optim::AdamWOptions& options) const {
+    if (params.empty()) return;
+    // One tensor of step counts, copied to the device once and split into
+    // 0-d views: one small copy per group, where a tensor per parameter would
+    // cost a launch (on CUDA) each. From pinned memory, asynchronously: a
+    // pageable copy would make the host wait for the GPU here (the caching
+    // host allocator keeps the pinned block until the copy has run).
+    auto host_steps = torch::tensor(steps, torch::kFloat);
+    const auto device = params.front().device();
+    const auto step_tensors =
+        (device.is_cpu() ? host_steps : host_steps.pin_memory().to(device, /*non_blocking=*/true)).unbind(0);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_tensors, options.lr(),
+                      std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(),
+                      options.eps(), /*amsgrad=*/false, /*maximize=*/false);
+  }
+};
+
+/// A CUDA parameter ATen's fused CUDA kernel takes (one multi-tensor launch
+/// for the group instead of ~ten per parameter): strata's own kernel is CPU code.
+bool cuda_fusable(const torch::Tensor& p, const torch::Tensor& grad, torch::optim::AdamWParamState& state,
+                  const torch::optim::AdamWOptions& options) {
+  const auto same = [&](const torch::Tensor& t) {
+    return t.defined() && t.device() == p.device() && t.scalar_type() == p.scalar_type() &&
+           t.layout() == torch::kStrided && t.is_contiguous() && t.numel() == p.numel();
+  };
+  return !options.amsgrad() && p.is_cuda() && at::isFloatingType(p.scalar_type()) && p.is_contiguous() &&
+         same(grad) && same(state.exp_avg()) && same(state.exp_avg_sq());
+}
+
+}  // namespace
+
 void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
   auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
-  // ATen's kernel takes the group as lists, with each parameter's step count
-  // as a float tensor it reads (PyTorch's AdamW increments it before the call).
-  std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  AtenBatch cpu_batch, cuda_batch;
   for (auto& p : group.params()) {
     if (!p.grad().defined()) continue;
     const auto& grad = p.grad();
@@ -87,7 +133,10 @@ void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
     const bool kernel_takes = fusable(p, grad, options) && fp32_dense(state.exp_avg()) &&
                               fp32_dense(state.exp_avg_sq()) && state.exp_avg().numel() == p.numel() &&
                               state.exp_avg_sq().numel() == p.numel();
-    if (!kernel_takes) {
+    if (cuda_fusable(p, grad, state, options)) {
+      cuda_batch.add(p, grad, state);
+      ++fused_steps_;
+    } else if (!kernel_takes) {
       if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
       reference_step(p, grad, state, options);
       ++fallback_steps_;
@@ -95,18 +144,12 @@ void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
       fused_adamw_step(p, grad, state.exp_avg(), state.exp_avg_sq(), AdamWStepOptions::from(options, state.step()));
       ++fused_steps_;
     } else {
-      params.push_back(p);
-      grads.push_back(grad);
-      exp_avgs.push_back(state.exp_avg());
-      exp_avg_sqs.push_back(state.exp_avg_sq());
-      steps.push_back(torch::full({}, static_cast<float>(state.step()), torch::kFloat));
+      cpu_batch.add(p, grad, state);
       ++fused_steps_;
     }
   }
-  if (params.empty()) return;
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, options.lr(),
-                    std::get<0>(options.betas()), std::get<1>(options.betas()), options.weight_decay(),
-                    options.eps(), /*amsgrad=*/false, /*maximize=*/false);
+  cpu_batch.run(options);
+  cuda_batch.run(options);
 }
 
 std::string fused_adamw_kernel_name(FusedAdamWKernel kernel) {

@@ -12,8 +12,12 @@
 // AdamW(fused=True) runs), one call per group. Both keep AdamW's state, so a
 // checkpoint moves between them too.
 //
+// CUDA parameters always take ATen's fused CUDA kernel (one multi-tensor
+// launch per group, what PyTorch's AdamW(fused=True) runs on a GPU): strata's
+// kernel is CPU code.
+//
 // Parameters with an undefined grad are skipped, as AdamW does. A parameter
-// the kernel cannot take (not a contiguous fp32 CPU tensor, a sparse or
+// no kernel can take (not contiguous, a CPU tensor not in fp32, a sparse or
 // non-matching grad, or a group with amsgrad) is stepped with AdamW's own
 // tensor-op math instead (the same arithmetic, slower).
 //
