@@ -279,6 +279,16 @@ std::string latest_checkpoint(const std::string& dir) {
   return all.empty() ? "" : all.back();
 }
 
+std::string newest_complete_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  const auto all = find_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string why = checkpoint_incomplete_reason(*it);
+    if (why.empty()) return *it;
+    if (skipped != nullptr) skipped->push_back(*it + ": " + why);
+  }
+  return "";
+}
+
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
                                            const std::set<int64_t>& keep_steps) {
   auto all = find_checkpoints(dir);

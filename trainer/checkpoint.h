@@ -133,6 +133,12 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
 /// Reads and verifies metadata.json alone (the meta, not the tensors).
 CheckpointMeta read_checkpoint_meta(const std::string& dir);
 
+/// Why `dir` is not a complete checkpoint, or "" when it is: metadata.json
+/// present and intact (its CRC), and every data file it names present with
+/// the size it records. Reads no tensor data (a load verifies each block's
+/// CRC as it reads); catches a save cut short and a truncated or missing file.
+std::string checkpoint_incomplete_reason(const std::string& dir);
+
 /// Reads metadata.json alone and raises load_checkpoint's errors that need no
 /// strategy: not a complete checkpoint, another optimizer kind than
 /// `optimizer`, or other model tensors than `model` (qualified name -> shape

@@ -126,6 +126,13 @@ struct FitResult {
 /// `batch` with its tensors on `device` (itself when already there).
 Batch to_device(Batch batch, const torch::Device& device);
 
+/// Why a checkpoint's data position (CheckpointMeta::state, from checkpoint
+/// `dir`) cannot continue with `batch_size` per rank on `world_size` ranks (its
+/// samples are not whole global micro-batches), or "" when it can. The
+/// Trainer's resume raises it; a launcher can ask before starting any rank.
+std::string resume_position_problem(const std::map<std::string, std::string>& state, const std::string& dir,
+                                    int64_t batch_size, int world_size);
+
 class Trainer {
  public:
   /// `memory` may be null (then peak tensor bytes are reported as 0).

@@ -107,6 +107,16 @@ void Trainer::restore_loss_scaler(const std::map<std::string, std::string>& stat
   }
 }
 
+std::string resume_position_problem(const std::map<std::string, std::string>& state, const std::string& dir,
+                                    int64_t batch_size, int world_size) {
+  if (state.count(kSamplesKey) == 0) return "";  // before the data position was saved: step-aligned
+  const int64_t samples = parse_count(state, kSamplesKey, dir);
+  if (samples % (batch_size * world_size) == 0) return "";
+  return c10::str("checkpoint '", dir, "' stopped after ", samples,
+                  " training samples, which is not a whole number of micro-batches of batch_size ", batch_size, " x ",
+                  world_size, " rank(s); resume with a global micro-batch that divides it");
+}
+
 void Trainer::restore_trainer_state(const std::map<std::string, std::string>& state) {
   const std::string& dir = options_.resume_from();
   const int n = strategy_->world_size();
@@ -116,11 +126,9 @@ void Trainer::restore_trainer_state(const std::map<std::string, std::string>& st
     // A checkpoint from before the data position was saved: step-aligned.
     micro_batch_ = step_ * options_.accumulate_grad_batches();
   } else {
-    const int64_t samples = parse_count(state, kSamplesKey, dir);
-    TORCH_CHECK_VALUE(samples % per_micro_batch == 0, "checkpoint '", dir, "' stopped after ", samples,
-                      " training samples, which is not a whole number of micro-batches of batch_size ",
-                      options_.batch_size(), " x ", n, " rank(s); resume with a global micro-batch that divides it");
-    micro_batch_ = samples / per_micro_batch;
+    const std::string problem = resume_position_problem(state, dir, options_.batch_size(), n);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
+    micro_batch_ = parse_count(state, kSamplesKey, dir) / per_micro_batch;
   }
   if (state.count(kMaxStepsKey) != 0 && zero) {
     const int64_t saved_max = parse_count(state, kMaxStepsKey, dir);

@@ -155,6 +155,12 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
     const char* fail_rank = std::getenv("STRATA_TEST_FAIL_RANK");
     callbacks.push_back(std::make_shared<FailAtStep>(std::atoll(fail), fail_rank ? std::atoi(fail_rank) : 0));
   }
+  if (const char* kill = std::getenv("STRATA_TEST_KILL_AT_STEP")) {
+    const char* kill_rank = std::getenv("STRATA_TEST_KILL_RANK");
+    const char* once = std::getenv("STRATA_TEST_KILL_ONCE");
+    callbacks.push_back(std::make_shared<KillAtStep>(std::atoll(kill), kill_rank ? std::atoi(kill_rank) : 0,
+                                                     once ? once : ""));
+  }
   if (c.debug_overflow_step > 0) callbacks.push_back(std::make_shared<OverflowAtStep>(c.debug_overflow_step));
   if (!c.profile.empty()) callbacks.push_back(std::make_shared<Profiler>(ProfilerOptions(c.profile)));
   if (memory.cache()) callbacks.push_back(std::make_shared<BlockCacheTrim>(memory.cache()));
@@ -439,8 +445,9 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
     return 2;
   }
 
-  // Once per machine: by strata-gpt itself, not again by each rank it launches.
-  if (!env) {
+  // Once per machine: by strata-gpt itself, not again by each rank it launches
+  // (STRATA_ERROR_FILE marks those); under another launcher by local rank 0.
+  if (!env || (env->local_rank == 0 && std::getenv("STRATA_ERROR_FILE") == nullptr)) {
     for (const auto& note : run.config.config_notes) std::cerr << "note: " << note << std::endl;
   }
 

@@ -30,10 +30,14 @@ GPTOptions resolve_model_options(const RunConfig& config, int64_t vocab_size, in
 std::string checkpoints_dir(const RunConfig& config);
 
 /// The checkpoint directory --resume names: "" (no resume), the given
-/// directory, or for "last" the newest step-<N> in checkpoints_dir(). Throws
-/// c10::ValueError (one line, exit 2) for "last" with no checkpoint, a path
-/// that is not a directory, or a step-<N> directory with N >= --max-steps.
-std::string resolve_resume(const RunConfig& config);
+/// directory, for "last" the newest step-<N> in checkpoints_dir(), for "auto"
+/// the newest complete one there or "" (start fresh) when there is none.
+/// "auto" appends its one-line decision, and each incomplete checkpoint it
+/// skipped, to `notes`. Throws c10::ValueError (one line, exit 2) for "last"
+/// with no checkpoint, "auto" with none beside a finished run's summary.json
+/// (starting fresh would overwrite that run's outputs), a path that is not a
+/// directory, or a step-<N> directory with N >= --max-steps.
+std::string resolve_resume(const RunConfig& config, std::vector<std::string>* notes = nullptr);
 
 /// Trainer options from a config.
 TrainerOptions trainer_options(const RunConfig& config);

@@ -388,10 +388,41 @@ std::string checkpoints_dir(const RunConfig& config) {
   return (fs::path(config.output_dir) / "checkpoints").string();
 }
 
-std::string resolve_resume(const RunConfig& config) {
+namespace {
+
+/// --resume auto: the same command for a job's first start and every restart.
+std::string resolve_resume_auto(const RunConfig& config, std::vector<std::string>* notes) {
+  std::vector<std::string> skipped;
+  const std::string dir = newest_complete_checkpoint(checkpoints_dir(config), &skipped);
+  auto say = [notes](const std::string& line) {
+    if (notes != nullptr) notes->push_back(line);
+  };
+  for (const auto& s : skipped) say("--resume auto: skipping an incomplete checkpoint: " + s);
+  if (!dir.empty()) {
+    say(c10::str("--resume auto: resuming from '", dir, "' (step ", checkpoint_step(dir), ")"));
+    return dir;
+  }
+  // No checkpoint. A first start, or a restart of an attempt that died before
+  // its first checkpoint (its partial metrics.csv is rewritten); but a run
+  // that finished (it wrote summary.json) without checkpoints is a result.
+  const fs::path summary = fs::path(config.output_dir) / "summary.json";
+  std::error_code ec;
+  TORCH_CHECK_VALUE(!fs::exists(summary, ec), "--resume auto: '", config.output_dir,
+                    "' holds a finished run (summary.json) and no complete checkpoint to resume; starting fresh "
+                    "would overwrite its outputs: use another --output-dir");
+  say(c10::str("--resume auto: no complete checkpoint in '", checkpoints_dir(config), "': starting fresh"));
+  return "";
+}
+
+}  // namespace
+
+std::string resolve_resume(const RunConfig& config, std::vector<std::string>* notes) {
   std::string dir = config.resume;
   if (dir.empty()) return dir;
-  if (dir == "last") {
+  if (dir == "auto") {
+    dir = resolve_resume_auto(config, notes);
+    if (dir.empty()) return dir;
+  } else if (dir == "last") {
     dir = latest_checkpoint(checkpoints_dir(config));
     TORCH_CHECK_VALUE(!dir.empty(), "--resume last: no checkpoint (step-<N> directory) in '",
                       checkpoints_dir(config), "'");
@@ -422,11 +453,27 @@ GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t
   return o;
 }
 
+/// A resume whose data position the new world cannot continue from, before
+/// any rank starts (the ranks would each find it at load time).
+void check_resume_position(const RunConfig& config, const std::optional<DistEnv>& env) {
+  if (config.resume.empty()) return;
+  CheckpointMeta meta;
+  try {
+    meta = read_checkpoint_meta(config.resume);
+  } catch (const c10::Error&) {
+    return;  // not a checkpoint: check_model_inputs names what is wrong with it
+  }
+  const std::string problem =
+      resume_position_problem(meta.state, config.resume, config.batch_size, world_shape(config, env).world);
+  TORCH_CHECK_VALUE(problem.empty(), "--resume: ", problem);
+}
+
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
                      const StrategyRegistry& registry) {
   CheckedRun run;
-  config.resume = resolve_resume(config);
+  config.resume = resolve_resume(config, &config.config_notes);
   check_world(config, env, registry);
+  check_resume_position(config, env);
   check_foreign_config(config, env);
   run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
   run.model = resolve_model_options(config, run.data->vocab_size(), run.data->block_size());

@@ -3,6 +3,7 @@
 #include "strata/trainer/callback.h"
 
 #include <cstdint>
+#include <string>
 
 namespace strata::recipes {
 
@@ -17,6 +18,24 @@ class FailAtStep : public Callback {
  private:
   int64_t step_;
   int rank_;
+};
+
+/// STRATA_TEST_KILL_AT_STEP=S and STRATA_TEST_KILL_RANK=R make rank R
+/// SIGKILL itself at the start of step S, as the OOM killer or a lost node
+/// would end it (no error file, no cleanup). With STRATA_TEST_KILL_ONCE=FILE
+/// only while FILE does not exist, which it creates first: the restarted job
+/// (torchrun --max-restarts, a requeue, by hand) runs on (the restart tests).
+class KillAtStep : public Callback {
+ public:
+  KillAtStep(int64_t step, int rank, std::string once_file)
+      : step_(step), rank_(rank), once_file_(std::move(once_file)) {}
+  std::string name() const override { return "KillAtStep"; }
+  void on_train_batch_start(Trainer& trainer, TrainingModule&, int64_t step) override;
+
+ private:
+  int64_t step_;
+  int rank_;
+  std::string once_file_;
 };
 
 /// --debug-overflow-step S: at step S the last rank's loss gradient is

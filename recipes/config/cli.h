@@ -93,7 +93,7 @@ struct RunConfig {
   int64_t checkpoint_keep_best = 1;     ///< best checkpoints kept by checkpoint_monitor
   bool checkpoint_async = false;        ///< write checkpoints on a thread while training goes on
   int64_t early_stopping_patience = 0;  ///< 0: off
-  std::string resume;             ///< checkpoint dir to resume from, or "last"
+  std::string resume;             ///< checkpoint dir to resume from, "last" or "auto"
   std::string profile;           ///< --profile DIR: Chrome traces of a few steps ("": off)
   double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/app/peak_flops.h)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)

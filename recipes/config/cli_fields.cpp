@@ -13,6 +13,9 @@ const char* const kTestingEnvironment =
     "Testing aids in the environment:\n"
     "  STRATA_TEST_FAIL_AT_STEP=S    rank R throws at the start of step S\n"
     "  STRATA_TEST_FAIL_RANK=R       (default 0; failure-handling tests)\n"
+    "  STRATA_TEST_KILL_AT_STEP=S    rank R SIGKILLs itself at the start of step S; with\n"
+    "  STRATA_TEST_KILL_RANK=R       STRATA_TEST_KILL_ONCE=FILE only while FILE does not exist\n"
+    "                                (it creates it first: a restarted job runs on; restart tests)\n"
     "  STRATA_CHECKPOINT_KILL_AT=P[@R][/S]  the process SIGKILLs itself at checkpoint point P\n"
     "                                (after-shard, before-metadata, before-rename), on rank R,\n"
     "                                at step S (crash-consistency tests; trainer/checkpoint.h)\n"
@@ -154,8 +157,9 @@ std::vector<Field> loop_fields() {
       {"early-stopping-patience", 4, &C::early_stopping_patience,
        "validations without improvement before stopping (0: off)"},
       {"resume", 4, &C::resume,
-       "checkpoint directory to resume from, or 'last' (the newest in <output-dir>/checkpoints); "
-       "continues exactly, appending to <output-dir>/metrics.csv"},
+       "checkpoint directory to resume from, 'last' (the newest in <output-dir>/checkpoints) or 'auto' "
+       "(the newest complete one, or a fresh start when there is none: one command for a job's first start "
+       "and every restart); continues exactly, appending to <output-dir>/metrics.csv"},
       {"profile", 4, &C::profile,
        "write a Chrome trace of steps 3-5 per rank to DIR/trace-rank<R>.json (Kineto; open in "
        "ui.perfetto.dev or chrome://tracing)"},

@@ -87,18 +87,25 @@ fs::path run_world(const std::string& tag, const std::function<std::map<std::str
 }
 
 /// Runs the venv's real torchrun over strata-gpt (--no-python) with
-/// `rendezvous` flags; returns its output directory after checking it exited 0.
-fs::path run_torchrun(const std::string& tag, const std::vector<std::string>& rendezvous) {
+/// `rendezvous` flags (then `extra` strata-gpt flags and `env` variables);
+/// returns its output directory after checking it exited 0, and its output.
+fs::path run_torchrun(const std::string& tag, const std::vector<std::string>& rendezvous,
+                      const std::vector<std::string>& extra = {}, const std::vector<std::string>& env = {},
+                      std::string* output = nullptr) {
   const fs::path out = scratch() / tag;
   std::vector<std::string> argv = {kPython, "-m", "torch.distributed.run", "--nproc-per-node", std::to_string(kWorld)};
   argv.insert(argv.end(), rendezvous.begin(), rendezvous.end());
   argv.insert(argv.end(), {"--no-python", STRATA_GPT_BINARY});
   for (const auto& f : train_flags(out)) argv.push_back(f);
-  Process torchrun(argv, base_environment(), scratch() / (tag + ".log"));
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto environment = base_environment();
+  environment.insert(environment.end(), env.begin(), env.end());
+  Process torchrun(argv, environment, scratch() / (tag + ".log"));
   EXPECT_TRUE(torchrun.started());
   const auto code = torchrun.wait_for(120s);
   EXPECT_TRUE(code.has_value()) << tag << ": torchrun still running after 120 s:\n" << torchrun.output();
   EXPECT_EQ(code.value_or(-1), 0) << tag << ":\n" << torchrun.output();
+  if (output != nullptr) *output = torchrun.output();
   return out;
 }
 
@@ -129,6 +136,28 @@ TEST(TorchrunTest, C10dRendezvousTrainsLikeASelfLaunchedRun) {
   const std::string port = std::to_string(strata::find_free_port("127.0.0.1"));
   const fs::path out = run_torchrun("torchrun-c10d", {"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                                                       "127.0.0.1:" + port, "--rdzv-id", "strata-test"});
+  EXPECT_EQ(losses_of(out / "metrics.csv"), reference_losses());
+}
+
+// A job torchrun restarts (--max-restarts) after one of its workers is
+// SIGKILLed at step 5: the same strata-gpt command, with --resume auto,
+// resumes every worker from the newest complete checkpoint and ends with the
+// uninterrupted run's losses, bit for bit (an exact resume).
+TEST(TorchrunTest, MaxRestartsWithResumeAutoEndsWithTheUninterruptedLosses) {
+  if (!have_torchrun()) GTEST_SKIP() << "no Python with torch (STRATA_PYTHON='" << kPython << "'): run scripts/setup";
+  ASSERT_FALSE(reference_losses().empty());
+  const std::string port = std::to_string(strata::find_free_port("127.0.0.1"));
+  const fs::path marker = scratch() / "torchrun-restart-killed-once";
+  std::string output;
+  const fs::path out = run_torchrun(
+      "torchrun-restart", {"--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", port, "--max-restarts", "2"},
+      {"--checkpoint-every", "2", "--resume", "auto"},
+      {"STRATA_TEST_KILL_AT_STEP=5", "STRATA_TEST_KILL_RANK=1", "STRATA_TEST_KILL_ONCE=" + marker.string()}, &output);
+  EXPECT_TRUE(fs::exists(marker)) << "no worker was killed:\n" << output;
+  EXPECT_NE(output.find("--resume auto: no complete checkpoint"), std::string::npos) << output;
+  EXPECT_NE(output.find("--resume auto: resuming from '" + (out / "checkpoints").string() + "/step-"),
+            std::string::npos)
+      << output;
   EXPECT_EQ(losses_of(out / "metrics.csv"), reference_losses());
 }
 

@@ -231,6 +231,17 @@ TEST(ResumeTest, BadResumesAreOneLineErrorsWithExitCodeTwo) {
     EXPECT_NE(run.output.find("is at step 2, not below --max-steps " + std::string(max_steps)), std::string::npos)
         << run.output;
   }
+  // 8 samples seen; 3 ranks x 4 cannot continue at a whole micro-batch: said
+  // once, by the launcher, before any rank starts.
+  run = run_gpt_binary(kRun + kVal4 + "--strategy ddp --nproc 3 --batch-size 4 --max-steps 4 --resume last "
+                       "--output-dir " + out.string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("error: --resume: checkpoint '" + (out / "checkpoints" / "step-2").string() +
+                            "' stopped after 8 training samples, which is not a whole number of micro-batches of "
+                            "batch_size 4 x 3 rank(s)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_EQ(run.output.find("[rank"), std::string::npos) << run.output;
   run = run_gpt_binary(common + "--max-steps 4 --resume " + (out / "nope").string() + " --output-dir " + out.string());
   EXPECT_EQ(run.exit_code, 2) << run.output;
   EXPECT_NE(run.output.find("is not a directory"), std::string::npos) << run.output;
