@@ -377,27 +377,6 @@ CheckpointSaveStats AsyncCheckpointSave::finish(Comm& comm) {
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) { return read_metadata(dir).meta; }
 
-std::string checkpoint_incomplete_reason(const std::string& dir) {
-  Metadata md;
-  try {
-    md = read_metadata(dir);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  if (!md.body.contains("files") || !md.body["files"].is_object()) return kMetadata + std::string(" lists no files");
-  for (const auto& [file, record] : md.body["files"].items()) {
-    const fs::path path = fs::path(dir) / file;
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    if (ec) return c10::str("data file '", path.string(), "' is missing");
-    const int64_t expected = record.value("size", int64_t{-1});
-    if (static_cast<int64_t>(size) != expected) {
-      return c10::str("data file '", path.string(), "' has ", size, " bytes, ", kMetadata, " says ", expected);
-    }
-  }
-  return "";
-}
-
 namespace {
 void check_optimizer(const std::string& dir, const CheckpointMeta& stored, const std::string& optimizer) {
   TORCH_CHECK(stored.optimizer == optimizer, "checkpoint '", dir, "' holds ", stored.optimizer,

@@ -296,3 +296,32 @@ void read_file(const fs::path& path, const json& record, std::vector<ReadRequest
 }
 
 }  // namespace strata::checkpoint_detail
+
+namespace strata {
+
+// Declared in checkpoint.h (public): a format question, answered from the
+// metadata and the files' sizes alone.
+std::string checkpoint_incomplete_reason(const std::string& dir) {
+  using checkpoint_detail::kMetadata;
+  namespace fs = std::filesystem;
+  checkpoint_detail::Metadata md;
+  try {
+    md = checkpoint_detail::read_metadata(dir);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  if (!md.body.contains("files") || !md.body["files"].is_object()) return c10::str(kMetadata, " lists no files");
+  for (const auto& [file, record] : md.body["files"].items()) {
+    const fs::path path = fs::path(dir) / file;
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) return c10::str("data file '", path.string(), "' is missing");
+    const int64_t expected = record.value("size", int64_t{-1});
+    if (static_cast<int64_t>(size) != expected) {
+      return c10::str("data file '", path.string(), "' has ", size, " bytes, ", kMetadata, " says ", expected);
+    }
+  }
+  return "";
+}
+
+}  // namespace strata

@@ -50,7 +50,8 @@ TEST(ResumeAutoTest, OneCommandStartsFreshResumesAfterAKillAndSkipsATornCheckpoi
   ASSERT_EQ(run.exit_code, 0) << run.output;
 
   const std::string job = kRun + "--max-steps 12 --checkpoint-every 4 --resume auto --output-dir " + out.string();
-  const std::string kill = "STRATA_TEST_KILL_AT_STEP=7 STRATA_TEST_KILL_RANK=1 STRATA_TEST_KILL_ONCE=" + marker.string();
+  const std::string kill =
+      "STRATA_TEST_KILL_AT_STEP=7 STRATA_TEST_KILL_RANK=1 STRATA_TEST_KILL_ONCE=" + marker.string();
   // First start: nothing to resume; rank 1 dies at step 7 (after step-4 is published).
   run = run_gpt_binary(job, kill);
   ASSERT_NE(run.exit_code, 0) << run.output;
