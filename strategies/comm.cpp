@@ -178,10 +178,13 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device d
   make_subgroup_ = std::move(make_subgroup);
 }
 
-void Comm::count(CollectiveKind kind, int64_t bytes) {
+int64_t Comm::count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor) {
   const auto k = static_cast<int>(kind);
-  counters_->sent[k].fetch_add(bytes, std::memory_order_relaxed);
+  counters_->sent[k].fetch_add(sent, std::memory_order_relaxed);
   counters_->calls[k].fetch_add(1, std::memory_order_relaxed);
+  return counters_->recorder->start(group_name_, collective_name(kind),
+                                    tensor.defined() ? c10::toString(tensor.scalar_type()) : "",
+                                    tensor.defined() ? tensor_bytes(tensor) : 0);
 }
 
 CommBytes Comm::bytes() const {
@@ -204,12 +207,26 @@ double Comm::wait_seconds() const {
   return static_cast<double>(counters_->wait_ns->load(std::memory_order_relaxed)) * 1e-9;
 }
 
-PendingWork Comm::pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete) const {
-  return PendingWork(std::move(work), std::move(on_complete), counters_->wait_ns);
+namespace {
+/// The completion step of a recorded collective: its record is finished
+/// first (the wait returned), then the collective's own step runs.
+std::function<void()> finishing(std::shared_ptr<FlightRecorder> recorder, int64_t record,
+                                std::function<void()> on_complete) {
+  return [recorder = std::move(recorder), record, on_complete = std::move(on_complete)] {
+    recorder->finish(record);
+    if (on_complete) on_complete();
+  };
+}
+}  // namespace
+
+PendingWork Comm::pending(c10::intrusive_ptr<c10d::Work> work, int64_t record,
+                          std::function<void()> on_complete) const {
+  return PendingWork(std::move(work), finishing(counters_->recorder, record, std::move(on_complete)),
+                     counters_->wait_ns);
 }
 
-PendingWork Comm::pending(std::vector<c10::intrusive_ptr<c10d::Work>> works) const {
-  return PendingWork(std::move(works), {}, counters_->wait_ns);
+PendingWork Comm::pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record) const {
+  return PendingWork(std::move(works), finishing(counters_->recorder, record, {}), counters_->wait_ns);
 }
 
 // --- all_reduce -------------------------------------------------------------
@@ -224,11 +241,11 @@ PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
   if (size_ == 1) return {};
   const int64_t n = size_;
   // Ring all-reduce: reduce-scatter then all-gather, each (N-1)/N·S.
-  count(CollectiveKind::kAllReduce, 2 * (n - 1) * tensor_bytes(tensor) / n);
+  const int64_t record = count(CollectiveKind::kAllReduce, 2 * (n - 1) * tensor_bytes(tensor) / n, tensor);
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  return pending(pg_->allreduce(tensors, opts));
+  return pending(pg_->allreduce(tensors, opts), record);
 }
 
 // --- broadcast --------------------------------------------------------------
@@ -241,11 +258,11 @@ PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
   check_root(root, size_, "broadcast");
   if (size_ == 1) return {};
   const int64_t n = size_;
-  count(CollectiveKind::kBroadcast, tensor_bytes(tensor) * (n - 1) / n);
+  const int64_t record = count(CollectiveKind::kBroadcast, tensor_bytes(tensor) * (n - 1) / n, tensor);
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  return pending(pg_->broadcast(tensors, opts));
+  return pending(pg_->broadcast(tensors, opts), record);
 }
 
 // --- reduce -----------------------------------------------------------------
@@ -260,12 +277,12 @@ PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp o
   check_root(root, size_, "reduce");
   if (size_ == 1) return {};
   const int64_t n = size_;
-  count(CollectiveKind::kReduce, tensor_bytes(tensor) * (n - 1) / n);
+  const int64_t record = count(CollectiveKind::kReduce, tensor_bytes(tensor) * (n - 1) / n, tensor);
   std::vector<at::Tensor> tensors{tensor};
   c10d::ReduceOptions opts;
   opts.reduceOp = op;
   opts.rootRank = root;
-  return pending(pg_->reduce(tensors, opts));
+  return pending(pg_->reduce(tensors, opts), record);
 }
 
 // --- all_gather_into --------------------------------------------------------
@@ -287,12 +304,12 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     output.view({-1}).copy_(input.view({-1}));
     return {};
   }
-  count(CollectiveKind::kAllGather, (size_ - 1) * tensor_bytes(input));
+  const int64_t record = count(CollectiveKind::kAllGather, (size_ - 1) * tensor_bytes(input), input);
 
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return pending(flat_all_gather(*pg_, flat_out, flat_in));
+    return pending(flat_all_gather(*pg_, flat_out, flat_in), record);
   }
   // Gloo: rank r broadcasts its input into chunk r, [r*n, (r+1)*n), of every
   // rank's output. Gloo's broadcast reads and writes the tensor it is given,
@@ -308,7 +325,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     // worker threads, which share the cores with compute (fsdp x2, gpt-mini
     // block 64: ~3% of a step, README "strata vs PyTorch 2.x").
     at::Tensor peer_chunk = flat_out.narrow(0, (1 - rank_) * n, n);
-    return pending(exchange_with_peer(*pg_, rank_, peer_chunk, flat_in));
+    return pending(exchange_with_peer(*pg_, rank_, peer_chunk, flat_in), record);
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   works.reserve(size_);
@@ -318,7 +335,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     opts.rootRank = r;
     works.push_back(pg_->broadcast(chunk, opts));
   }
-  return pending(std::move(works));
+  return pending(std::move(works), record);
 }
 
 // --- reduce_scatter ---------------------------------------------------------
@@ -347,12 +364,12 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     output.view({-1}).copy_(input.view({-1}));
     return {};
   }
-  count(CollectiveKind::kReduceScatter, (size_ - 1) * tensor_bytes(output));
+  const int64_t record = count(CollectiveKind::kReduceScatter, (size_ - 1) * tensor_bytes(output), input);
 
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
   if (!needs_emulation(*pg_)) {
-    return pending(flat_reduce_scatter(*pg_, flat_out, flat_in));
+    return pending(flat_reduce_scatter(*pg_, flat_out, flat_in), record);
   }
   // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
   // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
@@ -368,7 +385,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     at::Tensor own = flat_in.narrow(0, rank_ * n, n);
     // Why in on_complete: from_peer is written by the worker thread.
     auto local_sum = [own, from_peer, flat_out]() mutable { at::add_out(flat_out, own, from_peer); };
-    return pending(std::move(work), std::move(local_sum));
+    return pending(std::move(work), record, std::move(local_sum));
   }
   auto work = equal_all_to_all(*pg_, received, flat_in);
   const int64_t world = size_;
@@ -381,16 +398,16 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     at::add_out(flat_out, received.narrow(0, 0, n), received.narrow(0, n, n));
     for (int64_t r = 2; r < world; ++r) flat_out.add_(received.narrow(0, r * n, n));
   };
-  return pending(std::move(work), std::move(local_sum));
+  return pending(std::move(work), record, std::move(local_sum));
 }
 
 // --- barrier ----------------------------------------------------------------
 
 void Comm::barrier() {
   if (size_ == 1) return;
-  count(CollectiveKind::kBarrier, 0);
+  const int64_t record = count(CollectiveKind::kBarrier, 0, {});
   // Why: every rank blocks here until all ranks have arrived.
-  pending(pg_->barrier()).wait();
+  pending(pg_->barrier(), record).wait();
 }
 
 // --- point-to-point -----------------------------------------------------------
@@ -400,9 +417,9 @@ PendingWork Comm::send_async(const torch::Tensor& tensor, int dst, int tag) {
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "Comm::send: destination rank ", dst,
               " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
   TORCH_CHECK(tag >= 0, "Comm::send: tag ", tag, " is negative");
-  count(CollectiveKind::kSend, tensor_bytes(tensor));
+  const int64_t record = count(CollectiveKind::kSend, tensor_bytes(tensor), tensor);
   std::vector<at::Tensor> tensors{tensor};
-  return pending(pg_->send(tensors, dst, tag));
+  return pending(pg_->send(tensors, dst, tag), record);
 }
 
 PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
@@ -411,7 +428,8 @@ PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
               " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
   TORCH_CHECK(tag >= 0, "Comm::recv: tag ", tag, " is negative");
   std::vector<at::Tensor> tensors{tensor};
-  return pending(pg_->recv(tensors, src, tag));
+  // A receive is not counted (the sender counts the bytes) nor recorded.
+  return PendingWork(pg_->recv(tensors, src, tag), {}, counters_->wait_ns);
 }
 
 }  // namespace strata

@@ -4,7 +4,9 @@
 // Every collective a strategy issues goes through here, so that
 //  * Gloo's missing collectives (flat all-gather, reduce-scatter in LibTorch 1.13)
 //    are emulated in one place with the cheapest primitive Gloo has, and
-//  * bytes sent per collective kind are counted for the benchmarks (2Ψ vs 3Ψ).
+//  * bytes sent per collective kind are counted for the benchmarks (2Ψ vs 3Ψ),
+//  * and every collective is recorded in a FlightRecorder (flight_recorder.h):
+//    its sequence number in its group, op, dtype, bytes, label, start and end.
 //
 // A default-constructed Comm is a world of one: every collective is the identity
 // and nothing is counted. Comm is cheap to copy; copies share the process group
@@ -14,6 +16,8 @@
 //   strata::Comm comm(pg);
 //   comm.all_reduce(t);                       // in place, SUM
 //   auto w = comm.reduce_scatter_async(out, flat_in);  ... w.wait();
+#include "strata/strategies/flight_recorder.h"
+
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -160,6 +164,13 @@ class Comm {
   /// shares this Comm's byte counters: subgroup traffic counts with the rest.
   Comm split(const std::string& name, const std::vector<std::vector<int>>& groups) const;
 
+  /// The recorder of this Comm's collectives, shared by all copies and
+  /// subgroups (a world of one records nothing: it issues no collective).
+  FlightRecorder& flight_recorder() const { return *counters_->recorder; }
+  /// This Comm's group in the recorder: "world", or a subgroup's
+  /// "<split name>/<group index>".
+  const std::string& group_name() const { return group_name_; }
+
   /// Byte counters shared by all copies of this Comm.
   CommBytes bytes() const;
   void reset_bytes();
@@ -170,16 +181,21 @@ class Comm {
   double wait_seconds() const;
 
  private:
-  void count(CollectiveKind kind, int64_t bytes);
+  /// Counts `sent` bytes under `kind` and records the collective on `tensor`
+  /// in the flight recorder; returns the record's id for pending().
+  int64_t count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor);
 
-  /// Wraps a started collective so that waiting on it is timed.
-  PendingWork pending(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_complete = {}) const;
-  PendingWork pending(std::vector<c10::intrusive_ptr<c10d::Work>> works) const;
+  /// Wraps a started collective so that waiting on it is timed and its
+  /// flight record (`record`) is marked finished when the wait returns.
+  PendingWork pending(c10::intrusive_ptr<c10d::Work> work, int64_t record,
+                      std::function<void()> on_complete = {}) const;
+  PendingWork pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record) const;
 
   struct Counters {
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent{};
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> calls{};
     std::shared_ptr<std::atomic<int64_t>> wait_ns = std::make_shared<std::atomic<int64_t>>(0);
+    std::shared_ptr<FlightRecorder> recorder = std::make_shared<FlightRecorder>();
   };
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -189,6 +205,7 @@ class Comm {
   std::shared_ptr<Counters> counters_;
   SubgroupFactory make_subgroup_;
   std::string key_ = "strata/split";        // this group's rendezvous key; subgroups extend it
+  std::string group_name_ = "world";
   std::shared_ptr<int> splits_ = std::make_shared<int>(0);  // splits made so far, shared by copies
 };
 

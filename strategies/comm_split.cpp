@@ -36,6 +36,7 @@ Comm Comm::split(const std::string& name, const std::vector<std::vector<int>>& g
     const std::string key = c10::str(key_, "/", seq, "/", name, "/", mine);
     out = Comm(make_subgroup_(key, my_rank, group_size), device_, make_subgroup_);
     out.key_ = key;
+    out.group_name_ = c10::str(name, "/", mine);
   }
   out.counters_ = counters_;
   return out;

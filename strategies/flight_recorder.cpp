@@ -1,0 +1,215 @@
+#include "strata/strategies/flight_recorder.h"
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+namespace strata {
+
+FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity), ring_(capacity) {
+  TORCH_CHECK(capacity > 0, "FlightRecorder: capacity must be positive, got ", capacity);
+}
+
+int64_t FlightRecorder::start(const std::string& group, const std::string& op, const std::string& dtype,
+                              int64_t bytes) {
+  const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t id = next_id_++;
+  CollectiveRecord& r = ring_[static_cast<size_t>(id) % capacity_];
+  r.group = group;
+  r.seq = ++seq_[group];
+  r.op = op;
+  r.dtype = dtype;
+  r.bytes = bytes;
+  r.label = label_;
+  r.start_ns = now;
+  r.end_ns = -1;
+  return id;
+}
+
+void FlightRecorder::finish(int64_t id) {
+  const int64_t now = now_ns();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (id < 0 || id >= next_id_ || next_id_ - id > static_cast<int64_t>(capacity_)) return;  // overwritten
+  ring_[static_cast<size_t>(id) % capacity_].end_ns = now;
+}
+
+void FlightRecorder::set_label(std::string label) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  label_ = std::move(label);
+}
+
+std::string FlightRecorder::label() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return label_;
+}
+
+std::vector<CollectiveRecord> FlightRecorder::records() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<CollectiveRecord> out;
+  const int64_t first = std::max<int64_t>(0, next_id_ - static_cast<int64_t>(capacity_));
+  for (int64_t id = first; id < next_id_; ++id) out.push_back(ring_[static_cast<size_t>(id) % capacity_]);
+  return out;
+}
+
+std::string FlightRecorder::dump(int rank, int world_size) const {
+  nlohmann::json records = nlohmann::json::array();
+  for (const auto& r : this->records()) {
+    records.push_back({{"group", r.group}, {"seq", r.seq}, {"op", r.op}, {"dtype", r.dtype}, {"bytes", r.bytes},
+                       {"label", r.label}, {"start_ns", r.start_ns}, {"end_ns", r.end_ns}});
+  }
+  const nlohmann::json out{{"rank", rank}, {"world_size", world_size}, {"now_ns", now_ns()},
+                            {"capacity", capacity_}, {"records", std::move(records)}};
+  return out.dump();
+}
+
+// ---- diagnosis ---------------------------------------------------------------
+
+namespace {
+
+struct RankDump {
+  int rank = 0;
+  int64_t now_ns = 0;
+  std::vector<CollectiveRecord> records;
+};
+
+RankDump parse(const nlohmann::json& j) {
+  RankDump d;
+  d.rank = j.at("rank").get<int>();
+  d.now_ns = j.at("now_ns").get<int64_t>();
+  for (const auto& r : j.at("records")) {
+    d.records.push_back({r.at("group").get<std::string>(), r.at("seq").get<int64_t>(), r.at("op").get<std::string>(),
+                         r.at("dtype").get<std::string>(), r.at("bytes").get<int64_t>(),
+                         r.at("label").get<std::string>(), r.at("start_ns").get<int64_t>(),
+                         r.at("end_ns").get<int64_t>()});
+  }
+  return d;
+}
+
+std::string size_text(int64_t bytes) {
+  char buf[32];
+  if (bytes >= (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  }
+  return buf;
+}
+
+/// "rank 3", "ranks 0-2", "ranks 0, 2, 5".
+std::string ranks_text(const std::vector<int>& ranks) {
+  if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
+  bool contiguous = true;
+  for (size_t i = 1; i < ranks.size(); ++i) contiguous = contiguous && ranks[i] == ranks[i - 1] + 1;
+  if (contiguous) return c10::str("ranks ", ranks.front(), "-", ranks.back());
+  std::string out = "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+std::string what_text(const CollectiveRecord& r) {
+  return c10::str(r.op, r.label.empty() ? "" : ", " + r.label, ", ", size_text(r.bytes));
+}
+
+using Key = std::pair<std::string, int64_t>;  // (group, seq)
+
+/// The earliest (group, seq) where ranks called different collectives.
+std::string find_mismatch(const std::vector<RankDump>& dumps) {
+  std::map<Key, std::map<std::string, std::vector<int>>> calls;  // -> "op bytes" -> ranks
+  for (const auto& d : dumps) {
+    for (const auto& r : d.records) {
+      const std::string sig = c10::str(r.op, " ", size_text(r.bytes));
+      calls[{r.group, r.seq}][sig].push_back(d.rank);
+    }
+  }
+  for (const auto& [key, by_sig] : calls) {  // ordered by group, then seq
+    if (by_sig.size() < 2) continue;
+    std::vector<std::pair<std::string, std::vector<int>>> sides(by_sig.begin(), by_sig.end());
+    std::sort(sides.begin(), sides.end(),
+              [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    std::string out = c10::str("at #", key.second, " of group '", key.first, "' ");
+    for (size_t i = 0; i < sides.size(); ++i) {
+      out += c10::str(i ? "; " : "", ranks_text(sides[i].second), " called ", sides[i].first);
+    }
+    return out;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
+  std::vector<RankDump> dumps;
+  int world = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    try {
+      const auto j = nlohmann::json::parse(texts[i]);
+      dumps.push_back(parse(j));
+      world = std::max(world, j.at("world_size").get<int>());
+    } catch (const nlohmann::json::exception& e) {
+      TORCH_CHECK(false, "flight-recorder dump ", i, " is not one: ", e.what());
+    }
+  }
+  if (dumps.empty()) return "no flight-recorder dump to read";
+  std::sort(dumps.begin(), dumps.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  if (std::string mismatch = find_mismatch(dumps); !mismatch.empty()) return mismatch;
+
+  // The oldest collective any rank is still waiting in.
+  const CollectiveRecord* stuck = nullptr;
+  for (const auto& d : dumps) {
+    for (const auto& r : d.records) {
+      if (r.end_ns < 0 && (stuck == nullptr || r.start_ns < stuck->start_ns)) stuck = &r;
+    }
+  }
+  if (stuck == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
+                                        " ranks dumped)");
+  const std::string group = stuck->group;
+  const int64_t seq = stuck->seq;
+  std::vector<int> waiting, behind, ahead, silent;
+  double waited_s = 0;
+  std::set<int> dumped;
+  for (const auto& d : dumps) {
+    dumped.insert(d.rank);
+    int64_t last = 0;
+    bool in_it = false;
+    for (const auto& r : d.records) {
+      if (r.group != group) continue;
+      last = std::max(last, r.seq);
+      if (r.seq == seq && r.end_ns < 0) {
+        in_it = true;
+        waited_s = std::max(waited_s, static_cast<double>(d.now_ns - r.start_ns) * 1e-9);
+      }
+    }
+    (in_it ? waiting : last < seq ? behind : ahead).push_back(d.rank);
+  }
+  // A world's group has every rank as a member; a rank that wrote no dump
+  // (stopped, hung or killed) cannot say where it is.
+  if (group == "world") {
+    for (int r = 0; r < world; ++r) {
+      if (dumped.count(r) == 0) silent.push_back(r);
+    }
+  }
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.1f", waited_s);
+  const std::string which = c10::str("collective #", seq, " of group '", group, "' (", what_text(*stuck), ")");
+  if (!behind.empty() || !silent.empty()) {
+    std::vector<int> missing = behind;
+    missing.insert(missing.end(), silent.begin(), silent.end());
+    std::sort(missing.begin(), missing.end());
+    return c10::str(ranks_text(missing), " never entered ", which, "; ", ranks_text(waiting),
+                    waiting.size() == 1 ? " has" : " have", " waited in it for ", waited, " s",
+                    silent.empty() ? ""
+                                   : c10::str(" (", ranks_text(silent), " wrote no dump: stopped, hung or killed)"));
+  }
+  return c10::str(ranks_text(waiting), " wait in ", which, " for ", waited, " s and no rank is behind",
+                  ahead.empty() ? "" : c10::str(" (", ranks_text(ahead), " finished it)"));
+}
+
+}  // namespace strata
