@@ -4,6 +4,8 @@
 #include "strata/kernels/fused_adamw.h"
 
 #include <cmath>
+#include <map>
+#include <utility>
 
 namespace strata {
 
@@ -123,7 +125,10 @@ bool cuda_fusable(const torch::Tensor& p, const torch::Tensor& grad, torch::opti
 
 void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
   auto& options = static_cast<torch::optim::AdamWOptions&>(group.options());
-  AtenBatch cpu_batch, cuda_batch;
+  AtenBatch cpu_batch;
+  // ATen's fused kernel takes one device and dtype per call; PyTorch groups
+  // its lists the same way (_group_tensors_by_device_and_dtype).
+  std::map<std::pair<c10::DeviceIndex, c10::ScalarType>, AtenBatch> cuda_batches;
   for (auto& p : group.params()) {
     if (!p.grad().defined()) continue;
     const auto& grad = p.grad();
@@ -134,7 +139,7 @@ void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
                               fp32_dense(state.exp_avg_sq()) && state.exp_avg().numel() == p.numel() &&
                               state.exp_avg_sq().numel() == p.numel();
     if (cuda_fusable(p, grad, state, options)) {
-      cuda_batch.add(p, grad, state);
+      cuda_batches[{p.device().index(), p.scalar_type()}].add(p, grad, state);
       ++fused_steps_;
     } else if (!kernel_takes) {
       if (options.weight_decay() != 0) p.mul_(1 - options.lr() * options.weight_decay());
@@ -149,7 +154,7 @@ void FusedAdamW::step_group(torch::optim::OptimizerParamGroup& group) {
     }
   }
   cpu_batch.run(options);
-  cuda_batch.run(options);
+  for (const auto& [device_dtype, batch] : cuda_batches) batch.run(options);
 }
 
 std::string fused_adamw_kernel_name(FusedAdamWKernel kernel) {

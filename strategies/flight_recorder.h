@@ -24,7 +24,6 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -37,7 +36,7 @@ struct CollectiveRecord {
   int64_t seq = 0;         ///< 1, 2, ... per group
   std::string op;          ///< collective_name(): "all_reduce", "reduce_scatter", ...
   std::string dtype;       ///< "Float", "BFloat16", ...
-  int64_t bytes = 0;       ///< the tensor's bytes (the input's, for all-gather)
+  int64_t bytes = 0;       ///< the input's bytes (all-gather: this rank's shard; reduce-scatter: the full input)
   std::string label;       ///< what issued it ("" when nobody said)
   int64_t start_ns = 0;    ///< steady clock when issued
   int64_t end_ns = -1;     ///< when its wait() returned; -1: still in flight

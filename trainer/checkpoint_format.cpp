@@ -309,6 +309,8 @@ std::string checkpoint_incomplete_reason(const std::string& dir) {
     md = checkpoint_detail::read_metadata(dir);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
+  } catch (const std::exception& e) {  // a field of the wrong type (nlohmann)
+    return c10::str(kMetadata, " is malformed: ", e.what());
   }
   if (!md.body.contains("files") || !md.body["files"].is_object()) return c10::str(kMetadata, " lists no files");
   for (const auto& [file, record] : md.body["files"].items()) {

@@ -445,9 +445,9 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
     return 2;
   }
 
-  // Once per machine: by strata-gpt itself, not again by each rank it launches
-  // (STRATA_ERROR_FILE marks those); under another launcher by local rank 0.
-  if (!env || (env->local_rank == 0 && std::getenv("STRATA_ERROR_FILE") == nullptr)) {
+  // Once per machine: by strata-gpt itself, not again by each rank it launches;
+  // under another launcher by local rank 0.
+  if (speaks_for_machine(env)) {
     for (const auto& note : run.config.config_notes) std::cerr << "note: " << note << std::endl;
   }
 

@@ -256,12 +256,9 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
 void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const std::optional<DistEnv>& env,
                   std::optional<ActivationProfile> profile) {
   const RunConfig& c = run.config;
-  // Once per machine, before any rank starts (the launcher, a single
-  // process, or local rank 0 of another launcher; strata's own ranks were
-  // checked by their launcher).
-  const bool strata_rank = env && std::getenv("STRATA_ERROR_FILE") != nullptr;
+  // Once per machine, before any rank starts.
   const auto shape = world_shape(c, env);
-  if (c.no_memory_check || !c.torchscript.empty() || strata_rank || (env && env->local_rank != 0) ||
+  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) ||
       !resolve_device(c.device, 0).is_cpu()) {
     return;
   }
@@ -451,6 +448,10 @@ GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t
   o.vocab_size(vocab_size).block_size(block_size);
   validate(o);
   return o;
+}
+
+bool speaks_for_machine(const std::optional<DistEnv>& env) {
+  return !env || (env->local_rank == 0 && std::getenv("STRATA_ERROR_FILE") == nullptr);
 }
 
 /// A resume whose data position the new world cannot continue from, before

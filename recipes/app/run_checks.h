@@ -30,6 +30,12 @@ struct CheckedRun {
   std::optional<NamedTensors> init_weights;
 };
 
+/// Whether this process speaks for its machine (once per machine, before any
+/// rank starts): strata-gpt itself (no `env`: it launches its own ranks or is
+/// the only process), or local rank 0 of another launcher. strata's own ranks
+/// (STRATA_ERROR_FILE marks them) leave it to their launcher.
+bool speaks_for_machine(const std::optional<DistEnv>& env);
+
 /// Runs every phase-1 check in order; throws the first error. `env`: the
 /// world a launcher set up (none when strata-gpt launches its own ranks).
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
