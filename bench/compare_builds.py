@@ -2,7 +2,11 @@
 """Two strata-gpt builds side by side: the same cases, interleaved, repeated.
 
     bench/compare_builds.py --old OLD/strata-gpt --new NEW/strata-gpt [--repeats 3]
-                            [--strategies a,b] [--work DIR] [--steps 40] [-- extra strata-gpt flags]
+                            [--strategies a,b] [--work DIR] [--steps 40]
+                            [--old-flags "..."] [--new-flags "..."] [-- extra strata-gpt flags]
+
+--old-flags / --new-flags are added to one side only: one binary against itself
+with a feature off and on (the flight recorder's overhead: docs/debugging.md).
 
 The cases are the strategies the new build lists in its --help (or --strategies): one process
 for a strategy that runs one, 2 ranks otherwise.
@@ -19,6 +23,7 @@ import json
 import random
 import re
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -90,6 +95,8 @@ def main():
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--strategies", default="", help="comma-separated (default: every one --new lists)")
     parser.add_argument("--work", default=None)
+    parser.add_argument("--old-flags", default="", help="strata-gpt flags for the old side only")
+    parser.add_argument("--new-flags", default="", help="strata-gpt flags for the new side only")
     parser.add_argument("extra", nargs="*")
     args = parser.parse_args()
     for b in (args.old, args.new):
@@ -111,12 +118,16 @@ def main():
         for case, flags in cases:
             for build in order:
                 binary = args.old if build == "old" else args.new
+                side = shlex.split(args.old_flags if build == "old" else args.new_flags)
                 out = os.path.join(work, f"{case.replace(' ', '')}-{build}-{rep}")
-                results[(case, build)].append(measure(run_case(binary, base + flags, out)))
+                results[(case, build)].append(measure(run_case(binary, base + flags + side, out)))
                 print(f"repeat {rep + 1}/{args.repeats} {case} {build}: "
                       f"{results[(case, build)][-1]['tokens_per_s']:.0f} tokens/s", file=sys.stderr)
     print(f"gpt-mini on 1 MB of generated text, batch 8 per rank, block 128, {args.steps} steps, 1 thread per "
           f"rank, {args.repeats} interleaved repeats; tokens/s: summary.json's (all ranks' tokens, first step excluded)")
+    for build, flags in (("old", args.old_flags), ("new", args.new_flags)):
+        if flags:
+            print(f"{build}: {args.old if build == 'old' else args.new} {flags}")
     print()
     print("| case | build | tokens/s median (min-max) | new/old | peak RSS MiB | peak tensor MiB | rank 0 sent per step "
           "| matmul probe GFLOP/s |")

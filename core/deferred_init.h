@@ -26,6 +26,11 @@ namespace strata {
 /// True when `t` holds no memory yet: a deferred parameter (meta device).
 inline bool is_deferred(const torch::Tensor& t) { return t.defined() && t.is_meta(); }
 
+/// The value of one-element `t` as a double; 0 for a meta tensor, which has
+/// none. A dry run (strategies/fake_world.h) steps on meta tensors: there no
+/// rank missed a gradient, no norm clips, and a loss reads 0.
+inline double scalar_value(const torch::Tensor& t) { return t.is_meta() ? 0.0 : t.item<double>(); }
+
 /// Like `param.set_data(data)` (param keeps its identity, autograd metadata,
 /// hooks, version counter and requires_grad, and takes data's storage, shape
 /// and device), also from or to the meta device. The dtypes must match.

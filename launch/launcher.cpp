@@ -1,6 +1,7 @@
 #include "strata/launch/launcher.h"
 
 #include "strata/launch/environment.h"
+#include "strata/launch/rank_process.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -63,58 +64,6 @@ class StopSignals {
   struct sigaction old_term_ {};
 };
 
-// ---------------------------------------------------------------------------
-// Child processes
-
-/// Writes a decimal number with write(2) only (async-signal-safe, for the
-/// child between fork and exec).
-void write_number(int fd, int value) {
-  char buf[16];
-  int i = sizeof(buf);
-  unsigned v = value < 0 ? static_cast<unsigned>(-value) : static_cast<unsigned>(value);
-  do {
-    buf[--i] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v != 0 && i > 1);
-  if (value < 0) buf[--i] = '-';
-  ssize_t ignored = ::write(fd, buf + i, sizeof(buf) - i);
-  (void)ignored;
-}
-
-/// Everything a child needs, prepared before fork(): after fork() in a
-/// multi-threaded process only async-signal-safe calls are allowed, so no
-/// allocation happens there.
-struct ChildSpec {
-  std::vector<std::string> env_storage;
-  std::vector<char*> envp;
-  std::string error_file;
-  std::string exec_failed_message;
-};
-
-[[noreturn]] void exec_child(const std::vector<char*>& argv, const ChildSpec& spec, pid_t parent) {
-  // If the launcher dies (even by SIGKILL) the ranks must not linger.
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
-  // Exec resets caught signals, not blocked ones: start the rank unblocked and
-  // with default SIGINT/SIGTERM dispositions.
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::signal(SIGINT, SIG_DFL);
-  ::signal(SIGTERM, SIG_DFL);
-  ::execve(argv[0], argv.data(), spec.envp.data());
-  const int err = errno;
-  const int fd = ::open(spec.error_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd >= 0) {
-    ssize_t ignored = ::write(fd, spec.exec_failed_message.data(), spec.exec_failed_message.size());
-    (void)ignored;
-    write_number(fd, err);
-    ignored = ::write(fd, "\n", 1);
-    ::close(fd);
-  }
-  ::_exit(127);
-}
-
 std::string first_line_of(const std::string& path) {
   std::ifstream in(path);
   std::string line;
@@ -141,20 +90,6 @@ timespec failure_time(const std::string& path, const struct stat& st) {
   }
   return st.st_mtim;
 }
-
-/// Variables the launcher sets (or, like MASTER_PORT on one machine and the
-/// torchrun agent's store flag, must not pass on): never inherited.
-const char* const kLaunchVars[] = {"RANK",
-                                   "WORLD_SIZE",
-                                   "LOCAL_RANK",
-                                   "LOCAL_WORLD_SIZE",
-                                   "MASTER_ADDR",
-                                   "MASTER_PORT",
-                                   "OMP_NUM_THREADS",
-                                   "STRATA_THREADS_PER_RANK",
-                                   "STRATA_ERROR_FILE",
-                                   "STRATA_STORE_FILE",
-                                   "TORCHELASTIC_USE_AGENT_STORE"};
 
 struct Rank {
   pid_t pid = -1;
@@ -228,95 +163,142 @@ void check_launch_options(const std::vector<std::string>& argv, const LaunchOpti
               options.nnodes, ": every node's ranks meet rank 0's store at that port");
 }
 
-/// Each local rank's environment (ours minus the variables we set, plus the
-/// torchrun variables) and error file, in `dir`.
-std::vector<ChildSpec> child_specs(const std::vector<std::string>& argv, const LaunchOptions& options,
-                                   const std::filesystem::path& dir) {
-  const int nproc = options.nproc;
-  const int world_size = options.nnodes * nproc;
-  const int first_rank = options.node_rank * nproc;
-  const bool one_machine = options.nnodes == 1;
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const int threads = options.threads_per_rank > 0 ? options.threads_per_rank
-                                                   : std::max(1, static_cast<int>(cores) / nproc);
-  std::vector<std::string> base_env;
-  for (const auto& [key, value] : current_environment()) {
-    if (std::find(std::begin(kLaunchVars), std::end(kLaunchVars), key) == std::end(kLaunchVars))
-      base_env.push_back(key + "=" + value);
-  }
-  // Why a FileStore on one machine: the ranks share a filesystem, so they can
-  // meet without any listening socket — no port to pick (and lose to another
-  // process before rank 0 binds it), nothing reachable from the network.
-  // c10d's TCPStore server would listen on every interface (measured with
-  // `ss -ltn`: *:PORT whatever host it is given).
-  const std::string store_file = one_machine ? (dir / "store").string() : std::string();
-  std::vector<ChildSpec> specs(nproc);
-  for (int r = 0; r < nproc; ++r) {
-    ChildSpec& s = specs[r];
-    const int rank = first_rank + r;
-    s.error_file = (dir / ("rank-" + std::to_string(rank) + ".err")).string();
-    s.exec_failed_message = "cannot execute " + argv[0] + ": errno ";
-    s.env_storage = base_env;
-    std::vector<std::pair<std::string, std::string>> vars = {
-        {"RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(world_size)},
-        {"LOCAL_RANK", std::to_string(r)},
-        {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-        {"MASTER_ADDR", options.master_addr},
-        {"OMP_NUM_THREADS", std::to_string(threads)},
-        {"STRATA_THREADS_PER_RANK", std::to_string(threads)},
-        {"STRATA_ERROR_FILE", s.error_file}};
-    if (one_machine) {
-      vars.emplace_back("STRATA_STORE_FILE", store_file);
-    } else {
-      vars.emplace_back("MASTER_PORT", std::to_string(options.master_port));
-    }
-    for (const auto& [key, value] : vars) s.env_storage.push_back(key + "=" + value);
-    for (auto& e : s.env_storage) s.envp.push_back(e.data());
-    s.envp.push_back(nullptr);
-  }
-  return specs;
+bool has_error_file(const ChildSpec& spec, struct stat* st) {
+  return ::stat(spec.error_file.c_str(), st) == 0 && st->st_size > 0;
+}
+
+/// Whether `pid` is stopped (SIGSTOP, a debugger): it cannot answer a dump
+/// request, nor act on SIGTERM until continued.
+bool is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren != std::string::npos && paren + 2 < text.size() &&
+         (text[paren + 2] == 'T' || text[paren + 2] == 't');
 }
 
 /// Waits for every rank; when one fails (or a stop signal arrives) stops the
-/// others, SIGTERM then SIGKILL after the grace period. Returns the ranks
-/// that failed on their own, in the order they failed.
-std::vector<int> supervise(RankSet& set, const std::vector<ChildSpec>& specs, const LaunchOptions& options) {
+/// others: first asks each to write its flight-recorder dump and waits for
+/// them (LaunchOptions::flight_dir), then SIGTERM, then SIGKILL after the
+/// grace period.
+class Supervisor {
+ public:
   using Clock = std::chrono::steady_clock;
-  const int nproc = static_cast<int>(set.ranks_.size());
-  std::vector<int> failed;  // ranks that failed on their own (not stopped by us)
-  bool stopping = false;
-  bool killed = false;
-  Clock::time_point kill_at;
-  auto stop_all = [&](int sig) {
-    for (auto& rk : set.ranks_) {
+  Supervisor(RankSet& set, const std::vector<ChildSpec>& specs, const LaunchOptions& options)
+      : set_(set), specs_(specs), options_(options) {}
+
+  /// Returns the ranks that failed on their own, in the order they failed.
+  std::vector<int> run() {
+    int alive = static_cast<int>(set_.ranks_.size());
+    while (alive > 0) {
+      // Checked before reaping, so that ranks which die from the same Ctrl-C
+      // (the terminal signals the whole process group) count as stopped.
+      if (stop_signal != 0) begin_stopping();
+      alive -= reap();
+      // A rank that recorded an error is failing, and the others may be
+      // about to fail after it: their dumps are wanted now, while they still
+      // wait where they hang. Only asked, not stopped: each rank still ends
+      // (and reports) on its own until the first one exits.
+      if (!dumps_requested_ && !options_.flight_dir.empty() && any_live_rank_recorded_error()) request_dumps();
+      advance_stop();
+      if (alive == 0) break;
+      // Why poll: waitpid(WNOHANG) plus a short sleep is simple and never
+      // misses a signal; 10 ms is far below anything a user notices.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // The first rank to fail is usually the cause and the others its echo
+    // ("connection reset by peer"): report in the order they failed.
+    std::stable_sort(failed_.begin(), failed_.end(), [&](int a, int b) {
+      return earlier(set_.ranks_[a].failed_at, set_.ranks_[b].failed_at);
+    });
+    return failed_;
+  }
+
+ private:
+  enum class Phase { kRunning, kAwaitingDumps, kTerminating, kKilled };
+
+  void signal_live(int sig) {
+    for (auto& rk : set_.ranks_) {
       if (!rk.alive) continue;
       ::kill(rk.pid, sig);
       rk.signalled_by_launcher = true;
     }
-  };
-  auto begin_stopping = [&] {
-    if (stopping) return;
-    stopping = true;
-    stop_all(SIGTERM);
-    kill_at = Clock::now() + options.grace;
-  };
-  int alive = nproc;
-  while (alive > 0) {
-    // Checked before reaping, so that ranks which die from the same Ctrl-C
-    // (the terminal signals the whole process group) count as stopped.
-    if (stop_signal != 0) begin_stopping();
-    // Reap everything that has exited before signalling anyone, so that a rank
-    // which failed on its own is never mistaken for one the launcher stopped.
+  }
+
+  void begin_stopping() {
+    if (phase_ != Phase::kRunning) return;
+    if (options_.flight_dir.empty()) return terminate();
+    // Why ask first: a rank that is stopped now dumps where it waits; once
+    // SIGTERM'd its records are gone.
+    if (!dumps_requested_) request_dumps();
+    phase_ = Phase::kAwaitingDumps;
+  }
+
+  /// Asks every live rank for its flight-recorder dump (a rank handles the
+  /// signal on a thread of its own and goes on).
+  void request_dumps() {
+    dumps_requested_ = true;
+    dump_requested_at_ = now_realtime();
+    dumps_due_ = Clock::now() + options_.dump_wait;
+    for (auto& rk : set_.ranks_) {
+      if (rk.alive) ::kill(rk.pid, kDumpSignal);
+    }
+  }
+
+  void terminate() {
+    signal_live(SIGTERM);
+    // A stopped rank acts on SIGTERM only once continued.
+    signal_live(SIGCONT);
+    kill_at_ = Clock::now() + options_.grace;
+    phase_ = Phase::kTerminating;
+  }
+
+  void advance_stop() {
+    if (phase_ == Phase::kAwaitingDumps && (Clock::now() >= dumps_due_ || all_dumped())) terminate();
+    if (phase_ == Phase::kTerminating && Clock::now() >= kill_at_) {
+      signal_live(SIGKILL);  // the grace period is over
+      phase_ = Phase::kKilled;
+    }
+  }
+
+  /// Every live rank has written its dump since the request, or cannot.
+  bool all_dumped() const {
+    for (size_t r = 0; r < set_.ranks_.size(); ++r) {
+      const Rank& rk = set_.ranks_[r];
+      if (!rk.alive || is_stopped(rk.pid)) continue;
+      struct stat st {};
+      const std::string path = flight_dump_path(options_.flight_dir, first_rank() + static_cast<int>(r));
+      if (::stat(path.c_str(), &st) != 0) return false;
+      // 20 ms: file times tick coarser than the clock.
+      const int64_t written = st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+      const int64_t asked = dump_requested_at_.tv_sec * 1000000000LL + dump_requested_at_.tv_nsec;
+      if (written < asked - 20000000LL) return false;
+    }
+    return true;
+  }
+
+  bool any_live_rank_recorded_error() const {
+    for (size_t r = 0; r < set_.ranks_.size(); ++r) {
+      struct stat st {};
+      if (set_.ranks_[r].alive && has_error_file(specs_[r], &st)) return true;
+    }
+    return false;
+  }
+
+  /// Reaps every rank that has exited (before anyone is signalled, so that a
+  /// rank which failed on its own is never mistaken for one the launcher
+  /// stopped); returns how many; a failure starts stopping the rest.
+  int reap() {
+    int reaped = 0;
     bool new_failure = false;
-    for (int r = 0; r < nproc; ++r) {
-      Rank& rk = set.ranks_[r];
+    for (size_t r = 0; r < set_.ranks_.size(); ++r) {
+      Rank& rk = set_.ranks_[r];
       if (!rk.alive) continue;
       const pid_t got = ::waitpid(rk.pid, &rk.status, WNOHANG);
       if (got == 0 || (got < 0 && errno == EINTR)) continue;
       // got == pid, or an error (ECHILD: someone else reaped it): either way it is gone.
       rk.alive = false;
-      --alive;
+      ++reaped;
       if (got < 0) rk.status = 0;
       const bool ok = WIFEXITED(rk.status) && WEXITSTATUS(rk.status) == 0;
       // Ranks install no SIGTERM handler, so one we signalled and that died
@@ -326,32 +308,31 @@ std::vector<int> supervise(RankSet& set, const std::vector<ChildSpec>& specs, co
       // fail) when our signal arrives. One that exited with a code of its own
       // failed before our signal arrived (it lost the race with another rank).
       struct stat st {};
-      const bool has_error_file = ::stat(specs[r].error_file.c_str(), &st) == 0 && st.st_size > 0;
-      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !has_error_file;
+      const bool recorded = has_error_file(specs_[r], &st);
+      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !recorded;
       if (ok || stopped_by_us) continue;
-      rk.failed_at = has_error_file ? failure_time(specs[r].error_file, st) : now_realtime();
-      failed.push_back(r);
+      rk.failed_at = recorded ? failure_time(specs_[r].error_file, st) : now_realtime();
+      failed_.push_back(static_cast<int>(r));
       new_failure = true;
     }
     // Why stop the rest: their next collective would wait on the dead rank
     // until the timeout; stop them now.
     if (new_failure) begin_stopping();
-    if (stopping && !killed && Clock::now() >= kill_at) {
-      stop_all(SIGKILL);  // the grace period is over
-      killed = true;
-    }
-    if (alive == 0) break;
-    // Why poll: waitpid(WNOHANG) plus a short sleep is simple and never
-    // misses a signal; 10 ms is far below anything a user notices.
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return reaped;
   }
-  // The first rank to fail is usually the cause and the others its echo
-  // ("connection reset by peer"): report in the order they failed.
-  std::stable_sort(failed.begin(), failed.end(), [&](int a, int b) {
-    return earlier(set.ranks_[a].failed_at, set.ranks_[b].failed_at);
-  });
-  return failed;
-}
+
+  int first_rank() const { return options_.node_rank * options_.nproc; }
+
+  RankSet& set_;
+  const std::vector<ChildSpec>& specs_;
+  const LaunchOptions& options_;
+  std::vector<int> failed_;  ///< ranks that failed on their own (not stopped by us)
+  Phase phase_ = Phase::kRunning;
+  bool dumps_requested_ = false;
+  timespec dump_requested_at_{};
+  Clock::time_point dumps_due_;
+  Clock::time_point kill_at_;
+};
 
 }  // namespace
 
@@ -360,6 +341,13 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   const int nproc = options.nproc;
   const int first_rank = options.node_rank * nproc;
   RankSet set(make_temp_dir());
+  if (!options.flight_dir.empty()) {
+    // A dump from an earlier run in the same directory is not this run's.
+    for (int r = 0; r < nproc; ++r) {
+      std::error_code ignored;
+      std::filesystem::remove(flight_dump_path(options.flight_dir, first_rank + r), ignored);
+    }
+  }
   const std::vector<ChildSpec> specs = child_specs(argv, options, set.dir_);
   std::vector<std::string> argv_storage = argv;
   std::vector<char*> child_argv;
@@ -380,7 +368,7 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
     set.ranks_[r].alive = true;
   }
 
-  const std::vector<int> failed = supervise(set, specs, options);
+  const std::vector<int> failed = Supervisor(set, specs, options).run();
   // In the order supervise() gives (the root cause first); ranks that failed
   // alike (a collective error every rank raised) share one line.
   std::vector<std::pair<std::string, std::vector<int>>> lines;
@@ -405,6 +393,10 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   std::cerr.flush();
   if (sig != 0) return 128 + sig;
   return failed.empty() ? 0 : 1;
+}
+
+std::string flight_dump_path(const std::string& dir, int rank) {
+  return (std::filesystem::path(dir) / ("rank" + std::to_string(rank) + ".json")).string();
 }
 
 std::string rank_error_file() {

@@ -7,6 +7,8 @@
 // the others and returns non-zero with a message naming the rank and its
 // error. SIGINT/SIGTERM to the launcher are forwarded to every rank. Ranks report their error through a file
 // (torchrun's TORCHELASTIC_ERROR_FILE idea), see record_rank_error().
+#include <signal.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -27,7 +29,19 @@ struct LaunchOptions {
   int master_port = 0;          ///< the TCP store's port; required when nnodes > 1
   int threads_per_rank = 0;     ///< 0: cores / nproc (at least 1)
   std::chrono::seconds grace{5};///< SIGTERM -> SIGKILL delay when stopping ranks
+  /// Where ranks write their flight-recorder dumps (flight_dump_path); ""
+  /// none. When a rank fails (it records an error or exits non-zero) or a
+  /// stop signal arrives, the launcher first asks every live rank to dump
+  /// (kDumpSignal) and waits for them, at most `dump_wait` and not for a
+  /// rank that is stopped (SIGSTOP, a debugger), then stops them.
+  std::string flight_dir;
+  std::chrono::milliseconds dump_wait{2000};
 };
+
+/// The signal that asks a rank to write its flight-recorder dump.
+constexpr int kDumpSignal = SIGUSR1;
+/// Rank `rank`'s dump in `dir`: "<dir>/rank<rank>.json".
+std::string flight_dump_path(const std::string& dir, int rank);
 
 /// Spawns the ranks and waits. Returns 0 if all succeeded, else non-zero after
 /// printing "strata: rank R failed (exit code C): <its error>" to stderr.

@@ -179,12 +179,29 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device d
 }
 
 int64_t Comm::count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor) {
+  const bool collective = kind != CollectiveKind::kSend;
+  if (collective && group_name_ == "world" && counters_->skip_seq > 0 &&
+      counters_->world_issued.fetch_add(1, std::memory_order_relaxed) + 1 == counters_->skip_seq) {
+    return kSkipped;
+  }
   const auto k = static_cast<int>(kind);
   counters_->sent[k].fetch_add(sent, std::memory_order_relaxed);
   counters_->calls[k].fetch_add(1, std::memory_order_relaxed);
-  return counters_->recorder->start(group_name_, collective_name(kind),
-                                    tensor.defined() ? c10::toString(tensor.scalar_type()) : "",
-                                    tensor.defined() ? tensor_bytes(tensor) : 0);
+  FlightRecorder* recorder = counters_->recorder.get();
+  if (recorder == nullptr) return -1;
+  // A send has no sequence the group's ranks share (only the sender issues
+  // it): it is numbered apart, in "<group>:send".
+  return recorder->start(collective ? group_name_ : group_name_ + ":send", collective_name(kind),
+                         tensor.defined() ? c10::toString(tensor.scalar_type()) : "",
+                         tensor.defined() ? tensor_bytes(tensor) : 0);
+}
+
+void Comm::set_flight_phase(std::string phase) const {
+  if (FlightRecorder* recorder = counters_->recorder.get()) recorder->set_phase(std::move(phase));
+}
+
+void Comm::set_flight_label(std::string label) const {
+  if (FlightRecorder* recorder = counters_->recorder.get()) recorder->set_label(std::move(label));
 }
 
 CommBytes Comm::bytes() const {
@@ -212,6 +229,7 @@ namespace {
 /// first (the wait returned), then the collective's own step runs.
 std::function<void()> finishing(std::shared_ptr<FlightRecorder> recorder, int64_t record,
                                 std::function<void()> on_complete) {
+  if (recorder == nullptr) return on_complete;
   return [recorder = std::move(recorder), record, on_complete = std::move(on_complete)] {
     recorder->finish(record);
     if (on_complete) on_complete();
@@ -242,6 +260,7 @@ PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
   const int64_t n = size_;
   // Ring all-reduce: reduce-scatter then all-gather, each (N-1)/N·S.
   const int64_t record = count(CollectiveKind::kAllReduce, 2 * (n - 1) * tensor_bytes(tensor) / n, tensor);
+  if (record == kSkipped) return {};
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
@@ -259,6 +278,7 @@ PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
   if (size_ == 1) return {};
   const int64_t n = size_;
   const int64_t record = count(CollectiveKind::kBroadcast, tensor_bytes(tensor) * (n - 1) / n, tensor);
+  if (record == kSkipped) return {};
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -278,6 +298,7 @@ PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp o
   if (size_ == 1) return {};
   const int64_t n = size_;
   const int64_t record = count(CollectiveKind::kReduce, tensor_bytes(tensor) * (n - 1) / n, tensor);
+  if (record == kSkipped) return {};
   std::vector<at::Tensor> tensors{tensor};
   c10d::ReduceOptions opts;
   opts.reduceOp = op;
@@ -305,6 +326,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     return {};
   }
   const int64_t record = count(CollectiveKind::kAllGather, (size_ - 1) * tensor_bytes(input), input);
+  if (record == kSkipped) return {};
 
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
@@ -365,6 +387,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     return {};
   }
   const int64_t record = count(CollectiveKind::kReduceScatter, (size_ - 1) * tensor_bytes(output), input);
+  if (record == kSkipped) return {};
 
   at::Tensor flat_in = input.view({-1});
   at::Tensor flat_out = output.view({-1});
@@ -406,6 +429,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
 void Comm::barrier() {
   if (size_ == 1) return;
   const int64_t record = count(CollectiveKind::kBarrier, 0, {});
+  if (record == kSkipped) return;
   // Why: every rank blocks here until all ranks have arrived.
   pending(pg_->barrier(), record).wait();
 }

@@ -165,8 +165,20 @@ class Comm {
   Comm split(const std::string& name, const std::vector<std::vector<int>>& groups) const;
 
   /// The recorder of this Comm's collectives, shared by all copies and
-  /// subgroups (a world of one records nothing: it issues no collective).
-  FlightRecorder& flight_recorder() const { return *counters_->recorder; }
+  /// subgroups (a world of one records nothing: it issues no collective);
+  /// null when recording is off.
+  FlightRecorder* flight_recorder() const { return counters_->recorder.get(); }
+  /// Replaces the recorder for this Comm, its copies and subgroups; null
+  /// turns recording off. Call before the first collective.
+  void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) { counters_->recorder = std::move(recorder); }
+  /// FlightRecorder::set_phase / set_label, when recording is on.
+  void set_flight_phase(std::string phase) const;
+  void set_flight_label(std::string label) const;
+  /// Testing aid: this rank does not issue its `seq`-th collective of group
+  /// "world" (1-based; 0: none), and does not record it, as a rank with a
+  /// bug in its control flow would. The other ranks wait, or pair the next
+  /// collective with the wrong one; the flight recorder names the mismatch.
+  void skip_collective_for_testing(int64_t seq) { counters_->skip_seq = seq; }
   /// This Comm's group in the recorder: "world", or a subgroup's
   /// "<split name>/<group index>".
   const std::string& group_name() const { return group_name_; }
@@ -182,8 +194,10 @@ class Comm {
 
  private:
   /// Counts `sent` bytes under `kind` and records the collective on `tensor`
-  /// in the flight recorder; returns the record's id for pending().
+  /// in the flight recorder; returns the record's id for pending() (-1: not
+  /// recorded), or kSkipped: the caller issues nothing (the testing aid).
   int64_t count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor);
+  static constexpr int64_t kSkipped = -2;
 
   /// Wraps a started collective so that waiting on it is timed and its
   /// flight record (`record`) is marked finished when the wait returns.
@@ -196,6 +210,8 @@ class Comm {
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> calls{};
     std::shared_ptr<std::atomic<int64_t>> wait_ns = std::make_shared<std::atomic<int64_t>>(0);
     std::shared_ptr<FlightRecorder> recorder = std::make_shared<FlightRecorder>();
+    std::atomic<int64_t> world_issued{0};  ///< collectives of group "world" so far
+    int64_t skip_seq = 0;                  ///< skip_collective_for_testing
   };
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;

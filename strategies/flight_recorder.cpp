@@ -26,7 +26,7 @@ int64_t FlightRecorder::start(const std::string& group, const std::string& op, c
   r.op = op;
   r.dtype = dtype;
   r.bytes = bytes;
-  r.label = label_;
+  r.label = joined_;
   r.start_ns = now;
   r.end_ns = -1;
   return id;
@@ -37,16 +37,37 @@ void FlightRecorder::finish(int64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (id < 0 || id >= next_id_ || next_id_ - id > static_cast<int64_t>(capacity_)) return;  // overwritten
   ring_[static_cast<size_t>(id) % capacity_].end_ns = now;
+  ++finished_;
+}
+
+int64_t FlightRecorder::version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_id_ + finished_;
+}
+
+namespace {
+std::string join_label(const std::string& phase, const std::string& label) {
+  if (phase.empty() || label.empty()) return phase + label;
+  return phase + ", " + label;
+}
+}  // namespace
+
+void FlightRecorder::set_phase(std::string phase) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  phase_ = std::move(phase);
+  label_.clear();
+  joined_ = phase_;
 }
 
 void FlightRecorder::set_label(std::string label) {
   std::lock_guard<std::mutex> lock(mutex_);
   label_ = std::move(label);
+  joined_ = join_label(phase_, label_);
 }
 
 std::string FlightRecorder::label() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return label_;
+  return joined_;
 }
 
 std::vector<CollectiveRecord> FlightRecorder::records() const {
@@ -83,6 +104,9 @@ RankDump parse(const nlohmann::json& j) {
   d.rank = j.at("rank").get<int>();
   d.now_ns = j.at("now_ns").get<int64_t>();
   for (const auto& r : j.at("records")) {
+    // Point-to-point sends are kept in the dump for a reader, but only the
+    // sender records them: they have no sequence every rank shares.
+    if (r.at("op").get<std::string>() == "send") continue;
     d.records.push_back({r.at("group").get<std::string>(), r.at("seq").get<int64_t>(), r.at("op").get<std::string>(),
                          r.at("dtype").get<std::string>(), r.at("bytes").get<int64_t>(),
                          r.at("label").get<std::string>(), r.at("start_ns").get<int64_t>(),
@@ -125,7 +149,10 @@ std::string find_mismatch(const std::vector<RankDump>& dumps) {
   std::map<Key, std::map<std::string, std::vector<int>>> calls;  // -> "op bytes" -> ranks
   for (const auto& d : dumps) {
     for (const auto& r : d.records) {
-      const std::string sig = c10::str(r.op, " ", size_text(r.bytes));
+      // The label too: ranks issue alike-labelled collectives in the same
+      // order, so unit 4's all-gather against unit 3's is a mismatch even
+      // when the sizes agree.
+      const std::string sig = c10::str(r.op, r.label.empty() ? "" : " (" + r.label + ")", " ", size_text(r.bytes));
       calls[{r.group, r.seq}][sig].push_back(d.rank);
     }
   }
@@ -141,6 +168,65 @@ std::string find_mismatch(const std::vector<RankDump>& dumps) {
     return out;
   }
   return "";
+}
+
+/// Where each rank stands against `stuck`, the oldest collective a rank is
+/// still waiting in, as one line.
+std::string describe_stuck(const std::vector<RankDump>& dumps, int world, const CollectiveRecord& stuck) {
+  std::vector<int> waiting, behind, silent;
+  std::map<int64_t, std::vector<int>> ahead;  // the later #N each waits in (0: none) -> ranks
+  double waited_s = 0;
+  std::set<int> dumped;
+  for (const auto& d : dumps) {
+    dumped.insert(d.rank);
+    int64_t last = 0;
+    int64_t waits_in = 0;
+    bool in_it = false;
+    for (const auto& r : d.records) {
+      if (r.group != stuck.group) continue;
+      last = std::max(last, r.seq);
+      if (r.end_ns < 0 && waits_in == 0) waits_in = r.seq;
+      if (r.seq == stuck.seq && r.end_ns < 0) {
+        in_it = true;
+        waited_s = std::max(waited_s, static_cast<double>(d.now_ns - r.start_ns) * 1e-9);
+      }
+    }
+    if (in_it) {
+      waiting.push_back(d.rank);
+    } else if (last < stuck.seq) {
+      behind.push_back(d.rank);
+    } else {
+      ahead[waits_in].push_back(d.rank);
+    }
+  }
+  // A world's group has every rank as a member; a rank that wrote no dump
+  // (stopped, hung or killed) cannot say where it is.
+  if (stuck.group == "world") {
+    for (int r = 0; r < world; ++r) {
+      if (dumped.count(r) == 0) silent.push_back(r);
+    }
+  }
+  const std::string which =
+      c10::str("collective #", stuck.seq, " of group '", stuck.group, "' (", what_text(stuck), ")");
+  std::string out;
+  if (!silent.empty()) {
+    out = c10::str(ranks_text(silent), " wrote no dump (stopped, hung or killed)",
+                   behind.empty() ? " and holds up " + which : "; ");
+  }
+  if (!behind.empty()) out += c10::str(ranks_text(behind), " never entered ", which);
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.1f", waited_s);
+  if (out.empty()) {
+    out = c10::str(ranks_text(waiting), " wait in ", which, " for ", waited, " s and no rank is behind");
+  } else {
+    out += c10::str("; ", ranks_text(waiting), waiting.size() == 1 ? " has" : " have", " waited in it for ", waited,
+                    " s");
+  }
+  for (const auto& [seq, ranks] : ahead) {
+    out += c10::str("; ", ranks_text(ranks), " finished it",
+                    seq > 0 ? c10::str(" and ", ranks.size() == 1 ? "waits" : "wait", " in #", seq) : "");
+  }
+  return out;
 }
 
 }  // namespace
@@ -161,55 +247,28 @@ std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
   std::sort(dumps.begin(), dumps.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
   if (std::string mismatch = find_mismatch(dumps); !mismatch.empty()) return mismatch;
 
-  // The oldest collective any rank is still waiting in.
-  const CollectiveRecord* stuck = nullptr;
+  // The stuck collective: in the group of the longest wait (each rank's wait
+  // measured on its own clock, so machines need not agree on the time), the
+  // lowest sequence number any rank is still in.
+  const CollectiveRecord* longest = nullptr;
+  int64_t longest_ns = -1;
   for (const auto& d : dumps) {
     for (const auto& r : d.records) {
-      if (r.end_ns < 0 && (stuck == nullptr || r.start_ns < stuck->start_ns)) stuck = &r;
-    }
-  }
-  if (stuck == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
-                                        " ranks dumped)");
-  const std::string group = stuck->group;
-  const int64_t seq = stuck->seq;
-  std::vector<int> waiting, behind, ahead, silent;
-  double waited_s = 0;
-  std::set<int> dumped;
-  for (const auto& d : dumps) {
-    dumped.insert(d.rank);
-    int64_t last = 0;
-    bool in_it = false;
-    for (const auto& r : d.records) {
-      if (r.group != group) continue;
-      last = std::max(last, r.seq);
-      if (r.seq == seq && r.end_ns < 0) {
-        in_it = true;
-        waited_s = std::max(waited_s, static_cast<double>(d.now_ns - r.start_ns) * 1e-9);
+      if (r.end_ns < 0 && d.now_ns - r.start_ns > longest_ns) {
+        longest = &r;
+        longest_ns = d.now_ns - r.start_ns;
       }
     }
-    (in_it ? waiting : last < seq ? behind : ahead).push_back(d.rank);
   }
-  // A world's group has every rank as a member; a rank that wrote no dump
-  // (stopped, hung or killed) cannot say where it is.
-  if (group == "world") {
-    for (int r = 0; r < world; ++r) {
-      if (dumped.count(r) == 0) silent.push_back(r);
+  if (longest == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
+                                          " ranks dumped)");
+  const CollectiveRecord* stuck = longest;
+  for (const auto& d : dumps) {
+    for (const auto& r : d.records) {
+      if (r.end_ns < 0 && r.group == stuck->group && r.seq < stuck->seq) stuck = &r;
     }
   }
-  char waited[32];
-  std::snprintf(waited, sizeof(waited), "%.1f", waited_s);
-  const std::string which = c10::str("collective #", seq, " of group '", group, "' (", what_text(*stuck), ")");
-  if (!behind.empty() || !silent.empty()) {
-    std::vector<int> missing = behind;
-    missing.insert(missing.end(), silent.begin(), silent.end());
-    std::sort(missing.begin(), missing.end());
-    return c10::str(ranks_text(missing), " never entered ", which, "; ", ranks_text(waiting),
-                    waiting.size() == 1 ? " has" : " have", " waited in it for ", waited, " s",
-                    silent.empty() ? ""
-                                   : c10::str(" (", ranks_text(silent), " wrote no dump: stopped, hung or killed)"));
-  }
-  return c10::str(ranks_text(waiting), " wait in ", which, " for ", waited, " s and no rank is behind",
-                  ahead.empty() ? "" : c10::str(" (", ranks_text(ahead), " finished it)"));
+  return describe_stuck(dumps, world, *stuck);
 }
 
 }  // namespace strata

@@ -37,7 +37,7 @@ struct CollectiveRecord {
   std::string op;          ///< collective_name(): "all_reduce", "reduce_scatter", ...
   std::string dtype;       ///< "Float", "BFloat16", ...
   int64_t bytes = 0;       ///< the input's bytes (all-gather: this rank's shard; reduce-scatter: the full input)
-  std::string label;       ///< what issued it ("" when nobody said)
+  std::string label;       ///< what issued it: "<phase>, <unit>" ("" when nobody said)
   int64_t start_ns = 0;    ///< steady clock when issued
   int64_t end_ns = -1;     ///< when its wait() returned; -1: still in flight
 };
@@ -52,9 +52,18 @@ class FlightRecorder {
   /// Its wait() returned (an id the ring buffer has since dropped is ignored).
   void finish(int64_t id);
 
-  /// What the next collectives are issued for (a phase, a unit); "" clears it.
+  /// What the next collectives are issued for. Two parts, joined in each
+  /// record's label as "<phase>, <label>": the phase the trainer is in
+  /// ("step 12 backward"), which also clears the label, and what a strategy
+  /// issues a collective for ("unit h.5", "bucket 3"). "" clears either.
+  void set_phase(std::string phase);
   void set_label(std::string label);
+  /// The label the next record gets.
   std::string label() const;
+
+  /// Changes with every start() and finish(): a dump written at one version
+  /// need not be written again while it holds.
+  int64_t version() const;
 
   /// The entries held, oldest first.
   std::vector<CollectiveRecord> records() const;
@@ -74,8 +83,11 @@ class FlightRecorder {
   size_t capacity_;
   std::vector<CollectiveRecord> ring_;  ///< slot id % capacity_
   int64_t next_id_ = 0;
+  int64_t finished_ = 0;  ///< finish() calls
   std::unordered_map<std::string, int64_t> seq_;  ///< group -> last sequence number
+  std::string phase_;
   std::string label_;
+  std::string joined_;  ///< phase_ and label_ as records carry them
 };
 
 /// One line naming what went wrong, from the dumps of a world's ranks (each

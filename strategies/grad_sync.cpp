@@ -1,5 +1,7 @@
 #include "strata/strategies/grad_sync.h"
 
+#include "strata/core/deferred_init.h"
+
 #include <sstream>
 
 namespace strata {
@@ -50,7 +52,7 @@ void GradSync::resolve_unused(Comm& comm, const std::string& owner) {
   // gradient, yet all must decide alike (raise together, skip the same
   // parameters), so they first agree on the total (one element).
   comm.all_reduce(missing);
-  if (missing.item<double>() == 0.0) return;
+  if (scalar_value(missing) == 0.0) return;
 
   auto counts = torch::zeros({static_cast<int64_t>(names_.size())}, torch::kFloat64);
   auto c = counts.accessor<double, 1>();

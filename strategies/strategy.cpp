@@ -103,7 +103,7 @@ double Strategy::clip_grad_norm(double max_norm, double loss_scale) {
     // norm needs all of them, and every rank must compute the same coefficient.
     comm_.all_reduce(sq);
   }
-  const double scaled_norm = std::sqrt(sq.item<double>());
+  const double scaled_norm = std::sqrt(scalar_value(sq));
   // Loss scaling: an inf/NaN anywhere makes the all-reduced sum non-finite
   // on every rank, so the ranks agree on skipping without another collective.
   // Unscaled, torch's formula stands (an infinite norm clips to zero).
@@ -150,7 +150,7 @@ double Strategy::mean_over_ranks(double value) {
   // Sync point: logged metrics are the mean over ranks so rank 0 prints (and
   // early stopping decides on) the same number every rank sees.
   comm_.all_reduce(t);
-  return t.item<double>() / world_size();
+  return scalar_value(t) / world_size();
 }
 
 ModelStateBytes Strategy::model_state_bytes(const torch::optim::Optimizer& optimizer) const {

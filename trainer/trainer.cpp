@@ -179,9 +179,13 @@ struct Trainer::SteadyStats {
 
 FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module_ = &module;
+  // Flight-recorder phases name what each collective was issued for (a hung
+  // rank's dump says "step 12 backward, unit h.5"); "step N ..." per step.
+  strategy_->comm().set_flight_phase("setup");
   strategy_->setup(module);
   optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
                                           optimizer_factory(options_));
+  strategy_->comm().set_flight_phase("resume");
   const auto resumed = load_resume_checkpoint();
   const WarmupCosineSchedule schedule = lr_schedule_of(options_, options_.max_steps());
   FitResult result;
@@ -200,12 +204,14 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
       each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, module, metrics); });
       log_step(metrics);
       validate_if_due(module, data, result);
+      enter_phase("callbacks", step_);  // checkpoint saves
       each_callback([&](Callback& cb) { cb.on_train_step_end(*this, module, step_); });
     }
   } catch (const std::exception& error) {
     each_callback([&](Callback& cb) { cb.on_exception(*this, module, error); });
     throw;
   }
+  strategy_->comm().set_flight_phase("fit end");
   each_callback([&](Callback& cb) { cb.on_fit_end(*this, module); });
 
   result.steps = step_;
@@ -261,6 +267,10 @@ StepMetrics Trainer::train_step(TrainingModule& module, const DataSource& data, 
   return metrics;
 }
 
+void Trainer::enter_phase(const char* phase, int64_t step) {
+  strategy_->comm().set_flight_phase(c10::str("step ", step, " ", phase));
+}
+
 void Trainer::log_step(const StepMetrics& m) {
   if (step_ % options_.log_every_n_steps() == 0 || step_ == options_.max_steps()) {
     LogRow row{{"loss", m.loss},          {"lr", m.lr},
@@ -279,6 +289,7 @@ void Trainer::validate_if_due(TrainingModule& module, const DataSource& data, Fi
   const bool last = step_ == options_.max_steps() || stop_requested_;
   const bool periodic = options_.val_check_interval() > 0 && step_ % options_.val_check_interval() == 0;
   if (options_.limit_val_batches() == 0 || !(periodic || last)) return;
+  enter_phase("validation", step_);
   auto val = validate(module, data);
   result.val_loss = val.loss;
   result.val_accuracy = val.accuracy;
@@ -315,6 +326,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     std::optional<NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
     torch::Tensor loss;
+    enter_phase("forward", step_ + 1);
     metrics.forward_seconds += seconds_outside_waits([&] {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
       loss = strategy_->training_step(module, batch);
@@ -323,6 +335,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     tokens += batch.input.numel();
     samples += batch.input.size(0);
     each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
+    enter_phase("backward", step_ + 1);
     const auto backward_start = Clock::now();
     const double backward_wait = comm.wait_seconds();
     strategy_->backward(loss * (loss_scale / static_cast<double>(accum)));
@@ -331,10 +344,12 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
     metrics.backward_compute_seconds += backward_wall - (comm.wait_seconds() - backward_wait);
     each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); });
   }
+  enter_phase("gradient sync", step_ + 1);
   const auto sync_start = Clock::now();
   strategy_->reduce_gradients();
   metrics.grad_sync_seconds = seconds_since(sync_start);
   // Clipping, the optimizer step and zeroing count as the optimizer's time.
+  enter_phase("optimizer", step_ + 1);
   metrics.optimizer_seconds += seconds_outside_waits([&] {
     metrics.grad_norm = strategy_->clip_grad_norm(options_.gradient_clip_val(), loss_scale);
   });
@@ -354,6 +369,7 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   }
   metrics.optimizer_seconds += seconds_outside_waits([&] { strategy_->zero_grad(*optimizer_); });
   ++step_;
+  enter_phase("loss", step_);
   metrics.step = step_;
   metrics.loss = strategy_->mean_over_ranks(loss_sum / static_cast<double>(accum));
   metrics.comm_wait_seconds = comm.wait_seconds() - wait_at_start;

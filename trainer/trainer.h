@@ -187,6 +187,8 @@ class Trainer {
   /// Validates on the val_check_interval and at the last step.
   void validate_if_due(TrainingModule& module, const DataSource& data, FitResult& result);
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);
+  /// The flight recorder's phase: "step <step> <phase>".
+  void enter_phase(const char* phase, int64_t step);
   void emit_log(int64_t step, const LogRow& base);
   void gather_memory(FitResult& result);
   /// Collective: the trainer's part of CheckpointMeta::state (world size,

@@ -22,6 +22,7 @@
 //   BM_AttentionMemory/T/fused     the same once under trainer/memory.h's tracker:
 //                                  counters saved_bytes (held from forward to backward)
 //                                  and peak_bytes (fwd + bwd peak above the inputs)
+//   BM_FlightRecorder              one collective's flight-recorder bookkeeping (flight_bench.cpp)
 //
 // Collective sizes are the full flat buffer (what ZeRO shards); bytes_per_second
 // is that size per call, so the three compare as "time to sync S bytes". Each

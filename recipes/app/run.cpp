@@ -14,6 +14,8 @@
 #include "strata/core/device.h"
 #include "strata/launch/environment.h"
 #include "strata/launch/launcher.h"
+#include "strata/recipes/app/dry_run.h"
+#include "strata/recipes/app/flight_dumps.h"
 #include "strata/recipes/app/peak_flops.h"
 #include "strata/recipes/app/run_checks.h"
 #include "strata/recipes/app/run_summary.h"
@@ -206,21 +208,6 @@ std::string percent(double fraction) {
 
 /// Rank 0: summary.json (written last: it marks a finished run) and the
 /// closing line.
-/// Rank 0's checkpoint saves: how long each held the step loop and how long
-/// its write took (summary.json's checkpoint_saves; empty without checkpoints).
-nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  nlohmann::json saves = nlohmann::json::array();
-  for (const auto& cb : callbacks) {
-    const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
-    if (checkpoint == nullptr) continue;
-    for (const auto& t : checkpoint->timings()) {
-      saves.push_back({{"step", t.step}, {"blocked_s", t.blocked_s}, {"write_s", t.write_s}, {"finish_s", t.finish_s},
-                       {"async", t.async}});
-    }
-  }
-  return saves;
-}
-
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
                    Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
                    const torch::Device& device, const nlohmann::json& saves, int local_world) {
@@ -278,18 +265,11 @@ PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
   return cpu_peak_flops(at::get_num_threads(), peak_dtype(c), default_peak_flops_cache());
 }
 
-/// Phase 2: one rank's training. Failures throw (exit 1).
-void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
-                MemoryTracker& memory) {
+/// Phase 2, once the rank is in its world: the model, the strategy, fit().
+void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
+                    MemoryTracker& memory, Comm& comm) {
   const RunConfig& c = run.config;
-  configure_threads(c.threads_per_rank, env ? env->local_world_size : 1);
-  const torch::Device device = resolve_device(c.device, env ? env->local_rank : 0);
-  if (device.is_cuda()) {
-    // Before the process group: NCCL binds each rank to the current device.
-    set_cuda_device(device.index());
-    memory.measure_device(device);
-  }
-  Comm comm = make_comm(c, env, device);
+  const torch::Device device = comm.device();
   const bool is_zero = comm.rank() == 0;
   const fs::path out_dir(c.output_dir);
   const std::string ini = to_ini(resolved_config(c, run.model, at::get_num_threads()), registry);
@@ -330,6 +310,34 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   if (is_zero) {
     write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device,
                   checkpoint_saves(callbacks), local_world);
+  }
+}
+
+/// Phase 2: one rank's training. Failures throw (exit 1), after the rank's
+/// flight-recorder dump is written.
+void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
+                MemoryTracker& memory, DumpSignal& dump_signal) {
+  const RunConfig& c = run.config;
+  configure_threads(c.threads_per_rank, env ? env->local_world_size : 1);
+  const torch::Device device = resolve_device(c.device, env ? env->local_rank : 0);
+  if (device.is_cuda()) {
+    // Before the process group: NCCL binds each rank to the current device.
+    set_cuda_device(device.index());
+    memory.measure_device(device);
+  }
+  Comm comm = make_comm(c, env, device);
+  configure_flight_recorder(comm, c.flight_recorder);
+  apply_skip_collective_aid(comm);
+  const FlightDumpFile dump(comm, fs::path(c.output_dir) / "flight");
+  const DumpSignal::Action on_signal(dump_signal, [&dump] { dump.write(); });
+  const DumpOnTerminate on_terminate(dump);
+  try {
+    train_in_world(run, env, registry, memory, comm);
+  } catch (...) {
+    // Where this rank was, for the launcher's and strata-flight's diagnosis
+    // (a comm timeout: the collective it waited in).
+    dump.write();
+    throw;
   }
 }
 
@@ -382,6 +390,7 @@ int launch_local_ranks(CheckedRun& run, const char* argv0) {
   launch.master_addr = c.master_addr;
   launch.master_port = c.master_port;
   launch.threads_per_rank = c.threads_per_rank;
+  if (c.flight_recorder > 0) launch.flight_dir = (fs::path(c.output_dir) / "flight").string();
   // More ranks than cores runs, slowly (a correctness test may want it):
   // warned, not refused, once the input is known to be good.
   const unsigned cores = std::thread::hardware_concurrency();
@@ -395,7 +404,9 @@ int launch_local_ranks(CheckedRun& run, const char* argv0) {
     if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
       cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), peak_dtype(c), default_peak_flops_cache());
     }
-    return launch_ranks(run.args, launch);
+    const int code = launch_ranks(run.args, launch);
+    if (code != 0 && !launch.flight_dir.empty()) print_flight_report(launch.flight_dir);
+    return code;
   } catch (const c10::Error& e) {  // e.g. fork failed: the ranks it started are stopped
     std::cerr << "error: " << e.what_without_backtrace() << std::endl;
     return 1;
@@ -427,6 +438,11 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;
   }
+  // First, before any thread starts: the threads inherit SIGUSR1 blocked,
+  // and the dump signal's own thread takes it (flight_dumps.h).
+  DumpSignal dump_signal;
+  // A dry run asks whether a configuration fits: it is not refused for this machine's memory.
+  if (parsed.config->dry_run) parsed.config->no_memory_check = true;
   // Installed before any tensor of the run is made (parsing makes none).
   MemoryTracker memory(parsed.config->cpu_cache ? std::make_shared<BlockCache>() : nullptr);
 
@@ -451,12 +467,20 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
     for (const auto& note : run.config.config_notes) std::cerr << "note: " << note << std::endl;
   }
 
+  if (run.config.dry_run) {
+    if (env) {
+      std::cerr << "error: --dry-run simulates every rank in one process; run it without a launcher (RANK "
+                << env->rank << " is set)" << std::endl;
+      return 2;
+    }
+    return run_dry(run, registry);
+  }
   if (!env && (run.config.nproc > 1 || run.config.nnodes > 1)) return launch_local_ranks(run, argv[0]);
 
   // ---- Phase 2: train; failures exit 1 and are recorded for the launcher. ----
   const int rank = env ? env->rank : 0;
   try {
-    train_rank(run, env, registry, memory);
+    train_rank(run, env, registry, memory, dump_signal);
     return 0;
   } catch (const c10::Error& e) {
     const std::string message = e.what_without_backtrace();

@@ -490,8 +490,10 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   // Last, and only where rank 0's outputs will be written (the launcher of
   // node 0, or rank 0 itself): an output directory that cannot be created is
   // bad input, reported before any rank starts. Other nodes' launchers write
-  // nothing there.
-  if (env ? env->rank == 0 : run.config.node_rank == 0) check_output_dir(run.config.output_dir);
+  // nothing there, and a dry run nothing at all.
+  if ((env ? env->rank == 0 : run.config.node_rank == 0) && !run.config.dry_run) {
+    check_output_dir(run.config.output_dir);
+  }
   return run;
 }
 

@@ -1,5 +1,7 @@
 #include "strata/recipes/app/run_summary.h"
 
+#include "strata/callbacks/model_checkpoint.h"
+
 #include "strata/strategies/comm.h"
 
 namespace strata::recipes {
@@ -135,6 +137,21 @@ void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state,
         {"optimizer", ratio(m["optimizer"].get<int64_t>(), state.optimizer)},
         {"peak", ratio(e["peak_tensor_bytes"].get<int64_t>(), predicted_peak)}};
   }
+}
+
+/// Rank 0's checkpoint saves: how long each held the step loop and how long
+/// its write took (summary.json's checkpoint_saves; empty without checkpoints).
+nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  nlohmann::json saves = nlohmann::json::array();
+  for (const auto& cb : callbacks) {
+    const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
+    if (checkpoint == nullptr) continue;
+    for (const auto& t : checkpoint->timings()) {
+      saves.push_back({{"step", t.step}, {"blocked_s", t.blocked_s}, {"write_s", t.write_s}, {"finish_s", t.finish_s},
+                       {"async", t.async}});
+    }
+  }
+  return saves;
 }
 
 }  // namespace strata::recipes

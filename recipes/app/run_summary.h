@@ -9,8 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace strata::recipes {
 
@@ -33,5 +35,10 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
 /// communication model's bytes per step by collective, when it has one).
 void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, std::optional<int64_t> predicted_peak,
                      const std::optional<CommEstimate>& comm);
+
+/// Rank 0's checkpoint saves among `callbacks`: how long each held the step
+/// loop and how long its write took (summary.json's checkpoint_saves; empty
+/// without checkpoints).
+nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& callbacks);
 
 }  // namespace strata::recipes

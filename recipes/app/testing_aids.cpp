@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 namespace strata::recipes {
@@ -25,6 +26,16 @@ void KillAtStep::on_train_batch_start(Trainer& trainer, TrainingModule&, int64_t
   }
   std::cerr << "[rank " << rank_ << "] STRATA_TEST_KILL_AT_STEP: SIGKILL at step " << step << std::endl;
   std::raise(SIGKILL);
+}
+
+void apply_skip_collective_aid(Comm& comm) {
+  const char* seq = std::getenv("STRATA_TEST_SKIP_COLLECTIVE");
+  if (seq == nullptr) return;
+  const char* rank = std::getenv("STRATA_TEST_SKIP_RANK");
+  if (comm.rank() != (rank ? std::atoi(rank) : 0)) return;
+  std::cerr << "[rank " << comm.rank() << "] STRATA_TEST_SKIP_COLLECTIVE: collective #" << seq
+            << " of the world will not be issued" << std::endl;
+  comm.skip_collective_for_testing(std::atoll(seq));
 }
 
 void OverflowAtStep::on_before_backward(Trainer& trainer, TrainingModule&, const torch::Tensor& loss) {

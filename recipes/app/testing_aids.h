@@ -1,5 +1,6 @@
 #pragma once
 // Fault injection for strata's own tests (listed by --help-all, not --help).
+#include "strata/strategies/comm.h"
 #include "strata/trainer/callback.h"
 
 #include <cstdint>
@@ -37,6 +38,12 @@ class KillAtStep : public Callback {
   int rank_;
   std::string once_file_;
 };
+
+/// STRATA_TEST_SKIP_COLLECTIVE=N and STRATA_TEST_SKIP_RANK=R (default 0):
+/// rank R does not issue its N-th collective of the world
+/// (Comm::skip_collective_for_testing), as a rank with a control-flow bug
+/// would; the flight recorder names the mismatch. Nothing when unset.
+void apply_skip_collective_aid(Comm& comm);
 
 /// --debug-overflow-step S: at step S the last rank's loss gradient is
 /// multiplied by 1e6 on its way back (a hook on the loss), as a batch whose

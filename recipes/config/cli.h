@@ -40,6 +40,7 @@ struct RunConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;       ///< rank 0's TCP store, --nnodes > 1 only
   double comm_timeout_s = 60.0;
+  int64_t flight_recorder = 2048;  ///< collectives kept per rank for the flight dump (0: off)
   /// Strategy options given on the command line or in --config: key ->
   /// value as text (canonical: "true", "25", "full_shard"). Each is declared
   /// by the registered strategies that read it (strategies/spec.h); the
@@ -52,6 +53,7 @@ struct RunConfig {
   /// MemAvailable / local ranks, or the GPU's memory on CUDA).
   std::string memory_budget;
   bool no_memory_check = false;  ///< skip the pre-flight memory check
+  bool dry_run = false;          ///< --dry-run: the sharding plan for --nproc ranks, in one process, no training
   bool cpu_cache = true;         ///< reuse freed CPU blocks >= 1 MiB (trainer/block_cache.h)
   // optimisation
   int64_t max_steps = 2500;

@@ -16,6 +16,9 @@ const char* const kTestingEnvironment =
     "  STRATA_TEST_KILL_AT_STEP=S    rank R SIGKILLs itself at the start of step S; with\n"
     "  STRATA_TEST_KILL_RANK=R       STRATA_TEST_KILL_ONCE=FILE only while FILE does not exist\n"
     "                                (it creates it first: a restarted job runs on; restart tests)\n"
+    "  STRATA_TEST_SKIP_COLLECTIVE=N rank R does not issue its N-th collective of the world\n"
+    "  STRATA_TEST_SKIP_RANK=R       (default 0), as a rank with a control-flow bug would (the\n"
+    "                                flight recorder's mismatch tests)\n"
     "  STRATA_CHECKPOINT_KILL_AT=P[@R][/S]  the process SIGKILLs itself at checkpoint point P\n"
     "                                (after-shard, before-metadata, before-rename), on rank R,\n"
     "                                at step S (crash-consistency tests; trainer/checkpoint.h)\n"
@@ -66,6 +69,9 @@ std::vector<Field> launch_fields() {
       {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},
       {"master-addr", 2, &C::master_addr, "node 0's address (one machine: Gloo binds to the interface that reaches it)"},
       {"master-port", 2, &C::master_port, "rank 0's store port with --nnodes > 1 (one machine meets in a file, no port)"},
+      {"flight-recorder", 2, &C::flight_recorder,
+       "collectives each rank keeps for its flight-recorder dump (<output-dir>/flight/rank<R>.json, "
+       "written on a failure or SIGUSR1; strata-flight reads them; 0: off)"},
       {"comm-timeout", 2, &C::comm_timeout_s, "collective timeout in seconds"},
       {"offload", 2, &C::offload,
        "where state lives between uses, the optimizer step streaming it (each strategy says what moves: "
@@ -80,6 +86,10 @@ std::vector<Field> launch_fields() {
       {"memory-budget", 2, &C::memory_budget,
        "--strategy auto: bytes per rank the chosen strategy must fit, e.g. 4GiB or 512MiB (default: "
        "available memory / local ranks; CUDA: the GPU's memory)"},
+      {"dry-run", 2, &C::dry_run,
+       "build the strategy's real sharding plan for --nproc x --nnodes ranks in this one process (a fake process "
+       "group, meta tensors: no data, no memory) and print each rank's layout, memory and every collective of a "
+       "step with its bytes; trains nothing, writes nothing", true},
       {"no-memory-check", 2, &C::no_memory_check,
        "skip the pre-flight check that refuses a run whose predicted peak memory exceeds what this "
        "machine has available", true},

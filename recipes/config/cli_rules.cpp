@@ -181,6 +181,8 @@ std::string check_ranges(const RunConfig& c) {
        "in 0..65535 (0: none, for one machine)");
   // Counted in whole milliseconds, where 0 would mean no timeout at all.
   need(c.comm_timeout_s >= 0.001, "comm-timeout", c.comm_timeout_s, ">= 0.001 seconds (1 ms)");
+  need(c.flight_recorder >= 0 && c.flight_recorder <= 1000000, "flight-recorder", c.flight_recorder,
+       "in [0, 1000000] collectives (0: off)");
   need(c.activation_checkpointing >= 0, "activation-checkpointing", c.activation_checkpointing,
        ">= 0 (0: off, n: every n-th block)");
   need(c.max_steps > 0, "max-steps", c.max_steps, "> 0");

@@ -116,7 +116,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     // The default on CPU: faster than ATen's SDPA CPU kernel at every block
     // size measured (README, micro-benchmarks).
     y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
-  } else if (attention_ == "sdpa" || (attention_ == "fused" && x.device().is_cuda())) {
+  } else if (attention_ == "sdpa" || (attention_ == "fused" && !x.device().is_cpu())) {
     // LibTorch's fused attention (CUDA: flash / cuDNN / memory-efficient
     // kernels, chosen by ATen; CPU: its flash-style kernel): no [B, H, T, T]
     // scores in memory. Dropout draws from the device's generator, which

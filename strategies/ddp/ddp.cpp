@@ -59,6 +59,7 @@ void DDPStrategy::start_all_reduce(size_t bucket) {
   buffer.div_(world_size());
   // Async: backward keeps computing earlier layers' gradients while this
   // bucket travels; reduce_gradients() waits for it.
+  comm().set_flight_label(c10::str("bucket ", bucket));
   in_flight_.push_back(comm().all_reduce_async(buffer));
 }
 

@@ -132,6 +132,7 @@ void FlatParam::set_compute_dtype(c10::optional<torch::ScalarType> dtype) {
 void FlatParam::start_gather(Comm& comm, bool exact) {
   if (!sharded() || state_ != State::kSharded) return;
   const torch::Tensor shard = load_shard();
+  comm.set_flight_label("unit " + name_);
   if (!exact && low_.defined()) {
     torch::NoGradGuard no_grad;
     // Straight into the low-precision buffer the parameters will view.

@@ -201,10 +201,12 @@ void FSDPStrategy::launch_reduction(FlatParam& unit) {
     // On CPU (Gloo's emulation) the all-to-all receives into a pooled buffer;
     // NCCL reduce-scatters natively and needs none.
     const auto workspace = pool_ != nullptr ? pool_->empty(r.input.numel(), r.input.options()) : torch::Tensor();
+    shard_comm_.set_flight_label("unit " + unit.name());
     r.work = shard_comm_.reduce_scatter_async(r.output, r.input, workspace);
   } else {
     // no_shard: the full gradient, reduced in place (or in a cast copy)
     r.output = unit.shard_grad().to(dtype);
+    replicate_comm_.set_flight_label("unit " + unit.name());
     r.work = replicate_comm_.all_reduce_async(r.output);
   }
   in_flight_.push_back(std::move(r));

@@ -106,6 +106,7 @@ std::unique_ptr<FlatParam> FSDPStrategy::make_part(TrainingModule& module, const
     // init is seeded alike on every rank, but a rank seeded differently
     // must not train a different model).
     torch::Tensor buffer = full;
+    comm().set_flight_label("unit " + unit_name + " init");
     if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
   };
   auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);

@@ -118,6 +118,7 @@ void OSSStrategy::optimizer_step(torch::optim::Optimizer& optimizer) {
   }
   // Sync point: each rank updated only its shard; all-gather so every replica
   // runs the next forward with the same, fully updated parameters.
+  comm().set_flight_label("updated shards");
   sharded_all_gather(comm(), flat_params_, layout_, round_numel());
 }
 

@@ -44,6 +44,7 @@ void SDPStrategy::launch_bucket(size_t bucket) {
   }
   // Pre-divide so the SUM yields the mean over ranks.
   send.staging.div_(world_size());
+  comm().set_flight_label(c10::str("bucket ", bucket));
   // Async reduce of each owner's part of the bucket, in owner order: every rank
   // issues the same sequence because buckets launch in bucket order.
   for (int r = 0; r < world_size(); ++r) {

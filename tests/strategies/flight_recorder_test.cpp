@@ -48,7 +48,7 @@ TEST(FlightRecorderTest, KeepsTheNewestEntriesWithASequencePerGroup) {
 TEST(FlightRecorderTest, CommRecordsEveryCollectiveItIssues) {
   strata::run_thread_world(3, [](Comm& comm) {
     auto t = torch::ones({10});
-    comm.flight_recorder().set_label("step 1");
+    comm.flight_recorder()->set_label("step 1");
     comm.all_reduce(t);
     auto out = torch::empty({30});
     comm.all_gather_into(out, t);
@@ -57,7 +57,7 @@ TEST(FlightRecorderTest, CommRecordsEveryCollectiveItIssues) {
     comm.barrier();
     Comm pair = comm.split("pairs", {{0, 1}, {2}});
     if (comm.rank() < 2) pair.broadcast(t, 0);
-    const auto records = comm.flight_recorder().records();  // shared with the subgroup
+    const auto records = comm.flight_recorder()->records();  // shared with the subgroup
     const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "barrier"};
     ASSERT_EQ(records.size(), comm.rank() < 2 ? 5u : 4u);
     for (size_t i = 0; i < ops.size(); ++i) {
@@ -102,10 +102,21 @@ TEST(FlightRecorderTest, DiagnosisNamesTheRankThatNeverEnteredAndHowLongTheOther
                                    dump_of(2, 4, 1203, 1204, 12.1), dump_of(3, 4, 1203, 0, 0)}),
             "rank 3 never entered collective #1204 of group 'world' (reduce_scatter, unit 5 backward, 3.1 MiB); "
             "ranks 0-2 have waited in it for 12.4 s");
-  // A stopped rank writes no dump.
+  // A stopped rank writes no dump; one that got through before it stopped
+  // waits in a later collective.
   EXPECT_EQ(diagnose_flight_dumps({dump_of(0, 3, 7, 8, 2.0), dump_of(2, 3, 7, 8, 2.5)}),
-            "rank 1 never entered collective #8 of group 'world' (reduce_scatter, unit 5 backward, 3.1 MiB); "
-            "ranks 0, 2 have waited in it for 2.5 s (rank 1 wrote no dump: stopped, hung or killed)");
+            "rank 1 wrote no dump (stopped, hung or killed) and holds up collective #8 of group 'world' "
+            "(reduce_scatter, unit 5 backward, 3.1 MiB); ranks 0, 2 have waited in it for 2.5 s");
+  json through = json::parse(dump_of(0, 4, 7, 8, 3.0));  // rank 0 finished #8 and went on to #9
+  through["records"].back()["end_ns"] = through["now_ns"].get<int64_t>() - 1'000'000'000;
+  json next = through["records"].back();
+  next["seq"] = 9;
+  next["end_ns"] = -1;
+  through["records"].push_back(next);
+  EXPECT_EQ(diagnose_flight_dumps({through.dump(), dump_of(2, 4, 7, 8, 2.5), dump_of(3, 4, 6, 0, 0)}),
+            "rank 1 wrote no dump (stopped, hung or killed); rank 3 never entered collective #8 of group 'world' "
+            "(reduce_scatter, unit 5 backward, 3.1 MiB); rank 2 has waited in it for 2.5 s; rank 0 finished it "
+            "and waits in #9");
   EXPECT_EQ(diagnose_flight_dumps({dump_of(0, 2, 9, 0, 0), dump_of(1, 2, 9, 0, 0)}),
             "no rank is waiting in a collective (2 of 2 ranks dumped)");
 }
@@ -115,7 +126,8 @@ TEST(FlightRecorderTest, DiagnosisNamesAMismatchedCollective) {
       {dump_of(0, 4, 87, 88, 1, "reduce_scatter", 4 << 20), dump_of(1, 4, 87, 88, 1, "all_gather", 4 << 20),
        dump_of(2, 4, 87, 88, 1, "reduce_scatter", 4 << 20), dump_of(3, 4, 87, 88, 1, "reduce_scatter", 4 << 20)});
   EXPECT_EQ(line,
-            "at #88 of group 'world' rank 1 called all_gather 4.0 MiB; ranks 0, 2, 3 called reduce_scatter 4.0 MiB");
+            "at #88 of group 'world' rank 1 called all_gather (unit 5 backward) 4.0 MiB; ranks 0, 2, 3 called "
+            "reduce_scatter (unit 5 backward) 4.0 MiB");
   EXPECT_THROW(diagnose_flight_dumps({"not json"}), c10::Error);
 }
 
@@ -129,13 +141,13 @@ TEST(FlightRecorderTest, ASkippedCollectiveIsNamedFromRealDumps) {
         auto t = torch::ones({1024});
         comm.all_reduce(t);
         if (comm.rank() == 1) {
-          dumps[1] = comm.flight_recorder().dump(1, 2);
+          dumps[1] = comm.flight_recorder()->dump(1, 2);
           return;
         }
         try {
           comm.all_reduce(t);
         } catch (...) {
-          dumps[0] = comm.flight_recorder().dump(0, 2);
+          dumps[0] = comm.flight_recorder()->dump(0, 2);
           throw;
         }
       },
@@ -145,6 +157,77 @@ TEST(FlightRecorderTest, ASkippedCollectiveIsNamedFromRealDumps) {
   EXPECT_TRUE(std::regex_match(line, std::regex("rank 1 never entered collective #2 of group 'world' \\(all_reduce, "
                                                 "4\\.0 KiB\\); rank 0 has waited in it for [0-9.]+ s")))
       << line;
+}
+
+TEST(FlightRecorderTest, RecordsJoinTheTrainersPhaseAndTheStrategysLabel) {
+  FlightRecorder recorder;
+  recorder.set_phase("step 3 backward");
+  recorder.start("world", "all_gather", "Float", 4);
+  recorder.set_label("unit h.4");
+  recorder.start("world", "reduce_scatter", "Float", 4);
+  recorder.set_phase("step 3 optimizer");  // a new phase clears the unit
+  recorder.start("world", "all_reduce", "Float", 4);
+  recorder.set_phase("");
+  recorder.set_label("bucket 2");
+  recorder.start("world", "all_reduce", "Float", 4);
+  const auto records = recorder.records();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[0].label, "step 3 backward");
+  EXPECT_EQ(records[1].label, "step 3 backward, unit h.4");
+  EXPECT_EQ(records[2].label, "step 3 optimizer");
+  EXPECT_EQ(records[3].label, "bucket 2");
+}
+
+// Sends are numbered apart (only the sender has them), recording can be
+// turned off, and the testing aid skips one collective of the world.
+TEST(FlightRecorderTest, SendsAreNumberedApartAndRecordingCanBeOff) {
+  strata::run_thread_world(2, [](Comm& comm) {
+    auto t = torch::ones({4});
+    if (comm.rank() == 1) comm.send_async(t, 0).wait();
+    if (comm.rank() == 0) comm.recv_async(t, 1).wait();
+    comm.all_reduce(t);
+    const auto records = comm.flight_recorder()->records();
+    ASSERT_EQ(records.size(), comm.rank() == 1 ? 2u : 1u);
+    EXPECT_EQ(records.back().group, "world");
+    EXPECT_EQ(records.back().seq, 1);
+    if (comm.rank() == 1) {
+      EXPECT_EQ(records[0].group, "world:send");
+    }
+    comm.set_flight_recorder(nullptr);
+    comm.set_flight_phase("ignored");
+    comm.all_reduce(t);
+    EXPECT_EQ(comm.flight_recorder(), nullptr);
+    EXPECT_EQ(t[0].item<float>(), 4.0f);  // 1 * 2 * 2: both all-reduces ran
+  });
+}
+
+TEST(FlightRecorderTest, ASkippedCollectiveIsAMismatchInTheDumps) {
+  std::vector<std::string> dumps(3);
+  EXPECT_ANY_THROW(strata::run_thread_world(
+      3,
+      [&](Comm& comm) {
+        if (comm.rank() == 1) comm.skip_collective_for_testing(2);
+        // One size: Gloo aborts the process on a size mismatch (the binary's
+        // terminate handler dumps then; here the labels tell them apart).
+        auto a = torch::ones({4});
+        auto b = torch::ones({4});
+        auto c = torch::ones({4});
+        try {
+          comm.set_flight_label("a");
+          comm.all_reduce(a);
+          comm.set_flight_label("b");
+          comm.all_reduce(b);
+          comm.set_flight_label("c");
+          comm.all_reduce(c);
+        } catch (...) {
+          dumps[comm.rank()] = comm.flight_recorder()->dump(comm.rank(), 3);
+          throw;
+        }
+        dumps[comm.rank()] = comm.flight_recorder()->dump(comm.rank(), 3);
+      },
+      std::chrono::seconds(2)));
+  EXPECT_EQ(diagnose_flight_dumps(dumps),
+            "at #2 of group 'world' rank 1 called all_reduce (c) 16 B; ranks 0, 2 called all_reduce (b) 16 B");
 }
 
 }  // namespace

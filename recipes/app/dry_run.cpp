@@ -1,0 +1,204 @@
+#include "strata/recipes/app/dry_run.h"
+
+#include "strata/core/deferred_init.h"
+#include "strata/recipes/app/planner.h"
+#include "strata/recipes/app/run.h"
+#include "strata/recipes/models/gpt.h"
+#include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/fake_world.h"
+#include "strata/trainer/trainer.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace strata::recipes {
+
+namespace {
+
+constexpr int kSteps = 2;  // the second is measured: the first creates the optimizer state
+
+/// The GPT with nothing to initialise: its parameters stay on the meta
+/// device, where a strategy's setup "materialises" them.
+class MetaGPT : public GPTModule {
+ public:
+  explicit MetaGPT(const GPTOptions& options) : GPTModule(options, /*deferred=*/true) {}
+  void init_parameter(const std::string&, const torch::Tensor&) override {}
+};
+
+CommBytes difference(const CommBytes& after, const CommBytes& before) {
+  CommBytes d;
+  for (size_t k = 0; k < d.sent.size(); ++k) {
+    d.sent[k] = after.sent[k] - before.sent[k];
+    d.calls[k] = after.calls[k] - before.calls[k];
+  }
+  return d;
+}
+
+/// One optimizer step as Trainer::run_step makes it, on meta tensors: every
+/// strategy call, in order, with the trainer's flight-recorder phases.
+void simulate_step(Strategy& strategy, TrainingModule& module, torch::optim::Optimizer& optimizer,
+                   const TrainerOptions& options, const Batch& batch, int64_t step, ModelStateBytes* state) {
+  const Comm& comm = strategy.comm();
+  auto phase = [&](const char* what) { comm.set_flight_phase(c10::str("step ", step, " ", what)); };
+  const int64_t accum = options.accumulate_grad_batches();
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    std::optional<NoSyncGuard> no_sync;
+    if (micro + 1 < accum) no_sync.emplace(strategy.no_sync());
+    phase("forward");
+    const torch::Tensor loss = strategy.training_step(module, batch);
+    phase("backward");
+    strategy.backward(loss / static_cast<double>(accum));
+  }
+  phase("gradient sync");
+  strategy.reduce_gradients();
+  phase("optimizer");
+  strategy.clip_grad_norm(options.gradient_clip_val(), 1.0);
+  strategy.optimizer_step(optimizer);
+  if (state != nullptr) *state = strategy.model_state_bytes(optimizer);
+  strategy.zero_grad(optimizer);
+  phase("loss");
+  strategy.mean_over_ranks(0.0);
+}
+
+}  // namespace
+
+DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry, int rank, int world) {
+  link_meta_kernels();
+  const RunConfig& c = run.config;
+  const torch::Device meta(torch::kMeta);
+  Comm comm(fake_process_group(rank, world), meta, fake_subgroup_factory());
+  torch::manual_seed(c.seed);
+  MetaGPT module(run.model);
+  if (c.activation_checkpointing > 0) {
+    apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing));
+  }
+  const int local_world = std::min(world, c.nproc);
+  auto strategy = registry.create_parsed(c.strategy, comm, strategy_args(c, registry),
+                                         strategy_context(c, world, local_world, meta));
+  // strata's fused AdamW is CPU code; torch's AdamW keeps the same state.
+  const TrainerOptions options = trainer_options(c).fused_adamw(false);
+  comm.set_flight_phase("setup");
+  strategy->setup(module);
+  auto optimizer =
+      strategy->setup_optimizer(make_optimizer_groups(module.module(), options), optimizer_factory(options));
+  module.module().train();
+  const auto ids = torch::empty({c.batch_size, run.model.block_size()}, torch::TensorOptions(torch::kLong).device(meta));
+  const Batch batch{ids, ids};
+  DryRunRank out;
+  out.rank = rank;
+  out.n_params = module.model()->num_params();
+  out.layout = strategy->describe();
+  CommBytes before;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    before = comm.bytes();
+    simulate_step(*strategy, module, *optimizer, options, batch, step, step == 1 ? &out.state : nullptr);
+  }
+  out.per_step = difference(comm.bytes(), before);
+  const std::string measured = c10::str("step ", kSteps, " ");
+  for (const auto& r : comm.flight_recorder()->records()) {
+    if (r.label.rfind(measured, 0) == 0) out.step_collectives.push_back(r);
+  }
+  return out;
+}
+
+namespace {
+
+std::string mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+void print_memory(const std::vector<DryRunRank>& ranks, const ModelStatePrediction& formula,
+                  const std::optional<MemoryPrediction>& planner) {
+  // `formula`: the strategy's memory model (its spec), as the planner asks it.
+  std::cout << "\nmemory per rank, MiB | params | grads | optimizer | model state | planner: activations | planner: peak\n";
+  for (const auto& r : ranks) {
+    std::cout << "rank " << r.rank << " | " << mib(r.state.params) << " | " << mib(r.state.grads) << " | "
+              << mib(r.state.optimizer) << " | " << mib(r.state.total()) << " | "
+              << (planner ? mib(planner->activations) : "n/a") << " | " << (planner ? mib(planner->peak()) : "n/a")
+              << "\n";
+  }
+  std::cout << "the strategy's memory model | " << mib(formula.params) << " | " << mib(formula.grads) << " | "
+            << mib(formula.optimizer) << " | " << mib(formula.total()) << " | |\n";
+  // Exact lines, one per rank: what a test compares with a real run's summary.json.
+  for (const auto& r : ranks) {
+    std::cout << "model state bytes, rank " << r.rank << ": params=" << r.state.params << " grads=" << r.state.grads
+              << " optimizer=" << r.state.optimizer << "\n";
+    if (planner) {
+      std::cout << "planner peak bytes, rank " << r.rank << ": activations=" << planner->activations
+                << " peak=" << planner->peak() << "\n";
+    }
+  }
+}
+
+void print_collectives(const DryRunRank& r) {
+  std::cout << "\ncollectives of one step, rank " << r.rank << " (" << r.step_collectives.size()
+            << "), in the order issued:\n";
+  for (const auto& c : r.step_collectives) {
+    std::cout << "  #" << c.seq << " " << c.group << " " << c.op << " " << c.dtype << " " << c.bytes << " B  ["
+              << c.label << "]\n";
+  }
+  // One line, exact integers: what a test compares with a real run's
+  // summary.json (per_rank[].comm_bytes_per_step).
+  std::cout << "bytes sent per step, rank " << r.rank << ":";
+  for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
+    if (r.per_step.calls[k] == 0) continue;
+    std::cout << " " << collective_name(static_cast<CollectiveKind>(k)) << "=" << r.per_step.sent[k];
+  }
+  std::cout << " total=" << r.per_step.total_sent() << "\n";
+}
+
+int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) {
+  const RunConfig& c = run.config;
+  // Not simulated yet: offload moves real bytes between tiers, and a
+  // TorchScript model is not the GPT the dry run builds.
+  if (c.offload != "none" || !c.torchscript.empty()) {
+    std::cerr << "error: --dry-run simulates the GPT without --offload and --torchscript; got "
+              << (c.offload != "none" ? "--offload " + c.offload : "--torchscript " + c.torchscript) << std::endl;
+    return 2;
+  }
+  const int world = c.nproc * c.nnodes;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<DryRunRank> ranks;
+  for (int rank : world > 1 ? std::vector<int>{0, world - 1} : std::vector<int>{0}) {
+    ranks.push_back(simulate_rank(run, registry, rank, world));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto request = plan_request(c, run.model, world, c.nproc);
+  std::optional<MemoryPrediction> planner;
+  if (plannable(registry, request)) {
+    planner = predict_peak(registry, request,
+                           activation_profile(run.model, c.batch_size, parse_precision(c.precision)));
+  }
+  std::cout << "strata-gpt --dry-run | " << c.preset << " | " << ranks.front().n_params << " parameters | "
+            << c.strategy << " x " << world << " ranks | micro-batch " << c.batch_size << " x block "
+            << run.model.block_size() << " | precision " << c.precision << "\n"
+            << "a fake process group and meta tensors: the strategy's real setup and " << kSteps
+            << " real steps, no data, no memory; " << ranks.size() << " rank(s) simulated in "
+            << c10::str(std::round(seconds * 100) / 100) << " s\n\n"
+            << "rank 0's layout:\n"
+            << ranks.front().layout << "\n";
+  print_memory(ranks, planner ? planner->state : ModelStatePrediction{}, planner);
+  print_collectives(ranks.front());
+  if (ranks.size() > 1) print_collectives(ranks.back());
+  return 0;
+}
+
+}  // namespace
+
+int run_dry(const CheckedRun& run, const StrategyRegistry& registry) {
+  try {
+    return simulate_and_print(run, registry);
+  } catch (const c10::Error& e) {
+    std::cerr << "error: --dry-run: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace strata::recipes
