@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 namespace strata {
@@ -193,7 +194,12 @@ class Supervisor {
     while (alive > 0) {
       // Checked before reaping, so that ranks which die from the same Ctrl-C
       // (the terminal signals the whole process group) count as stopped.
-      if (stop_signal != 0) begin_stopping();
+      if (stop_signal != 0) {
+        // The user stopped the job (Ctrl-C signals the whole process group):
+        // ranks that die of it were stopped, not failing on their own.
+        for (auto& rk : set_.ranks_) rk.signalled_by_launcher = rk.signalled_by_launcher || rk.alive;
+        begin_stopping();
+      }
       alive -= reap();
       // A rank that recorded an error is failing, and the others may be
       // about to fail after it: their dumps are wanted now, while they still
@@ -309,7 +315,11 @@ class Supervisor {
       // failed before our signal arrived (it lost the race with another rank).
       struct stat st {};
       const bool recorded = has_error_file(specs_[r], &st);
-      const bool stopped_by_us = rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !recorded;
+      // A rank that died of the dump request was outside the dump signal's
+      // lifetime (starting or exiting): the launcher's doing, not a failure.
+      const bool by_dump_request =
+          dumps_requested_ && WIFSIGNALED(rk.status) && WTERMSIG(rk.status) == kDumpSignal && !recorded;
+      const bool stopped_by_us = (rk.signalled_by_launcher && WIFSIGNALED(rk.status) && !recorded) || by_dump_request;
       if (ok || stopped_by_us) continue;
       rk.failed_at = recorded ? failure_time(specs_[r].error_file, st) : now_realtime();
       failed_.push_back(static_cast<int>(r));
@@ -342,10 +352,13 @@ int launch_ranks(const std::vector<std::string>& argv, const LaunchOptions& opti
   const int first_rank = options.node_rank * nproc;
   RankSet set(make_temp_dir());
   if (!options.flight_dir.empty()) {
-    // A dump from an earlier run in the same directory is not this run's.
-    for (int r = 0; r < nproc; ++r) {
-      std::error_code ignored;
-      std::filesystem::remove(flight_dump_path(options.flight_dir, first_rank + r), ignored);
+    // A dump from an earlier run in the same directory is not this run's;
+    // one machine's launcher owns them all (an earlier run may have had
+    // more ranks), several machines' each their own ranks'.
+    const int last = options.nnodes == 1 ? std::numeric_limits<int>::max() : first_rank + nproc;
+    std::error_code ignored;
+    for (int r = options.nnodes == 1 ? 0 : first_rank; r < last; ++r) {
+      if (!std::filesystem::remove(flight_dump_path(options.flight_dir, r), ignored) && r >= first_rank + nproc) break;
     }
   }
   const std::vector<ChildSpec> specs = child_specs(argv, options, set.dir_);

@@ -46,6 +46,9 @@ void write_number(int fd, int value) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::signal(SIGINT, SIG_DFL);
   ::signal(SIGTERM, SIG_DFL);
+  // Ignored until the rank takes it (recipes/app/flight_dumps.h): a dump
+  // request that reaches a rank still starting must not end it.
+  ::signal(kDumpSignal, SIG_IGN);
   ::execve(argv[0], argv.data(), spec.envp.data());
   const int err = errno;
   const int fd = ::open(spec.error_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -55,7 +55,7 @@ class FlightRecorder {
   /// What the next collectives are issued for. Two parts, joined in each
   /// record's label as "<phase>, <label>": the phase the trainer is in
   /// ("step 12 backward"), which also clears the label, and what a strategy
-  /// issues a collective for ("unit h.5", "bucket 3"). "" clears either.
+  /// issues a collective for ("unit h5", "bucket 3"). "" clears either.
   void set_phase(std::string phase);
   void set_label(std::string label);
   /// The label the next record gets.

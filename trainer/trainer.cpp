@@ -180,7 +180,7 @@ struct Trainer::SteadyStats {
 FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module_ = &module;
   // Flight-recorder phases name what each collective was issued for (a hung
-  // rank's dump says "step 12 backward, unit h.5"); "step N ..." per step.
+  // rank's dump says "step 12 backward, unit h5"); "step N ..." per step.
   strategy_->comm().set_flight_phase("setup");
   strategy_->setup(module);
   optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),

@@ -72,6 +72,9 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   const RunConfig& c = run.config;
   const torch::Device meta(torch::kMeta);
   Comm comm(fake_process_group(rank, world), meta, fake_subgroup_factory());
+  // Room for every collective of setup and both steps (a per-parameter ddp
+  // bucketing of a large model issues thousands a step).
+  comm.set_flight_recorder(std::make_shared<FlightRecorder>(size_t{1} << 20));
   torch::manual_seed(c.seed);
   MetaGPT module(run.model);
   if (c.activation_checkpointing > 0) {
@@ -197,6 +200,9 @@ int run_dry(const CheckedRun& run, const StrategyRegistry& registry) {
     return simulate_and_print(run, registry);
   } catch (const c10::Error& e) {
     std::cerr << "error: --dry-run: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: --dry-run: " << e.what() << std::endl;
     return 1;
   }
 }

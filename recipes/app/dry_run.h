@@ -6,14 +6,17 @@
 // memory), joins a fake world of N (strategies/fake_world.h: every collective
 // completes at once and moves nothing), runs the strategy's real setup and
 // two real steps (forward, backward, gradient sync, clip, optimizer step,
-// the loss's mean), exactly the calls Trainer::run_step makes. So the layout
+// the loss's mean), the strategy calls Trainer::run_step makes; without
+// autocast and loss scaling, which change no collective of a step that is
+// not skipped (a 16-mixed run's overflowed step skips the optimizer's). So the layout
 // is the strategy's own, the model state is what its tensors would hold, and
 // the collectives are the ones a real run issues: Comm counts their bytes
 // and the flight recorder lists them. No data is read; activations come from
 // the memory planner (recipes/app/planner.h).
 //
 // Ranks 0 and N-1 are simulated (the data-parallel ranks hold alike, up to
-// the last rank's padding); each answers in about a second for gpt2-xl.
+// the last rank's padding). gpt2-xl at 1,024 ranks: 7-9 s per strategy on
+// a 2-core VM, most of it building the model's modules (docs/dry-run.md).
 #include "strata/recipes/app/run_checks.h"
 #include "strata/strategies/comm.h"
 #include "strata/strategies/registry.h"

@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -50,8 +51,12 @@ DumpSignal::~DumpSignal() {
   }
   ::pthread_kill(waiter_.native_handle(), kDumpSignal);
   waiter_.join();
-  ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  // A request arriving while the process exits must not end it (the
+  // launcher would see a rank killed by a signal): what was the default
+  // action becomes "ignore".
+  if (old_action_.sa_handler == SIG_DFL && !(old_action_.sa_flags & SA_SIGINFO)) old_action_.sa_handler = SIG_IGN;
   ::sigaction(kDumpSignal, &old_action_, nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 
 void DumpSignal::wait_loop() {
@@ -79,8 +84,8 @@ DumpSignal::Action::~Action() {
 
 // ---- FlightDumpFile ----------------------------------------------------------
 
-FlightDumpFile::FlightDumpFile(const Comm& comm, fs::path dir)
-    : comm_(comm), dir_(std::move(dir)), path_(flight_dump_path(dir_.string(), comm.rank())) {
+FlightDumpFile::FlightDumpFile(Comm comm, fs::path dir)
+    : comm_(std::move(comm)), dir_(std::move(dir)), path_(flight_dump_path(dir_.string(), comm_.rank())) {
   std::error_code ignored;
   fs::remove(path_, ignored);
 }
@@ -112,8 +117,10 @@ void configure_flight_recorder(Comm& comm, int64_t records) {
 namespace {
 // A terminate handler takes no argument: the file it writes, and the handler
 // it replaced, live here while a DumpOnTerminate does (one per process).
-const FlightDumpFile* terminate_dump = nullptr;
-std::terminate_handler terminate_previous = nullptr;
+// Atomic, and the file shared: a thread may terminate while the main thread
+// destroys the DumpOnTerminate; the handler's copy keeps the file alive.
+std::atomic<std::shared_ptr<const FlightDumpFile>> terminate_dump;
+std::atomic<std::terminate_handler> terminate_previous{nullptr};
 
 [[noreturn]] void dump_then_terminate() {
   if (const std::exception_ptr error = std::current_exception()) {
@@ -127,28 +134,34 @@ std::terminate_handler terminate_previous = nullptr;
       record_rank_error("terminated by an exception of unknown type");
     }
   }
-  if (terminate_dump != nullptr) terminate_dump->write();
-  if (terminate_previous != nullptr) terminate_previous();
+  if (const auto file = terminate_dump.load()) file->write();
+  if (const std::terminate_handler previous = terminate_previous.load()) previous();
   std::abort();
 }
 }  // namespace
 
-DumpOnTerminate::DumpOnTerminate(const FlightDumpFile& file) {
-  terminate_dump = &file;
-  terminate_previous = std::set_terminate(dump_then_terminate);
-  previous_ = terminate_previous;
+DumpOnTerminate::DumpOnTerminate(std::shared_ptr<const FlightDumpFile> file) {
+  terminate_dump.store(std::move(file));
+  previous_ = std::set_terminate(dump_then_terminate);
+  terminate_previous.store(previous_);
 }
 
 DumpOnTerminate::~DumpOnTerminate() {
   std::set_terminate(previous_);
-  terminate_dump = nullptr;
-  terminate_previous = nullptr;
+  terminate_dump.store(nullptr);
+  terminate_previous.store(nullptr);
 }
 
 // ---- reading -----------------------------------------------------------------
 
 std::vector<std::string> read_flight_dumps(const fs::path& dir) {
-  std::vector<std::pair<int, std::string>> found;
+  struct Found {
+    int rank;
+    std::string text;
+    int world;
+    fs::file_time_type written;
+  };
+  std::vector<Found> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -162,11 +175,23 @@ std::vector<std::string> read_flight_dumps(const fs::path& dir) {
     std::ifstream in(entry.path());
     std::stringstream text;
     text << in.rdbuf();
-    found.emplace_back(rank, text.str());
+    const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    const int world = j.is_object() && j.contains("world_size") && j["world_size"].is_number_integer()
+                          ? j["world_size"].get<int>()
+                          : -1;  // not a dump: diagnose_flight_dumps names it
+    found.push_back({rank, text.str(), world, entry.last_write_time(ec)});
   }
-  std::sort(found.begin(), found.end());
+  if (found.empty()) return {};
+  // The newest dump's run: a dump left by an earlier run with another world
+  // size is not this run's.
+  const int world = std::max_element(found.begin(), found.end(), [](const Found& a, const Found& b) {
+                      return a.written < b.written;
+                    })->world;
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.rank < b.rank; });
   std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
+  for (auto& f : found) {
+    if (f.world == world || f.world < 0) out.push_back(std::move(f.text));
+  }
   return out;
 }
 

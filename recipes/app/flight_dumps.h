@@ -13,9 +13,10 @@
 // Example (one rank):
 //   DumpSignal signal;                        // first thing: before any thread
 //   ...
-//   FlightDumpFile file(comm, out_dir / "flight");
-//   DumpSignal::Action on_signal(signal, [&] { file.write(); });
-//   try { train(); } catch (...) { file.write(); throw; }
+//   auto file = std::make_shared<FlightDumpFile>(comm, out_dir / "flight");
+//   DumpSignal::Action on_signal(signal, [file] { file->write(); });
+//   DumpOnTerminate on_terminate(file);
+//   try { train(); } catch (...) { file->write(); throw; }
 #include "strata/strategies/comm.h"
 
 #include <signal.h>
@@ -23,6 +24,7 @@
 #include <filesystem>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -71,8 +73,9 @@ class DumpSignal {
 class FlightDumpFile {
  public:
   /// Removes this rank's dump from an earlier run (a stale one would be read
-  /// as this run's).
-  FlightDumpFile(const Comm& comm, std::filesystem::path dir);
+  /// as this run's). Holds a copy of `comm` (copies share the recorder), so
+  /// a dump written while the rank's own Comm is torn down finds it alive.
+  FlightDumpFile(Comm comm, std::filesystem::path dir);
   /// Writes the recorder's entries (atomically; creates the directory);
   /// never throws: it runs while a failure unwinds. Nothing when recording
   /// is off, the world is one rank, or nothing changed since the last write
@@ -82,7 +85,7 @@ class FlightDumpFile {
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  const Comm& comm_;
+  Comm comm_;
   std::filesystem::path dir_;
   std::filesystem::path path_;
   mutable std::mutex mutex_;  // the failure path and the signal's thread may both write
@@ -96,7 +99,7 @@ class FlightDumpFile {
 /// handler (which aborts). One at a time per process.
 class DumpOnTerminate {
  public:
-  explicit DumpOnTerminate(const FlightDumpFile& file);
+  explicit DumpOnTerminate(std::shared_ptr<const FlightDumpFile> file);
   ~DumpOnTerminate();
   DumpOnTerminate(const DumpOnTerminate&) = delete;
   DumpOnTerminate& operator=(const DumpOnTerminate&) = delete;

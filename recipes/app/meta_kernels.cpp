@@ -5,6 +5,7 @@
 #include "strata/recipes/app/dry_run.h"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 namespace strata::recipes {
@@ -25,7 +26,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_native_layer_norm(const at::
   auto stat = input.sizes().vec();
   const size_t axis = stat.size() - normalized_shape.size();
   for (size_t d = axis; d < stat.size(); ++d) stat[d] = 1;
-  return {at::empty_like(input), at::empty(stat, input.options()), at::empty(stat, input.options())};
+  // As ATen: a contiguous output; the statistics in the op-math type (fp32
+  // for bf16 and fp16 inputs).
+  const auto stat_options = input.options().dtype(at::toOpMathType(input.scalar_type()));
+  return {at::empty(input.sizes(), input.options()), at::empty(stat, stat_options), at::empty(stat, stat_options)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> meta_native_layer_norm_backward(

@@ -328,15 +328,15 @@ void train_rank(CheckedRun& run, const std::optional<DistEnv>& env, const Strate
   Comm comm = make_comm(c, env, device);
   configure_flight_recorder(comm, c.flight_recorder);
   apply_skip_collective_aid(comm);
-  const FlightDumpFile dump(comm, fs::path(c.output_dir) / "flight");
-  const DumpSignal::Action on_signal(dump_signal, [&dump] { dump.write(); });
+  const auto dump = std::make_shared<const FlightDumpFile>(comm, fs::path(c.output_dir) / "flight");
+  const DumpSignal::Action on_signal(dump_signal, [dump] { dump->write(); });
   const DumpOnTerminate on_terminate(dump);
   try {
     train_in_world(run, env, registry, memory, comm);
   } catch (...) {
     // Where this rank was, for the launcher's and strata-flight's diagnosis
     // (a comm timeout: the collective it waited in).
-    dump.write();
+    dump->write();
     throw;
   }
 }

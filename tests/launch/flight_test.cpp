@@ -3,7 +3,7 @@
 // collective the others wait in, within the comm timeout plus 10 s, and
 // nothing is left running; a rank that skips one collective (the testing
 // aid) is named as a mismatch; SIGUSR1 dumps a running job, which goes on;
-// strata-flight reads a directory of dumps.
+// Ctrl-C is no rank's failure; strata-flight reads a directory of dumps.
 #include "strata/trainer/checkpoint.h"
 #include "tests/process.h"
 #include "tests/run_binary.h"
@@ -142,6 +142,25 @@ TEST(FlightTest, ARankThatSkipsACollectiveIsNamedAsAMismatch) {
                           "[0-9.]+ KiB; ranks 0, 2 called all_gather \\(step [0-9]+ [a-z]+, unit [a-z0-9]+\\)");
     EXPECT_TRUE(std::regex_search(run.output, line)) << "skip #" << skip << "\n" << run.output;
   }
+}
+
+// Ctrl-C in a terminal signals the launcher and its ranks alike: the ranks
+// die of SIGINT while the launcher asks them for dumps; they were stopped,
+// not failing on their own.
+TEST(FlightTest, CtrlCStopsTheJobWithoutNamingRanksAsFailed) {
+  const fs::path out = scratch() / "interrupted";
+  Process job({STRATA_GPT_BINARY, "--preset", "gpt-nano", "--data", "addition:2", "--batch-size", "2",
+               "--threads-per-rank", "1", "--progress-bar", "false", "--strategy", "ddp", "--nproc", "2",
+               "--max-steps", "100000", "--log-every-n-steps", "1", "--output-dir", out.string()},
+              strata::testing::base_environment(), scratch() / "interrupted.log");
+  ASSERT_TRUE(job.started());
+  ASSERT_TRUE(wait_until([&] { return strata::testing::losses_of(out / "metrics.csv").size() >= 2; }, 120s))
+      << job.output();
+  ::kill(-job.pid(), SIGINT);  // the whole process group, as a terminal does
+  const auto code = job.wait_for(30s);
+  ASSERT_TRUE(code.has_value()) << job.output();
+  EXPECT_EQ(*code, 128 + SIGINT) << job.output();
+  EXPECT_EQ(job.output().find(" failed ("), std::string::npos) << job.output();
 }
 
 TEST(FlightTest, StrataFlightRefusesADirectoryWithoutDumps) {
