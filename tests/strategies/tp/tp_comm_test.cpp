@@ -2,8 +2,10 @@
 // threads over Gloo): each one's forward and backward by hand, then a
 // Megatron MLP (column-parallel W1, row-parallel W2) at 2 and 3 ranks, with
 // and without sequence parallelism, against the same MLP in one process:
-// output, input gradient and every weight shard's gradient.
+// output, input gradient and every weight shard's gradient. And the dp x tp
+// mesh: its groups, its refusals, and Comm subgroups built from it.
 #include "strata/strategies/thread_world.h"
+#include "strata/strategies/tp/mesh.h"
 #include "strata/strategies/tp/tp_comm.h"
 
 #include <gtest/gtest.h>
@@ -124,6 +126,47 @@ TEST(TpCommTest, AWorldOfOneIsTheIdentity) {
   EXPECT_TRUE(reduce_from_tp(x, one).is_same(x));
   EXPECT_TRUE(gather_from_sp(x, one, 1).is_same(x));
   EXPECT_TRUE(reduce_scatter_to_sp(x, one, 1).is_same(x));
+}
+
+TEST(TpMeshTest, TensorParallelRanksAreInnermostAndBadSizesAreRefused) {
+  const auto mesh = MeshDims::of(6, 3);
+  EXPECT_EQ(mesh.dp, 2);
+  EXPECT_EQ(mesh.tp_groups(), (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(mesh.dp_groups(), (std::vector<std::vector<int>>{{0, 3}, {1, 4}, {2, 5}}));
+  EXPECT_EQ(mesh.tp_rank(4), 1);
+  EXPECT_EQ(mesh.dp_rank(4), 1);
+  EXPECT_EQ(MeshDims::of(4, 4).dp_groups().size(), 4u);  // pure tensor parallelism
+  try {
+    MeshDims::of(4, 3);
+    ADD_FAILURE() << "tp 3 of 4 ranks was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()),
+              "tensor-parallel size 3 must be >= 1 and divide the world size 4 (data-parallel groups of world / tp "
+              "ranks)");
+  }
+  EXPECT_THROW(MeshDims::of(4, 0), c10::ValueError);
+  EXPECT_EQ(MeshDims::of(4, 4).gpt_problem(6, 192),
+            "tensor-parallel size 4 must divide n_head 6: each rank computes whole heads");
+  EXPECT_EQ(MeshDims::of(6, 3).gpt_problem(6, 192), "");
+}
+
+// 4 ranks as dp 2 x tp 2: each subgroup sums exactly its members.
+TEST(TpMeshTest, CommSubgroupsFromTheMeshSumTheirMembers) {
+  strata::run_thread_world(4, [](Comm& world) {
+    const auto mesh = MeshDims::of(4, 2);
+    Comm tp = world.split("tp", mesh.tp_groups());
+    Comm dp = world.split("dp", mesh.dp_groups());
+    const int r = world.rank();
+    EXPECT_EQ(tp.size(), 2);
+    EXPECT_EQ(tp.rank(), mesh.tp_rank(r));
+    EXPECT_EQ(dp.rank(), mesh.dp_rank(r));
+    auto t = torch::full({1}, static_cast<float>(r));
+    tp.all_reduce(t);
+    EXPECT_EQ(t.item<float>(), r < 2 ? 0 + 1 : 2 + 3);
+    auto d = torch::full({1}, static_cast<float>(r));
+    dp.all_reduce(d);
+    EXPECT_EQ(d.item<float>(), r % 2 == 0 ? 0 + 2 : 1 + 3);
+  });
 }
 
 }  // namespace
