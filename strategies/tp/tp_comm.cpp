@@ -59,48 +59,32 @@ torch::Tensor reduce_scattered(const torch::Tensor& x, Comm& comm, int64_t dim) 
 
 // --- the autograd functions ----------------------------------------------------
 
-class CopyToTp : public torch::autograd::Function<CopyToTp> {
+using Collective = torch::Tensor (*)(const torch::Tensor&, Comm&, int64_t);
+
+torch::Tensor identity(const torch::Tensor& x, Comm&, int64_t) { return x; }
+torch::Tensor all_reduce_op(const torch::Tensor& x, Comm& comm, int64_t) { return all_reduced(x, comm); }
+
+/// `Forward` in forward, its conjugate `Backward` on the gradient.
+template <Collective Forward, Collective Backward>
+class Mapping : public torch::autograd::Function<Mapping<Forward, Backward>> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const c10::intrusive_ptr<TpGroup>& g) {
     ctx->saved_data["group"] = c10::IValue::make_capsule(g);
-    return x.view_as(x);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduced(grads[0], group_of(ctx)->comm), torch::Tensor()};
-  }
-};
-
-class ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
- public:
-  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x, const c10::intrusive_ptr<TpGroup>& g) {
-    return all_reduced(x, g->comm);
-  }
-  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
-};
-
-class GatherFromSp : public torch::autograd::Function<GatherFromSp> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const c10::intrusive_ptr<TpGroup>& g) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(g);
-    return all_gathered(x, g->comm, g->dim);
+    // An identity forward returns a view: an autograd Function's output must
+    // not be its input itself.
+    if constexpr (Forward == identity) return x.view_as(x);
+    return Forward(x, g->comm, g->dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto g = group_of(ctx);
-    return {reduce_scattered(grads[0], g->comm, g->dim), torch::Tensor()};
+    return {Backward(grads[0], g->comm, g->dim), torch::Tensor()};
   }
 };
 
-class ReduceScatterToSp : public torch::autograd::Function<ReduceScatterToSp> {
- public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const c10::intrusive_ptr<TpGroup>& g) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(g);
-    return reduce_scattered(x, g->comm, g->dim);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto g = group_of(ctx);
-    return {all_gathered(grads[0], g->comm, g->dim), torch::Tensor()};
-  }
-};
+using CopyToTp = Mapping<identity, all_reduce_op>;
+using ReduceFromTp = Mapping<all_reduce_op, identity>;
+using GatherFromSp = Mapping<all_gathered, reduce_scattered>;
+using ReduceScatterToSp = Mapping<reduce_scattered, all_gathered>;
 
 c10::intrusive_ptr<TpGroup> group(const Comm& comm, const torch::Tensor& x, int64_t dim) {
   return c10::make_intrusive<TpGroup>(comm, x.dim() == 0 ? 0 : c10::maybe_wrap_dim(dim, x.dim()));
