@@ -249,6 +249,39 @@ Suite scale_suite(const StrategyRegistry& strategies) {
   return s;
 }
 
+/// Tensor parallelism (--tp-size 2, sequence parallel) beside each strategy
+/// that composes with it (StrategySpec::tensor_parallel), on gpt-mini: at 4
+/// ranks every such multi-rank strategy plain and over 2 data-parallel
+/// groups of tp 2, at the same global batch; and pure tp 2 (the
+/// single-process strategy over 2 ranks) against the reference strategy at 2.
+Suite tp_suite(const StrategyRegistry& strategies) {
+  const StrategySpec* reference = strategies.reference();
+  const StrategySpec* single = strategies.single_process();
+  const int64_t batch = default_batch("gpt-mini");
+  const std::vector<std::string> tp = {"--tp-size", "2", "--sequence-parallel"};
+  std::vector<CaseRow> rows;
+  if (reference != nullptr && single != nullptr && single->tensor_parallel()) {
+    const std::string ref = case_label(reference->name(), "", 2, 1);
+    rows.push_back({.preset = "gpt-mini", .variant = ref, .strategy = reference->name()});
+    rows.push_back({.preset = "gpt-mini", .variant = case_label(single->name(), "tp2", 2, 1),
+                    .strategy = single->name(), .extra = tp, .reference = ref, .batch = 2 * batch});
+  }
+  for (const auto* spec : strategies.specs()) {
+    if (!multi_rank(*spec) || !spec->tensor_parallel()) continue;
+    const std::string plain = case_label(spec->name(), "", 4, 1);
+    rows.push_back({.preset = "gpt-mini", .variant = plain, .strategy = spec->name(), .nproc = 4});
+    rows.push_back({.preset = "gpt-mini", .variant = case_label(spec->name(), "tp2", 4, 1), .strategy = spec->name(),
+                    .nproc = 4, .extra = tp, .reference = plain, .batch = 2 * batch});
+  }
+  return table_suite("tp",
+                     "Tensor parallelism (--tp-size 2 --sequence-parallel) on gpt-mini, 1 thread per rank, at the "
+                     "same global batch (" + std::to_string(batch) + " per data-parallel rank without tp, " +
+                         std::to_string(2 * batch) + " with): pure tp over 2 ranks against the reference "
+                         "strategy, and at 4 ranks each strategy that composes with tp, plain and over 2 groups "
+                         "of tp 2. vs ref: the tp case ÷ its reference.",
+                     rows);
+}
+
 Suite attention_suite(const StrategyRegistry& strategies) {
   const std::string single = strategies.single_process() ? strategies.single_process()->name() : "";
   std::vector<CaseRow> rows;
@@ -342,6 +375,7 @@ void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& st
   registry.add("attention", [s] { return attention_suite(*s); });
   registry.add("kernels", [s] { return kernels_suite(*s); });
   registry.add("scale", [s] { return scale_suite(*s); });
+  registry.add("tp", [s] { return tp_suite(*s); });
   registry.add("planner", [s] { return planner_suite(*s); });  // bench/planner_suite.cpp
   registry.add("peer", [s] { return peer_suite(*s); });        // bench/peer_suite.cpp
 }

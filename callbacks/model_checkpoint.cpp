@@ -114,7 +114,8 @@ void ModelCheckpoint::save(Trainer& trainer, int64_t step) {
   if (pending_) finish_pending(trainer);  // the next save waits for the previous
   const fs::path root(options_.dirpath());
   const fs::path tmp = tmp_dir(step);
-  Comm& comm = trainer.strategy().comm();
+  // The whole job: with tensor parallelism every rank of every group writes its part.
+  Comm comm = trainer.strategy().job_comm();
   // Before writing, so the checkpoint's own state lists it among the best.
   // Every rank updates the same list: the scores are rank-reduced.
   if (!options_.monitor().empty() && current_ && current_->second == step && enters_top_k(current_->first)) {
@@ -159,7 +160,8 @@ void ModelCheckpoint::finish_pending(Trainer& trainer) {
   auto pending = std::move(pending_);
   CheckpointSaveStats stats;
   try {
-    stats = pending->finish(trainer.strategy().comm());
+    Comm job = trainer.strategy().job_comm();
+    stats = pending->finish(job);
   } catch (const CheckpointWriteError& e) {
     fail_save(trainer, pending->step(), e);
   }
@@ -182,7 +184,7 @@ void ModelCheckpoint::fail_save(Trainer& trainer, int64_t step, const Checkpoint
   }
   // Sync point: no rank exits (and has the launcher stop the others)
   // before rank 0 has removed the partial copy.
-  trainer.strategy().comm().barrier();
+  trainer.strategy().job_comm().barrier();
   const std::string newest = latest_checkpoint(options_.dirpath());
   TORCH_CHECK(false, "step ", step, ": ", e.what(), "; the newest complete checkpoint is ",
               newest.empty() ? std::string("none") : newest);
@@ -193,7 +195,7 @@ void ModelCheckpoint::publish(Trainer& trainer, int64_t step) {
   const fs::path final_dir = root / checkpoint_dir_name(step);
   // Why: the rename publishes the checkpoint, so it must wait until every
   // rank has finished writing its part (a shard per rank under sharding).
-  trainer.strategy().comm().barrier();
+  trainer.strategy().job_comm().barrier();
   if (trainer.strategy().is_global_zero()) {
     checkpoint_kill_point("before-rename", 0, step);  // test-only fault injection (trainer/checkpoint.h)
     // Replaces an earlier save of the same step (e.g. after a resume).

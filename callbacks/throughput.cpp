@@ -128,7 +128,7 @@ void Throughput::on_fit_start(Trainer& trainer, TrainingModule&) {
 
 void Throughput::on_train_batch_end(Trainer& trainer, TrainingModule& module,
                                     const StepMetrics& metrics) {
-  for (const auto& [key, value] : update(metrics, trainer.strategy().world_size(), module.flops_per_token()))
+  for (const auto& [key, value] : update(metrics, trainer.strategy().job_size(), module.flops_per_token()))
     trainer.log(key, value);
 }
 

@@ -270,6 +270,11 @@ struct StrategySpec {
   TORCH_ARG(Check, check) = nullptr;
   /// The most ranks it runs on (0: any): single says 1.
   TORCH_ARG(int, max_world_size) = 0;
+  /// Runs over data-parallel groups beside tensor parallelism (strata-gpt's
+  /// --tp-size, strategies/tp): it accepts a ModelParallel
+  /// (Strategy::set_model_parallel) and keeps the base's per-parameter
+  /// gradient norms. world_size and max_world_size then count one group.
+  TORCH_ARG(bool, tensor_parallel) = false;
   /// The baseline other strategies are compared with (ddp): bench's vs-ref
   /// columns and charts, sweeps' reference case. One registered spec at most.
   TORCH_ARG(bool, reference) = false;

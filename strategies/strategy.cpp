@@ -80,7 +80,30 @@ std::map<std::string, double> Strategy::report() const {
           {"offload_io_s", offload_tier_->stats().seconds}};
 }
 
+std::shared_ptr<void> Strategy::full_params(bool writeback) {
+  std::shared_ptr<void> sharded = sharded_ ? sharded_->gather_full_params(writeback) : nullptr;
+  if (!model_parallel_) return sharded;
+  // This rank's whole parts first (fsdp's gather), then the other dimension's
+  // gather of the split parameters; undone in the reverse order.
+  std::shared_ptr<void> split = model_parallel_->gather_full_params(module(), writeback);
+  return std::shared_ptr<void>(split.get(), [split, sharded](void*) mutable {
+    split.reset();
+    sharded.reset();
+  });
+}
+
 void Strategy::backward(const torch::Tensor& loss) { loss.backward(); }
+
+std::vector<Strategy::ParamPiece> Strategy::grad_pieces_for_norm() const {
+  // The optimizer's tensors carry this rank's gradients (whole parameters,
+  // or 1-D pieces of a shard whose .grad() is the shard's gradient).
+  std::vector<ParamPiece> pieces;
+  for (const auto& piece : optimizer_param_pieces(StateUse::kLoad)) {
+    const auto& grad = piece.values.grad();
+    if (grad.defined()) pieces.push_back({piece.index, piece.offset, grad});
+  }
+  return pieces;
+}
 
 std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
   std::vector<torch::Tensor> grads;
@@ -103,6 +126,11 @@ double Strategy::clip_grad_norm(double max_norm, double loss_scale) {
     // norm needs all of them, and every rank must compute the same coefficient.
     comm_.all_reduce(sq);
   }
+  if (model_parallel_) {
+    // Sync point: the other dimension's ranks hold the other parts of the
+    // split parameters' gradients (local_grad_norms counted replicated ones once).
+    model_parallel_->sum_over_group(sq);
+  }
   const double scaled_norm = std::sqrt(scalar_value(sq));
   // Loss scaling: an inf/NaN anywhere makes the all-reduced sum non-finite
   // on every rank, so the ranks agree on skipping without another collective.
@@ -120,6 +148,17 @@ double Strategy::clip_grad_norm(double max_norm, double loss_scale) {
 }
 
 std::vector<torch::Tensor> Strategy::local_grad_norms() const {
+  if (model_parallel_) {
+    // Piece by piece, so that replicated parameters count on one rank of the other dimension.
+    std::vector<torch::Tensor> grads;
+    for (const auto& piece : grad_pieces_for_norm()) {
+      if (piece.values.defined() && model_parallel_->counts_gradient(param_names_[piece.index])) {
+        grads.push_back(piece.values);
+      }
+    }
+    if (grads.empty()) return {};
+    return at::_foreach_norm(grads, 2);
+  }
   if (sharded_) return sharded_->shard_grad_norms();
   // ATen's multi-tensor ops: on CUDA one launch per ~chunk of tensors instead of
   // one per gradient (a GPT-2 has ~150); on the CPU they loop over the tensors

@@ -70,6 +70,34 @@ class ShardedState {
   virtual void scale_shard_grads(double coef) = 0;
 };
 
+/// A dimension that splits the model itself across ranks, beside the
+/// strategy's data parallelism (tensor parallelism: strategies/tp). The
+/// strategy then runs over this rank's data-parallel group (comm()): it
+/// shards, syncs and feeds data there, and asks this for what involves the
+/// other dimension. Set with Strategy::set_model_parallel() before setup; the
+/// strategies whose spec says tensor_parallel() accept one.
+class ModelParallel {
+ public:
+  virtual ~ModelParallel() = default;
+  /// Every rank of the job (is_global_zero() is rank 0 of it).
+  virtual const Comm& world() const = 0;
+  /// Whether this rank adds parameter `name`'s gradient to the global norm:
+  /// a split one on every rank (each holds a part), a replicated one on one
+  /// rank of the group (every rank holds the same).
+  virtual bool counts_gradient(const std::string& name) const = 0;
+  /// Sums the ranks' squared-norm contributions `sq` over the group.
+  virtual void sum_over_group(torch::Tensor& sq) = 0;
+  /// Strategy::full_params: the whole parameters in the module until the
+  /// handle dies (collective over the group).
+  virtual std::shared_ptr<void> gather_full_params(TrainingModule& module, bool writeback) = 0;
+  /// Checkpoints (Strategy::state_pieces): `pieces` name and shape the
+  /// parameters as this rank's module holds them; returns them as pieces of
+  /// the whole tensors (a split parameter's part maps to its runs in the
+  /// whole), so a checkpoint loads at any size of this dimension. kSave:
+  /// pieces of replicated tensors are kept on one rank of the group only.
+  virtual std::vector<StatePiece> to_global(std::vector<StatePiece> pieces, StateUse use) const = 0;
+};
+
 class Strategy {
  public:
   explicit Strategy(Comm comm);
@@ -84,7 +112,19 @@ class Strategy {
   Comm& comm() { return comm_; }
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
-  bool is_global_zero() const { return comm_.rank() == 0; }
+  /// Rank 0 of the whole job (with a ModelParallel, of its world).
+  bool is_global_zero() const { return model_parallel_ ? model_parallel_->world().rank() == 0 : comm_.rank() == 0; }
+
+  /// Runs this strategy over its data-parallel group beside `parallel`
+  /// (see ModelParallel). Before setup().
+  void set_model_parallel(std::shared_ptr<ModelParallel> parallel) { model_parallel_ = std::move(parallel); }
+  const ModelParallel* model_parallel() const { return model_parallel_.get(); }
+  /// Every rank of the job: world_size(), times the model-parallel ranks
+  /// beside it (per-rank rates such as MFU divide by this).
+  int job_size() const { return model_parallel_ ? model_parallel_->world().size() : comm_.size(); }
+  /// Every rank of the job (a copy sharing the process group): comm(), or
+  /// the ModelParallel's world. Checkpoints are written over it.
+  Comm job_comm() const { return model_parallel_ ? model_parallel_->world() : comm_; }
   /// Where this rank trains (the Comm's device): setup() moves the module
   /// there and the Trainer moves each batch there.
   const torch::Device& device() const { return comm_.device(); }
@@ -127,9 +167,7 @@ class Strategy {
   /// them): every rank must call it. With `writeback`, values written to the
   /// parameters meanwhile are kept. Where the module holds them anyway:
   /// nullptr; a ShardedState gathers them.
-  std::shared_ptr<void> full_params(bool writeback = false) {
-    return sharded_ ? sharded_->gather_full_params(writeback) : nullptr;
-  }
+  std::shared_ptr<void> full_params(bool writeback = false);
 
   /// The base runs loss.backward().
   virtual void backward(const torch::Tensor& loss);
@@ -200,6 +238,12 @@ class Strategy {
   /// Gradients this rank contributes to the global norm, each element of the
   /// model's gradient exactly once over all ranks when grads_sharded().
   virtual std::vector<torch::Tensor> local_grads_for_norm() const;
+  /// The same gradients as pieces of parameters (`values`: gradient
+  /// elements), for a ModelParallel that counts replicated parameters once
+  /// (ModelParallel::counts_gradient). The base: the .grad() of each of
+  /// optimizer_param_pieces(kLoad) (oss, sdp and fsdp give their pieces the
+  /// shard's gradient); fsdp leaves out its replicas (hybrid_shard).
+  virtual std::vector<strata::ParamPiece> grad_pieces_for_norm() const;
   /// Whether the ranks' norm contributions must be summed: a rank
   /// contributes exactly the gradients its optimizer steps, so gradients are
   /// sharded where the optimizer is (oss, sdp, fsdp over > 1 rank).
@@ -264,6 +308,7 @@ class Strategy {
   std::vector<std::string> param_names_;
   std::vector<std::vector<int64_t>> param_shapes_;  ///< params_' shapes at attach()
   ShardedState* sharded_ = nullptr;                 ///< set_sharded_state
+  std::shared_ptr<ModelParallel> model_parallel_;   ///< set_model_parallel
   bool require_sync_ = true;
   std::shared_ptr<OffloadTier> offload_tier_;
   int64_t offload_chunk_numel_ = 0;

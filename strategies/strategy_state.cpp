@@ -93,14 +93,16 @@ void Strategy::create_sgd_momentum(torch::optim::Optimizer& optimizer) {
 
 std::vector<Strategy::ParamPiece> Strategy::param_pieces(StateUse use) const {
   std::vector<ParamPiece> out;
-  if (use == StateUse::kSave && !is_global_zero()) return out;  // replicated: rank 0 writes it
+  // Replicated: rank 0 writes it (of the strategy's group; to_global keeps
+  // one rank's of a ModelParallel's group).
+  if (use == StateUse::kSave && comm_.rank() != 0) return out;
   for (size_t k = 0; k < params_.size(); ++k) out.push_back({k, 0, params_[k].detach().view({-1})});
   return out;
 }
 
 std::vector<Strategy::ParamPiece> Strategy::optimizer_param_pieces(StateUse use) const {
   std::vector<ParamPiece> out;
-  if (use == StateUse::kSave && !is_global_zero()) return out;
+  if (use == StateUse::kSave && comm_.rank() != 0) return out;
   for (size_t k = 0; k < params_.size(); ++k) out.push_back({k, 0, params_[k]});
   return out;
 }
@@ -121,7 +123,7 @@ std::vector<StatePiece> Strategy::offloaded_state_pieces(torch::optim::Optimizer
 
 std::vector<NamedPiece> Strategy::frozen_pieces(StateUse use) const {
   std::vector<NamedPiece> out;
-  if (use == StateUse::kSave && !is_global_zero()) return out;  // replicated: rank 0 writes it
+  if (use == StateUse::kSave && comm_.rank() != 0) return out;  // replicated: rank 0 writes it
   std::unordered_set<std::string> trainable(param_names_.begin(), param_names_.end());
   for (const auto& item : module().module().named_parameters(/*recurse=*/true)) {
     if (trainable.count(item.key()) == 0) {
@@ -142,7 +144,7 @@ std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimize
     add_piece(out, "model/" + piece.name, piece.shape, piece.offset, piece.values);
   }
   // Buffers: held whole by every strategy.
-  if (use == StateUse::kLoad || is_global_zero()) {
+  if (use == StateUse::kLoad || comm_.rank() == 0) {
     for (const auto& item : module().module().named_buffers(/*recurse=*/true)) {
       add_piece(out, "model/" + item.key(), item.value().sizes().vec(), 0, item.value());
     }
@@ -176,6 +178,7 @@ std::vector<StatePiece> Strategy::state_pieces(torch::optim::Optimizer& optimize
                   param_names_[piece.index], " has state of another optimizer");
     }
   }
+  if (model_parallel_) return model_parallel_->to_global(std::move(out), use);
   return out;
 }
 

@@ -19,7 +19,9 @@ namespace strata {
 /// group over one shared c10d::HashStore, and joins them. If any rank throws,
 /// the first exception thrown is rethrown here after every thread has joined;
 /// the other ranks cannot hang on the failed one for longer than `timeout`
-/// (the rendezvous and every collective fail after it).
+/// (the rendezvous and every collective fail after it). Sets SIGPIPE to
+/// SIG_IGN for the process, as Python does for PyTorch's Gloo users: a write
+/// to a rank that left must be an error, not the end of the process.
 void run_thread_world(int world_size, const std::function<void(Comm&)>& fn,
                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
 

@@ -310,7 +310,8 @@ void checkpoint_kill_point(const std::string& point, int rank, int64_t step) {
 CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, torch::optim::Optimizer& optimizer,
                                     const CheckpointMeta& meta) {
   const auto start = std::chrono::steady_clock::now();
-  Comm& comm = strategy.comm();
+  // The whole job: with tensor parallelism every rank of every group writes its part.
+  Comm comm = strategy.job_comm();
   const fs::path root(dir);
   std::string error;  // this rank's write error (a full disk): every rank fails alike below
   json body = begin_save(root, meta, error);
@@ -331,7 +332,7 @@ CheckpointSaveStats save_checkpoint(const std::string& dir, Strategy& strategy, 
 AsyncCheckpointSave::AsyncCheckpointSave(const std::string& dir, Strategy& strategy,
                                          torch::optim::Optimizer& optimizer, CheckpointMeta meta,
                                          std::function<void()> before_write)
-    : dir_(dir), step_(meta.step), rank_(strategy.comm().rank()), world_(strategy.comm().size()) {
+    : dir_(dir), step_(meta.step), rank_(strategy.job_comm().rank()), world_(strategy.job_comm().size()) {
   TORCH_CHECK_VALUE(meta.format == "sharded", "an async checkpoint is written sharded (each rank its own file), "
                     "not '", meta.format, "'");
   body_ = begin_save(dir_, meta, error_);
@@ -461,7 +462,8 @@ CheckpointMeta load_checkpoint(const std::string& dir, Strategy& strategy, torch
   std::map<std::string, json> mine;
   for (const auto& p : pieces) mine[p.name] = p.shape;
   std::map<std::string, json> model;
-  for (const auto& s : all_gather_strings(strategy.comm(), json(mine).dump())) {
+  Comm job = strategy.job_comm();
+  for (const auto& s : all_gather_strings(job, json(mine).dump())) {
     const auto theirs = json::parse(s);  // named: items() must not outlive it
     for (const auto& [name, shape] : theirs.items()) model[name] = shape;
   }

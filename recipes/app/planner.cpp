@@ -80,7 +80,15 @@ int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) cons
   return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
 }
 
-ModelSize model_size(const GPTOptions& model) {
+ModelSize model_size(const GPTOptions& model, int tp_size) {
+  if (tp_size > 1) {
+    // The largest tensor-parallel part (no LoRA: tensor parallelism refuses it).
+    ModelSize m;
+    m.params = m.trainable = count_tensor_parallel_parameters(model, tp_size);
+    m.units = model.n_layer();
+    m.unit_params = m.unit_trainable = count_tensor_parallel_block_parameters(model, tp_size);
+    return m;
+  }
   ModelSize m;
   m.params = count_parameters(model);
   m.trainable = count_trainable_parameters(model);
@@ -96,7 +104,7 @@ MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& r)
   TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
                     r.optimizer(), "'; known: adamw, sgd");
   MemoryQuery q;
-  q.model = model_size(r.model());
+  q.model = model_size(r.model(), r.tp_size());
   q.world_size = r.world_size();
   q.local_world_size = r.local_world_size() > 0 ? r.local_world_size() : r.world_size();
   q.optimizer_bytes_per_param = r.optimizer() == "adamw" ? 8 : r.momentum() > 0 ? 4 : 0;
@@ -110,7 +118,15 @@ MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& r)
 std::optional<CommEstimate> predict_comm(const StrategyRegistry& registry, const PlanRequest& r) {
   const StrategySpec& spec = registry.spec(r.strategy());
   if (!spec.communication()) return std::nullopt;
-  return spec.communication()(memory_query(registry, r));
+  auto c = spec.communication()(memory_query(registry, r));
+  if (!c || r.tp_size() <= 1) return c;
+  // Tensor parallelism's own bytes, over its group, beside the strategy's over its own.
+  const auto b = tensor_parallel_boundaries(r.model(), r.micro_batch(), r.model().block_size(),
+                                            r.activation_checkpointing());
+  const auto tp = tp::communication(b, r.tp_size(), r.sequence_parallel(), compute_dtype(r.precision()) ? 2 : 4,
+                                    r.accumulate_grad_batches());
+  for (const auto& [kind, bytes] : tp.bytes) c->bytes[kind] += bytes;
+  return c;
 }
 
 std::optional<MemoryEstimate> estimate_memory(const StrategyRegistry& registry, const PlanRequest& r) {
@@ -189,8 +205,9 @@ MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanReques
   MemoryPrediction m;
   m.state = {estimate->params, estimate->grads, estimate->optimizer};
   m.gathered = estimate->gathered + estimate->held;
-  m.activations = static_cast<int64_t>(
-      double(activations.total(r.model().n_layer(), r.activation_checkpointing())) * estimate->activation_scale);
+  m.activations = static_cast<int64_t>(double(activations.total(r.model().n_layer(), r.activation_checkpointing())) *
+                                       estimate->activation_scale *
+                                       tp::activation_scale(r.tp_size(), r.sequence_parallel()));
   // Staging buffers live outside the activation phase: the peak holds the
   // larger of the two.
   m.overhead = kOverheadBytes + std::max<int64_t>(0, estimate->staging - m.activations);

@@ -62,6 +62,11 @@ struct PlanRequest {
   TORCH_ARG(double, momentum) = 0.0;
   /// Micro-batches per optimizer step (communication per step).
   TORCH_ARG(int64_t, accumulate_grad_batches) = 1;
+  /// Tensor-parallel ranks per group (--tp-size): the strategy then runs
+  /// over world_size data-parallel ranks, each holding a 1/tp_size part of
+  /// the split parameters (strategies/tp/spec.h adds what tp sends).
+  TORCH_ARG(int, tp_size) = 1;
+  TORCH_ARG(bool, sequence_parallel) = false;
 };
 
 /// Bytes of model state one rank holds by the ZeRO formulas.
@@ -72,8 +77,9 @@ struct ModelStatePrediction {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-/// The GPT as memory models see it: parameter counts, split into its blocks.
-ModelSize model_size(const GPTOptions& model);
+/// The GPT as memory models see it: parameter counts, split into its blocks;
+/// with `tp_size` > 1 the largest tensor-parallel rank's part.
+ModelSize model_size(const GPTOptions& model, int tp_size = 1);
 
 /// What `request` asks its strategy's memory and communication models.
 MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& request);
@@ -84,7 +90,8 @@ MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& re
 std::optional<MemoryEstimate> estimate_memory(const StrategyRegistry& registry, const PlanRequest& request);
 
 /// The strategy's communication model for `request`: bytes one rank sends
-/// per optimizer step by collective; nullopt when it has none for these options.
+/// per optimizer step by collective, tensor parallelism's added; nullopt
+/// when it has none for these options.
 std::optional<CommEstimate> predict_comm(const StrategyRegistry& registry, const PlanRequest& request);
 
 /// Whether the planner can predict `request`'s peak: its strategy's memory

@@ -21,6 +21,7 @@
 #include "strata/recipes/app/run_summary.h"
 #include "strata/recipes/app/testing_aids.h"
 #include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/world.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/process_group.h"
@@ -284,8 +285,12 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
   const int local_world = env ? env->local_world_size : 1;
-  std::shared_ptr<Strategy> strategy = registry.create_parsed(
-      c.strategy, comm, strategy_args(c, registry), strategy_context(c, comm.size(), local_world, device));
+  // --tp-size: the model split over its tensor-parallel group, the strategy over the data-parallel one.
+  const ParallelDims dims = apply_tensor_parallel(c, comm, *built.module);
+  std::shared_ptr<Strategy> strategy =
+      registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
+                             strategy_context(c, dims.strategy_comm.size(), local_world, device));
+  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
   const PeakFlops peak = mfu_peak(c, device);
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
@@ -296,7 +301,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "
               << comm.size() << " rank(s), " << at::get_num_threads() << " thread(s) each | device " << device
               << " | precision " << c.precision << "\n"
-              << ini << std::flush;
+              << (dims.tensor_parallel ? dims.tensor_parallel->describe() + "\n" : "") << ini << std::flush;
   }
   // Testing aid: one more copy of the parameters' bytes, allocated through
   // the tracked allocator before the run so every rank's peak includes it.

@@ -1,5 +1,7 @@
 #include "strata/recipes/app/run_checks.h"
 
+#include "strata/recipes/app/tensor_parallel_run.h"
+
 #include "strata/recipes/io/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
@@ -35,11 +37,13 @@ struct WorldShape {
   int world = 1;
   int local_ranks = 1;
   int local_rank = 0;  ///< this process's (0 for a launcher)
+  int data = 1;        ///< data-parallel ranks: the world over --tp-size (the strategy's world, the batch's)
 };
 
 WorldShape world_shape(const RunConfig& c, const std::optional<DistEnv>& env) {
-  if (env) return {env->world_size, env->local_world_size, env->local_rank};
-  return {c.nproc * c.nnodes, c.nproc, 0};
+  const int tp = std::max(1, c.tp_size);
+  if (env) return {env->world_size, env->local_world_size, env->local_rank, env->world_size / tp};
+  return {c.nproc * c.nnodes, c.nproc, 0, c.nproc * c.nnodes / tp};
 }
 
 /// args without `--key value` / `--key=value` for each of `keys`, then
@@ -82,7 +86,8 @@ void check_world(const RunConfig& c, const std::optional<DistEnv>& env, const St
                     " set by the launcher; omit --nnodes when joining an existing world");
   if (registry.contains(c.strategy)) {
     const int most = registry.spec(c.strategy).max_world_size();
-    if (most > 0 && world_shape(c, env).world > most) {
+    // With --tp-size the strategy runs over one data-parallel group.
+    if (most > 0 && world_shape(c, env).data > most) {
       std::string several;
       for (const auto* spec : registry.specs()) {
         if (spec->max_world_size() == 0) several += (several.empty() ? "" : ", ") + spec->name();
@@ -133,7 +138,7 @@ void derive_global_batch(RunConfig& c, int64_t world) {
 /// (said in a note) where --offload cpu given directly is refused.
 void check_foreign_config(RunConfig& c, const std::optional<DistEnv>& env) {
   const auto shape = world_shape(c, env);
-  if (c.config_global_batch > 0) derive_global_batch(c, shape.world);
+  if (c.config_global_batch > 0) derive_global_batch(c, shape.data);
   if (c.offload == "cpu" && c.offload_host_from_config && resolve_device(c.device, shape.local_rank).is_cpu()) {
     c.offload = "none";
     c.config_notes.push_back("--config offloads to cpu (host memory), where a CPU device's state already is: "
@@ -258,7 +263,8 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const RunConfig& c = run.config;
   // Once per machine, before any rank starts.
   const auto shape = world_shape(c, env);
-  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) ||
+  // (The planner does not model tensor parallelism yet: --tp-size runs unchecked.)
+  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) || c.tp_size > 1 ||
       !resolve_device(c.device, 0).is_cpu()) {
     return;
   }
@@ -326,7 +332,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   const RunConfig& c = run.config;
   if (!registry.contains(c.strategy)) return;
   const auto shape = world_shape(c, env);
-  const auto context = strategy_context(c, shape.world, shape.local_ranks, resolve_device(c.device, shape.local_rank));
+  const auto context = strategy_context(c, shape.data, shape.local_ranks, resolve_device(c.device, shape.local_rank));
   const std::string problem = registry.spec(c.strategy).check_run(strategy_args(c, registry), context);
   TORCH_CHECK_VALUE(problem.empty(), problem);
   // Once per machine (its launcher, or its local rank 0, which the other
@@ -347,6 +353,8 @@ PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, int world,
       .strategy_options(c.strategy_options)
       .local_world_size(local_world)
       .micro_batch(c.batch_size)
+      .tp_size(c.tp_size)
+      .sequence_parallel(c.sequence_parallel)
       .precision(parse_precision(c.precision))
       .activation_checkpointing(c.activation_checkpointing)
       .offload(c.offload)
@@ -368,71 +376,6 @@ StrategyContext strategy_context(const RunConfig& c, int world, int local_world,
 
 std::string offload_dir_of(const RunConfig& config) {
   return config.offload_dir.empty() ? config.output_dir : config.offload_dir;
-}
-
-void check_resume_matches(const std::string& dir, torch::nn::Module& model, const std::string& optimizer) {
-  std::map<std::string, std::vector<int64_t>> tensors;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) tensors[item.key()] = item.value().sizes().vec();
-  for (const auto& item : model.named_buffers(/*recurse=*/true)) tensors[item.key()] = item.value().sizes().vec();
-  try {
-    check_checkpoint_model(dir, tensors, optimizer);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "--resume: ", e.what_without_backtrace());
-  }
-}
-
-std::string checkpoints_dir(const RunConfig& config) {
-  return (fs::path(config.output_dir) / "checkpoints").string();
-}
-
-namespace {
-
-/// --resume auto: the same command for a job's first start and every restart.
-std::string resolve_resume_auto(const RunConfig& config, std::vector<std::string>* notes) {
-  std::vector<std::string> skipped;
-  const std::string dir = newest_complete_checkpoint(checkpoints_dir(config), &skipped);
-  auto say = [notes](const std::string& line) {
-    if (notes != nullptr) notes->push_back(line);
-  };
-  for (const auto& s : skipped) say("--resume auto: skipping an incomplete checkpoint: " + s);
-  if (!dir.empty()) {
-    say(c10::str("--resume auto: resuming from '", dir, "' (step ", checkpoint_step(dir), ")"));
-    return dir;
-  }
-  // No checkpoint. A first start, or a restart of an attempt that died before
-  // its first checkpoint (its partial metrics.csv is rewritten); but a run
-  // that finished (it wrote summary.json) without checkpoints is a result.
-  const fs::path summary = fs::path(config.output_dir) / "summary.json";
-  std::error_code ec;
-  TORCH_CHECK_VALUE(!fs::exists(summary, ec), "--resume auto: '", config.output_dir,
-                    "' holds a finished run (summary.json) and no complete checkpoint to resume; starting fresh "
-                    "would overwrite its outputs: use another --output-dir");
-  say(c10::str("--resume auto: no complete checkpoint in '", checkpoints_dir(config), "': starting fresh"));
-  return "";
-}
-
-}  // namespace
-
-std::string resolve_resume(const RunConfig& config, std::vector<std::string>* notes) {
-  std::string dir = config.resume;
-  if (dir.empty()) return dir;
-  if (dir == "auto") {
-    dir = resolve_resume_auto(config, notes);
-    if (dir.empty()) return dir;
-  } else if (dir == "last") {
-    dir = latest_checkpoint(checkpoints_dir(config));
-    TORCH_CHECK_VALUE(!dir.empty(), "--resume last: no checkpoint (step-<N> directory) in '",
-                      checkpoints_dir(config), "'");
-  }
-  std::error_code ec;
-  TORCH_CHECK_VALUE(fs::is_directory(dir, ec), "--resume '", config.resume, "': '", dir, "' is not a directory");
-  // A ModelCheckpoint directory names its step: a resume with nothing left to
-  // train is bad input (the Trainer checks the step inside any checkpoint too).
-  const int64_t step = checkpoint_step(dir);
-  TORCH_CHECK_VALUE(step < config.max_steps, "--resume '", config.resume, "': checkpoint '", dir,
-                    "' is at step ", step, ", not below --max-steps ", config.max_steps,
-                    "; nothing left to train (raise --max-steps)");
-  return dir;
 }
 
 GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
@@ -465,7 +408,7 @@ void check_resume_position(const RunConfig& config, const std::optional<DistEnv>
     return;  // not a checkpoint: check_model_inputs names what is wrong with it
   }
   const std::string problem =
-      resume_position_problem(meta.state, config.resume, config.batch_size, world_shape(config, env).world);
+      resume_position_problem(meta.state, config.resume, config.batch_size, world_shape(config, env).data);
   TORCH_CHECK_VALUE(problem.empty(), "--resume: ", problem);
 }
 
@@ -482,6 +425,8 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks
   check_model_inputs(run);
+  const auto shape = world_shape(run.config, env);
+  check_tensor_parallel(run.config, run.model, registry, shape.world, shape.local_ranks);
   check_late_outputs(run.config);
   std::optional<ActivationProfile> profile;
   if (run.config.strategy == "auto") profile = choose_strategy(run, env, registry);

@@ -34,6 +34,10 @@ struct RunConfig {
   std::string strategy = "single";
   std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)
   int nproc = 1;
+  /// Tensor-parallel ranks per group (strategies/tp): the strategy runs over
+  /// world / tp_size data-parallel groups (1: off).
+  int tp_size = 1;
+  bool sequence_parallel = false;  ///< --tp-size > 1: activations split along the sequence between the parallel layers
   int nnodes = 1;            ///< machines, one strata-gpt launcher each (torchrun's --nnodes)
   int node_rank = 0;         ///< this machine's index in [0, nnodes)
   int threads_per_rank = 0;  ///< 0: cores / ranks

@@ -64,6 +64,13 @@ std::vector<Field> launch_fields() {
       {"strategy", 2, &C::strategy, "distributed strategy"},
       {"device", 2, &C::device, "auto (cuda:LOCAL_RANK when CUDA is usable, else cpu), cpu or cuda"},
       {"nproc", 2, &C::nproc, "ranks to launch on this machine"},
+      {"tp-size", 2, &C::tp_size,
+       "tensor-parallel ranks per group (Megatron-style: heads, MLP and vocabulary split over them); --strategy "
+       "runs over the world / tp-size data-parallel groups, consecutive ranks form a tensor-parallel group "
+       "(1: off)"},
+      {"sequence-parallel", 2, &C::sequence_parallel,
+       "--tp-size > 1: LayerNorm, dropout and residual activations split along the sequence (all-gather and "
+       "reduce-scatter in place of each all-reduce)", true},
       {"nnodes", 2, &C::nnodes, "machines, each running strata-gpt with the same flags but --node-rank"},
       {"node-rank", 2, &C::node_rank, "this machine's index in [0, nnodes); node 0 hosts rank 0"},
       {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},

@@ -3,6 +3,7 @@
 #include "strata/core/deferred_init.h"
 #include "strata/kernels/attention.h"
 #include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/tp/mesh.h"
 
 #include <c10/util/StringUtil.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -32,6 +33,14 @@ const std::vector<std::pair<std::string, std::array<int64_t, 3>>>& presets() {
 /// 113 -> 99 ms of a gpt-mini single 1x2 step, README "strata vs PyTorch 2.x").
 torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return torch::linear(x, layer->weight, layer->bias);
+}
+
+/// A LayerNorm whose parameters go through `tp` (sequence parallel: their
+/// gradients cover this rank's tokens and are summed over ranks).
+torch::Tensor layer_norm(torch::nn::LayerNorm ln, const torch::Tensor& x, const tp::Parallel& tp) {
+  if (!tp.sequence_parallel()) return ln(x);
+  return torch::layer_norm(x, ln->options.normalized_shape(), tp.replicated(ln->weight), tp.replicated(ln->bias),
+                           ln->options.eps());
 }
 
 }  // namespace
@@ -86,6 +95,32 @@ int64_t count_parameters(const GPTOptions& o) {
   return embeddings + o.n_layer() * block + 2 * c + head + count_lora_parameters(o);
 }
 
+tp::Boundaries tensor_parallel_boundaries(const GPTOptions& o, int64_t micro_batch, int64_t sequence,
+                                          int64_t checkpoint_every) {
+  tp::Boundaries b;
+  const int64_t layers = o.n_layer();
+  b.activation = micro_batch * sequence * o.n_embd();
+  b.forward_sums = 2 * layers + 1;   // attn.c_proj, c_proj per block; the embedding
+  b.backward_sums = 2 * layers + 1;  // c_attn's and c_fc's inputs per block; the head's
+  b.recomputed_sums = checkpoint_every > 0 ? 2 * ((layers + checkpoint_every - 1) / checkpoint_every) : 0;
+  b.loss_positions = micro_batch * sequence;
+  const int64_t bias = o.bias() ? 1 : 0;
+  b.sequence_parallel_params = layers * (4 + 2 * bias) * o.n_embd() + 2 * o.n_embd() + o.block_size() * o.n_embd();
+  return b;
+}
+
+int64_t count_tensor_parallel_block_parameters(const GPTOptions& o, int size) {
+  const int64_t c = o.n_embd(), bias = o.bias() ? 1 : 0;
+  return (12 * c * c + 7 * c * bias) / size + 4 * c + 2 * c * bias;
+}
+
+int64_t count_tensor_parallel_parameters(const GPTOptions& o, int size) {
+  const int64_t rows = (o.vocab_size() + size - 1) / size;  // the largest part
+  const int64_t c = o.n_embd();
+  const int64_t head = o.tie_weights() ? 0 : rows * c;
+  return rows * c + o.block_size() * c + 2 * c + head + o.n_layer() * count_tensor_parallel_block_parameters(o, size);
+}
+
 int64_t count_trainable_parameters(const GPTOptions& o) {
   return o.lora_rank() > 0 ? count_lora_parameters(o) : count_parameters(o);
 }
@@ -104,12 +139,17 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const auto B = x.size(0), T = x.size(1), C = x.size(2);
-  const auto hd = C / n_head_;
-  auto qkv = (c_attn_lora_ ? linear(c_attn_, x) + c_attn_lora_(x) : linear(c_attn_, x)).split(C, /*dim=*/2);
-  auto q = qkv[0].view({B, T, n_head_, hd}).transpose(1, 2);
-  auto k = qkv[1].view({B, T, n_head_, hd}).transpose(1, 2);
-  auto v = qkv[2].view({B, T, n_head_, hd}).transpose(1, 2);
+  // Tensor parallel: this rank's heads (its Q, K and V rows of c_attn); the
+  // sequence is whole here even under sequence parallelism.
+  const auto projected = tp_.on() ? tp_.column(x, c_attn_->weight, c_attn_->bias)
+                                  : (c_attn_lora_ ? linear(c_attn_, x) + c_attn_lora_(x) : linear(c_attn_, x));
+  const auto B = projected.size(0), T = projected.size(1), C = projected.size(2) / 3;
+  const auto n_head = tp_.on() ? tp_.local(n_head_) : n_head_;
+  const auto hd = C / n_head;
+  auto qkv = projected.split(C, /*dim=*/2);
+  auto q = qkv[0].view({B, T, n_head, hd}).transpose(1, 2);
+  auto k = qkv[1].view({B, T, n_head, hd}).transpose(1, 2);
+  auto v = qkv[2].view({B, T, n_head, hd}).transpose(1, 2);
   torch::Tensor y;
   if (attention_ == "fused" && x.device().is_cpu()) {
     // Dropout inside the kernel: one seed from the default generator per call.
@@ -127,6 +167,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
     y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});
+  if (tp_.on()) return resid_dropout_(tp_.row(y, c_proj_->weight, c_proj_->bias));
   return resid_dropout_(c_proj_lora_ ? linear(c_proj_, y) + c_proj_lora_(y) : linear(c_proj_, y));
 }
 
@@ -143,7 +184,19 @@ BlockImpl::BlockImpl(const GPTOptions& o) : approximate_(o.activation() == "gelu
   dropout_ = register_module("dropout", torch::nn::Dropout(o.dropout()));
 }
 
+void BlockImpl::set_tensor_parallel(const tp::Parallel& tp) {
+  tp_ = tp;
+  attn_->set_tensor_parallel(tp);
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  if (tp_.on()) {
+    // Megatron's MLP: c_fc column-parallel, c_proj row-parallel (one sum
+    // over ranks per pair, forward and backward).
+    auto h = x + attn_(layer_norm(ln_1_, x, tp_));
+    const auto mid = torch::gelu(tp_.column(layer_norm(ln_2_, h, tp_), c_fc_->weight, c_fc_->bias), approximate_);
+    return h + dropout_(tp_.row(mid, c_proj_->weight, c_proj_->bias));
+  }
   auto h = x + attn_(ln_1_(x));
   const auto in = ln_2_(h);
   const auto mid = torch::gelu(c_fc_lora_ ? linear(c_fc_, in) + c_fc_lora_(in) : linear(c_fc_, in), approximate_);
@@ -213,12 +266,21 @@ void GPTImpl::init_parameter(const std::string& name, const torch::Tensor& p) co
   }
 }
 
+void GPTImpl::set_tensor_parallel(const tp::Parallel& tp) {
+  tp_ = tp;
+  for (auto& block : blocks_) block->set_tensor_parallel(tp);
+}
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
   const auto T = idx.size(1);
   TORCH_CHECK(T <= options_.block_size(), "sequence length ", T, " exceeds block_size ",
               options_.block_size());
   auto pos = torch::arange(T, idx.options());
-  auto x = drop_(wte_(idx) + wpe_(pos));
+  // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
+  // part of the sequence, as the position embeddings added to it).
+  auto x = tp_.on() ? drop_(tp_.embedding(idx, wte_->weight, options_.vocab_size()) +
+                            tp_.sequence_part(torch::embedding(tp_.replicated(wpe_->weight), pos).unsqueeze(0)))
+                    : drop_(wte_(idx) + wpe_(pos));
   for (size_t i = 0; i < blocks_.size(); ++i) {
     if (!run_unit) {
       x = blocks_[i](x);
@@ -229,7 +291,9 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_u
     x = run_unit(static_cast<int64_t>(i), x,
                  [block = blocks_[i].ptr()](const torch::Tensor& t) { return block->forward(t); });
   }
-  x = ln_f_(x);
+  x = layer_norm(ln_f_, x, tp_);
+  // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
+  if (tp_.on()) return tp_.column(x, lm_head_ ? lm_head_->weight : wte_->weight, {});
   return lm_head_ ? lm_head_(x) : torch::matmul(x, wte_->weight.t());
 }
 
@@ -249,9 +313,50 @@ torch::Tensor GPTModule::forward(const torch::Tensor& idx) {
   });
 }
 
-torch::Tensor GPTModule::training_step(const Batch& batch) { return lm_loss(forward(batch.input), batch.target); }
+torch::Tensor GPTModule::training_step(const Batch& batch) {
+  const auto& tp = model_->tensor_parallel();
+  if (tp.on()) {
+    return tp::vocab_parallel_cross_entropy(forward(batch.input), batch.target, tp, model_->options().vocab_size());
+  }
+  return lm_loss(forward(batch.input), batch.target);
+}
 
-ValidationStep GPTModule::validation_step(const Batch& batch) { return lm_validation(forward(batch.input), batch); }
+ValidationStep GPTModule::validation_step(const Batch& batch) {
+  const auto& tp = model_->tensor_parallel();
+  if (tp.on()) return tp::vocab_parallel_validation(forward(batch.input), batch, tp, model_->options().vocab_size());
+  return lm_validation(forward(batch.input), batch);
+}
+
+tp::Plan GPTModule::tensor_parallel_plan() const {
+  tp::Plan plan{{"wte", tp::Style::kVocab},
+                // Q, K and V are three blocks of c_attn's output: each rank holds its heads of each.
+                {"h*.attn.c_attn", tp::Style::kColwise, 3},
+                {"h*.attn.c_proj", tp::Style::kRowwise},
+                {"h*.c_fc", tp::Style::kColwise},
+                {"h*.c_proj", tp::Style::kRowwise}};
+  // The head: the embedding's matrix when tied, else its own (a rule that
+  // matches nothing is an error).
+  if (!model_->options().tie_weights()) plan.push_back({"lm_head", tp::Style::kColwise});
+  return plan;
+}
+
+std::string GPTModule::tensor_parallel_problem(int size, bool sequence_parallel) const {
+  return recipes::tensor_parallel_problem(model_->options(), size, sequence_parallel);
+}
+
+std::string tensor_parallel_problem(const GPTOptions& o, int size, bool sequence_parallel) {
+  const std::string mesh = tp::MeshDims::of(size, size).gpt_problem(o.n_head(), o.n_embd());
+  if (!mesh.empty()) return mesh;
+  if (o.lora_rank() > 0) {
+    return c10::str("tensor parallelism does not split LoRA adapters yet (lora rank ", o.lora_rank(),
+                    "); train them with a data-parallel strategy");
+  }
+  if (sequence_parallel && o.block_size() % size != 0) {
+    return c10::str("sequence parallelism: block size ", o.block_size(), " does not divide by the tensor-parallel size ",
+                    size);
+  }
+  return "";
+}
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target) {
   return torch::nn::functional::cross_entropy(

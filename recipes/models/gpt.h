@@ -7,6 +7,8 @@
 //   strata::recipes::GPTModule module(options);
 #include "strata/core/training_module.h"
 #include "strata/recipes/models/lora.h"
+#include "strata/strategies/tp/plan.h"
+#include "strata/strategies/tp/spec.h"
 
 #include <torch/torch.h>
 
@@ -60,6 +62,27 @@ std::vector<std::string> gpt_preset_names();
 /// options.
 void validate(const GPTOptions& options);
 
+/// "" when a GPT with these options splits over `size` tensor-parallel ranks
+/// (GPTModule::tensor_parallel_plan): heads and the MLP width divide by it,
+/// no LoRA (not split yet), and with sequence parallelism the block size
+/// divides too; else why not, naming the values.
+std::string tensor_parallel_problem(const GPTOptions& options, int size, bool sequence_parallel);
+
+/// The crossings of its tensor-parallel forward (GPTModule's plan) per
+/// micro-batch of `micro_batch` sequences of `sequence` tokens, with every
+/// `checkpoint_every`-th block checkpointed (0: none): per block two
+/// row-parallel sums forward and two column-parallel input gradients
+/// backward, the embedding's sum and the head's input gradient.
+tp::Boundaries tensor_parallel_boundaries(const GPTOptions& options, int64_t micro_batch, int64_t sequence,
+                                          int64_t checkpoint_every);
+
+/// Parameters the largest rank holds when split over `size` ranks (the
+/// vocabulary's uneven split rounds up): per block (12C² + 7C·bias) / size
+/// split plus 4C + 2C·bias replicated; the embedding (and an untied head)
+/// split, the position embeddings and the final LayerNorm replicated.
+int64_t count_tensor_parallel_parameters(const GPTOptions& options, int size);
+int64_t count_tensor_parallel_block_parameters(const GPTOptions& options, int size);
+
 /// The parameters a GPT with these options has, counted from the options
 /// (before building it): for planning memory and disk space. LoRA adapters
 /// included; count_lora_parameters() are the trainable ones under LoRA.
@@ -71,8 +94,11 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  /// Tensor parallelism (strategies/tp): this rank's heads.
+  void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
+  tp::Parallel tp_;
   int64_t n_head_;
   std::string attention_;
   double attn_dropout_p_;
@@ -86,8 +112,10 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  void set_tensor_parallel(const tp::Parallel& tp);
 
  private:
+  tp::Parallel tp_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
@@ -126,8 +154,14 @@ class GPTImpl : public torch::nn::Module {
   void init_parameter(const std::string& name, const torch::Tensor& param) const;
   /// The default generator's seed when the model was built.
   uint64_t init_seed() const { return init_seed_; }
+  /// Tensor parallelism: the forward calls `tp` (the parameters were split
+  /// by GPTModule::tensor_parallel_plan()); its logits are then this rank's
+  /// part of the vocabulary.
+  void set_tensor_parallel(const tp::Parallel& tp);
+  const tp::Parallel& tensor_parallel() const { return tp_; }
 
  private:
+  tp::Parallel tp_;
   GPTOptions options_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   torch::nn::Dropout drop_{nullptr};
@@ -149,7 +183,11 @@ ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch);
 
 /// The GPT as a TrainingModule: next-token cross-entropy (targets of -1 are
 /// ignored), exact-match accuracy over scored positions for validation.
-class GPTModule : public TrainingModule {
+/// Tensor parallel (strategies/tp/plan.h) Megatron's way: the QKV projection
+/// and the MLP's first Linear column-parallel (whole heads per rank), the
+/// two output projections row-parallel, the embedding and the head split
+/// along the vocabulary with a vocabulary-parallel cross-entropy.
+class GPTModule : public TrainingModule, public tp::TensorParallelModel {
  public:
   /// `deferred`: parameters on the meta device until a strategy's setup
   /// (GPTImpl's constructor).
@@ -163,6 +201,11 @@ class GPTModule : public TrainingModule {
   std::vector<std::shared_ptr<torch::nn::Module>> wrap_units() override;
   /// nanoGPT's estimate: 6N + 12·L·H·Q·T FLOPs per token (fwd + bwd).
   double flops_per_token() const override;
+  tp::Plan tensor_parallel_plan() const override;
+  /// Heads and the MLP width must divide by `size`; sequence parallel: the
+  /// block size too. LoRA is not split yet.
+  std::string tensor_parallel_problem(int size, bool sequence_parallel) const override;
+  void set_tensor_parallel(const tp::Parallel& parallel) override { model_->set_tensor_parallel(parallel); }
   /// The bare model: calling it directly bypasses the unit runners; the
   /// training and validation steps go through them.
   GPT& model() { return model_; }

@@ -19,6 +19,7 @@ StrategySpec ddp_spec() {
       })
       .check(optimizer_offload_problem)
       .reference(true)
+      .tensor_parallel(true)
       .memory(replicated_memory)
       .communication([](const MemoryQuery& q) {
         // Every gradient once per step (no_sync skips the other micro-batches), ring all-reduce.

@@ -1,5 +1,7 @@
 #include "strata/strategies/fsdp/flat_param.h"
 
+#include <algorithm>
+
 #include "strata/core/deferred_init.h"
 
 #include <ATen/record_function.h>
@@ -53,7 +55,13 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
                 (frozen_ ? " is trainable but " : " is frozen but "), names_.front(), (frozen_ ? " is frozen" : " is trainable"),
                 "; a unit's parameters are all trainable or all frozen");
   }
-  const bool is_meta = is_deferred(params_.front());
+  // Deferred parameters (meta) get their memory here; a unit may mix them
+  // with materialised ones (tensor parallelism materialises its split
+  // parameters first), which are copied in.
+  bool is_meta = false;
+  for (const auto& p : params_) is_meta = is_meta || is_deferred(p);
+  const auto first_real = std::find_if(params_.begin(), params_.end(), [](const auto& p) { return !is_deferred(p); });
+  const size_t ref = first_real == params_.end() ? 0 : static_cast<size_t>(first_real - params_.begin());
   TORCH_CHECK(!is_meta || deferred.fill, "FlatParam ", name_, ": parameter ", names_.front(),
               " is deferred (meta device) but no DeferredParamInit::fill was given");
   auto options = params_.front().options().requires_grad(false);
@@ -61,12 +69,12 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   full_ = torch::zeros({layout_.padded_numel()}, options);
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& p = params_[k];
-    TORCH_CHECK(p.scalar_type() == full_.scalar_type() && p.device() == params_.front().device(),
-                "FlatParam ", name_, ": parameter ", names_[k], " is ", p.scalar_type(), " on ",
-                p.device(), " but ", names_.front(), " is ", full_.scalar_type(), " on ",
-                params_.front().device(), "; a unit's parameters must share one dtype and device");
+    TORCH_CHECK(p.scalar_type() == full_.scalar_type() && (is_deferred(p) || p.device() == full_.device()),
+                "FlatParam ", name_, ": parameter ", names_[k], " is ", p.scalar_type(), " on ", p.device(),
+                " but ", names_[ref], " is ", params_[ref].scalar_type(), " on ", full_.device(),
+                "; a unit's parameters must share one dtype and device");
     shapes_.push_back(p.sizes().vec());
-    if (!is_meta) full_.narrow(0, layout_.offset_of(k), p.numel()).view(p.sizes()).copy_(p);
+    if (!is_deferred(p)) full_.narrow(0, layout_.offset_of(k), p.numel()).view(p.sizes()).copy_(p);
     empty_.push_back(torch::empty(std::vector<int64_t>(p.dim(), 0), options));
   }
   if (is_meta) {

@@ -46,7 +46,9 @@ namespace strata {
 
 /// How a FlatParam gets the values of deferred parameters (core/deferred_init.h:
 /// meta device, no memory): none are copied, the parameters become views of
-/// the new full buffer and `fill` writes their values there in place.
+/// the new full buffer and `fill` writes their values there in place. A unit
+/// may mix deferred and materialised parameters: the latter are copied in
+/// first, and `fill` must leave them alone.
 struct DeferredParamInit {
   /// Where the full buffer and the shard are allocated.
   torch::Device device = torch::kCPU;

@@ -159,6 +159,8 @@ class FSDPStrategy : public Strategy, private ShardedState {
   /// alike; under hybrid_shard only the first replica saves them.
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
+  /// The base's, but none on a replica (hybrid_shard: node 0's shards count).
+  std::vector<ParamPiece> grad_pieces_for_norm() const override;
   /// The frozen units' shard pieces, by name (a replica's first rank saves).
   std::vector<NamedPiece> frozen_pieces(StateUse use) const override;
   /// Offloaded: every unit's shard (trainable and frozen) and its moments,

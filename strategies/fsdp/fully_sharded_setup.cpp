@@ -97,10 +97,16 @@ std::unique_ptr<FlatParam> FSDPStrategy::make_part(TrainingModule& module, const
     ps.push_back(all_params[k]);
     names.push_back(all_names[k]);
   }
+  // Only the deferred ones are initialised: a materialised parameter (one
+  // tensor parallelism split) keeps its values.
+  std::vector<bool> was_deferred;
+  for (const auto& p : ps) was_deferred.push_back(is_deferred(p));
   DeferredParamInit deferred;
   deferred.device = device();
   deferred.fill = [&](const torch::Tensor& full) {
-    for (size_t k = 0; k < ps.size(); ++k) module.init_parameter(names[k], ps[k]);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      if (was_deferred[k]) module.init_parameter(names[k], ps[k]);
+    }
     // Sync point: every rank cuts its shard from rank 0's values, as
     // broadcast_module_state guarantees for an eager module (the module's
     // init is seeded alike on every rank, but a rank seeded differently

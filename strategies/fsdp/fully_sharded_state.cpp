@@ -22,6 +22,11 @@ std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
   return norms;
 }
 
+std::vector<Strategy::ParamPiece> FSDPStrategy::grad_pieces_for_norm() const {
+  if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};  // as shard_grad_norms
+  return Strategy::grad_pieces_for_norm();
+}
+
 void FSDPStrategy::scale_shard_grads(double coef) {
   for (auto& unit : units_) {
     if (unit->train() != nullptr) unit->train()->scale_shard_grad(coef);

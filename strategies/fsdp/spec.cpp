@@ -136,6 +136,7 @@ StrategySpec fsdp_spec() {
       .options(fsdp_options())
       .validate(validate_fsdp)
       .check(check_fsdp)
+      .tensor_parallel(true)
       .factory([](Comm comm, const StrategyArgs& args, const StrategyContext& context) -> std::unique_ptr<Strategy> {
         return std::make_unique<FSDPStrategy>(std::move(comm), fsdp_options_from(args, context));
       })

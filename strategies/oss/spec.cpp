@@ -41,6 +41,7 @@ StrategySpec oss_spec() {
       .options(shard_options())
       .factory(shard_factory<OSSStrategy>())
       .check(optimizer_offload_problem)
+      .tensor_parallel(true)
       .memory([](const MemoryQuery& q) { return sharded_optimizer_memory(q, /*shard_grads=*/false); })
       .communication([](const MemoryQuery& q) { return sharded_optimizer_comm(q, CollectiveKind::kReduceScatter); })
       .plan({{.label = "oss", .speed_rank = 20, .min_world_size = 2}})

@@ -9,6 +9,7 @@ StrategySpec sdp_spec() {
       .options(shard_options())
       .factory(shard_factory<SDPStrategy>())
       .check(optimizer_offload_problem)
+      .tensor_parallel(true)
       .memory([](const MemoryQuery& q) { return sharded_optimizer_memory(q, /*shard_grads=*/true); })
       .communication([](const MemoryQuery& q) { return sharded_optimizer_comm(q, CollectiveKind::kReduce); })
       // With its optimizer state streamed from disk: measured on gpt-mini x2,

@@ -6,6 +6,7 @@ namespace strata {
 StrategySpec single_device_spec() {
   return StrategySpec("single", "nothing sharded, nothing communicated")
       .max_world_size(1)
+      .tensor_parallel(true)
       .factory([](Comm comm, const StrategyArgs&, const StrategyContext& context) {
         return offload_optimizer_state_as_asked(std::make_unique<SingleDeviceStrategy>(std::move(comm)), context);
       })

@@ -6,6 +6,7 @@
 // mesh: its groups, its refusals, and Comm subgroups built from it.
 #include "strata/strategies/thread_world.h"
 #include "strata/strategies/tp/mesh.h"
+#include "strata/strategies/tp/plan.h"
 #include "strata/strategies/tp/tp_comm.h"
 
 #include <gtest/gtest.h>
@@ -166,6 +167,72 @@ TEST(TpMeshTest, CommSubgroupsFromTheMeshSumTheirMembers) {
     auto d = torch::full({1}, static_cast<float>(r));
     dp.all_reduce(d);
     EXPECT_EQ(d.item<float>(), r % 2 == 0 ? 0 + 2 : 1 + 3);
+  });
+}
+
+// --- the plan and the vocabulary-parallel loss ----------------------------------
+
+TEST(TpPlanTest, RulesMatchModulePathsAndGiveEachParameterItsSplit) {
+  const Plan plan{{"wte", Style::kVocab}, {"h*.attn.c_attn", Style::kColwise, 3}, {"h*.c_proj", Style::kRowwise}};
+  EXPECT_TRUE(path_matches("h*.attn.c_attn", "h11.attn.c_attn"));
+  EXPECT_TRUE(path_matches("layers.*.wq", "layers.3.wq"));
+  EXPECT_FALSE(path_matches("h*.c_proj", "h1.attn.c_proj"));
+  const auto qkv = layout_of(plan, "h3.attn.c_attn.bias", 1);
+  ASSERT_TRUE(qkv.has_value());
+  EXPECT_EQ(qkv->dim, 0);
+  EXPECT_EQ(qkv->chunks, 3);
+  EXPECT_EQ(layout_of(plan, "h3.c_proj.weight", 2)->dim, 1);
+  EXPECT_FALSE(layout_of(plan, "h3.c_proj.bias", 1).has_value()) << "a row-parallel bias is added once, whole";
+  EXPECT_FALSE(layout_of(plan, "h3.ln_1.weight", 1).has_value());
+  EXPECT_THROW(layout_of({{"h*.c_proj", Style::kRowwise}, {"h1.*", Style::kColwise}}, "h1.c_proj.weight", 2),
+               c10::ValueError);
+}
+
+TEST(TpPlanTest, UnevenAndChunkedShardsPutBackTogetherExactly) {
+  // 3 chunks of 5 rows over 2 ranks: rank 0 holds rows 0-1 of each chunk, rank 1 rows 2-4.
+  const auto full = torch::arange(15 * 2, torch::kFloat).view({15, 2});
+  const Layout chunked{0, 3};
+  std::vector<torch::Tensor> parts = {shard_of(full, chunked, 0, 2), shard_of(full, chunked, 1, 2)};
+  EXPECT_EQ(parts[0].sizes(), (std::vector<int64_t>{6, 2}));
+  EXPECT_EQ(shard_shape({15, 2}, chunked, 1, 2), (std::vector<int64_t>{9, 2}));
+  EXPECT_TRUE(torch::equal(parts[0].narrow(0, 2, 2), full.narrow(0, 5, 2))) << "rank 0's rows of the second chunk";
+  EXPECT_TRUE(torch::equal(unshard(parts, chunked), full));
+  const Layout columns{1, 1};
+  const auto wide = torch::arange(3 * 7, torch::kFloat).view({3, 7});
+  std::vector<torch::Tensor> thirds;
+  for (int r = 0; r < 3; ++r) thirds.push_back(shard_of(wide, columns, r, 3));
+  EXPECT_EQ(thirds[0].size(1), 2);
+  EXPECT_EQ(thirds[2].size(1), 3);
+  EXPECT_TRUE(torch::equal(unshard(thirds, columns), wide));
+}
+
+TEST(TpPlanTest, VocabParallelCrossEntropyEqualsTheWholeOneWithItsGradient) {
+  // Vocabulary 7 over 3 ranks (2, 2, 3 columns); ignored targets included.
+  torch::manual_seed(3);
+  auto logits = torch::randn({2, 4, 7}, torch::kDouble);
+  const auto target = torch::tensor({{0, 6, -1, 3}, {2, 5, 4, -1}}, torch::kLong);
+  // Sample 0 predicted exactly (its targets on ranks 0, 2 and 1), sample 1 not.
+  for (int64_t t : {0, 1, 3}) logits[0][t][target[0][t].item<int64_t>()] += 10.0;
+  auto whole = logits.clone().requires_grad_(true);
+  const auto want = torch::nn::functional::cross_entropy(
+      whole.reshape({-1, 7}), target.reshape({-1}), torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1));
+  want.backward();
+  strata::run_thread_world(3, [&](Comm& comm) {
+    const Parallel tp(comm, false);
+    const auto [lo, hi] = split_range(7, comm.rank(), 3);
+    auto mine = logits.narrow(2, lo, hi - lo).clone().requires_grad_(true);
+    const auto got = vocab_parallel_cross_entropy(mine, target, tp, 7);
+    EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-5);
+    got.backward();
+    EXPECT_TRUE(torch::allclose(mine.grad().to(torch::kDouble), whole.grad().narrow(2, lo, hi - lo), 1e-5, 1e-6))
+        << "rank " << comm.rank();
+    const strata::Batch batch{torch::zeros({2, 4}, torch::kLong), target};
+    const auto v = vocab_parallel_validation(mine.detach(), batch, tp, 7);
+    EXPECT_EQ(v.tokens, 6);
+    EXPECT_NEAR(v.loss_sum, want.item<double>() * 6, 1e-5);
+    const auto right = logits.argmax(-1).eq(target).logical_or(target.eq(-1)).all(1).sum().item<int64_t>();
+    ASSERT_EQ(right, 1);
+    EXPECT_EQ(v.correct_samples, right);
   });
 }
 

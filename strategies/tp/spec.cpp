@@ -1,0 +1,32 @@
+#include "strata/strategies/tp/spec.h"
+
+namespace strata::tp {
+
+double activation_scale(int size, bool sequence_parallel) {
+  if (size <= 1) return 1.0;
+  return sequence_parallel ? 1.0 / size : (10.0 + 24.0 / size) / 34.0;
+}
+
+CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel, int64_t activation_bytes,
+                           int64_t micro_batches) {
+  CommEstimate c;
+  if (size <= 1) return c;
+  const double share = double(size - 1) / double(size);
+  const double micro = double(micro_batches);
+  const double activation = double(b.activation) * double(activation_bytes);
+  const double crossings = double(b.forward_sums + b.recomputed_sums + b.backward_sums);
+  const double loss = 3.0 * 4.0 * double(b.loss_positions);
+  const double norm = 8.0;  // the clip's squared norm, fp64, once per step
+  if (!sequence_parallel) {
+    c.bytes[CollectiveKind::kAllReduce] = 2.0 * share * (micro * (crossings * activation + loss) + norm);
+    return c;
+  }
+  // Each crossing: a reduce-scatter one way and an all-gather the other.
+  c.bytes[CollectiveKind::kAllGather] = share * micro * crossings * activation;
+  c.bytes[CollectiveKind::kReduceScatter] = share * micro * crossings * activation;
+  c.bytes[CollectiveKind::kAllReduce] =
+      2.0 * share * (micro * (loss + 4.0 * double(b.sequence_parallel_params)) + norm);
+  return c;
+}
+
+}  // namespace strata::tp

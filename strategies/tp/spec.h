@@ -1,0 +1,52 @@
+#pragma once
+// What tensor parallelism sends per optimizer step, from what a model's
+// forward does at its plan's boundaries (parallel.h): the model counts them
+// (the GPT: recipes/models/gpt.h, tensor_parallel_boundaries), this turns the
+// counts into bytes in CommBytes' conventions (ring all-reduce 2(T-1)/T·S,
+// all-gather and reduce-scatter (T-1)/T·S of the whole tensor S). The
+// planner adds them to the data-parallel strategy's own (its spec's
+// communication model, over its group). Exact for fp32; under bf16-mixed the
+// sums of row-parallel outputs are bf16 and the rest fp32
+// (activation_bytes is then an average, not exact).
+#include "strata/strategies/spec.h"
+
+#include <cstdint>
+
+namespace strata::tp {
+
+/// One micro-batch's boundary crossings, in elements.
+struct Boundaries {
+  /// Elements of one whole-sequence activation at the boundaries (B·S·C).
+  int64_t activation = 0;
+  /// Activations summed over the group in forward (row-parallel outputs and
+  /// the vocabulary-parallel lookup)...
+  int64_t forward_sums = 0;
+  /// ...and in backward (the gradients of column-parallel inputs, the head's
+  /// included). Under sequence parallelism each forward sum is a
+  /// reduce-scatter and its backward an all-gather, each column-parallel
+  /// input an all-gather and its gradient a reduce-scatter.
+  int64_t backward_sums = 0;
+  /// Forward sums that activation checkpointing runs again in backward.
+  int64_t recomputed_sums = 0;
+  /// Positions of a vocabulary-parallel loss: 3 fp32 numbers each (the max,
+  /// the sum of exponentials, the target logit), all-reduced.
+  int64_t loss_positions = 0;
+  /// Sequence parallelism: elements of the replicated parameters used on
+  /// split activations, whose fp32 gradients are all-reduced in backward.
+  int64_t sequence_parallel_params = 0;
+};
+
+/// Activations one rank keeps, relative to an unsplit replica: Megatron's
+/// estimate (Korthikanti et al., 2022, without the attention-score terms,
+/// which strata's attention does not keep): per block 34 units of which 24
+/// are inside the parallel layers (split) and 10 outside (LayerNorms,
+/// dropout, residuals: split too under sequence parallelism).
+double activation_scale(int size, bool sequence_parallel);
+
+/// Bytes one rank of a tensor-parallel group of `size` sends per optimizer
+/// step of `micro_batches` micro-batches, `activation_bytes` per activation
+/// element, plus the global norm's one fp64 all-reduce.
+CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel, int64_t activation_bytes,
+                           int64_t micro_batches);
+
+}  // namespace strata::tp
