@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +37,15 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+/// --tp-size among a case's flags (1 when absent).
+int tp_size_of(const BenchCase& c) {
+  for (size_t i = 0; i + 1 < c.extra.size(); ++i) {
+    if (c.extra[i] == "--tp-size") return std::max(1, std::atoi(c.extra[i + 1].c_str()));
+  }
+  return 1;
+}
+
 
 std::string join(const std::vector<std::string>& items, const std::string& sep) {
   std::string out;
@@ -378,7 +388,8 @@ std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const 
           failed.insert(c.name);
         }
         const std::string csv = (out_dir / "metrics.csv").string();
-        const double tokens_per_step = double(c.batch_size * c.block_size * c.nproc);
+        // Samples are per data-parallel rank: the ranks of a tensor-parallel group read the same ones.
+        const double tokens_per_step = double(c.batch_size * c.block_size * (c.nproc / tp_size_of(c)));
         const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
         if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
         if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;

@@ -4,7 +4,9 @@ namespace strata::tp {
 
 double activation_scale(int size, bool sequence_parallel) {
   if (size <= 1) return 1.0;
-  return sequence_parallel ? 1.0 / size : (10.0 + 24.0 / size) / 34.0;
+  // Sequence parallel: the column-parallel Linears keep their gathered input
+  // (QKV's and the MLP's, 2 + 2 units) whole for backward; the rest splits.
+  return sequence_parallel ? (4.0 + 30.0 / size) / 34.0 : (10.0 + 24.0 / size) / 34.0;
 }
 
 CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel, int64_t activation_bytes,
