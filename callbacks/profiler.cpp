@@ -45,11 +45,11 @@ void Profiler::on_train_batch_start(Trainer&, TrainingModule&, int64_t step) {
 }
 
 void Profiler::on_train_step_end(Trainer& trainer, TrainingModule&, int64_t step) {
-  if (active_ && step >= options_.skip() + options_.steps()) stop_and_save(trainer.strategy().rank());
+  if (active_ && step >= options_.skip() + options_.steps()) stop_and_save(trainer.strategy().job_comm().rank());
 }
 
 void Profiler::on_fit_end(Trainer& trainer, TrainingModule&) {
-  if (active_) stop_and_save(trainer.strategy().rank());
+  if (active_) stop_and_save(trainer.strategy().job_comm().rank());
 }
 
 void Profiler::on_exception(Trainer&, TrainingModule&, const std::exception&) {

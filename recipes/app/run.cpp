@@ -284,12 +284,12 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   }
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
-  const int local_world = env ? env->local_world_size : 1;
-  // --tp-size: the model split over its tensor-parallel group, the strategy over the data-parallel one.
+  // --tp-size: the model split over its tensor-parallel group, the strategy
+  // over the data-parallel one, which has local_world / tp_size ranks per machine.
   const ParallelDims dims = apply_tensor_parallel(c, comm, *built.module);
-  std::shared_ptr<Strategy> strategy =
-      registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
-                             strategy_context(c, dims.strategy_comm.size(), local_world, device));
+  const int local_world = (env ? env->local_world_size : 1) / c.tp_size;
+  std::shared_ptr<Strategy> strategy = registry.create_parsed(
+      c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
   const PeakFlops peak = mfu_peak(c, device);
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);

@@ -332,7 +332,9 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   const RunConfig& c = run.config;
   if (!registry.contains(c.strategy)) return;
   const auto shape = world_shape(c, env);
-  const auto context = strategy_context(c, shape.data, shape.local_ranks, resolve_device(c.device, shape.local_rank));
+  // The strategy's ranks per machine: a tensor-parallel group's share of them.
+  const auto context = strategy_context(c, shape.data, std::max(1, shape.local_ranks / std::max(1, c.tp_size)),
+                                        resolve_device(c.device, shape.local_rank));
   const std::string problem = registry.spec(c.strategy).check_run(strategy_args(c, registry), context);
   TORCH_CHECK_VALUE(problem.empty(), problem);
   // Once per machine (its launcher, or its local rank 0, which the other

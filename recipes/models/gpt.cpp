@@ -347,6 +347,10 @@ std::string GPTModule::tensor_parallel_problem(int size, bool sequence_parallel)
 std::string tensor_parallel_problem(const GPTOptions& o, int size, bool sequence_parallel) {
   const std::string mesh = tp::MeshDims::of(size, size).gpt_problem(o.n_head(), o.n_embd());
   if (!mesh.empty()) return mesh;
+  if (o.vocab_size() < size) {
+    return c10::str("tensor-parallel size ", size, " exceeds the vocabulary ", o.vocab_size(),
+                    ": each rank holds at least one of its rows");
+  }
   if (o.lora_rank() > 0) {
     return c10::str("tensor parallelism does not split LoRA adapters yet (lora rank ", o.lora_rank(),
                     "); train them with a data-parallel strategy");

@@ -35,8 +35,9 @@ torch::Tensor Parallel::row(const torch::Tensor& x, const torch::Tensor& weight,
   const torch::Tensor partial = torch::linear(x, weight);
   // Each rank's product is a partial sum over its input features.
   torch::Tensor out = sequence_parallel() ? reduce_scatter_to_sp(partial, group_, 1) : reduce_from_tp(partial, group_);
-  // The bias once, after the sum.
-  return bias.defined() ? out + replicated(bias) : out;
+  // The bias once, after the sum; in the product's dtype (autocast: bf16),
+  // as the unsplit Linear's addmm adds it.
+  return bias.defined() ? out + replicated(bias).to(out.scalar_type()) : out;
 }
 
 torch::Tensor Parallel::embedding(const torch::Tensor& idx, const torch::Tensor& weight, int64_t vocab) const {
