@@ -199,7 +199,17 @@ void check_model_inputs(CheckedRun& run) {
 /// What is written during or after training, outside --output-dir: the
 /// exports and --profile's traces (DIR is created when the trace is saved).
 void check_late_outputs(const RunConfig& c) {
-  if (!c.export_weights.empty()) check_output_file("export-weights", c.export_weights);
+  if (!c.export_weights.empty()) {
+    // The file is torch.save's: under a .safetensors name --init-from would
+    // read it as safetensors and refuse it.
+    const std::string suffix = ".safetensors";
+    const auto& path = c.export_weights;
+    TORCH_CHECK_VALUE(path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix),
+                      "--export-weights '", path, "' names a safetensors file, but it writes torch.save's format "
+                      "(nanoGPT's names); give a .pt name, or write safetensors with strata-export --format "
+                      "safetensors CHECKPOINT DIR");
+    check_output_file("export-weights", c.export_weights);
+  }
   if (!c.export_torchscript.empty()) check_output_file("export-torchscript", c.export_torchscript);
   if (!c.profile.empty()) {
     std::error_code ec;

@@ -289,6 +289,8 @@ TEST(TpInputTest, WhatCannotSplitIsRefusedBeforeAnyRankStarts) {
       {"--strategy ddp --nproc 2 --sequence-parallel", "it needs --tp-size > 1"},
       {"--n-head 6 --nproc 2 --tp-size 2 --offload disk", "--tp-size 2 with --offload disk: not supported yet"},
       {"--n-head 6 --nproc 2 --tp-size 2 --lora-rank 4", "does not split LoRA adapters yet"},
+      // Not tensor parallelism's, found by its export test: the file would not be safetensors.
+      {"--export-weights " + (scratch() / "w.safetensors").string(), "names a safetensors file, but it writes"},
       {"--n-head 12 --nproc 2 --nnodes 2 --master-port 29555 --tp-size 4",
        "--tp-size 4 must divide the ranks per machine (2)"},
   };
