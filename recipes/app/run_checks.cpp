@@ -202,10 +202,8 @@ void check_late_outputs(const RunConfig& c) {
   if (!c.export_weights.empty()) {
     // The file is torch.save's: under a .safetensors name --init-from would
     // read it as safetensors and refuse it.
-    const std::string suffix = ".safetensors";
-    const auto& path = c.export_weights;
-    TORCH_CHECK_VALUE(path.size() < suffix.size() || path.compare(path.size() - suffix.size(), suffix.size(), suffix),
-                      "--export-weights '", path, "' names a safetensors file, but it writes torch.save's format "
+    TORCH_CHECK_VALUE(!c.export_weights.ends_with(".safetensors"), "--export-weights '", c.export_weights,
+                      "' names a safetensors file, but it writes torch.save's format "
                       "(nanoGPT's names); give a .pt name, or write safetensors with strata-export --format "
                       "safetensors CHECKPOINT DIR");
     check_output_file("export-weights", c.export_weights);

@@ -66,11 +66,11 @@ torch::Tensor Parallel::sequence_part(const torch::Tensor& x) const {
 
 namespace {
 
-/// Per position: log Σ_v exp(l_v) − l_target over the whole vocabulary, and
-/// each rank's local max and argmax when `argmax` is given.
+/// Per position: log Σ_v exp(l_v) − l_target over the whole vocabulary.
 struct ParallelLogits {
   torch::Tensor loss;    ///< [N], 0 where the target is ignored
   torch::Tensor scored;  ///< [N] bool
+  torch::Tensor logits;  ///< this rank's logits, [N, V_r] in fp32
 };
 
 ParallelLogits parallel_losses(const torch::Tensor& logits_any, const torch::Tensor& target_any,
@@ -94,7 +94,7 @@ ParallelLogits parallel_losses(const torch::Tensor& logits_any, const torch::Ten
   const auto column = torch::where(mine, target - lo, torch::zeros_like(target)).unsqueeze(1);
   const auto picked = reduce_from_tp(shifted.gather(1, column).squeeze(1) * mine.to(torch::kFloat32), group);
   const auto loss = (sum_exp.log() - picked) * scored.to(torch::kFloat32);
-  return {loss, scored};
+  return {loss, scored, logits};
 }
 
 }  // namespace
@@ -109,9 +109,8 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
 ValidationStep vocab_parallel_validation(const torch::Tensor& logits, const Batch& batch, const Parallel& parallel,
                                          int64_t vocab) {
   const auto l = parallel_losses(logits, batch.target, parallel, vocab);
-  const auto flat = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32);
-  const auto [lo, hi] = split_range(vocab, parallel.rank(), parallel.size());
-  auto [best, where] = flat.max(1);
+  const int64_t lo = split_range(vocab, parallel.rank(), parallel.size()).first;
+  auto [best, where] = l.logits.max(1);
   const int n = parallel.size();
   // Sync point: each rank's best logit and its global id, for the argmax over the vocabulary.
   auto values = torch::empty({n, best.size(0)}, best.options());

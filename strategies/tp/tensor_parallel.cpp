@@ -119,8 +119,8 @@ namespace {
 
 /// The parameter a state piece belongs to: "model/<name>" or "optim/<name>/<key>".
 std::string param_of(const std::string& piece) {
-  if (piece.rfind("model/", 0) == 0) return piece.substr(6);
-  if (piece.rfind("optim/", 0) == 0) return piece.substr(6, piece.rfind('/') - 6);
+  if (piece.starts_with("model/")) return piece.substr(6);
+  if (piece.starts_with("optim/")) return piece.substr(6, piece.rfind('/') - 6);
   return "";
 }
 
