@@ -218,11 +218,18 @@ struct PlanVariant {
   std::string label = "";   ///< "fsdp+ac"
   /// The documented speed order: candidates are tried fastest first, lower
   /// ranks first. Built-ins: single 0, single+ac 5; ddp 10, oss 20, sdp 30,
-  /// fsdp 40, sdp+offload-disk 45, fsdp+ac 50, fsdp+offload-disk 60.
+  /// fsdp 40, sdp+offload-disk 45, fsdp+ac 50, fsdp+tpT and single+tpT 55,
+  /// fsdp+ac+tpT and single+ac+tpT 58, fsdp+offload-disk 60.
   double speed_rank = 100;
-  int min_world_size = 1;    ///< offered only from this many ranks
+  int min_world_size = 1;    ///< offered only from this many (data-parallel) ranks
   int64_t activation_checkpointing = 0;  ///< 0: what the run asks
   std::string offload = "none";
+  /// Offered beside tensor parallelism instead (the spec must compose with
+  /// it: StrategySpec::tensor_parallel): once per size T > 1 that divides
+  /// the ranks per machine and that the model splits over, as "<label>+tpT"
+  /// over world / T data-parallel ranks, with sequence parallelism where the
+  /// sequence splits too; smaller T first.
+  bool tensor_parallel = false;
   /// True: it trains what single trains (only how state is split differs), so
   /// --strategy auto may pick it. False: listed, never picked.
   bool exact = true;

@@ -423,14 +423,16 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
 }
 
 void Trainer::gather_memory(FitResult& result) {
-  const int n = strategy_->world_size();
+  // Over the whole job: beside tensor parallelism the strategy's group is
+  // one tensor-parallel rank's data-parallel ranks only.
+  const int n = strategy_->job_size();
   auto mine = torch::tensor({memory_ ? memory_->peak_bytes() : int64_t{0}, last_state_bytes_.params,
                              last_state_bytes_.grads, last_state_bytes_.optimizer, peak_rss_bytes()},
                             torch::kInt64)
                   .to(strategy_->device());
   auto all = torch::empty({n * 5}, mine.options());
   // Sync point: rank 0 writes summary.json with every rank's numbers.
-  strategy_->comm().all_gather_into(all, mine);
+  strategy_->job_comm().all_gather_into(all, mine);
   all = all.cpu();
   auto acc = all.accessor<int64_t, 1>();
   for (int r = 0; r < n; ++r) {
@@ -441,7 +443,7 @@ void Trainer::gather_memory(FitResult& result) {
 }
 
 void Trainer::gather_step_stats(FitResult& result, const RankStepStats& mine) {
-  const int n = strategy_->world_size();
+  const int n = strategy_->job_size();  // every rank of the job, as gather_memory
   constexpr int kKinds = static_cast<int>(CollectiveKind::kCount);
   constexpr int kFields = 6 + kKinds;
   std::vector<double> values = {mine.forward_s, mine.backward_s, mine.comm_wait_s,
@@ -450,7 +452,7 @@ void Trainer::gather_step_stats(FitResult& result, const RankStepStats& mine) {
   auto local = torch::tensor(values, torch::kFloat64).to(strategy_->device());
   auto all = torch::empty({n * kFields}, local.options());
   // Sync point: rank 0 writes summary.json with every rank's step split.
-  strategy_->comm().all_gather_into(all, local);
+  strategy_->job_comm().all_gather_into(all, local);
   all = all.cpu();
   auto acc = all.accessor<double, 1>();
   for (int r = 0; r < n; ++r) {

@@ -3,6 +3,7 @@
 #include "strata/core/deferred_init.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/recipes/app/run.h"
+#include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/models/gpt.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/fake_world.h"
@@ -80,9 +81,12 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   if (c.activation_checkpointing > 0) {
     apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing));
   }
-  const int local_world = std::min(world, c.nproc);
-  auto strategy = registry.create_parsed(c.strategy, comm, strategy_args(c, registry),
-                                         strategy_context(c, world, local_world, meta));
+  // --tp-size: the real split and groups (fake subgroups), as run.cpp makes them.
+  const ParallelDims dims = apply_tensor_parallel(c, comm, module);
+  const int local_world = std::min(world, c.nproc) / c.tp_size;
+  auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
+                                         strategy_context(c, dims.strategy_comm.size(), local_world, meta));
+  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
   // strata's fused AdamW is CPU code; torch's AdamW keeps the same state.
   const TrainerOptions options = trainer_options(c).fused_adamw(false);
   comm.set_flight_phase("setup");
@@ -96,6 +100,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   out.rank = rank;
   out.n_params = module.model()->num_params();
   out.layout = strategy->describe();
+  if (dims.tensor_parallel) out.layout.append(1, '\n').append(dims.tensor_parallel->describe());
   CommBytes before;
   for (int64_t step = 1; step <= kSteps; ++step) {
     before = comm.bytes();
@@ -173,14 +178,17 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
     ranks.push_back(simulate_rank(run, registry, rank, world));
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto request = plan_request(c, run.model, world, c.nproc);
+  const auto request = plan_request(c, run.model, world / c.tp_size, c.nproc / c.tp_size);
   std::optional<MemoryPrediction> planner;
   if (plannable(registry, request)) {
     planner = predict_peak(registry, request,
                            activation_profile(run.model, c.batch_size, parse_precision(c.precision)));
   }
   std::cout << "strata-gpt --dry-run | " << c.preset << " | " << ranks.front().n_params << " parameters | "
-            << c.strategy << " x " << world << " ranks | micro-batch " << c.batch_size << " x block "
+            << c.strategy << " x " << world << " ranks"
+            << (c.tp_size > 1 ? c10::str(" (", world / c.tp_size, " data-parallel x tensor-parallel ", c.tp_size, ")")
+                              : std::string())
+            << " | micro-batch " << c.batch_size << " x block "
             << run.model.block_size() << " | precision " << c.precision << "\n"
             << "a fake process group and meta tensors: the strategy's real setup and " << kSteps
             << " real steps, no data, no memory; " << ranks.size() << " rank(s) simulated in "

@@ -51,6 +51,13 @@ at::Tensor& meta_where_out(const at::Tensor& condition, const at::Tensor& self, 
   return out;
 }
 
+/// Tensor parallelism's masks (the ids a rank's vocabulary rows hold):
+/// logical_and(a, b) reaches its out variant, a bool tensor of the broadcast shape.
+at::Tensor& meta_logical_and_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  out.resize_(at::infer_size(self.sizes(), other.sizes()));
+  return out;
+}
+
 at::Tensor meta_embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor&, c10::SymInt num_weights,
                                          c10::SymInt, bool) {
   return at::empty({num_weights.expect_int(), grad_output.size(-1)}, grad_output.options());
@@ -65,6 +72,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("where.self", meta_where);
   m.impl("where.self_out", meta_where_out);
   m.impl("embedding_dense_backward", meta_embedding_dense_backward);
+  m.impl("logical_and.out", meta_logical_and_out);
 }
 
 void link_meta_kernels() {}

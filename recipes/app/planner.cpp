@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace strata::recipes {
 namespace {
@@ -82,11 +83,14 @@ int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) cons
 
 ModelSize model_size(const GPTOptions& model, int tp_size) {
   if (tp_size > 1) {
-    // The largest tensor-parallel part (no LoRA: tensor parallelism refuses it).
+    // The largest tensor-parallel part; under LoRA its adapters train.
+    const int64_t lora = count_lora_parameters(model, tp_size);
     ModelSize m;
-    m.params = m.trainable = count_tensor_parallel_parameters(model, tp_size);
+    m.params = count_tensor_parallel_parameters(model, tp_size);
+    m.trainable = lora > 0 ? lora : m.params;
     m.units = model.n_layer();
-    m.unit_params = m.unit_trainable = count_tensor_parallel_block_parameters(model, tp_size);
+    m.unit_params = count_tensor_parallel_block_parameters(model, tp_size) + lora / model.n_layer();
+    m.unit_trainable = lora > 0 ? lora / model.n_layer() : m.unit_params;
     return m;
   }
   ModelSize m;
@@ -224,31 +228,58 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
   struct Candidate {
     const StrategySpec* spec;
     PlanVariant variant;
+    int tp = 1;
   };
   std::vector<Candidate> variants;
   const int world = base.world_size();
+  const int local = base.local_world_size() > 0 ? base.local_world_size() : world;
   for (const auto* spec : registry.specs()) {
-    if (spec->max_world_size() > 0 && world > spec->max_world_size()) continue;
     for (const auto& v : spec->plan()) {
-      if (world >= v.min_world_size) variants.push_back({spec, v});
+      if (v.tensor_parallel && !spec->tensor_parallel()) continue;
+      // Tensor-parallel groups stay inside a machine (tp::MeshDims).
+      for (int tp = v.tensor_parallel ? 2 : 1; tp <= (v.tensor_parallel ? local : 1); ++tp) {
+        if (local % tp != 0 || world % tp != 0) continue;
+        if (tp > 1 && !tensor_parallel_problem(base.model(), tp, /*sequence_parallel=*/false).empty()) continue;
+        const int data = world / tp;
+        if (spec->max_world_size() > 0 && data > spec->max_world_size()) continue;
+        if (data >= v.min_world_size) {
+          variants.push_back({spec, v, tp});
+          if (tp > 1) variants.back().variant.label += c10::str("+tp", tp);
+        }
+      }
     }
   }
-  // The documented speed order (PlanVariant::speed_rank), fastest first.
+  // The documented speed order (PlanVariant::speed_rank), fastest first;
+  // among equals, less tensor parallelism first (less sent per token).
   std::stable_sort(variants.begin(), variants.end(), [](const Candidate& a, const Candidate& b) {
-    return a.variant.speed_rank < b.variant.speed_rank;
+    return std::tie(a.variant.speed_rank, a.tp) < std::tie(b.variant.speed_rank, b.tp);
   });
   std::vector<PlanChoice> out;
-  for (const auto& [spec, v] : variants) {
+  for (const auto& [spec, v, tp] : variants) {
     PlanRequest r = base;
     // A variant without recomputation keeps what the run asked for; each
-    // strategy with its own defaults.
+    // strategy with its own defaults. Tensor parallelism splits the sequence
+    // too where it can (less activation memory, the same bytes).
+    // With tensor parallelism a group of T ranks takes T ranks' samples, so
+    // the global batch stays the run's: T times the micro-batch (and its
+    // activations, probed at the run's micro-batch), split over the group.
+    ActivationProfile profile = activations;
+    for (int64_t* field : {&profile.per_block, &profile.base, &profile.checkpointed_per_block,
+                           &profile.checkpointed_base}) {
+      *field *= tp;
+    }
     r.strategy(spec->name())
         .strategy_options({})
+        .micro_batch(base.micro_batch() * tp)
         .activation_checkpointing(v.activation_checkpointing > 0 ? v.activation_checkpointing
                                                                  : base.activation_checkpointing())
-        .offload(v.offload);
+        .offload(v.offload)
+        .world_size(world / tp)
+        .local_world_size(local / tp)
+        .tp_size(tp)
+        .sequence_parallel(tp > 1 && tensor_parallel_problem(base.model(), tp, true).empty());
     if (!plannable(registry, r)) continue;
-    auto prediction = predict_peak(registry, r, activations);
+    auto prediction = predict_peak(registry, r, profile);
     out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes, v.exact});
   }
   return out;

@@ -236,7 +236,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
                          : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
                                                   : available_memory_bytes() / std::max(1, shape.local_ranks);
   auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
-  PlanRequest base = plan_request(c, run.model, shape.world, shape.local_ranks);
+  PlanRequest base = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
   const auto rows = plan_candidates(registry, base, profile, budget);
   const std::string table = format_plan_table(rows, budget);
   const auto pick = pick_fastest_fitting(rows);
@@ -251,6 +251,12 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
               << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
     for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
     std::cout << ")" << std::endl;
+    if (chosen.request.tp_size() > 1) {
+      std::cout << "tensor parallel: groups of " << chosen.request.tp_size() << " ranks"
+                << (chosen.request.sequence_parallel() ? " with sequence parallelism" : "") << ", each taking "
+                << chosen.request.micro_batch() << " samples per micro-batch (--batch-size), so the global batch "
+                << "stays " << c.batch_size * shape.world << std::endl;
+    }
   }
   c.strategy = chosen.request.strategy();
   c.strategy_options.clear();  // auto takes none: the chosen strategy's defaults
@@ -261,6 +267,16 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
                           {{"strategy", c.strategy},
                            {"activation-checkpointing", std::to_string(c.activation_checkpointing)},
                            {"offload", c.offload}});  // every strategy takes --offload (sdp+offload-disk)
+  if (chosen.request.tp_size() > 1) {
+    // Tensor parallelism: each group takes its ranks' samples (the global batch stays).
+    c.tp_size = chosen.request.tp_size();
+    c.sequence_parallel = chosen.request.sequence_parallel();
+    c.batch_size = chosen.request.micro_batch();
+    run.args = rewrite_args(run.args, {"batch-size"},
+                            {{"batch-size", std::to_string(c.batch_size)}, {"tp-size", std::to_string(c.tp_size)}});
+    if (c.sequence_parallel) run.args.push_back("--sequence-parallel");
+    check_tensor_parallel(c, run.model, registry, shape.world, shape.local_ranks);
+  }
   return profile;
 }
 
@@ -271,12 +287,11 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const RunConfig& c = run.config;
   // Once per machine, before any rank starts.
   const auto shape = world_shape(c, env);
-  // (The planner does not model tensor parallelism yet: --tp-size runs unchecked.)
-  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) || c.tp_size > 1 ||
+  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) ||
       !resolve_device(c.device, 0).is_cpu()) {
     return;
   }
-  const auto request = plan_request(c, run.model, shape.world, shape.local_ranks);
+  const auto request = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
   if (!plannable(registry, request)) return;  // no peak model for this strategy and its options
   const auto start = std::chrono::steady_clock::now();
   const int64_t available = available_memory_bytes();
@@ -294,7 +309,9 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   if (available <= 0 || peak * shape.local_ranks <= available) return;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string fitting;
-  for (const auto& row : plan_candidates(registry, request, *profile, available / shape.local_ranks)) {
+  // The candidates over the whole job, tensor parallelism among them.
+  const auto job = plan_request(c, run.model, shape.world, shape.local_ranks).tp_size(1).sequence_parallel(false);
+  for (const auto& row : plan_candidates(registry, job, *profile, available / shape.local_ranks)) {
     if (row.fits) {
       fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) +
                  (row.exact ? "" : "; trains differently, --strategy auto never picks it") + ")";
@@ -351,7 +368,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   // strategy's memory model says it keeps in the tier. (Sized for the GPT:
   // a --torchscript model's size is not checked.)
   if (c.offload == "disk" && c.torchscript.empty() && shape.local_rank == 0) {
-    const auto estimate = estimate_memory(registry, plan_request(c, run.model, shape.world, shape.local_ranks));
+    const auto estimate = estimate_memory(registry, plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size)));
     if (estimate) check_offload_dir(c, estimate->offloaded, shape.local_ranks);
   }
 }

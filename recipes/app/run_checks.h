@@ -42,7 +42,9 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
                      const StrategyRegistry& registry);
 
 /// The planner's request for `config`'s run of `model` under its strategy
-/// (config.strategy, a registered name, with config.strategy_options).
+/// (config.strategy, a registered name, with config.strategy_options), over
+/// `world` data-parallel ranks, `local_world` of them per machine (with
+/// --tp-size T: the job's over T).
 PlanRequest plan_request(const RunConfig& config, const GPTOptions& model, int world, int local_world);
 
 /// What a strategy of this run is built and checked with: the world, the

@@ -61,7 +61,10 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
                             std::optional<double> mfu) {
   nlohmann::json j;
   j["strategy"] = config.strategy;
-  j["world_size"] = world_size;
+  j["world_size"] = world_size;  // the strategy's (data-parallel) ranks
+  // Tensor parallelism: the job is world_size x tp_size ranks, per_rank lists them all.
+  j["tp_size"] = config.tp_size;
+  j["sequence_parallel"] = config.sequence_parallel;
   j["preset"] = config.preset;
   j["data"] = data_name;
   j["precision"] = config.precision;

@@ -21,8 +21,8 @@ void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const St
                     "tensor-parallel group of consecutive ranks would cross one");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--tp-size ", c.tp_size, " splits strata's GPT by its plan; a "
                     "--torchscript model has none");
-  TORCH_CHECK_VALUE(c.strategy != "auto", "--strategy auto does not plan tensor parallelism yet; name the "
-                    "strategy with --tp-size ", c.tp_size);
+  TORCH_CHECK_VALUE(c.strategy != "auto", "--strategy auto chooses the tensor-parallel size itself; leave out "
+                    "--tp-size ", c.tp_size, " or name the strategy");
   if (registry.contains(c.strategy) && !registry.spec(c.strategy).tensor_parallel()) {
     std::string composes;
     for (const auto* spec : registry.specs()) {
@@ -33,9 +33,6 @@ void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const St
   }
   const std::string problem = tensor_parallel_problem(model, c.tp_size, c.sequence_parallel);
   TORCH_CHECK_VALUE(problem.empty(), "--tp-size ", c.tp_size, ": ", problem);
-  TORCH_CHECK_VALUE(c.offload == "none", "--tp-size ", c.tp_size, " with --offload ", c.offload,
-                    ": not supported yet (--offload none)");
-  TORCH_CHECK_VALUE(!c.dry_run, "--dry-run does not simulate tensor parallelism yet (--tp-size ", c.tp_size, ")");
 }
 
 ParallelDims apply_tensor_parallel(const RunConfig& c, const Comm& world, TrainingModule& module) {

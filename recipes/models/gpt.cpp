@@ -37,6 +37,14 @@ torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
 
 /// A LayerNorm whose parameters go through `tp` (sequence parallel: their
 /// gradients cover this rank's tokens and are summed over ranks).
+/// Dropout on activations that sequence parallelism splits draws this rank's
+/// masks (each rank holds other tokens); on whole activations, which every
+/// rank of the group holds alike, the shared ones.
+torch::Tensor split_dropout(torch::nn::Dropout& dropout, const torch::Tensor& x, const tp::Parallel& tp) {
+  const auto tokens = tp.rank_random(tp.sequence_parallel() && dropout->is_training() && dropout->options.p() > 0);
+  return dropout(x);
+}
+
 torch::Tensor layer_norm(torch::nn::LayerNorm ln, const torch::Tensor& x, const tp::Parallel& tp) {
   if (!tp.sequence_parallel()) return ln(x);
   return torch::layer_norm(x, ln->options.normalized_shape(), tp.replicated(ln->weight), tp.replicated(ln->bias),
@@ -106,6 +114,23 @@ tp::Boundaries tensor_parallel_boundaries(const GPTOptions& o, int64_t micro_bat
   b.loss_positions = micro_batch * sequence;
   const int64_t bias = o.bias() ? 1 : 0;
   b.sequence_parallel_params = layers * (4 + 2 * bias) * o.n_embd() + 2 * o.n_embd() + o.block_size() * o.n_embd();
+  if (o.lora_rank() == 0) return b;
+  // LoRA: the base is frozen, so the embedding's sum and the first block's
+  // layers before an adapter pass no gradient back (only c_attn's input
+  // with attention adapters; c_fc's and attn.c_proj's output too without).
+  const auto targets = parse_lora_targets(o.lora_targets());
+  const int64_t adapters = (targets.attn ? 1 : 0) + (targets.mlp ? 1 : 0);  // column ones = row ones, per block
+  b.forward_sums_without_gradient = targets.attn ? 1 : 2;
+  b.backward_sums_without_gradient = targets.attn ? 1 : 2;
+  // Each adapter pair: the column one's r features cross backward (its A
+  // product is whole), the row one's forward.
+  b.adapter_activation = micro_batch * sequence * o.lora_rank();
+  b.adapter_forward_sums = layers * adapters;
+  b.adapter_backward_sums = layers * adapters;
+  b.adapter_recomputed_sums = checkpoint_every > 0 ? adapters * ((layers + checkpoint_every - 1) / checkpoint_every) : 0;
+  // Only adapters train: the summed replicated gradients are the column
+  // adapters' A and the row adapters' B, C·r each.
+  b.sequence_parallel_params = layers * adapters * 2 * o.lora_rank() * o.n_embd();
   return b;
 }
 
@@ -118,7 +143,8 @@ int64_t count_tensor_parallel_parameters(const GPTOptions& o, int size) {
   const int64_t rows = (o.vocab_size() + size - 1) / size;  // the largest part
   const int64_t c = o.n_embd();
   const int64_t head = o.tie_weights() ? 0 : rows * c;
-  return rows * c + o.block_size() * c + 2 * c + head + o.n_layer() * count_tensor_parallel_block_parameters(o, size);
+  return rows * c + o.block_size() * c + 2 * c + head + o.n_layer() * count_tensor_parallel_block_parameters(o, size) +
+         count_lora_parameters(o, size);
 }
 
 int64_t count_trainable_parameters(const GPTOptions& o) {
@@ -141,8 +167,8 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // Tensor parallel: this rank's heads (its Q, K and V rows of c_attn); the
   // sequence is whole here even under sequence parallelism.
-  const auto projected = tp_.on() ? tp_.column(x, c_attn_->weight, c_attn_->bias)
-                                  : (c_attn_lora_ ? linear(c_attn_, x) + c_attn_lora_(x) : linear(c_attn_, x));
+  auto projected = tp_.on() ? tp_.column(x, c_attn_->weight, c_attn_->bias) : linear(c_attn_, x);
+  if (c_attn_lora_) projected = projected + (tp_.on() ? c_attn_lora_->column_parallel(x, tp_) : c_attn_lora_(x));
   const auto B = projected.size(0), T = projected.size(1), C = projected.size(2) / 3;
   const auto n_head = tp_.on() ? tp_.local(n_head_) : n_head_;
   const auto hd = C / n_head;
@@ -151,24 +177,30 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto k = qkv[1].view({B, T, n_head, hd}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head, hd}).transpose(1, 2);
   torch::Tensor y;
-  if (attention_ == "fused" && x.device().is_cpu()) {
-    // Dropout inside the kernel: one seed from the default generator per call.
-    // The default on CPU: faster than ATen's SDPA CPU kernel at every block
-    // size measured (README, micro-benchmarks).
-    y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
-  } else if (attention_ == "sdpa" || (attention_ == "fused" && !x.device().is_cpu())) {
-    // LibTorch's fused attention (CUDA: flash / cuDNN / memory-efficient
-    // kernels, chosen by ATen; CPU: its flash-style kernel): no [B, H, T, T]
-    // scores in memory. Dropout draws from the device's generator, which
-    // activation checkpointing replays.
-    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_dropout_p_ : 0.0,
-                                         /*is_causal=*/true);
-  } else {
-    y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
+  {
+    // Tensor parallel: each rank holds other heads, so their dropout masks
+    // differ (the rank's own stream, as Megatron's model-parallel RNG region).
+    const auto heads = tp_.rank_random(attn_dropout_p_ > 0 && is_training());
+    if (attention_ == "fused" && x.device().is_cpu()) {
+      // Dropout inside the kernel: one seed from the default generator per call.
+      // The default on CPU: faster than ATen's SDPA CPU kernel at every block
+      // size measured (README, micro-benchmarks).
+      y = kernels::causal_attention(q, k, v, attn_dropout_p_, is_training());
+    } else if (attention_ == "sdpa" || (attention_ == "fused" && !x.device().is_cpu())) {
+      // LibTorch's fused attention (CUDA: flash / cuDNN / memory-efficient
+      // kernels, chosen by ATen; CPU: its flash-style kernel): no [B, H, T, T]
+      // scores in memory. Dropout draws from the device's generator, which
+      // activation checkpointing replays.
+      y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, is_training() ? attn_dropout_p_ : 0.0,
+                                           /*is_causal=*/true);
+    } else {
+      y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
+    }
   }
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  if (tp_.on()) return resid_dropout_(tp_.row(y, c_proj_->weight, c_proj_->bias));
-  return resid_dropout_(c_proj_lora_ ? linear(c_proj_, y) + c_proj_lora_(y) : linear(c_proj_, y));
+  auto out = tp_.on() ? tp_.row(y, c_proj_->weight, c_proj_->bias) : linear(c_proj_, y);
+  if (c_proj_lora_) out = out + (tp_.on() ? c_proj_lora_->row_parallel(y, tp_) : c_proj_lora_(y));
+  return split_dropout(resid_dropout_, out, tp_);
 }
 
 BlockImpl::BlockImpl(const GPTOptions& o) : approximate_(o.activation() == "gelu_new" ? "tanh" : "none") {
@@ -194,8 +226,13 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     // Megatron's MLP: c_fc column-parallel, c_proj row-parallel (one sum
     // over ranks per pair, forward and backward).
     auto h = x + attn_(layer_norm(ln_1_, x, tp_));
-    const auto mid = torch::gelu(tp_.column(layer_norm(ln_2_, h, tp_), c_fc_->weight, c_fc_->bias), approximate_);
-    return h + dropout_(tp_.row(mid, c_proj_->weight, c_proj_->bias));
+    const auto in = layer_norm(ln_2_, h, tp_);
+    auto fc = tp_.column(in, c_fc_->weight, c_fc_->bias);
+    if (c_fc_lora_) fc = fc + c_fc_lora_->column_parallel(in, tp_);
+    const auto mid = torch::gelu(fc, approximate_);
+    auto out = tp_.row(mid, c_proj_->weight, c_proj_->bias);
+    if (c_proj_lora_) out = out + c_proj_lora_->row_parallel(mid, tp_);
+    return h + split_dropout(dropout_, out, tp_);
   }
   auto h = x + attn_(ln_1_(x));
   const auto in = ln_2_(h);
@@ -278,8 +315,10 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_u
   auto pos = torch::arange(T, idx.options());
   // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
   // part of the sequence, as the position embeddings added to it).
-  auto x = tp_.on() ? drop_(tp_.embedding(idx, wte_->weight, options_.vocab_size()) +
-                            tp_.sequence_part(torch::embedding(tp_.replicated(wpe_->weight), pos).unsqueeze(0)))
+  auto x = tp_.on() ? split_dropout(drop_,
+                                    tp_.embedding(idx, wte_->weight, options_.vocab_size()) +
+                                        tp_.sequence_part(torch::embedding(tp_.replicated(wpe_->weight), pos).unsqueeze(0)),
+                                    tp_)
                     : drop_(wte_(idx) + wpe_(pos));
   for (size_t i = 0; i < blocks_.size(); ++i) {
     if (!run_unit) {
@@ -337,6 +376,21 @@ tp::Plan GPTModule::tensor_parallel_plan() const {
   // The head: the embedding's matrix when tied, else its own (a rule that
   // matches nothing is an error).
   if (!model_->options().tie_weights()) plan.push_back({"lm_head", tp::Style::kColwise});
+  // LoRA adapters split beside their Linear: a column-parallel Linear's B by
+  // its output features, a row-parallel one's A by its input features; the
+  // other matrix stays whole (recipes/models/lora.h).
+  const auto& o = model_->options();
+  if (o.lora_rank() > 0) {
+    const auto targets = parse_lora_targets(o.lora_targets());
+    if (targets.attn) {
+      plan.push_back({"h*.attn.c_attn_lora", tp::Style::kColwise, 3, "B"});
+      plan.push_back({"h*.attn.c_proj_lora", tp::Style::kRowwise, 1, "A"});
+    }
+    if (targets.mlp) {
+      plan.push_back({"h*.c_fc_lora", tp::Style::kColwise, 1, "B"});
+      plan.push_back({"h*.c_proj_lora", tp::Style::kRowwise, 1, "A"});
+    }
+  }
   return plan;
 }
 
@@ -350,10 +404,6 @@ std::string tensor_parallel_problem(const GPTOptions& o, int size, bool sequence
   if (o.vocab_size() < size) {
     return c10::str("tensor-parallel size ", size, " exceeds the vocabulary ", o.vocab_size(),
                     ": each rank holds at least one of its rows");
-  }
-  if (o.lora_rank() > 0) {
-    return c10::str("tensor parallelism does not split LoRA adapters yet (lora rank ", o.lora_rank(),
-                    "); train them with a data-parallel strategy");
   }
   if (sequence_parallel && o.block_size() % size != 0) {
     return c10::str("sequence parallelism: block size ", o.block_size(), " does not divide by the tensor-parallel size ",

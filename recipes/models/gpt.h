@@ -64,8 +64,8 @@ void validate(const GPTOptions& options);
 
 /// "" when a GPT with these options splits over `size` tensor-parallel ranks
 /// (GPTModule::tensor_parallel_plan): heads and the MLP width divide by it,
-/// no LoRA (not split yet), and with sequence parallelism the block size
-/// divides too; else why not, naming the values.
+/// the vocabulary is no smaller, and with sequence parallelism the block
+/// size divides too; else why not, naming the values.
 std::string tensor_parallel_problem(const GPTOptions& options, int size, bool sequence_parallel);
 
 /// The crossings of its tensor-parallel forward (GPTModule's plan) per
@@ -79,7 +79,9 @@ tp::Boundaries tensor_parallel_boundaries(const GPTOptions& options, int64_t mic
 /// Parameters the largest rank holds when split over `size` ranks (the
 /// vocabulary's uneven split rounds up): per block (12C² + 7C·bias) / size
 /// split plus 4C + 2C·bias replicated; the embedding (and an untied head)
-/// split, the position embeddings and the final LayerNorm replicated.
+/// split, the position embeddings and the final LayerNorm replicated; LoRA
+/// adapters as count_lora_parameters(options, size) (the block count
+/// leaves them out).
 int64_t count_tensor_parallel_parameters(const GPTOptions& options, int size);
 int64_t count_tensor_parallel_block_parameters(const GPTOptions& options, int size);
 

@@ -29,17 +29,31 @@ torch::Tensor LoRAImpl::forward(const torch::Tensor& x) {
   return torch::nn::functional::linear(torch::nn::functional::linear(x, a_), b_) * scale_;
 }
 
+torch::Tensor LoRAImpl::column_parallel(const torch::Tensor& x, const tp::Parallel& tp) {
+  // Under sequence parallelism x is this rank's tokens: A's gradient then
+  // covers them only and is summed over the group (replicated()).
+  const auto low = torch::nn::functional::linear(x, tp.replicated(a_));
+  return tp.column(low, b_, {}) * scale_;
+}
+
+torch::Tensor LoRAImpl::row_parallel(const torch::Tensor& x, const tp::Parallel& tp) {
+  const auto low = tp.row(x, a_, {});
+  return torch::nn::functional::linear(low, tp.replicated(b_)) * scale_;
+}
+
 bool is_lora_parameter(const std::string& name) {
   return name.ends_with("_lora.A") || name.ends_with("_lora.B");
 }
 
-int64_t count_lora_parameters(const GPTOptions& o) {
+int64_t count_lora_parameters(const GPTOptions& o, int tp_size) {
   if (o.lora_rank() == 0) return 0;
   const auto targets = parse_lora_targets(o.lora_targets());
-  const int64_t c = o.n_embd(), r = o.lora_rank();
-  // A [r, in] + B [out, r] per adapter: r · (in + out).
-  const int64_t attn = targets.attn ? r * (c + 3 * c) + r * (c + c) : 0;
-  const int64_t mlp = targets.mlp ? r * (c + 4 * c) + r * (4 * c + c) : 0;
+  const int64_t c = o.n_embd(), r = o.lora_rank(), t = tp_size;
+  // A [r, in] + B [out, r] per adapter: r · (in + out). Under tensor
+  // parallelism a column adapter's B and a row adapter's A split (features
+  // divide by t: the heads do), the other matrix stays whole.
+  const int64_t attn = targets.attn ? r * (c + 3 * c / t) + r * (c / t + c) : 0;
+  const int64_t mlp = targets.mlp ? r * (c + 4 * c / t) + r * (4 * c / t + c) : 0;
   return o.n_layer() * (attn + mlp);
 }
 

@@ -7,6 +7,8 @@
 // frozen parameters no gradient, no optimizer state and no communication.
 // Export merges the adapters into the base weights (merge_lora), so the file
 // loads into a plain GPT, here or in nanoGPT.
+#include "strata/strategies/tp/parallel.h"
+
 #include <torch/torch.h>
 
 #include <map>
@@ -34,6 +36,17 @@ class LoRAImpl : public torch::nn::Module {
   LoRAImpl(int64_t in_features, int64_t out_features, int64_t rank, double alpha);
   torch::Tensor forward(const torch::Tensor& x);
 
+  /// Beside a column-parallel Linear (tensor parallelism): B holds this
+  /// rank's output features (its rows), A is whole. A's product is taken
+  /// before the tensor-parallel input mapping, so only its r features cross
+  /// the group, and its gradient is the same on every rank. `x` as the
+  /// Linear gets it; the result is this rank's output features.
+  torch::Tensor column_parallel(const torch::Tensor& x, const tp::Parallel& tp);
+  /// Beside a row-parallel Linear: A holds this rank's input features (its
+  /// columns), B is whole. A's partial products are summed over the group
+  /// (r features), then B applies: the result is the Linear's whole output.
+  torch::Tensor row_parallel(const torch::Tensor& x, const tp::Parallel& tp);
+
  private:
   torch::Tensor a_, b_;
   double scale_;
@@ -43,8 +56,9 @@ TORCH_MODULE(LoRA);
 /// Adapter parameters are named "<linear>_lora.A" / "<linear>_lora.B".
 bool is_lora_parameter(const std::string& name);
 
-/// The adapter parameters a GPT with these options has (0 without LoRA).
-int64_t count_lora_parameters(const GPTOptions& options);
+/// The adapter parameters a GPT with these options has (0 without LoRA); with
+/// `tp_size` > 1, those of one tensor-parallel rank.
+int64_t count_lora_parameters(const GPTOptions& options, int tp_size = 1);
 
 /// GPT-2-style init of an adapter parameter, in place: A uniform ±1/sqrt(in)
 /// from `generator`, B zero.

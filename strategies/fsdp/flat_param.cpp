@@ -264,12 +264,23 @@ void FlatParam::accumulate_shard_grad(const torch::Tensor& grad, double scale) {
   grad_zero_ = false;
   grad_scale_ = 1.0;
   grad_norm_ = sum.norm();  // as clip_grad_norm would take it from a resident shard gradient
+  const int64_t begin = layout_.shard_begin(shard_rank_);
+  std::vector<torch::Tensor> pieces;
+  for (const auto& piece : layout_.pieces(shard_rank_)) pieces.push_back(sum.narrow(0, piece.flat_offset - begin, piece.numel));
+  grad_piece_norms_ = pieces.empty() ? torch::zeros({0}, sum.options()) : torch::stack(at::_foreach_norm(pieces, 2));
 }
 
 torch::Tensor FlatParam::shard_grad_norm() const {
   if (!offloaded()) return shard_grad_.norm();
   if (grad_zero_) return torch::zeros({}, full_.options());
   return (grad_norm_ * grad_scale_).to(full_.device());
+}
+
+torch::Tensor FlatParam::shard_grad_piece_norms() const {
+  TORCH_CHECK(offloaded(), "FlatParam ", name_, ": shard_grad_piece_norms() is for offloaded shards");
+  const int64_t n = static_cast<int64_t>(layout_.pieces(shard_rank_).size());
+  if (grad_zero_) return torch::zeros({n}, full_.options());
+  return (grad_piece_norms_ * grad_scale_).to(full_.device());
 }
 
 void FlatParam::scale_shard_grad(double coef) {
@@ -286,6 +297,7 @@ void FlatParam::zero_shard_grad() {
     grad_zero_ = true;
     grad_scale_ = 1.0;
     grad_norm_ = torch::Tensor();
+    grad_piece_norms_ = torch::Tensor();
   } else {
     shard_grad_.zero_();
   }

@@ -150,6 +150,11 @@ class FlatParam {
   void accumulate_shard_grad(const torch::Tensor& grad, double scale = 1.0);
   /// The shard gradient's 2-norm (0-dim, its dtype), for clipping.
   torch::Tensor shard_grad_norm() const;
+  /// Offloaded only: the 2-norm of each of this rank's layout pieces
+  /// (layout().pieces(shard_rank()), in order) of the shard gradient, kept
+  /// when it was last written ([pieces], its dtype): a norm parameter by
+  /// parameter (beside tensor parallelism) without reading the tier back.
+  torch::Tensor shard_grad_piece_norms() const;
   /// Multiplies the shard gradient by `coef` (offloaded: when next read).
   void scale_shard_grad(double coef);
   void zero_shard_grad();
@@ -212,6 +217,7 @@ class FlatParam {
   OffloadTier::Region shard_region_, grad_region_;
   bool grad_zero_ = true;             // the tier's gradient is all zeros (not yet written)
   torch::Tensor grad_norm_;           // norm of the tier's gradient as last written
+  torch::Tensor grad_piece_norms_;    // ... and of each of its layout pieces
   double grad_scale_ = 1.0;           // clip coefficient not yet applied to the tier's gradient
 };
 

@@ -160,6 +160,8 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::vector<ParamPiece> param_pieces(StateUse use) const override;
   std::vector<ParamPiece> optimizer_param_pieces(StateUse use) const override;
   /// The base's, but none on a replica (hybrid_shard: node 0's shards count).
+  /// Offloaded, each piece's `values` is one element: its gradient's 2-norm
+  /// (local_grad_norms takes 2-norms; the gradient itself is in the tier).
   std::vector<ParamPiece> grad_pieces_for_norm() const override;
   /// The frozen units' shard pieces, by name (a replica's first rank saves).
   std::vector<NamedPiece> frozen_pieces(StateUse use) const override;

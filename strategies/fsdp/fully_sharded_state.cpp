@@ -24,7 +24,22 @@ std::vector<torch::Tensor> FSDPStrategy::shard_grad_norms() const {
 
 std::vector<Strategy::ParamPiece> FSDPStrategy::grad_pieces_for_norm() const {
   if (shard_world_ > 1 && replicate_comm_.rank() != 0) return {};  // as shard_grad_norms
-  return Strategy::grad_pieces_for_norm();
+  if (tier_ == nullptr) return Strategy::grad_pieces_for_norm();
+  // Offloaded: the gradients are in the tier. Each piece's norm, kept when
+  // it was written, stands in for it (one element, the same 2-norm).
+  std::unordered_map<const void*, size_t> index_of;
+  for (size_t k = 0; k < params().size(); ++k) index_of[params()[k].unsafeGetTensorImpl()] = k;
+  std::vector<ParamPiece> out;
+  for (const FlatParam* unit : trainable_parts()) {
+    const auto layout_pieces = unit->layout().pieces(unit->shard_rank());
+    const torch::Tensor norms = unit->shard_grad_piece_norms();
+    for (size_t j = 0; j < layout_pieces.size(); ++j) {
+      const auto& lp = layout_pieces[j];
+      out.push_back({index_of.at(unit->params()[lp.param_index].unsafeGetTensorImpl()), lp.param_offset,
+                     norms.narrow(0, static_cast<int64_t>(j), 1)});
+    }
+  }
+  return out;
 }
 
 void FSDPStrategy::scale_shard_grads(double coef) {

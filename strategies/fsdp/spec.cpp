@@ -144,6 +144,14 @@ StrategySpec fsdp_spec() {
       .communication(fsdp_comm)
       .plan({{.label = "fsdp", .speed_rank = 40, .min_world_size = 2},
              {.label = "fsdp+ac", .speed_rank = 50, .min_world_size = 2, .activation_checkpointing = 1},
+             // 2D: where even fsdp+ac does not fit (a layer's activations, a
+             // model larger than the ranks' memory), before moving state to disk.
+             {.label = "fsdp", .speed_rank = 55, .min_world_size = 2, .tensor_parallel = true},
+             {.label = "fsdp+ac",
+              .speed_rank = 58,
+              .min_world_size = 2,
+              .activation_checkpointing = 1,
+              .tensor_parallel = true},
              {.label = "fsdp+offload-disk",
               .speed_rank = 60,
               .min_world_size = 2,

@@ -20,7 +20,10 @@ StrategySpec single_device_spec() {
       })
       .communication([](const MemoryQuery&) { return std::optional<CommEstimate>(CommEstimate{}); })
       .plan({{.label = "single", .speed_rank = 0},
-             {.label = "single+ac", .speed_rank = 5, .activation_checkpointing = 1}})
+             {.label = "single+ac", .speed_rank = 5, .activation_checkpointing = 1},
+             // Pure tensor parallelism: one data-parallel rank, the model split over the world.
+             {.label = "single", .speed_rank = 55, .tensor_parallel = true},
+             {.label = "single+ac", .speed_rank = 58, .activation_checkpointing = 1, .tensor_parallel = true}})
       .bench({{.tag = "bf16", .precision = "bf16-mixed", .about = "bf16-mixed against fp32"}})
       .pytorch_peer("local")
       .accelerate_types({"NO"});

@@ -5,11 +5,42 @@
 
 #include <c10/util/Exception.h>
 
+#include <mutex>
+
 namespace strata::tp {
 
 std::pair<int64_t, int64_t> split_range(int64_t n, int rank, int size) {
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "split_range: rank ", rank, " of ", size);
   return {n * rank / size, n * (rank + 1) / size};
+}
+
+RankRandomScope::RankRandomScope(const torch::Device& device, int rank)
+    : generator_(at::globalContext().defaultGenerator(device)), device_(device) {
+  std::lock_guard<std::mutex> lock(generator_.mutex());
+  saved_ = generator_.get_state();
+  // FNV-1a over the state's bytes (the same on every rank), then the rank.
+  const auto bytes = saved_.contiguous();
+  const auto* data = bytes.data_ptr<uint8_t>();
+  uint64_t h = 14695981039346656037ULL;
+  for (int64_t i = 0; i < bytes.numel(); ++i) h = (h ^ data[i]) * 1099511628211ULL;
+  h ^= 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank + 1);
+  h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ULL;
+  generator_.set_current_seed(h ^ (h >> 29));
+}
+
+RankRandomScope::~RankRandomScope() {
+  {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_);
+  }
+  // One draw of the shared stream (alike on every rank): the next region's seed differs.
+  torch::NoGradGuard no_grad;
+  torch::empty({1}, torch::TensorOptions(torch::kLong).device(device_)).random_(generator_);
+}
+
+std::optional<RankRandomScope> Parallel::rank_random(bool draws) const {
+  if (!on() || !draws) return std::nullopt;
+  return std::optional<RankRandomScope>(std::in_place, group_.device(), rank());
 }
 
 Parallel::Parallel(Comm group, bool sequence_parallel)

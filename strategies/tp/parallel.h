@@ -21,9 +21,30 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 namespace strata::tp {
+
+/// While alive, the default generator of `device` draws this rank's own
+/// stream (Megatron's model-parallel RNG region, without a tracker to keep):
+/// its seed mixes the generator's state on entry, the same on every rank,
+/// with `rank`. On exit the generator gets its state back and advances by one
+/// draw, so the next region differs. It keeps no state of its own: a
+/// recompute (activation checkpointing restores the default generators)
+/// draws the same masks, and checkpoints need nothing more.
+class RankRandomScope {
+ public:
+  RankRandomScope(const torch::Device& device, int rank);
+  ~RankRandomScope();
+  RankRandomScope(const RankRandomScope&) = delete;
+  RankRandomScope& operator=(const RankRandomScope&) = delete;
+
+ private:
+  at::Generator generator_;
+  torch::Tensor saved_;
+  torch::Device device_;
+};
 
 /// Elements [begin, end) of a block of `n` that rank `rank` of `size` holds:
 /// [rank·n/size, (rank+1)·n/size), so uneven splits differ by one at most.
@@ -69,6 +90,14 @@ class Parallel {
 
   /// This rank's part of dim 1 under sequence parallelism, else `x`.
   torch::Tensor sequence_part(const torch::Tensor& x) const;
+
+  /// Dropout on values that differ across the group (a rank's heads; under
+  /// sequence parallelism its tokens) must not draw the same masks on every
+  /// rank: hold the result around it. Empty (the shared stream, nothing
+  /// drawn) when off or when `draws` is false (no dropout, or evaluation).
+  /// Dropout on values every rank holds alike stays outside, so its masks
+  /// agree.
+  std::optional<RankRandomScope> rank_random(bool draws) const;
 
  private:
   Comm group_;

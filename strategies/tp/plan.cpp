@@ -39,21 +39,36 @@ bool path_matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
-std::optional<Layout> layout_of(const Plan& plan, const std::string& name, int64_t dims) {
+namespace {
+
+/// "h3.attn.c_attn.weight" -> {"h3.attn.c_attn", "weight"}.
+std::pair<std::string, std::string> module_and_leaf(const std::string& name) {
   const auto dot = name.rfind('.');
-  const std::string module = dot == std::string::npos ? "" : name.substr(0, dot);
-  const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+  if (dot == std::string::npos) return {"", name};
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+
+}  // namespace
+
+bool rule_matches(const Rule& rule, const std::string& name) {
+  const auto [module, leaf] = module_and_leaf(name);
+  return path_matches(rule.module, module) && (rule.param.empty() || rule.param == leaf);
+}
+
+std::optional<Layout> layout_of(const Plan& plan, const std::string& name, int64_t dims) {
+  const auto [module, leaf] = module_and_leaf(name);
   const Rule* found = nullptr;
   for (const auto& rule : plan) {
-    if (!path_matches(rule.module, module)) continue;
-    TORCH_CHECK_VALUE(found == nullptr, "tensor-parallel plan: module ", module, " matches both '", found->module,
+    if (!rule_matches(rule, name)) continue;
+    TORCH_CHECK_VALUE(found == nullptr, "tensor-parallel plan: parameter ", name, " matches both '", found->module,
                       "' and '", rule.module, "'");
     found = &rule;
   }
   if (found == nullptr) return std::nullopt;
   TORCH_CHECK_VALUE(found->chunks >= 1, "tensor-parallel plan: rule '", found->module, "' has ", found->chunks,
                     " chunks; must be >= 1");
-  const bool weight = leaf == "weight";
+  // A rule naming one parameter splits it as the style splits a weight.
+  const bool weight = leaf == "weight" || !found->param.empty();
   TORCH_CHECK_VALUE(weight || leaf == "bias", "tensor-parallel plan: rule '", found->module, "' (",
                     style_name(found->style), ") names parameter ", name, "; a ", style_name(found->style),
                     " module holds a weight and maybe a bias");

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace strata::tp {
@@ -46,9 +47,17 @@ enum class Style { kColwise, kRowwise, kVocab };
 const char* style_name(Style style);
 
 struct Rule {
+  Rule(std::string module, Style style, int64_t chunks = 1, std::string param = "")
+      : module(std::move(module)), style(style), chunks(chunks), param(std::move(param)) {}
+
   std::string module;  ///< a module path pattern: "h*.attn.c_attn"
   Style style;
   int64_t chunks = 1;  ///< colwise: equal blocks of the output, each split alike
+  /// Empty: the module's weight (and bias) as the style says. Else only this
+  /// parameter of the module, split as the style splits a weight; its other
+  /// parameters stay replicated. For a module that is not a Linear, such as a
+  /// LoRA adapter beside a split Linear: {"h*.c_fc_lora", kColwise, 1, "B"}.
+  std::string param;
 };
 
 using Plan = std::vector<Rule>;
@@ -62,6 +71,9 @@ struct Layout {
 
 /// Whether module path `path` ("h3.attn.c_attn") matches `pattern` ("h*.attn.c_attn").
 bool path_matches(const std::string& pattern, const std::string& path);
+
+/// Whether `rule` names parameter `name` ("h3.attn.c_attn.weight").
+bool rule_matches(const Rule& rule, const std::string& name);
 
 /// The layout of parameter `name` ("h3.attn.c_attn.weight") under `plan`, or
 /// nullopt when it is replicated. Throws c10::ValueError when two rules name

@@ -16,16 +16,26 @@ CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel
   const double share = double(size - 1) / double(size);
   const double micro = double(micro_batches);
   const double activation = double(b.activation) * double(activation_bytes);
-  const double crossings = double(b.forward_sums + b.recomputed_sums + b.backward_sums);
+  const double adapter_activation = double(b.adapter_activation) * double(activation_bytes);
+  const double adapters =
+      double(b.adapter_forward_sums + b.adapter_recomputed_sums + b.adapter_backward_sums) * adapter_activation;
+  // Forward sums run again in a recompute; under sequence parallelism so do
+  // the column inputs' gathers (as many: a block has as many of each).
+  const double forward = double(b.forward_sums + b.recomputed_sums);
+  const double backward = double(b.backward_sums - b.backward_sums_without_gradient);
   const double loss = 3.0 * 4.0 * double(b.loss_positions);
   const double norm = 8.0;  // the clip's squared norm, fp64, once per step
   if (!sequence_parallel) {
-    c.bytes[CollectiveKind::kAllReduce] = 2.0 * share * (micro * (crossings * activation + loss) + norm);
+    // Forward: the row outputs' sums; backward: the column inputs' gradients.
+    c.bytes[CollectiveKind::kAllReduce] =
+        2.0 * share * (micro * ((forward + backward) * activation + adapters + loss) + norm);
     return c;
   }
   // Each crossing: a reduce-scatter one way and an all-gather the other.
-  c.bytes[CollectiveKind::kAllGather] = share * micro * crossings * activation;
-  c.bytes[CollectiveKind::kReduceScatter] = share * micro * crossings * activation;
+  const double gathers = double(b.backward_sums + b.recomputed_sums) +
+                         double(b.forward_sums - b.forward_sums_without_gradient);
+  c.bytes[CollectiveKind::kAllGather] = share * micro * (gathers * activation + adapters);
+  c.bytes[CollectiveKind::kReduceScatter] = share * micro * ((forward + backward) * activation + adapters);
   c.bytes[CollectiveKind::kAllReduce] =
       2.0 * share * (micro * (loss + 4.0 * double(b.sequence_parallel_params)) + norm);
   return c;

@@ -28,6 +28,17 @@ struct Boundaries {
   int64_t backward_sums = 0;
   /// Forward sums that activation checkpointing runs again in backward.
   int64_t recomputed_sums = 0;
+  /// Of forward_sums and backward_sums, those through which no gradient
+  /// flows back (a frozen model's first layers, under LoRA): their backward
+  /// half sends nothing.
+  int64_t forward_sums_without_gradient = 0;
+  int64_t backward_sums_without_gradient = 0;
+  /// Narrow crossings of the same kinds (LoRA adapters beside split Linears:
+  /// r features), of `adapter_activation` elements each (B·S·r).
+  int64_t adapter_activation = 0;
+  int64_t adapter_forward_sums = 0;
+  int64_t adapter_backward_sums = 0;
+  int64_t adapter_recomputed_sums = 0;
   /// Positions of a vocabulary-parallel loss: 3 fp32 numbers each (the max,
   /// the sum of exponentials, the target logit), all-reduced.
   int64_t loss_positions = 0;

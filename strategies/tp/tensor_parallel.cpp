@@ -48,7 +48,7 @@ void TensorParallel::apply(TrainingModule& module) {
   // A rule that splits nothing is a typo in the plan, not a choice.
   for (const auto& rule : plan) {
     bool used = false;
-    for (const auto& [name, layout] : layouts_) used = used || path_matches(rule.module, name.substr(0, name.rfind('.')));
+    for (const auto& [name, layout] : layouts_) used = used || rule_matches(rule, name);
     TORCH_CHECK_VALUE(used, "tensor-parallel plan: rule '", rule.module, "' (", style_name(rule.style),
                       ") matches no parameter of the model");
   }
@@ -137,7 +137,6 @@ std::vector<StatePiece> TensorParallel::to_global(std::vector<StatePiece> pieces
       if (use == StateUse::kLoad || rank == 0) out.push_back(std::move(piece));
       continue;
     }
-    TORCH_CHECK(!piece.streamed(), "tensor parallelism: offloaded state of ", piece.name, " is not mapped yet");
     const Layout& layout = it->second;
     const auto& whole = shapes_.at(it->first);
     const auto local = shard_shape(whole, layout, rank, size);
@@ -158,7 +157,15 @@ std::vector<StatePiece> TensorParallel::to_global(std::vector<StatePiece> pieces
         StatePiece run = piece;
         run.shape = whole;
         run.lo = global_start + (a - local_start);
-        run.values = piece.values.narrow(0, a - lo, b - a);
+        if (piece.streamed()) {
+          // Offloaded (a disk tier): the run reads and writes its window of the piece.
+          const int64_t skip = a - lo;
+          run.numel = b - a;
+          run.read = [read = piece.read, skip](int64_t at, const torch::Tensor& dst) { read(skip + at, dst); };
+          run.write = [write = piece.write, skip](int64_t at, const torch::Tensor& src) { write(skip + at, src); };
+        } else {
+          run.values = piece.values.narrow(0, a - lo, b - a);
+        }
         out.push_back(std::move(run));
       }
     }

@@ -3,6 +3,7 @@
 // peaks, and summary.json's per-rank step split and communication ratios.
 #include "strata/recipes/models/gpt.h"
 #include "strata/recipes/app/planner.h"
+#include "tests/builtin_strategies.h"
 #include "tests/run_binary.h"
 #include "strata/recipes/data/data.h"
 
@@ -121,6 +122,45 @@ TEST(PlannerE2ETest, AutoWithABudgetBetweenDdpAndFsdpPicksAStrategyThatFits) {
   EXPECT_LE(max_peak(summary), budget) << "chose " << chosen << "\n" << run.output;
   std::cout << "budget " << budget << " (ddp " << ddp_peak << ", fsdp " << fsdp_peak << "): chose " << chosen
             << ", measured " << max_peak(summary) << "\n";
+}
+
+TEST(PlannerE2ETest, AutoChoosesFsdpTimesTensorParallelWhereOnlyItFits) {
+  // Wide blocks, short sequences, batch 1: fsdp's gathered block dominates,
+  // and fsdp over 2 data-parallel ranks x tp 2 gathers half of it. The
+  // budget is that candidate's predicted peak, which every faster one exceeds.
+  using namespace strata::recipes;
+  const std::string shape = " --preset gpt-mini --n-embd 768 --n-head 12 --n-layer 4 --data addition:2 --batch-size 1 ";
+  const auto data = make_data("addition:2", 0, 50257, 1);
+  const auto model = gpt_preset("gpt-mini").n_embd(768).n_head(12).n_layer(4).vocab_size(data->vocab_size())
+                         .block_size(data->block_size());
+  const auto profile = activation_profile(model, 1, strata::Precision::kFp32);
+  const auto rows = plan_candidates(strata::testing::builtin_strategies(),
+                                    PlanRequest(model, "", 4).local_world_size(4).micro_batch(1), profile,
+                                    int64_t(1) << 40);
+  int64_t budget = -1;
+  for (const auto& row : rows) {
+    if (row.label == "fsdp+tp2") {
+      budget = row.prediction.peak();
+      break;
+    }
+  }
+  ASSERT_GT(budget, 0) << format_plan_table(rows, 0);
+  for (const auto& row : rows) {
+    if (row.label == "fsdp+tp2") break;
+    ASSERT_GT(row.prediction.peak(), budget) << row.label << "\n" << format_plan_table(rows, budget);
+  }
+  const auto out = scratch() / "auto-tp";
+  const auto run = run_gpt_binary("--strategy auto --memory-budget " + std::to_string(budget) + shape +
+                                  "--nproc 4 --threads-per-rank 1 --progress-bar false --limit-val-batches 0 "
+                                  "--max-steps 2 --output-dir " + out.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("chosen: fsdp+tp2"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("the global batch stays 4"), std::string::npos) << run.output;
+  const auto summary = read_json(out / "summary.json");
+  EXPECT_EQ(summary.at("strategy"), "fsdp");
+  EXPECT_EQ(summary.at("tp_size"), 2);
+  EXPECT_EQ(summary.at("world_size"), 2);
+  EXPECT_EQ(summary.at("per_rank").size(), 4u) << "every rank of the job";
 }
 
 TEST(PlannerE2ETest, AutoWithATinyBudgetExitsTwoWithTheTable) {

@@ -102,7 +102,8 @@ TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
   a.checkpointed_per_block = 256 << 10;
   a.checkpointed_base = 8 << 20;
   const auto all = plan_candidates(base, a, int64_t(1) << 40);
-  ASSERT_EQ(all.size(), 7u);
+  // ddp, oss, sdp, fsdp, sdp+offload-disk, fsdp+ac, single+tp2, single+ac+tp2, fsdp+offload-disk.
+  ASSERT_EQ(all.size(), 9u);
   std::vector<int64_t> peaks;
   for (const auto& c : all) peaks.push_back(c.prediction.peak());
   EXPECT_EQ(all[*pick_fastest_fitting(all)].label, "ddp");
@@ -125,6 +126,50 @@ TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
   const auto table = format_plan_table(all, int64_t(1) << 40);
   EXPECT_NE(table.find("fsdp+ac"), std::string::npos) << table;
   EXPECT_NE(table.find("fits?"), std::string::npos) << table;
+}
+
+TEST(PlannerTest, AutoConsidersTensorParallelismWhereItFits) {
+  // Wide blocks and short sequences: fsdp's gathered block dominates its
+  // peak, and tensor parallelism gathers half of it.
+  const auto model = gpt_preset("gpt-mini").n_embd(768).n_head(12).n_layer(8).vocab_size(96).block_size(8);
+  const auto base = PlanRequest(model, "ddp", 4).micro_batch(1);
+  ActivationProfile a;
+  a.per_block = 64 << 10;
+  a.base = 256 << 10;
+  a.checkpointed_per_block = 16 << 10;
+  a.checkpointed_base = 128 << 10;
+  const auto all = plan_candidates(base, a, int64_t(1) << 40);
+  std::vector<std::string> labels;
+  for (const auto& c : all) labels.push_back(c.label);
+  auto at = [&](const std::string& label) {
+    return static_cast<size_t>(std::find(labels.begin(), labels.end(), label) - labels.begin());
+  };
+  // fsdp over 2 data-parallel ranks x tp 2; pure tp 4 (single); never fsdp x
+  // tp 4 (one data-parallel rank, fewer than fsdp's 2).
+  ASSERT_LT(at("fsdp+tp2"), all.size());
+  ASSERT_LT(at("single+tp4"), all.size());
+  EXPECT_EQ(at("fsdp+tp4"), all.size());
+  EXPECT_EQ(at("single+tp2"), all.size()) << "single runs over one data-parallel rank";
+  EXPECT_LT(at("fsdp+ac"), at("fsdp+tp2"));
+  EXPECT_LT(at("fsdp+tp2"), at("single+tp4")) << "less tensor parallelism first";
+  EXPECT_LT(at("single+ac+tp4"), at("fsdp+offload-disk"));
+  const auto& tp = all[at("fsdp+tp2")];
+  EXPECT_EQ(tp.request.tp_size(), 2);
+  EXPECT_EQ(tp.request.world_size(), 2);
+  EXPECT_EQ(tp.request.micro_batch(), 2) << "the global batch stays 4";
+  EXPECT_TRUE(tp.request.sequence_parallel());
+  // Below every candidate before it, so at its own peak it is the pick.
+  for (size_t i = 0; i < at("fsdp+tp2"); ++i) {
+    EXPECT_GT(all[i].prediction.peak(), tp.prediction.peak()) << all[i].label;
+  }
+  const auto rows = plan_candidates(base, a, tp.prediction.peak());
+  EXPECT_EQ(rows[*pick_fastest_fitting(rows)].label, "fsdp+tp2");
+  // A model whose heads do not split gets no tensor-parallel candidate.
+  auto three_heads = model;
+  three_heads.n_head(3);
+  for (const auto& c : plan_candidates(PlanRequest(three_heads, "ddp", 4), a, int64_t(1) << 40)) {
+    EXPECT_EQ(c.request.tp_size(), 1) << c.label;
+  }
 }
 
 TEST(PlannerTest, ParsesByteSizes) {

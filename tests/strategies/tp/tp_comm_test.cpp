@@ -4,8 +4,10 @@
 // and without sequence parallelism, against the same MLP in one process:
 // output, input gradient and every weight shard's gradient. And the dp x tp
 // mesh: its groups, its refusals, and Comm subgroups built from it.
+#include "strata/strategies/fake_world.h"
 #include "strata/strategies/thread_world.h"
 #include "strata/strategies/tp/mesh.h"
+#include "strata/strategies/tp/parallel.h"
 #include "strata/strategies/tp/plan.h"
 #include "strata/strategies/tp/tp_comm.h"
 
@@ -186,6 +188,61 @@ TEST(TpPlanTest, RulesMatchModulePathsAndGiveEachParameterItsSplit) {
   EXPECT_FALSE(layout_of(plan, "h3.ln_1.weight", 1).has_value());
   EXPECT_THROW(layout_of({{"h*.c_proj", Style::kRowwise}, {"h1.*", Style::kColwise}}, "h1.c_proj.weight", 2),
                c10::ValueError);
+}
+
+TEST(TpPlanTest, ARuleNamingOneParameterSplitsItAsAWeightAndLeavesTheRestWhole) {
+  // A LoRA adapter beside a column-parallel Linear: its B splits by output
+  // features (3 chunks, as the QKV beside it), its A stays whole.
+  const Plan plan{{"h*.attn.c_attn_lora", Style::kColwise, 3, "B"}, {"h*.c_proj_lora", Style::kRowwise, 1, "A"}};
+  const auto b = layout_of(plan, "h0.attn.c_attn_lora.B", 2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->dim, 0);
+  EXPECT_EQ(b->chunks, 3);
+  EXPECT_FALSE(layout_of(plan, "h0.attn.c_attn_lora.A", 2).has_value());
+  const auto a = layout_of(plan, "h1.c_proj_lora.A", 2);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->dim, 1);
+  EXPECT_FALSE(layout_of(plan, "h1.c_proj_lora.B", 2).has_value());
+  EXPECT_TRUE(rule_matches(plan[0], "h3.attn.c_attn_lora.B"));
+  EXPECT_FALSE(rule_matches(plan[0], "h3.attn.c_attn_lora.A"));
+}
+
+/// Each rank's draws in a rank_random scope, and the shared stream's after
+/// it, with the default CPU generator seeded alike first (one thread: the
+/// ranks are Parallels over a fake world of 2, which moves no data).
+std::pair<torch::Tensor, torch::Tensor> draws_of(int rank, bool draws) {
+  const Parallel parallel(Comm(strata::fake_process_group(rank, 2), torch::kCPU), /*sequence_parallel=*/false);
+  torch::manual_seed(11);
+  torch::Tensor inside;
+  {
+    const auto scope = parallel.rank_random(draws);
+    inside = torch::rand({8});
+  }
+  return {inside, torch::rand({8})};
+}
+
+TEST(TpRandomTest, EachRankDrawsItsOwnMasksInsideAndTheSharedStreamAfter) {
+  const auto [in0, after0] = draws_of(0, true);
+  const auto [in1, after1] = draws_of(1, true);
+  EXPECT_FALSE(torch::equal(in0, in1)) << "the ranks' heads (or tokens) would share dropout masks";
+  EXPECT_TRUE(torch::equal(after0, after1)) << "replicated dropout after the region must agree across ranks";
+  // Stateless: the same generator state gives the same draws (a recompute).
+  EXPECT_TRUE(torch::equal(draws_of(0, true).first, in0));
+  // The shared stream moved on: a second region is not the first one again.
+  torch::manual_seed(11);
+  const Parallel parallel(Comm(strata::fake_process_group(0, 2), torch::kCPU), false);
+  { const auto first = parallel.rank_random(true); }
+  torch::Tensor second;
+  {
+    const auto scope = parallel.rank_random(true);
+    second = torch::rand({8});
+  }
+  EXPECT_FALSE(torch::equal(second, in0));
+  // No dropout, or off: nothing drawn, nothing changed.
+  const auto [plain, plain_after] = draws_of(1, false);
+  torch::manual_seed(11);
+  EXPECT_TRUE(torch::equal(plain, torch::rand({8})));
+  EXPECT_FALSE(Parallel().rank_random(true).has_value());
 }
 
 TEST(TpPlanTest, UnevenAndChunkedShardsPutBackTogetherExactly) {

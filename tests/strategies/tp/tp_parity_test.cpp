@@ -61,7 +61,9 @@ struct TpRun {
   double clip = 0.0;
   std::string precision = "32";
   std::string extra = "";  ///< more flags: --sequence-parallel, --activation-checkpointing 1, ...
+  std::string model = "";  ///< model flags, for the one-process reference too: --lora-rank 4
   double lr_scale = 1.0;
+  double dropout = 0.0;
 };
 
 struct Trained {
@@ -72,7 +74,7 @@ struct Trained {
 std::string label(const TpRun& r) {
   std::ostringstream out;
   out << r.strategy << " nproc " << r.nproc << " tp " << r.tp << " " << r.optimizer << " clip " << r.clip << " "
-      << r.precision << " " << r.extra;
+      << r.precision << " " << r.extra << " " << r.model << " dropout " << r.dropout;
   return out.str();
 }
 
@@ -83,13 +85,14 @@ Trained train(const TpRun& r) {
   const fs::path out = scratch() / std::to_string(done.size());
   const bool sgd = r.optimizer == "sgd";
   std::ostringstream args;
-  args << "--preset gpt-nano --n-head 6 --data " << token_data().string() << " --vocab-size 65 --block-size 12 --dropout 0"
-       << " --max-steps 10 --warmup-steps 2 --bias " << (sgd ? "true" : "false") << " --optimizer " << r.optimizer
+  args << "--preset gpt-nano --n-head 6 --data " << token_data().string() << " --vocab-size 65 --block-size 12"
+       << " --dropout " << r.dropout << " --max-steps 10 --warmup-steps 2 --bias " << (sgd ? "true" : "false") << " --optimizer " << r.optimizer
        << " --lr " << (sgd ? 0.1 : 1e-4) * r.lr_scale << " --min-lr " << (sgd ? 0.01 : 1e-5) * r.lr_scale
        << " --log-every-n-steps 1 --strategy " << r.strategy << " --nproc " << r.nproc << " --tp-size " << r.tp
        << " --batch-size " << r.batch << " --gradient-clip-val " << r.clip << " --precision " << r.precision
        << " --threads-per-rank 1 --limit-val-batches 1 --progress-bar false --comm-timeout 60"
-       << " --output-dir " << out.string() << " --dump-params " << (out / "params.pt").string() << " " << r.extra;
+       << " --output-dir " << out.string() << " --dump-params " << (out / "params.pt").string() << " " << r.extra
+       << " " << r.model;
   const auto run = run_gpt_binary(args.str());
   EXPECT_EQ(run.exit_code, 0) << args.str() << "\n" << run.output;
   Trained t;
@@ -155,6 +158,49 @@ TEST(TpParityTest, AdamWWithClippingAtTheGlobalNorm) {
                 1e-5);
 }
 
+TEST(TpParityTest, LoraAdaptersSplitBesideTheirLinearsWithTheBaseFrozen) {
+  // A column-parallel Linear's adapter splits its B, a row-parallel one's its
+  // A; the frozen base sends no gradient back where nothing upstream trains.
+  // Attention and MLP adapters under sequence parallelism, and MLP adapters
+  // only (the first block's attention then has no gradient at all) in 2D.
+  expect_parity({.nproc = 2, .tp = 2, .extra = "--sequence-parallel", .model = "--lora-rank 4 --lora-targets attn,mlp"},
+                1e-5, 1e-5);
+  expect_parity({.strategy = "fsdp", .nproc = 4, .tp = 2, .batch = 2, .model = "--lora-rank 4 --lora-targets mlp"},
+                1e-5, 1e-5);
+}
+
+TEST(TpParityTest, DiskOffloadUnderTwoDimensions) {
+  // fsdp's shards, gradients and AdamW moments in an unnamed file of the
+  // offload directory, streamed through each step; the clip's norm over
+  // both dimensions reads each offloaded gradient piece's norm.
+  const fs::path dir = scratch() / "offload";
+  fs::create_directories(dir);
+  expect_parity({.strategy = "fsdp", .nproc = 4, .tp = 2, .batch = 2, .optimizer = "adamw", .clip = 0.05,
+                 .extra = "--sequence-parallel --offload disk --offload-dir " + dir.string()},
+                1e-5, 1e-5);
+  EXPECT_TRUE(fs::is_empty(dir)) << "the offload file is unnamed and gone with the run";
+}
+
+TEST(TpParityTest, DropoutRecomputesTheSameRankMasksUnderCheckpointing) {
+  // Each rank draws its own masks for its heads and, under SP, its tokens
+  // (tp::Parallel::rank_random); activation checkpointing's recompute must
+  // draw them again exactly, or the gradients are of another network.
+  const TpRun plain{.strategy = "ddp", .nproc = 4, .tp = 2, .batch = 2, .extra = "--sequence-parallel", .dropout = 0.1};
+  TpRun checkpointed = plain;
+  checkpointed.extra += " --activation-checkpointing 1";
+  TpRun none = plain;
+  none.dropout = 0.0;
+  const auto a = train(plain).params, b = train(checkpointed).params, c = train(none).params;
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  double moved = 0.0;
+  for (const auto& [name, value] : a) {
+    EXPECT_LE((value - b.at(name)).abs().max().item<double>(), 1e-6) << name;
+    moved = std::max(moved, (value - c.at(name)).abs().max().item<double>());
+  }
+  EXPECT_GT(moved, 1e-4) << "dropout 0.1 changed nothing: no mask was drawn";
+}
+
 /// bf16-mixed: as parity_test's bf16 check, the update from the shared
 /// initial parameters within 10% (L2) of one process's.
 TEST(TpParityTest, Bf16MixedUpdateMatchesOneProcess) {
@@ -185,11 +231,27 @@ std::map<int64_t, double> losses(const fs::path& metrics) {
   return out;
 }
 
+/// The checkpoint tests' run: 10 AdamW steps, every loss logged.
+std::string checkpoint_run() {
+  return "--preset gpt-nano --n-head 6 --data " + token_data().string() +
+         " --vocab-size 65 --block-size 12 --dropout 0 --max-steps 10 --warmup-steps 2 --optimizer adamw"
+         " --lr 3e-3 --bias false --log-every-n-steps 1 --threads-per-rank 1"
+         " --limit-val-batches 1 --progress-bar false --comm-timeout 60 ";
+}
+
+/// Resumes `saved` with `how`; the losses of steps 6-10 within 1e-5 relative of `want`'s.
+void expect_resumed_losses(const fs::path& saved, const std::string& how, const std::map<int64_t, double>& want) {
+  const fs::path out = scratch() / ("ckpt-" + std::to_string(std::hash<std::string>{}(how + saved.string())));
+  const auto run = run_gpt_binary(checkpoint_run() + how + " --resume " + saved.string() + " --output-dir " +
+                                  out.string());
+  ASSERT_EQ(run.exit_code, 0) << how << "\n" << run.output;
+  const auto got = losses(out / "metrics.csv");
+  ASSERT_EQ(got.size(), 5u) << how;
+  for (const auto& [step, loss] : got) EXPECT_NEAR(loss, want.at(step), 1e-5 * want.at(step)) << how << " step " << step;
+}
+
 TEST(TpCheckpointTest, SavedAtFsdpTimesTpResumesUnderSingleAndUnderTpTwoToTheSameLossesAndExportsTheWholeModel) {
-  const std::string common = "--preset gpt-nano --n-head 6 --data " + token_data().string() +
-                             " --vocab-size 65 --block-size 12 --dropout 0 --max-steps 10 --warmup-steps 2 --optimizer adamw"
-                             " --lr 3e-3 --bias false --log-every-n-steps 1 --threads-per-rank 1"
-                             " --limit-val-batches 1 --progress-bar false --comm-timeout 60 ";
+  const std::string common = checkpoint_run();
   // fsdp saves sharded: each of the 4 ranks writes its own file (its fsdp
   // shard of its tensor-parallel part), split parameters as runs of the whole.
   const fs::path straight = scratch() / "ckpt-straight";
@@ -216,15 +278,57 @@ TEST(TpCheckpointTest, SavedAtFsdpTimesTpResumesUnderSingleAndUnderTpTwoToTheSam
   ASSERT_TRUE(fs::exists(saved / "shard-3-of-4.bin")) << run.output;
   const auto want = losses(straight / "metrics.csv");
   ASSERT_EQ(want.size(), 10u);
-  for (const std::string how : {"--strategy single --batch-size 4", "--strategy single --nproc 2 --tp-size 2 "
-                                                                    "--batch-size 4"}) {
-    const fs::path out = scratch() / ("ckpt-" + std::to_string(std::hash<std::string>{}(how)));
-    run = run_gpt_binary(common + how + " --resume " + saved.string() + " --output-dir " + out.string());
-    ASSERT_EQ(run.exit_code, 0) << how << "\n" << run.output;
-    const auto got = losses(out / "metrics.csv");
-    ASSERT_EQ(got.size(), 5u) << how;
-    for (const auto& [step, loss] : got) {
-      EXPECT_NEAR(loss, want.at(step), 1e-5 * want.at(step)) << how << " step " << step;
+  expect_resumed_losses(saved, "--strategy single --batch-size 4", want);
+  expect_resumed_losses(saved, "--strategy single --nproc 2 --tp-size 2 --batch-size 4", want);
+}
+
+TEST(TpCheckpointTest, OffloadedStateSavesAndLoadsAsRunsOfTheWholeTensors) {
+  // Disk-offloaded AdamW moments are streamed pieces: saved from pure tp 2,
+  // loaded into fsdp 2 x tp 2, whose shards, gradients and moments are offloaded.
+  const fs::path dir = scratch() / "offload-ckpt";
+  fs::create_directories(dir);
+  const std::string offload = " --offload disk --offload-dir " + dir.string() + " ";
+  const fs::path straight = scratch() / "ckpt-offloaded";
+  const auto run = run_gpt_binary(checkpoint_run() + "--strategy single --nproc 2 --tp-size 2 --batch-size 4 "
+                                  "--checkpoint-every 5" + offload + "--output-dir " + straight.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto want = losses(straight / "metrics.csv");
+  ASSERT_EQ(want.size(), 10u);
+  expect_resumed_losses(straight / "checkpoints" / "step-5",
+                        "--strategy fsdp --nproc 4 --tp-size 2 --batch-size 2 --sequence-parallel" + offload, want);
+}
+
+/// "<what>, rank R: key=value ..." of --dry-run's output, as numbers.
+std::map<std::string, int64_t> dry_numbers(const std::string& output, const std::string& what, int rank) {
+  std::map<std::string, int64_t> out;
+  const std::string head = what + ", rank " + std::to_string(rank) + ":";
+  const auto at = output.find(head);
+  if (at == std::string::npos) return out;
+  std::istringstream line(output.substr(at + head.size(), output.find('\n', at) - at - head.size()));
+  for (std::string pair; line >> pair;) {
+    const auto eq = pair.find('=');
+    if (eq != std::string::npos) out[pair.substr(0, eq)] = std::stoll(pair.substr(eq + 1));
+  }
+  return out;
+}
+
+/// --dry-run of `flags` simulates the job's first and last ranks: each sends
+/// per step, by collective, and holds what the real run's did (summary.json).
+void expect_dry_run_sends_and_holds_the_same(const std::string& flags, const nlohmann::json& summary) {
+  const auto dry = run_gpt_binary(flags + " --dry-run --output-dir " + (scratch() / "dry").string());
+  ASSERT_EQ(dry.exit_code, 0) << flags << "\n" << dry.output;
+  const int last = static_cast<int>(summary.at("per_rank").size()) - 1;
+  for (int rank : {0, last}) {
+    const auto sent = dry_numbers(dry.output, "bytes sent per step", rank);
+    ASSERT_FALSE(sent.empty()) << flags << " rank " << rank << "\n" << dry.output;
+    for (const auto& [kind, bytes] : summary.at("per_rank").at(rank).at("comm_bytes_per_step").items()) {
+      EXPECT_EQ(sent.count(kind) ? sent.at(kind) : 0, static_cast<int64_t>(bytes.get<double>()))
+          << flags << ": " << kind << ", rank " << rank << "\n" << dry.output;
+    }
+    const auto state = dry_numbers(dry.output, "model state bytes", rank);
+    for (const char* part : {"params", "grads", "optimizer"}) {
+      EXPECT_EQ(state.count(part) ? state.at(part) : -1, summary.at("model_state_bytes").at(rank).at(part).get<int64_t>())
+          << flags << ": " << part << ", rank " << rank;
     }
   }
 }
@@ -250,7 +354,12 @@ TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction)
                                 "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
                                 "--activation-checkpointing 2 --accumulate-grad-batches 2",
                                 "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --sequence-parallel",
-                                "--strategy fsdp --nproc 4 --tp-size 2 --batch-size 2"}) {
+                                "--strategy fsdp --nproc 4 --tp-size 2 --batch-size 2",
+                                // LoRA: adapters' r-wide crossings, a frozen base's missing backward halves.
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
+                                "--activation-checkpointing 2 --lora-rank 4 --lora-targets mlp",
+                                "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --lora-rank 4 "
+                                "--lora-targets attn,mlp"}) {
     const fs::path out = scratch() / ("bytes-" + std::to_string(std::hash<std::string>{}(how)));
     const auto run = run_gpt_binary(common + how + " --output-dir " + out.string());
     ASSERT_EQ(run.exit_code, 0) << how << "\n" << run.output;
@@ -266,6 +375,7 @@ TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction)
       const double slack = kind != "all_reduce" ? 0.5 : two_d ? 64.0 : 2.0;
       EXPECT_NEAR(bytes.get<double>(), want, slack) << how << ": " << kind;
     }
+    if (two_d) expect_dry_run_sends_and_holds_the_same(common + how, summary);
     // The planner models activation checkpointing and accumulation less
     // closely even unsplit (measured here without tp: 1.21x and 1.37x): those
     // runs check bytes only.
@@ -287,8 +397,7 @@ TEST(TpInputTest, WhatCannotSplitIsRefusedBeforeAnyRankStarts) {
       {"--nproc 2 --tp-size 4", "tensor-parallel size 4 must be >= 1 and divide the world size 2"},
       {"--nproc 2 --tp-size 2", "--tp-size 2: tensor-parallel size 2 must divide n_head 3"},
       {"--strategy ddp --nproc 2 --sequence-parallel", "it needs --tp-size > 1"},
-      {"--n-head 6 --nproc 2 --tp-size 2 --offload disk", "--tp-size 2 with --offload disk: not supported yet"},
-      {"--n-head 6 --nproc 2 --tp-size 2 --lora-rank 4", "does not split LoRA adapters yet"},
+      {"--strategy auto --n-head 6 --nproc 2 --tp-size 2", "--strategy auto chooses the tensor-parallel size itself"},
       // Not tensor parallelism's, found by its export test: the file would not be safetensors.
       {"--export-weights " + (scratch() / "w.safetensors").string(), "names a safetensors file, but it writes"},
       {"--n-head 12 --nproc 2 --nnodes 2 --master-port 29555 --tp-size 4",
