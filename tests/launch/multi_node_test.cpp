@@ -10,7 +10,9 @@
 // Gloo listens on the node's veth address (the hostname resolves to 127.0.0.1
 // here, unreachable from the other node); cutting the link mid-training stops
 // every rank on both sides within --comm-timeout + 10 s, each launcher naming
-// its failed ranks, and leaves no process behind.
+// its failed ranks, and leaves no process behind. And fsdp hybrid_shard x
+// --tp-size 2 at 4 ranks per node: tensor parallelism inside each node, the
+// replicas across the link, one process's losses within 1e-5.
 #include "tests/process.h"
 #include "tests/run_binary.h"
 
@@ -167,10 +169,12 @@ std::vector<std::string> train_flags(const std::string& strategy, const fs::path
 
 /// Starts node `node`'s launcher inside its namespace.
 std::unique_ptr<Process> start_node(const TwoNodeNetwork& net, int node, const std::vector<std::string>& flags,
-                                    const std::string& tag) {
+                                    const std::string& tag, int nproc = 2) {
   std::vector<std::string> argv = {net.ip(), "netns", "exec", net.ns(node), STRATA_GPT_BINARY};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  for (const auto& f : {"--nnodes", "2", "--nproc", "2", "--master-addr", kMasterAddr, "--master-port", kMasterPort})
+  const std::string ranks = std::to_string(nproc);
+  for (const auto& f : {"--nnodes", "2", "--nproc", ranks.c_str(), "--master-addr", kMasterAddr, "--master-port",
+                        kMasterPort})
     argv.push_back(f);
   argv.push_back("--node-rank");
   argv.push_back(std::to_string(node));
@@ -315,6 +319,49 @@ TEST(TwoNodeTest, FsdpHybridShardAcrossTwoNamespacesMatchesFullShardOnOneNode) {
     ASSERT_TRUE(code.has_value()) << "node " << n << " still running after 120 s:\n" << nodes[n]->output();
     EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
   }
+  EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
+      << nodes[0]->output();
+  const auto expected = losses_of(one / "metrics.csv");
+  const auto got = losses_of(two / "metrics.csv");
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(std::stod(got[i]), std::stod(expected[i]), 1e-5 * std::abs(std::stod(expected[i]))) << "row " << i;
+  }
+}
+
+TEST(TwoNodeTest, HybridShardTimesTensorParallelKeepsEachGroupInsideItsNode) {
+  // 2 nodes x 4 ranks, --tp-size 2: each tensor-parallel group is two ranks
+  // of one namespace (its activations never cross the link); fsdp's
+  // hybrid_shard shards over the node's 2 data-parallel ranks and replicates
+  // across the link. Against one process with the same global batch (4 x 2).
+  MAKE_NETWORK_OR_SKIP(net);
+  auto model = [](const std::string& strategy, const fs::path& out, const std::string& batch) {
+    auto flags = train_flags(strategy, out, 6, 30);
+    for (size_t i = 0; i + 1 < flags.size(); ++i) {
+      if (flags[i] == "--batch-size") flags[i + 1] = batch;
+    }
+    flags.insert(flags.end(), {"--n-head", "6", "--dropout", "0"});  // whole heads on each of 2 ranks
+    return flags;
+  };
+  const fs::path one = scratch() / "tp-one-process";
+  auto reference_flags = model("single", one, "8");
+  const auto reference = run_gpt_binary(TwoNodeNetwork::join(reference_flags));
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+
+  const fs::path two = scratch() / "tp-two-nodes";
+  std::unique_ptr<Process> nodes[2];
+  for (int n = 0; n < 2; ++n) {
+    auto flags = model("fsdp", two, "2");
+    flags.insert(flags.end(), {"--sharding-strategy", "hybrid_shard", "--tp-size", "2"});
+    nodes[n] = start_node(*net, n, flags, "tp-hybrid", /*nproc=*/4);
+  }
+  for (int n = 0; n < 2; ++n) {
+    const auto code = nodes[n]->wait_for(180s);
+    ASSERT_TRUE(code.has_value()) << "node " << n << " still running after 180 s:\n" << nodes[n]->output();
+    EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
+  }
+  // The node: the machine's 4 ranks over tp 2 = 2 data-parallel ranks.
   EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
       << nodes[0]->output();
   const auto expected = losses_of(one / "metrics.csv");
