@@ -324,16 +324,17 @@ def throughput_row(label, world, run_dir, rc, peak_tflops):
     ws = int(summary.get("world_size", world))
     tps = float(summary.get("tokens_per_s") or 0.0)
     tokens_per_step = ws * int(ini.get("batch-size", 0)) * int(ini.get("block-size", 0))
+    gpus = ws * int(summary.get("tp_size", 1))  # world_size counts data-parallel ranks
     peaks = summary.get("peak_tensor_bytes") or []
     row.update(
         summary=summary,
         flops_per_token=fpt,
         tokens_per_s=tps,
-        tokens_per_s_per_gpu=tps / ws,
+        tokens_per_s_per_gpu=tps / gpus,
         ms_per_step=1000.0 * tokens_per_step / tps if tps > 0 else None,
         strata_mfu=summary.get("mfu"),
         strata_matmul_peak_tflops=(summary.get("matmul_peak_flops") or 0.0) / 1e12,
-        mfu_nominal_bf16=(tps / ws * fpt / (peak_tflops * 1e12)) if peak_tflops else None,
+        mfu_nominal_bf16=(tps / gpus * fpt / (peak_tflops * 1e12)) if peak_tflops else None,
         peak_tensor_gib=max(peaks) / 2**30 if peaks else None,
         peak_rss_gib=max(summary.get("peak_rss_bytes") or [0]) / 2**30,
     )

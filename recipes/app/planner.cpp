@@ -263,11 +263,7 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
     // With tensor parallelism a group of T ranks takes T ranks' samples, so
     // the global batch stays the run's: T times the micro-batch (and its
     // activations, probed at the run's micro-batch), split over the group.
-    ActivationProfile profile = activations;
-    for (int64_t* field : {&profile.per_block, &profile.base, &profile.checkpointed_per_block,
-                           &profile.checkpointed_base}) {
-      *field *= tp;
-    }
+    const ActivationProfile profile = scaled(activations, tp);
     r.strategy(spec->name())
         .strategy_options({})
         .micro_batch(base.micro_batch() * tp)
@@ -283,6 +279,14 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
     out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes, v.exact});
   }
   return out;
+}
+
+ActivationProfile scaled(ActivationProfile profile, int64_t factor) {
+  for (int64_t* field : {&profile.per_block, &profile.base, &profile.checkpointed_per_block,
+                         &profile.checkpointed_base}) {
+    *field *= factor;
+  }
+  return profile;
 }
 
 std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candidates) {

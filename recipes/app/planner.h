@@ -118,6 +118,9 @@ struct ActivationProfile {
   int64_t total(int64_t n_layer, int64_t checkpoint_every) const;
 };
 
+/// `profile` for `factor` times its micro-batch (activations scale with it).
+ActivationProfile scaled(ActivationProfile profile, int64_t factor);
+
 /// Runs the probe: one forward + backward of a GPT with 1 and with 2 blocks
 /// (`model`'s widths, vocabulary and block size) on a [micro_batch, block]
 /// batch under its own MemoryTracker, gradients allocated up front; and the

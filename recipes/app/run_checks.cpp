@@ -74,6 +74,20 @@ std::vector<std::string> rewrite_args(const std::vector<std::string>& args, cons
   return out;
 }
 
+/// args without the bool flag `--key` (bare, `--key true|false` or `--key=...`).
+std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& key) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind("--" + key + "=", 0) == 0) continue;
+    if (args[i] == "--" + key) {
+      if (i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false")) ++i;
+      continue;
+    }
+    out.push_back(args[i]);
+  }
+  return out;
+}
+
 /// A rank re-reads its launcher's command line: strata's own launcher passes
 /// --nproc (ranks per machine) and --nnodes on, and they must agree with the
 /// world it set up. Under another launcher, leave them out.
@@ -272,10 +286,13 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
     c.tp_size = chosen.request.tp_size();
     c.sequence_parallel = chosen.request.sequence_parallel();
     c.batch_size = chosen.request.micro_batch();
-    run.args = rewrite_args(run.args, {"batch-size"},
-                            {{"batch-size", std::to_string(c.batch_size)}, {"tp-size", std::to_string(c.tp_size)}});
-    if (c.sequence_parallel) run.args.push_back("--sequence-parallel");
+    run.args = without_flag(rewrite_args(run.args, {"batch-size", "tp-size"},
+                                         {{"batch-size", std::to_string(c.batch_size)},
+                                          {"tp-size", std::to_string(c.tp_size)}}),
+                            "sequence-parallel");
+    run.args.push_back(c.sequence_parallel ? "--sequence-parallel=true" : "--sequence-parallel=false");
     check_tensor_parallel(c, run.model, registry, shape.world, shape.local_ranks);
+    return scaled(profile, c.tp_size);  // probed at the run's micro-batch, now T times larger
   }
   return profile;
 }
@@ -310,7 +327,13 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string fitting;
   // The candidates over the whole job, tensor parallelism among them.
-  const auto job = plan_request(c, run.model, shape.world, shape.local_ranks).tp_size(1).sequence_parallel(false);
+  // At the run's global batch: a tensor-parallel run's --batch-size is a
+  // group's, shared by its T ranks (rounded up when T does not divide it).
+  const int tp = std::max(1, c.tp_size);
+  const auto job = plan_request(c, run.model, shape.world, shape.local_ranks)
+                       .tp_size(1)
+                       .sequence_parallel(false)
+                       .micro_batch((c.batch_size + tp - 1) / tp);
   for (const auto& row : plan_candidates(registry, job, *profile, available / shape.local_ranks)) {
     if (row.fits) {
       fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) +

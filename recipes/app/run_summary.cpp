@@ -107,7 +107,8 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   j["psi"] = n_params;
   // Bytes rank 0 sent per step over Ψ·(N-1)/N, Ψ = fp32 parameter bytes: the
   // ZeRO paper's multiple (ddp/oss/sdp 2, fsdp 3) independent of N.
-  if (world_size > 1 && !r.per_rank.empty() && n_params > 0) {
+  // The data-parallel formula's Ψ(N-1)/N: no yardstick for tensor parallelism's bytes.
+  if (world_size > 1 && config.tp_size <= 1 && !r.per_rank.empty() && n_params > 0) {
     double sent = 0.0;
     for (double b : r.per_rank[0].comm_bytes_per_step) sent += b;
     j["comm_ratio_to_psi"] = sent / (4.0 * double(n_params) * double(world_size - 1) / double(world_size));

@@ -35,8 +35,6 @@ torch::Tensor linear(const torch::nn::Linear& layer, const torch::Tensor& x) {
   return torch::linear(x, layer->weight, layer->bias);
 }
 
-/// A LayerNorm whose parameters go through `tp` (sequence parallel: their
-/// gradients cover this rank's tokens and are summed over ranks).
 /// Dropout on activations that sequence parallelism splits draws this rank's
 /// masks (each rank holds other tokens); on whole activations, which every
 /// rank of the group holds alike, the shared ones.
@@ -45,6 +43,8 @@ torch::Tensor split_dropout(torch::nn::Dropout& dropout, const torch::Tensor& x,
   return dropout(x);
 }
 
+/// A LayerNorm whose parameters go through `tp` (sequence parallel: their
+/// gradients cover this rank's tokens and are summed over ranks).
 torch::Tensor layer_norm(torch::nn::LayerNorm ln, const torch::Tensor& x, const tp::Parallel& tp) {
   if (!tp.sequence_parallel()) return ln(x);
   return torch::layer_norm(x, ln->options.normalized_shape(), tp.replicated(ln->weight), tp.replicated(ln->bias),
@@ -109,6 +109,7 @@ tp::Boundaries tensor_parallel_boundaries(const GPTOptions& o, int64_t micro_bat
   const int64_t layers = o.n_layer();
   b.activation = micro_batch * sequence * o.n_embd();
   b.forward_sums = 2 * layers + 1;   // attn.c_proj, c_proj per block; the embedding
+  b.fp32_forward_sums = 1;           // the embedding's lookup
   b.backward_sums = 2 * layers + 1;  // c_attn's and c_fc's inputs per block; the head's
   b.recomputed_sums = checkpoint_every > 0 ? 2 * ((layers + checkpoint_every - 1) / checkpoint_every) : 0;
   b.loss_positions = micro_batch * sequence;

@@ -39,7 +39,8 @@ RankRandomScope::~RankRandomScope() {
 }
 
 std::optional<RankRandomScope> Parallel::rank_random(bool draws) const {
-  if (!on() || !draws) return std::nullopt;
+  // The dry run's meta tensors draw nothing (and meta has no generator).
+  if (!on() || !draws || group_.device().is_meta()) return std::nullopt;
   return std::optional<RankRandomScope>(std::in_place, group_.device(), rank());
 }
 

@@ -5,9 +5,9 @@
 // counts into bytes in CommBytes' conventions (ring all-reduce 2(T-1)/T·S,
 // all-gather and reduce-scatter (T-1)/T·S of the whole tensor S). The
 // planner adds them to the data-parallel strategy's own (its spec's
-// communication model, over its group). Exact for fp32; under bf16-mixed the
-// sums of row-parallel outputs are bf16 and the rest fp32
-// (activation_bytes is then an average, not exact).
+// communication model, over its group). Under bf16- and 16-mixed the
+// row-parallel products cross in the compute dtype, the column-parallel
+// inputs and the embedding's lookup in fp32.
 #include "strata/strategies/spec.h"
 
 #include <cstdint>
@@ -26,11 +26,17 @@ struct Boundaries {
   /// reduce-scatter and its backward an all-gather, each column-parallel
   /// input an all-gather and its gradient a reduce-scatter.
   int64_t backward_sums = 0;
+  /// Of forward_sums, those whose values are fp32 whatever the precision (a
+  /// lookup in an fp32 table: autocast casts matmul inputs, not embeddings).
+  /// The rest cross in the compute dtype (row-parallel products), and
+  /// column-parallel inputs in fp32 (LayerNorm outputs under autocast).
+  int64_t fp32_forward_sums = 0;
   /// Forward sums that activation checkpointing runs again in backward.
   int64_t recomputed_sums = 0;
   /// Of forward_sums and backward_sums, those through which no gradient
   /// flows back (a frozen model's first layers, under LoRA): their backward
-  /// half sends nothing.
+  /// half sends nothing. The forward ones are the fp32 ones first (the
+  /// embedding comes first in a forward).
   int64_t forward_sums_without_gradient = 0;
   int64_t backward_sums_without_gradient = 0;
   /// Narrow crossings of the same kinds (LoRA adapters beside split Linears:
@@ -59,9 +65,10 @@ struct Boundaries {
 double activation_scale(int size, bool sequence_parallel);
 
 /// Bytes one rank of a tensor-parallel group of `size` sends per optimizer
-/// step of `micro_batches` micro-batches, `activation_bytes` per activation
-/// element, plus the global norm's one fp64 all-reduce.
-CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel, int64_t activation_bytes,
+/// step of `micro_batches` micro-batches, with `compute_bytes` per element of
+/// the compute dtype (4 in fp32, 2 under bf16- or 16-mixed), plus the global
+/// norm's one fp64 all-reduce.
+CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel, int64_t compute_bytes,
                            int64_t micro_batches);
 
 }  // namespace strata::tp

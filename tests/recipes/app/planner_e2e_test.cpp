@@ -152,6 +152,8 @@ TEST(PlannerE2ETest, AutoChoosesFsdpTimesTensorParallelWhereOnlyItFits) {
   const auto out = scratch() / "auto-tp";
   const auto run = run_gpt_binary("--strategy auto --memory-budget " + std::to_string(budget) + shape +
                                   "--nproc 4 --threads-per-rank 1 --progress-bar false --limit-val-batches 0 "
+                                  // Given by the user, replaced by the choice: no rank sees a flag twice.
+                                  "--tp-size 1 --sequence-parallel=false "
                                   "--max-steps 2 --output-dir " + out.string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("chosen: fsdp+tp2"), std::string::npos) << run.output;

@@ -363,7 +363,11 @@ TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction)
                                 "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
                                 "--activation-checkpointing 2 --lora-rank 4 --lora-targets mlp",
                                 "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --lora-rank 4 "
-                                "--lora-targets attn,mlp"}) {
+                                "--lora-targets attn,mlp",
+                                // bf16: row-parallel products in bf16, LayerNorm outputs and lookups in fp32.
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed",
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed "
+                                "--sequence-parallel --activation-checkpointing 1 --lora-rank 4 --lora-targets mlp"}) {
     const fs::path out = scratch() / ("bytes-" + std::to_string(std::hash<std::string>{}(how)));
     const auto run = run_gpt_binary(common + how + " --output-dir " + out.string());
     ASSERT_EQ(run.exit_code, 0) << how << "\n" << run.output;
@@ -390,6 +394,15 @@ TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction)
     EXPECT_GT(ratio, 0.9) << how;
     EXPECT_LT(ratio, 1.1) << how;
   }
+}
+
+TEST(TpDryRunTest, DropoutDrawsNothingOnTheFakeWorld) {
+  // rank_random on meta tensors: no generator there, and nothing to draw.
+  const auto run = run_gpt_binary("--preset gpt-nano --n-head 6 --data " + token_data(64).string() +
+                                  " --vocab-size 64 --block-size 12 --dropout 0.1 --strategy fsdp --nproc 4 "
+                                  "--tp-size 2 --sequence-parallel --dry-run");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("tensor parallel: group of 2"), std::string::npos) << run.output;
 }
 
 /// Bad --tp-size input: exit 2, one line naming the value and what is
