@@ -2,15 +2,19 @@
 
 #include "strata/callbacks/throughput.h"
 #include "strata/core/atomic_file.h"
+#include "strata/core/precision.h"
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace strata::recipes {
 namespace fs = std::filesystem;
@@ -80,6 +84,50 @@ PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::strin
     return {flops, std::string("measured (not cached: ") + e.what() + ")"};
   }
   return {flops, "measured"};
+}
+
+bool cpu_has_native(const std::string& dtype) {
+  const std::vector<std::string> flags = dtype == "bf16"   ? std::vector<std::string>{"avx512_bf16", "amx_bf16"}
+                                         : dtype == "fp16" ? std::vector<std::string>{"avx512_fp16", "amx_fp16"}
+                                                           : std::vector<std::string>{};
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    for (std::string word; words >> word;) {
+      if (std::find(flags.begin(), flags.end(), word) != flags.end()) return true;
+    }
+    return false;  // every core lists the same flags
+  }
+  return false;
+}
+
+std::string peak_dtype(const std::string& precision) {
+  const auto dtype = compute_dtype(parse_precision(precision));
+  return !dtype ? "fp32" : *dtype == at::kHalf ? "fp16" : "bf16";
+}
+
+PeakFlops mfu_peak(double peak_flops_flag, const std::string& precision, const torch::Device& device) {
+  if (peak_flops_flag > 0.0) return {peak_flops_flag, "--peak-flops"};
+  if (device.is_cuda()) return {0.0, "measured on " + device.str() + " in " + peak_dtype(precision)};
+  return cpu_peak_flops(at::get_num_threads(), peak_dtype(precision), default_peak_flops_cache());
+}
+
+std::string half_precision_warning(int threads, const std::string& precision, const std::string& cache_path) {
+  const std::string dtype = peak_dtype(precision);
+  if (dtype == "fp32") return "";
+  const PeakFlops half = cpu_peak_flops(threads, dtype, cache_path);
+  const PeakFlops fp32 = cpu_peak_flops(threads, "fp32", cache_path);
+  if (half.flops <= 0.0 || fp32.flops <= 0.0 || half.flops >= fp32.flops) return "";
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "warning: --precision %s multiplies matrices in %s at %.1f GFLOP/s on this CPU against fp32's "
+                "%.1f (%d thread(s), %s): %.1fx slower, %s; --precision 32 trains faster here",
+                precision.c_str(), dtype.c_str(), half.flops / 1e9, fp32.flops / 1e9, threads,
+                half.source == "measured" ? "measured now" : "measured earlier, cached", fp32.flops / half.flops,
+                cpu_has_native(dtype) ? ("the CPU has " + dtype + " instructions").c_str()
+                                      : ("the CPU has no " + dtype + " instructions").c_str());
+  return line;
 }
 
 }  // namespace strata::recipes

@@ -13,6 +13,8 @@
 // precision's compute dtype (fp32, bf16, fp16: 512², ATen's CPU fp16 GEMM
 // being ~40x slower than fp32 where the CPU has no fp16 arithmetic) with
 // that many threads.
+#include <torch/types.h>
+
 #include <string>
 
 namespace strata::recipes {
@@ -30,5 +32,27 @@ std::string default_peak_flops_cache();
 /// else measured now (sets and restores torch's thread count) and written to
 /// `cache_path` ("" = do not cache).
 PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path);
+
+/// Whether this CPU has `dtype` ("bf16", "fp16") arithmetic of its own, by
+/// /proc/cpuinfo's flags (avx512_bf16 or amx_bf16; avx512_fp16 or amx_fp16).
+bool cpu_has_native(const std::string& dtype);
+
+/// The dtype matmuls run in under `precision` (--precision: "32",
+/// "bf16-mixed", "16-mixed"), as cpu_peak_flops names it.
+std::string peak_dtype(const std::string& precision);
+
+/// What MFU divides by: `peak_flops_flag` (--peak-flops) when > 0, else on
+/// CPU this machine's cached peak for this rank's threads and compute dtype,
+/// else (CUDA) 0, which the Throughput callback measures on the device.
+PeakFlops mfu_peak(double peak_flops_flag, const std::string& precision, const torch::Device& device);
+
+/// One line for a run in `precision` ("bf16-mixed", "16-mixed") whose
+/// compute dtype multiplies matrices slower than fp32 on this CPU with
+/// `threads` threads: both rates (cpu_peak_flops: cached, or measured now),
+/// the slowdown, whether the CPU has the arithmetic, and the fp32
+/// alternative. "" in fp32, or when not slower. Without native bf16
+/// (AVX2-only machines) bf16 trains ~10x slower than fp32 (measured on one,
+/// issue 35); ATen's CPU fp16 GEMM is slow even on this AVX-512 machine.
+std::string half_precision_warning(int threads, const std::string& precision, const std::string& cache_path);
 
 }  // namespace strata::recipes

@@ -251,21 +251,6 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
             << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
 }
 
-/// The dtype matmuls run in under the run's precision, as cpu_peak_flops names it.
-std::string peak_dtype(const RunConfig& c) {
-  const auto dtype = compute_dtype(parse_precision(c.precision));
-  return !dtype ? "fp32" : *dtype == at::kHalf ? "fp16" : "bf16";
-}
-
-/// What MFU divides by: --peak-flops, else on CPU this machine's cached peak
-/// for this rank's threads and compute dtype (recipes/app/peak_flops.h), else (CUDA)
-/// 0, which the Throughput callback measures on the device.
-PeakFlops mfu_peak(const RunConfig& c, const torch::Device& device) {
-  if (c.peak_flops > 0.0) return {c.peak_flops, "--peak-flops"};
-  if (device.is_cuda()) return {0.0, "measured on " + device.str() + " in " + peak_dtype(c)};
-  return cpu_peak_flops(at::get_num_threads(), peak_dtype(c), default_peak_flops_cache());
-}
-
 /// Phase 2, once the rank is in its world: the model, the strategy, fit().
 void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
                     MemoryTracker& memory, Comm& comm) {
@@ -277,6 +262,10 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   if (is_zero) {
     const auto blas = check_blas_speed();
     if (blas.slow) std::cerr << blas.message << std::endl;
+    if (!env && device.is_cpu()) {  // one process (a launcher warned before starting its ranks)
+      const auto slow = half_precision_warning(at::get_num_threads(), c.precision, default_peak_flops_cache());
+      if (!slow.empty()) std::cerr << slow << std::endl;
+    }
     fs::create_directories(out_dir);
     // A stale summary from an earlier run must not make this one look finished.
     fs::remove(out_dir / "summary.json");
@@ -291,7 +280,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   std::shared_ptr<Strategy> strategy = registry.create_parsed(
       c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
-  const PeakFlops peak = mfu_peak(c, device);
+  const PeakFlops peak = mfu_peak(c.peak_flops, c.precision, device);
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
@@ -406,8 +395,11 @@ int launch_local_ranks(CheckedRun& run, const char* argv0) {
   try {
     // Measured (once per machine) before any rank runs: ranks measuring
     // side by side would each see part of the cores.
-    if (c.peak_flops == 0.0 && resolve_device(c.device, 0).is_cpu()) {
-      cpu_peak_flops(resolve_threads(c.threads_per_rank, c.nproc), peak_dtype(c), default_peak_flops_cache());
+    if (resolve_device(c.device, 0).is_cpu()) {
+      const int threads = resolve_threads(c.threads_per_rank, c.nproc);
+      if (c.peak_flops == 0.0) cpu_peak_flops(threads, peak_dtype(c.precision), default_peak_flops_cache());
+      const auto slow = half_precision_warning(threads, c.precision, default_peak_flops_cache());
+      if (!slow.empty()) std::cerr << slow << std::endl;
     }
     const int code = launch_ranks(run.args, launch);
     if (code != 0 && !launch.flight_dir.empty()) print_flight_report(launch.flight_dir);

@@ -1,0 +1,86 @@
+// peak_flops_test - the one-line warning for a half precision that
+// multiplies matrices slower than fp32 on this CPU (an AVX2-only machine's
+// bf16, most CPUs' fp16): from the cached rates, and from strata-gpt once per
+// run, before its ranks start. The rates come from a cache file of this
+// test's own, written with a machine's measured keys and a slow bf16 rate
+// (AVX2-only: ~0.2 GFLOP/s against ~90 fp32), so the test does not depend
+// on which CPU runs it.
+#include "strata/recipes/app/peak_flops.h"
+#include "tests/run_binary.h"
+#include "tests/temp_dir.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+namespace fs = std::filesystem;
+using namespace strata::recipes;
+
+const fs::path& scratch() {
+  static const strata::testing::TempDir dir("strata-peak-flops-test");
+  return dir.path();
+}
+
+/// $XDG_CACHE_HOME/strata/peak_flops.json with this machine's 1-thread fp32
+/// and bf16 keys (measured once), their rates set to `fp32` and `bf16`.
+fs::path cache_with(const std::string& name, double fp32, double bf16) {
+  const fs::path home = scratch() / name, file = home / "strata" / "peak_flops.json";
+  fs::create_directories(file.parent_path());
+  cpu_peak_flops(1, "fp32", file.string());
+  cpu_peak_flops(1, "bf16", file.string());
+  nlohmann::json cache;
+  std::ifstream(file) >> cache;
+  for (auto& [key, value] : cache.items()) {
+    value = key.find("| bf16 |") != std::string::npos ? bf16 : fp32;
+  }
+  std::ofstream(file) << cache.dump(2);
+  return home;
+}
+
+TEST(HalfPrecisionWarningTest, NamesBothRatesTheSlowdownAndTheFp32Alternative) {
+  const fs::path slow = cache_with("slow", 90e9, 0.2e9);
+  const std::string file = (slow / "strata" / "peak_flops.json").string();
+  const std::string line = half_precision_warning(1, "bf16-mixed", file);
+  EXPECT_EQ(line.rfind("warning: --precision bf16-mixed multiplies matrices in bf16 at 0.2 GFLOP/s", 0), 0u) << line;
+  EXPECT_NE(line.find("against fp32's 90.0"), std::string::npos) << line;
+  EXPECT_NE(line.find("450.0x slower"), std::string::npos) << line;
+  EXPECT_NE(line.find("--precision 32 trains faster here"), std::string::npos) << line;
+  EXPECT_NE(line.find(cpu_has_native("bf16") ? "the CPU has bf16" : "the CPU has no bf16"), std::string::npos)
+      << line;
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 0) << "one line";
+  // Not slower, or fp32: nothing to say.
+  const fs::path fast = cache_with("fast", 90e9, 400e9);
+  EXPECT_EQ(half_precision_warning(1, "bf16-mixed", (fast / "strata" / "peak_flops.json").string()), "");
+  EXPECT_EQ(half_precision_warning(1, "32", file), "");
+}
+
+TEST(HalfPrecisionWarningTest, StrataGptSaysItOnceBeforeTraining) {
+  const fs::path slow = cache_with("slow-run", 90e9, 0.2e9);
+  for (const std::string ranks : {"1", "2"}) {
+    const auto run = strata::testing::run_gpt_binary(
+        "--preset gpt-nano --data addition:2 --precision bf16-mixed --max-steps 1 --threads-per-rank 1 "
+        "--limit-val-batches 0 --progress-bar false --strategy " + (ranks == "1" ? std::string("single") : "ddp") +
+        " --nproc " + ranks + " --output-dir " +
+            (scratch() / ("out" + ranks)).string(),
+        "XDG_CACHE_HOME=" + slow.string());
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const std::string head = "warning: --precision bf16-mixed multiplies matrices in bf16 at 0.2 GFLOP/s";
+    const auto first = run.output.find(head);
+    EXPECT_NE(first, std::string::npos) << run.output;
+    EXPECT_EQ(run.output.find(head, first + 1), std::string::npos) << "once per run, not per rank:\n" << run.output;
+  }
+  const fs::path fast = cache_with("fast-run", 90e9, 400e9);
+  const auto run = strata::testing::run_gpt_binary(
+      "--preset gpt-nano --data addition:2 --precision bf16-mixed --max-steps 1 --threads-per-rank 1 "
+      "--limit-val-batches 0 --progress-bar false --output-dir " + (scratch() / "out-fast").string(),
+      "XDG_CACHE_HOME=" + fast.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.output.find("warning: --precision"), std::string::npos) << run.output;
+}
+
+}  // namespace
