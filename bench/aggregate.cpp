@@ -180,13 +180,16 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   CaseResult r;
   r.bench_case = c;
   r.runs = static_cast<int>(summaries.size());
-  std::vector<double> tps, mfu, peak_flops, backward, grad_sync;
+  std::vector<double> tps, mfu, ceiling, peak_flops, backward, grad_sync;
   for (const auto& s : summaries) {
     tps.push_back(s.at("tokens_per_s").get<double>());
     backward.push_back(s.value("backward_s_per_step", 0.0));
     grad_sync.push_back(s.value("grad_sync_s_per_step", 0.0));
     // null: unknown (an MFU above 1 against its peak is not reported).
     mfu.push_back(s.contains("mfu") && s.at("mfu").is_number() ? s.at("mfu").get<double>() : 0.0);
+    ceiling.push_back(s.contains("ceiling_share") && s.at("ceiling_share").is_number()
+                          ? s.at("ceiling_share").get<double>()
+                          : 0.0);
     peak_flops.push_back(s.value("peak_flops_per_rank", 0.0));
     const int64_t peak = peak_tensor_bytes_max(s), state = model_state_bytes_max(s);
     const bool first = &s == &summaries.front();
@@ -200,6 +203,7 @@ CaseResult aggregate(const BenchCase& c, const std::vector<nlohmann::json>& summ
   if (!median_step_tokens_per_s.empty()) r.median_step_tokens_per_s = compute_stats(median_step_tokens_per_s).median;
   if (!best_step_tokens_per_s.empty()) r.best_step_tokens_per_s = compute_stats(best_step_tokens_per_s).max;
   r.mfu = compute_stats(mfu).median;
+  r.ceiling_share = compute_stats(ceiling).median;
   r.peak_flops_per_rank = compute_stats(peak_flops).median;
   r.backward_s_per_step = compute_stats(backward).median;
   r.grad_sync_s_per_step = compute_stats(grad_sync).median;

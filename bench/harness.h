@@ -226,6 +226,9 @@ struct CaseResult {
   double median_step_tokens_per_s = 0.0;  ///< median over runs of CaseRun's (0 if unknown)
   double best_step_tokens_per_s = 0.0;    ///< max over runs of CaseRun's (0 if unknown)
   double mfu = 0.0;                 ///< median over runs
+  /// tokens/s over the GEMM-bound ceiling (summary.json's ceiling_share,
+  /// recipes/app/gemm_ceiling.h), median over runs; 0: none (CUDA, TorchScript).
+  double ceiling_share = 0.0;
   double peak_flops_per_rank = 0.0; ///< median over runs
   int64_t parameters = 0;
   int world_size = 1;

@@ -68,7 +68,8 @@ std::string row(const CaseResult& r, const std::map<std::string, const CaseResul
   std::ostringstream out;
   out << "| " << c.name << " | " << c.strategy << " | " << c.nproc << "×" << c.threads_per_rank << " | "
       << c.precision << " | " << c.batch_size << " | " << tps << " | " << vs_tps << " | " << step_tps << " | "
-      << fixed(100.0 * r.mfu, 1) << "% | " << fixed(r.peak_flops_per_rank / 1e9, 1) << " | "
+      << fixed(100.0 * r.mfu, 1) << "% | " << (r.ceiling_share > 0 ? fixed(100.0 * r.ceiling_share, 1) + "%" : "–")
+      << " | " << fixed(r.peak_flops_per_rank / 1e9, 1) << " | "
       << flagged(r.peak_tensor_bytes_min, r.peak_tensor_bytes_max) << " | " << vs_peak << " | "
       << (r.peak_rss_bytes_max > 0 ? format_mib(double(r.peak_rss_bytes_max)) : "–") << " | "
       << flagged(r.model_state_bytes_min, r.model_state_bytes_max) << " | " << state_vs_formula << " | "
@@ -131,9 +132,9 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
   for (const Suite& suite : suites) {
     out << "\n### " << suite.name << "\n\n" << suite.about << "\n\n"
         << "| case | strategy | ranks×threads | precision | batch/rank | tokens/s | vs ref | tokens/s @ median step "
-           "| MFU | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/model "
+           "| MFU | share of GEMM ceiling | peak GFLOP/s/rank | peak tensor/rank | peak vs ref | peak RSS/rank | model state/rank | state/model "
            "| comm/step (rank 0) | backward ms/step | grad sync wait ms/step | Ψ (fp32 params) | comm/step ÷ Ψ |\n"
-        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        << "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const BenchCase& c : suite.cases) {
       auto it = by_name.find(c.name);
       if (it == by_name.end()) continue;
@@ -320,6 +321,7 @@ nlohmann::json case_record(const CaseResult& r, const ReportHeader& header) {
   j["median_step_tokens_per_s"] = r.median_step_tokens_per_s;
   j["best_step_tokens_per_s"] = r.best_step_tokens_per_s;
   j["mfu"] = r.mfu;
+  j["ceiling_share"] = r.ceiling_share;
   j["parameters"] = r.parameters;
   j["world_size"] = r.world_size;
   j["peak_tensor_bytes_max"] = r.peak_tensor_bytes_max;

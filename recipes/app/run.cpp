@@ -15,6 +15,7 @@
 #include "strata/launch/environment.h"
 #include "strata/launch/launcher.h"
 #include "strata/recipes/app/dry_run.h"
+#include "strata/recipes/app/gemm_ceiling.h"
 #include "strata/recipes/app/flight_dumps.h"
 #include "strata/recipes/app/peak_flops.h"
 #include "strata/recipes/app/run_checks.h"
@@ -200,57 +201,6 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
   }
 }
 
-/// "12.3%".
-std::string percent(double fraction) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * fraction);
-  return buf;
-}
-
-/// Rank 0: summary.json (written last: it marks a finished run) and the
-/// closing line.
-void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
-                   Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
-                   const torch::Device& device, const nlohmann::json& saves, int local_world) {
-  const RunConfig& c = run.config;
-  const int world = strategy.comm().size();
-  peak.flops = throughput.peak_flops();  // CUDA: measured by the callback on the device
-  const std::optional<double> mfu =
-      throughput.mfu() > 0.0 ? std::optional<double>(throughput.mfu()) : std::nullopt;
-  auto summary = summary_json(c, result, world, n_params, run.data->name(), peak, mfu);
-  summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
-  const auto request = plan_request(c, run.model, world, local_world);
-  if (const auto estimate = estimate_memory(registry, request)) {
-    std::optional<int64_t> peak_bytes;
-    if (estimate->predicts_peak) {
-      // After fit (the probe's allocations go to its own tracker, so the run's
-      // numbers above are unaffected).
-      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
-      peak_bytes = predict_peak(registry, request, profile).peak();
-    }
-    add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,
-                    predict_comm(registry, request));
-  }
-  for (const auto& [key, value] : strategy.report()) {  // rank 0's
-    const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
-    summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);
-  }
-  if (!saves.empty()) summary["checkpoint_saves"] = saves;
-  const fs::path out_dir(c.output_dir);
-  write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
-  int64_t peak_tensor = 0;
-  for (auto b : result.peak_tensor_bytes) peak_tensor = std::max(peak_tensor, b);
-  std::cout << "\n== done: " << result.steps << " steps in " << result.elapsed_s << " s"
-            << " | train loss " << result.final_train_loss;
-  if (result.val_loss) std::cout << " | val loss " << *result.val_loss;
-  if (result.val_accuracy) std::cout << " | val accuracy " << 100.0 * *result.val_accuracy << "%";
-  std::cout << " | " << static_cast<int64_t>(result.tokens_per_s) << " tokens/s"
-            << " | MFU " << (mfu ? percent(*mfu) : std::string("n/a"))
-            << (throughput.mfu_above_one() ? " (above 1 against the peak: set --peak-flops)" : "")
-            << " | peak tensor memory " << format_bytes(peak_tensor) << " (max over ranks)"
-            << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
-}
-
 /// Phase 2, once the rank is in its world: the model, the strategy, fit().
 void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
                     MemoryTracker& memory, Comm& comm) {
@@ -281,6 +231,12 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
       c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
   const PeakFlops peak = mfu_peak(c.peak_flops, c.precision, device);
+  // The job's GEMM-bound ceiling, tokens/s (CPU; the launcher measured the rate).
+  const double ceiling = device.is_cpu() && !built.scripted
+                             ? gemm_ceiling_tokens_per_s(run.model, c.batch_size, built.module->flops_per_token(),
+                                                         c.precision, at::get_num_threads(),
+                                                         default_peak_flops_cache()) * strategy->job_size()
+                             : 0.0;
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
@@ -303,7 +259,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   write_exports(run, *strategy, built, is_zero);
   if (is_zero) {
     write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device,
-                  checkpoint_saves(callbacks), local_world);
+                  checkpoint_saves(callbacks), local_world, ceiling);
   }
 }
 
@@ -398,6 +354,10 @@ int launch_local_ranks(CheckedRun& run, const char* argv0) {
     if (resolve_device(c.device, 0).is_cpu()) {
       const int threads = resolve_threads(c.threads_per_rank, c.nproc);
       if (c.peak_flops == 0.0) cpu_peak_flops(threads, peak_dtype(c.precision), default_peak_flops_cache());
+      if (c.torchscript.empty()) {  // the GEMM ceiling's rate, for the ranks to read
+        cpu_gemm_rate(gpt_step_gemms(run.model, c.batch_size * run.model.block_size()), threads,
+                      peak_dtype(c.precision), default_peak_flops_cache());
+      }
       const auto slow = half_precision_warning(threads, c.precision, default_peak_flops_cache());
       if (!slow.empty()) std::cerr << slow << std::endl;
     }

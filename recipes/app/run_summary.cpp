@@ -1,8 +1,14 @@
 #include "strata/recipes/app/run_summary.h"
 
 #include "strata/callbacks/model_checkpoint.h"
+#include "strata/core/atomic_file.h"
 
 #include "strata/strategies/comm.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
 
 namespace strata::recipes {
 
@@ -156,6 +162,62 @@ nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& ca
     }
   }
   return saves;
+}
+
+/// "12.3%".
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * fraction);
+  return buf;
+}
+
+/// Rank 0: summary.json (written last: it marks a finished run) and the
+/// closing line.
+void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
+                   Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
+                   const torch::Device& device, const nlohmann::json& saves, int local_world, double ceiling) {
+  const RunConfig& c = run.config;
+  const int world = strategy.comm().size();
+  peak.flops = throughput.peak_flops();  // CUDA: measured by the callback on the device
+  const std::optional<double> mfu =
+      throughput.mfu() > 0.0 ? std::optional<double>(throughput.mfu()) : std::nullopt;
+  auto summary = summary_json(c, result, world, n_params, run.data->name(), peak, mfu);
+  summary["device"] = device.str();  // rank 0's; rank r uses cuda:LOCAL_RANK on CUDA
+  if (ceiling > 0.0) {  // recipes/app/gemm_ceiling.h: the job's tokens/s at this CPU's GEMM rate
+    summary["gemm_ceiling_tokens_per_s"] = ceiling;
+    summary["ceiling_share"] = result.tokens_per_s / ceiling;
+  }
+  const auto request = plan_request(c, run.model, world, local_world);
+  if (const auto estimate = estimate_memory(registry, request)) {
+    std::optional<int64_t> peak_bytes;
+    if (estimate->predicts_peak) {
+      // After fit (the probe's allocations go to its own tracker, so the run's
+      // numbers above are unaffected).
+      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
+      peak_bytes = predict_peak(registry, request, profile).peak();
+    }
+    add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,
+                    predict_comm(registry, request));
+  }
+  for (const auto& [key, value] : strategy.report()) {  // rank 0's
+    const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
+    summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);
+  }
+  if (!saves.empty()) summary["checkpoint_saves"] = saves;
+  const std::filesystem::path out_dir(c.output_dir);
+  write_file_atomically((out_dir / "summary.json").string(), summary.dump(2) + "\n");
+  int64_t peak_tensor = 0;
+  for (auto b : result.peak_tensor_bytes) peak_tensor = std::max(peak_tensor, b);
+  std::cout << "\n== done: " << result.steps << " steps in " << result.elapsed_s << " s"
+            << " | train loss " << result.final_train_loss;
+  if (result.val_loss) std::cout << " | val loss " << *result.val_loss;
+  if (result.val_accuracy) std::cout << " | val accuracy " << 100.0 * *result.val_accuracy << "%";
+  std::cout << " | " << static_cast<int64_t>(result.tokens_per_s) << " tokens/s"
+            << " | MFU " << (mfu ? percent(*mfu) : std::string("n/a"))
+            << (ceiling > 0.0 ? " | " + percent(result.tokens_per_s / ceiling) + " of the GEMM ceiling" : "")
+            << (throughput.mfu_above_one() ? " (above 1 against the peak: set --peak-flops)" : "")
+            << " | peak tensor memory " << format_bytes(peak_tensor) << " (max over ranks)"
+            << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
 }
 
 }  // namespace strata::recipes

@@ -5,6 +5,8 @@
 #include "strata/recipes/models/gpt.h"
 #include "strata/recipes/app/peak_flops.h"
 #include "strata/recipes/app/planner.h"
+#include "strata/recipes/app/run_checks.h"
+#include "strata/callbacks/throughput.h"
 #include "strata/trainer/trainer.h"
 
 #include <nlohmann/json.hpp>
@@ -40,5 +42,14 @@ void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state,
 /// loop and how long its write took (summary.json's checkpoint_saves; empty
 /// without checkpoints).
 nlohmann::json checkpoint_saves(const std::vector<std::shared_ptr<Callback>>& callbacks);
+
+/// "12.3%".
+std::string percent(double fraction);
+
+/// Rank 0: summary.json (written last: it marks a finished run) and the
+/// closing line. `ceiling`: the job's GEMM-bound tokens/s (0: none).
+void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
+                   Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
+                   const torch::Device& device, const nlohmann::json& saves, int local_world, double ceiling);
 
 }  // namespace strata::recipes

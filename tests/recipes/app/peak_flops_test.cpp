@@ -1,11 +1,15 @@
-// peak_flops_test - the one-line warning for a half precision that
+// peak_flops_test - the GEMM-bound ceiling (recipes/app/gemm_ceiling.h): the
+// step's products, their cached rate, and summary.json's share of it. And the
+// one-line warning for a half precision that
 // multiplies matrices slower than fp32 on this CPU (an AVX2-only machine's
 // bf16, most CPUs' fp16): from the cached rates, and from strata-gpt once per
 // run, before its ranks start. The rates come from a cache file of this
 // test's own, written with a machine's measured keys and a slow bf16 rate
 // (AVX2-only: ~0.2 GFLOP/s against ~90 fp32), so the test does not depend
 // on which CPU runs it.
+#include "strata/recipes/app/gemm_ceiling.h"
 #include "strata/recipes/app/peak_flops.h"
+#include "strata/recipes/data/data.h"
 #include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 
@@ -81,6 +85,51 @@ TEST(HalfPrecisionWarningTest, StrataGptSaysItOnceBeforeTraining) {
       "XDG_CACHE_HOME=" + fast.string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(run.output.find("warning: --precision"), std::string::npos) << run.output;
+}
+
+TEST(GemmCeilingTest, TheStepsProductsAreSixFlopsPerLinearWeightAndToken) {
+  // Forward, input gradient and weight gradient of every Linear, the head's
+  // included: 6 FLOPs per weight and token, the 6N of MFU without the
+  // attention's 12·L·H·Q·T (its kernel is not a GEMM).
+  const auto model = gpt_preset("gpt-mini").vocab_size(65).block_size(128);
+  const int64_t tokens = 8 * 128, c = model.n_embd();
+  double flops = 0.0;
+  int64_t products = 0;
+  for (const auto& s : gpt_step_gemms(model, tokens)) {
+    flops += s.flops();
+    products += s.count;
+  }
+  const double weights = double(12 * c * c * model.n_layer() + model.vocab_size() * c);
+  EXPECT_DOUBLE_EQ(flops, 6.0 * weights * double(tokens));
+  EXPECT_EQ(products, 3 * (4 * model.n_layer() + 1));
+}
+
+TEST(GemmCeilingTest, TheRateIsCachedAndSummaryJsonDividesByIt) {
+  const fs::path home = scratch() / "ceiling";
+  const std::string file = (home / "strata" / "peak_flops.json").string();
+  const auto data = make_data("addition:2", 0, 50257, 1);
+  const auto model = gpt_preset("gpt-nano").vocab_size(data->vocab_size()).block_size(data->block_size());
+  const auto shapes = gpt_step_gemms(model, 4 * model.block_size());
+  const PeakFlops first = cpu_gemm_rate(shapes, 1, "fp32", file);
+  EXPECT_EQ(first.source, "measured");
+  const PeakFlops again = cpu_gemm_rate(shapes, 1, "fp32", file);
+  EXPECT_EQ(again.flops, first.flops);
+  EXPECT_EQ(again.source.rfind("cached", 0), 0u) << again.source;
+  // strata-gpt over 2 ranks reads that rate: the job's ceiling is 2 ranks'.
+  const fs::path out = scratch() / "ceiling-run";
+  const auto run = strata::testing::run_gpt_binary(
+      "--preset gpt-nano --data addition:2 --batch-size 4 --max-steps 3 --threads-per-rank 1 --strategy ddp "
+      "--nproc 2 --limit-val-batches 0 --progress-bar false --output-dir " + out.string(),
+      "XDG_CACHE_HOME=" + home.string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  nlohmann::json summary;
+  std::ifstream(out / "summary.json") >> summary;
+  GPTModule module(model, /*deferred=*/true);
+  EXPECT_NEAR(summary.at("gemm_ceiling_tokens_per_s").get<double>(), 2.0 * first.flops / module.flops_per_token(),
+              1e-6 * first.flops / module.flops_per_token());
+  EXPECT_NEAR(summary.at("ceiling_share").get<double>() * summary.at("gemm_ceiling_tokens_per_s").get<double>(),
+              summary.at("tokens_per_s").get<double>(), 1e-6 * summary.at("tokens_per_s").get<double>());
+  EXPECT_NE(run.output.find("of the GEMM ceiling"), std::string::npos) << run.output;
 }
 
 }  // namespace
