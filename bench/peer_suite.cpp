@@ -166,8 +166,9 @@ std::string peer_markdown(const std::vector<CaseResult>& results, const Strategy
   std::ostringstream out;
   out << "\n### strata vs PyTorch 2.x\n\n"
          "| job | strata tokens/s | PyTorch eager | PyTorch compiled | strata ÷ faster PyTorch (range) "
+         "| share of GEMM ceiling strata / PyTorch "
          "| peak RSS/rank MiB strata / PyTorch | loopback KiB/step strata / PyTorch "
-         "| final loss strata / PyTorch (agree?) |\n|---|---|---|---|---|---|---|---|\n";
+         "| final loss strata / PyTorch (agree?) |\n|---|---|---|---|---|---|---|---|---|\n";
   for (const PeerJob& job : jobs(registry)) {
     const std::string stem = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/";
     auto find = [&](const std::string& system) {
@@ -187,6 +188,13 @@ std::string peer_markdown(const std::vector<CaseResult>& results, const Strategy
               fixed(s->tokens_per_s.min / best->tokens_per_s.max, 2) + "–" +
               fixed(s->tokens_per_s.max / best->tokens_per_s.min, 2) + ")";
     }
+    // The same model, shape, precision and ranks: one ceiling (strata's summary.json's).
+    std::string ceiling = "–";
+    if (ok(s) && s->ceiling_share > 0) {
+      const double tokens = s->tokens_per_s.median / s->ceiling_share;
+      ceiling = fixed(100.0 * s->ceiling_share, 1) + "% / " +
+                (best ? fixed(100.0 * best->tokens_per_s.median / tokens, 1) + "%" : std::string("–"));
+    }
     auto rss = [&](const CaseResult* r) { return ok(r) && r->peak_rss_bytes_max > 0 ? mib(double(r->peak_rss_bytes_max)) : "–"; };
     auto lo = [&](const CaseResult* r) {
       return ok(r) && r->loopback_bytes_per_step ? fixed(*r->loopback_bytes_per_step / 1024.0, 0) : "–";
@@ -199,7 +207,7 @@ std::string peer_markdown(const std::vector<CaseResult>& results, const Strategy
              fixed(diff, 5) + (agree ? " ✓)" : " ✗ void)");
     }
     out << "| " << job.shape << " " << job.label() << " | " << tps_cell(s) << " | " << tps_cell(eager) << " | "
-        << tps_cell(compiled) << " | " << ratio << " | " << rss(s) << " / " << rss(best) << " | " << lo(s) << " / "
+        << tps_cell(compiled) << " | " << ratio << " | " << ceiling << " | " << rss(s) << " / " << rss(best) << " | " << lo(s) << " / "
         << lo(best) << " | " << loss << " |\n";
   }
   out << "\nLosses agree when |Δ| ≤ " << fixed(peer_loss_tolerance("32"), 4) << " (fp32) or "

@@ -214,8 +214,8 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
   if (result.val_accuracy) std::cout << " | val accuracy " << 100.0 * *result.val_accuracy << "%";
   std::cout << " | " << static_cast<int64_t>(result.tokens_per_s) << " tokens/s"
             << " | MFU " << (mfu ? percent(*mfu) : std::string("n/a"))
-            << (ceiling > 0.0 ? " | " + percent(result.tokens_per_s / ceiling) + " of the GEMM ceiling" : "")
             << (throughput.mfu_above_one() ? " (above 1 against the peak: set --peak-flops)" : "")
+            << (ceiling > 0.0 ? " | " + percent(result.tokens_per_s / ceiling) + " of the GEMM ceiling" : "")
             << " | peak tensor memory " << format_bytes(peak_tensor) << " (max over ranks)"
             << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
 }
