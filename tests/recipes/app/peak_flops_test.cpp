@@ -46,7 +46,7 @@ fs::path cache_with(const std::string& name, double fp32, double bf16) {
   return home;
 }
 
-TEST(HalfPrecisionWarningTest, NamesBothRatesTheSlowdownAndTheFp32Alternative) {
+TEST(SlowHalfPrecisionTest, NamesBothRatesTheSlowdownAndTheFp32Alternative) {
   const fs::path slow = cache_with("slow", 90e9, 0.2e9);
   const std::string file = (slow / "strata" / "peak_flops.json").string();
   const std::string line = half_precision_warning(1, "bf16-mixed", file);
@@ -63,7 +63,7 @@ TEST(HalfPrecisionWarningTest, NamesBothRatesTheSlowdownAndTheFp32Alternative) {
   EXPECT_EQ(half_precision_warning(1, "32", file), "");
 }
 
-TEST(HalfPrecisionWarningTest, StrataGptSaysItOnceBeforeTraining) {
+TEST(SlowHalfPrecisionTest, StrataGptSaysItOnceBeforeTraining) {
   const fs::path slow = cache_with("slow-run", 90e9, 0.2e9);
   for (const std::string ranks : {"1", "2"}) {
     const auto run = strata::testing::run_gpt_binary(
