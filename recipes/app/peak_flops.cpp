@@ -119,15 +119,16 @@ std::string half_precision_warning(int threads, const std::string& precision, co
   const PeakFlops half = cpu_peak_flops(threads, dtype, cache_path);
   const PeakFlops fp32 = cpu_peak_flops(threads, "fp32", cache_path);
   if (half.flops <= 0.0 || fp32.flops <= 0.0 || half.flops >= fp32.flops) return "";
-  char line[512];
-  std::snprintf(line, sizeof(line),
-                "warning: --precision %s multiplies matrices in %s at %.1f GFLOP/s on this CPU against fp32's "
-                "%.1f (%d thread(s), %s): %.1fx slower, %s; --precision 32 trains faster here",
-                precision.c_str(), dtype.c_str(), half.flops / 1e9, fp32.flops / 1e9, threads,
-                half.source == "measured" ? "measured now" : "measured earlier, cached", fp32.flops / half.flops,
-                cpu_has_native(dtype) ? ("the CPU has " + dtype + " instructions").c_str()
-                                      : ("the CPU has no " + dtype + " instructions").c_str());
-  return line;
+  std::ostringstream line;
+  line.setf(std::ios::fixed);
+  line.precision(1);
+  const bool cached = half.source.rfind("cached", 0) == 0;
+  line << "warning: --precision " << precision << " multiplies matrices in " << dtype << " at " << half.flops / 1e9
+       << " GFLOP/s on this CPU against fp32's " << fp32.flops / 1e9 << " (" << threads << " thread(s), "
+       << (cached ? "measured earlier, cached" : "measured now") << "): " << fp32.flops / half.flops
+       << "x slower, the CPU has " << (cpu_has_native(dtype) ? "" : "no ") << dtype
+       << " instructions; --precision 32 trains faster here";
+  return line.str();
 }
 
 }  // namespace strata::recipes

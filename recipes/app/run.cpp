@@ -212,7 +212,9 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   if (is_zero) {
     const auto blas = check_blas_speed();
     if (blas.slow) std::cerr << blas.message << std::endl;
-    if (!env && device.is_cpu()) {  // one process (a launcher warned before starting its ranks)
+    // One process, or rank 0 of another launcher's job (strata's own launcher
+    // warned before starting its ranks).
+    if (speaks_for_machine(env) && device.is_cpu()) {
       const auto slow = half_precision_warning(at::get_num_threads(), c.precision, default_peak_flops_cache());
       if (!slow.empty()) std::cerr << slow << std::endl;
     }
@@ -231,12 +233,15 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
       c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
   const PeakFlops peak = mfu_peak(c.peak_flops, c.precision, device);
-  // The job's GEMM-bound ceiling, tokens/s (CPU; the launcher measured the rate).
-  const double ceiling = device.is_cpu() && !built.scripted
+  // The job's GEMM-bound ceiling, tokens/s (CPU; rank 0 writes it; strata's
+  // launcher measured the rate). Measured here on a cold cache, its matrices
+  // are not the run's: the peak starts after them.
+  const double ceiling = is_zero && device.is_cpu() && !built.scripted
                              ? gemm_ceiling_tokens_per_s(run.model, c.batch_size, built.module->flops_per_token(),
                                                          c.precision, at::get_num_threads(),
                                                          default_peak_flops_cache()) * strategy->job_size()
                              : 0.0;
+  memory.reset_peak();
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
