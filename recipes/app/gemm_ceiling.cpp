@@ -1,23 +1,15 @@
 #include "strata/recipes/app/gemm_ceiling.h"
 
-#include "strata/core/atomic_file.h"
-
-#include <ATen/Parallel.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
 #include <tuple>
 
 namespace strata::recipes {
-namespace fs = std::filesystem;
 
 std::vector<GemmShape> gpt_step_gemms(const GPTOptions& o, int64_t tokens) {
   const int64_t c = o.n_embd(), l = o.n_layer();
@@ -37,14 +29,6 @@ std::vector<GemmShape> gpt_step_gemms(const GPTOptions& o, int64_t tokens) {
 }
 
 namespace {
-
-std::string cpu_model_name() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find_first_not_of(" \t:", line.find(':')));
-  }
-  return "unknown cpu";
-}
 
 /// The best of a few [m, k] x [k, n] products, seconds.
 double best_seconds(int64_t m, int64_t k, int64_t n, torch::Dtype dtype) {
@@ -72,37 +56,17 @@ PeakFlops cpu_gemm_rate(const std::vector<GemmShape>& shapes, int threads, const
   TORCH_CHECK_VALUE(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "cpu_gemm_rate: unknown dtype '", dtype,
                     "'; allowed: fp32, bf16, fp16");
   std::ostringstream key;
-  key << cpu_model_name() << " | torch " << TORCH_VERSION << " | " << dtype << " | " << threads << " thread(s) | gemms";
+  key << peak_cache_key(threads, dtype) << " | gemms";
   for (const auto& s : shapes) key << " " << s.count << "*" << s.m << "x" << s.k << "x" << s.n;
-  nlohmann::json cache = nlohmann::json::object();
-  if (!cache_path.empty()) {
-    std::ifstream in(cache_path);
-    if (in) cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (!cache.is_object()) cache = nlohmann::json::object();  // a damaged cache is re-measured
-  }
-  if (cache.contains(key.str()) && cache[key.str()].is_number() && cache[key.str()].get<double>() > 0.0) {
-    return {cache[key.str()].get<double>(), "cached (" + cache_path + ")"};
-  }
   const auto type = dtype == "fp32" ? torch::kFloat32 : dtype == "bf16" ? torch::kBFloat16 : torch::kHalf;
-  const int previous = at::get_num_threads();
-  at::set_num_threads(threads);
-  double flops = 0.0, seconds = 0.0;
-  for (const auto& s : shapes) {
-    flops += s.flops();
-    seconds += double(s.count) * best_seconds(s.m, s.k, s.n, type);  // each repeat costs alike
-  }
-  at::set_num_threads(previous);
-  const double rate = flops / std::max(seconds, 1e-9);
-  if (cache_path.empty()) return {rate, "measured (no cache)"};
-  cache[key.str()] = rate;
-  std::error_code ec;
-  fs::create_directories(fs::path(cache_path).parent_path(), ec);
-  try {
-    write_file_atomically(cache_path, cache.dump(2) + "\n");
-  } catch (const std::exception& e) {
-    return {rate, std::string("measured (not cached: ") + e.what() + ")"};
-  }
-  return {rate, "measured"};
+  return cached_rate(key.str(), cache_path, threads, [&shapes, type] {
+    double flops = 0.0, seconds = 0.0;
+    for (const auto& s : shapes) {
+      flops += s.flops();
+      seconds += double(s.count) * best_seconds(s.m, s.k, s.n, type);  // each repeat costs alike
+    }
+    return flops / std::max(seconds, 1e-9);
+  });
 }
 
 double gemm_ceiling_tokens_per_s(const GPTOptions& model, int64_t micro_batch, double flops_per_token,

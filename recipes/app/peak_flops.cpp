@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -32,21 +33,6 @@ std::string cpu_model() {
   return "unknown cpu";
 }
 
-std::string cache_key(int threads, const std::string& dtype) {
-  std::ostringstream key;
-  key << cpu_model() << " | torch " << TORCH_VERSION << " | " << dtype << " | " << threads
-      << " thread(s)";
-  return key.str();
-}
-
-nlohmann::json read_cache(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return nlohmann::json::object();
-  // A damaged cache is re-measured, never an error: it is only a cache.
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j : nlohmann::json::object();
-}
-
 }  // namespace
 
 std::string default_peak_flops_cache() {
@@ -59,20 +45,26 @@ std::string default_peak_flops_cache() {
   return "";
 }
 
-PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path) {
-  TORCH_CHECK_VALUE(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "cpu_peak_flops: unknown dtype '", dtype,
-                    "'; allowed: fp32, bf16, fp16");
-  const std::string key = cache_key(threads, dtype);
-  auto cache = cache_path.empty() ? nlohmann::json::object() : read_cache(cache_path);
+std::string peak_cache_key(int threads, const std::string& dtype) {
+  std::ostringstream key;
+  key << cpu_model() << " | torch " << TORCH_VERSION << " | " << dtype << " | " << threads << " thread(s)";
+  return key.str();
+}
+
+PeakFlops cached_rate(const std::string& key, const std::string& cache_path, int threads,
+                      const std::function<double()>& measure) {
+  nlohmann::json cache = nlohmann::json::object();
+  if (std::ifstream in(cache_path); !cache_path.empty() && in) {
+    // A damaged cache is re-measured, never an error: it is only a cache.
+    cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!cache.is_object()) cache = nlohmann::json::object();
+  }
   if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0.0) {
     return {cache[key].get<double>(), "cached (" + cache_path + ")"};
   }
   const int previous = at::get_num_threads();
   at::set_num_threads(threads);
-  const double flops =
-      dtype == "fp16" ? measure_matmul_peak_flops(/*n=*/512, /*repeats=*/4, torch::kHalf)
-                      : measure_matmul_peak_flops(/*n=*/2048, /*repeats=*/4,
-                                                  dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+  const double flops = measure();
   at::set_num_threads(previous);
   if (cache_path.empty()) return {flops, "measured (no cache: neither XDG_CACHE_HOME nor HOME is set)"};
   cache[key] = flops;
@@ -84,6 +76,16 @@ PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::strin
     return {flops, std::string("measured (not cached: ") + e.what() + ")"};
   }
   return {flops, "measured"};
+}
+
+PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path) {
+  TORCH_CHECK_VALUE(dtype == "fp32" || dtype == "bf16" || dtype == "fp16", "cpu_peak_flops: unknown dtype '", dtype,
+                    "'; allowed: fp32, bf16, fp16");
+  return cached_rate(peak_cache_key(threads, dtype), cache_path, threads, [&dtype] {
+    return dtype == "fp16" ? measure_matmul_peak_flops(/*n=*/512, /*repeats=*/4, torch::kHalf)
+                           : measure_matmul_peak_flops(/*n=*/2048, /*repeats=*/4,
+                                                       dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32);
+  });
 }
 
 bool cpu_has_native(const std::string& dtype) {

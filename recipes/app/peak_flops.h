@@ -15,6 +15,7 @@
 // that many threads.
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
 
 namespace strata::recipes {
@@ -32,6 +33,17 @@ std::string default_peak_flops_cache();
 /// else measured now (sets and restores torch's thread count) and written to
 /// `cache_path` ("" = do not cache).
 PeakFlops cpu_peak_flops(int threads, const std::string& dtype, const std::string& cache_path);
+
+/// The cache's key for this machine, LibTorch, `dtype` and `threads`:
+/// "<CPU model> | torch <version> | <dtype> | <threads> thread(s)". Other
+/// cached rates (recipes/app/gemm_ceiling.h) extend it.
+std::string peak_cache_key(int threads, const std::string& dtype);
+
+/// `key`'s rate in the cache at `cache_path` ("" = none), else `measure()`
+/// with torch's thread count set to `threads`, written there (PeakFlops'
+/// source says which).
+PeakFlops cached_rate(const std::string& key, const std::string& cache_path, int threads,
+                      const std::function<double()>& measure);
 
 /// Whether this CPU has `dtype` ("bf16", "fp16") arithmetic of its own, by
 /// /proc/cpuinfo's flags (avx512_bf16 or amx_bf16; avx512_fp16 or amx_fp16).

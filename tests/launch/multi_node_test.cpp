@@ -295,6 +295,28 @@ TEST(TwoNodeTest, CuttingTheLinkStopsEveryRankWithinTheTimeout) {
   for (int n = 0; n < 2; ++n) EXPECT_EQ(net->pids(n), "") << "processes left in node " << n;
 }
 
+/// Both nodes exit 0 within `timeout`, node 0's fsdp shards over each
+/// node's 2 data-parallel ranks and replicates across the link, and the
+/// losses in `two` are `one`'s within 1e-5 (only the order of the sums differs).
+void expect_hybrid_nodes_match(std::unique_ptr<Process> (&nodes)[2], std::chrono::seconds timeout,
+                               const fs::path& one, const fs::path& two) {
+  for (int n = 0; n < 2; ++n) {
+    const auto code = nodes[n]->wait_for(timeout);
+    ASSERT_TRUE(code.has_value()) << "node " << n << " still running after " << timeout.count() << " s:\n"
+                                  << nodes[n]->output();
+    EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
+  }
+  EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
+      << nodes[0]->output();
+  const auto expected = losses_of(one / "metrics.csv");
+  const auto got = losses_of(two / "metrics.csv");
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(std::stod(got[i]), std::stod(expected[i]), 1e-5 * std::abs(std::stod(expected[i]))) << "row " << i;
+  }
+}
+
 TEST(TwoNodeTest, FsdpHybridShardAcrossTwoNamespacesMatchesFullShardOnOneNode) {
   // hybrid_shard over two real nodes: the shard groups (one per namespace) and
   // the replicate groups (across the veth link) are subgroups whose Gloo
@@ -314,20 +336,7 @@ TEST(TwoNodeTest, FsdpHybridShardAcrossTwoNamespacesMatchesFullShardOnOneNode) {
     flags.insert(flags.end(), {"--sharding-strategy", "hybrid_shard"});
     nodes[n] = start_node(*net, n, flags, "hybrid");
   }
-  for (int n = 0; n < 2; ++n) {
-    const auto code = nodes[n]->wait_for(120s);
-    ASSERT_TRUE(code.has_value()) << "node " << n << " still running after 120 s:\n" << nodes[n]->output();
-    EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
-  }
-  EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
-      << nodes[0]->output();
-  const auto expected = losses_of(one / "metrics.csv");
-  const auto got = losses_of(two / "metrics.csv");
-  ASSERT_FALSE(expected.empty());
-  ASSERT_EQ(got.size(), expected.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(std::stod(got[i]), std::stod(expected[i]), 1e-5 * std::abs(std::stod(expected[i]))) << "row " << i;
-  }
+  expect_hybrid_nodes_match(nodes, 120s, one, two);
 }
 
 TEST(TwoNodeTest, HybridShardTimesTensorParallelKeepsEachGroupInsideItsNode) {
@@ -356,21 +365,8 @@ TEST(TwoNodeTest, HybridShardTimesTensorParallelKeepsEachGroupInsideItsNode) {
     flags.insert(flags.end(), {"--sharding-strategy", "hybrid_shard", "--tp-size", "2"});
     nodes[n] = start_node(*net, n, flags, "tp-hybrid", /*nproc=*/4);
   }
-  for (int n = 0; n < 2; ++n) {
-    const auto code = nodes[n]->wait_for(180s);
-    ASSERT_TRUE(code.has_value()) << "node " << n << " still running after 180 s:\n" << nodes[n]->output();
-    EXPECT_EQ(*code, 0) << "node " << n << ":\n" << nodes[n]->output();
-  }
   // The node: the machine's 4 ranks over tp 2 = 2 data-parallel ranks.
-  EXPECT_NE(nodes[0]->output().find("hybrid_shard, shard group of 2 of 4 rank(s), replicated 2x"), std::string::npos)
-      << nodes[0]->output();
-  const auto expected = losses_of(one / "metrics.csv");
-  const auto got = losses_of(two / "metrics.csv");
-  ASSERT_FALSE(expected.empty());
-  ASSERT_EQ(got.size(), expected.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_NEAR(std::stod(got[i]), std::stod(expected[i]), 1e-5 * std::abs(std::stod(expected[i]))) << "row " << i;
-  }
+  expect_hybrid_nodes_match(nodes, 180s, one, two);
 }
 
 }  // namespace

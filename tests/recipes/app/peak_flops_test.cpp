@@ -4,7 +4,7 @@
 // multiplies matrices slower than fp32 on this CPU (an AVX2-only machine's
 // bf16, most CPUs' fp16): from the cached rates, and from strata-gpt once per
 // run, before its ranks start. The rates come from a cache file of this
-// test's own, written with a machine's measured keys and a slow bf16 rate
+// test's own, written under this machine's keys with a slow bf16 rate
 // (AVX2-only: ~0.2 GFLOP/s against ~90 fp32), so the test does not depend
 // on which CPU runs it.
 #include "strata/recipes/app/gemm_ceiling.h"
@@ -30,18 +30,14 @@ const fs::path& scratch() {
   return dir.path();
 }
 
-/// $XDG_CACHE_HOME/strata/peak_flops.json with this machine's 1-thread fp32
-/// and bf16 keys (measured once), their rates set to `fp32` and `bf16`.
+/// $XDG_CACHE_HOME/strata/peak_flops.json holding this machine's 1-thread
+/// fp32 and bf16 rates as `fp32` and `bf16` (nothing measured).
 fs::path cache_with(const std::string& name, double fp32, double bf16) {
   const fs::path home = scratch() / name, file = home / "strata" / "peak_flops.json";
   fs::create_directories(file.parent_path());
-  cpu_peak_flops(1, "fp32", file.string());
-  cpu_peak_flops(1, "bf16", file.string());
   nlohmann::json cache;
-  std::ifstream(file) >> cache;
-  for (auto& [key, value] : cache.items()) {
-    value = key.find("| bf16 |") != std::string::npos ? bf16 : fp32;
-  }
+  cache[peak_cache_key(1, "fp32")] = fp32;
+  cache[peak_cache_key(1, "bf16")] = bf16;
   std::ofstream(file) << cache.dump(2);
   return home;
 }
