@@ -32,6 +32,38 @@ void check_root(int root, int size, const char* op) {
               " is outside the world [0, ", size, ")");
 }
 
+// What a CPU collective hands its process group: views of the caller's memory
+// that do not own it, while the owners stay with the PendingWork until its
+// wait() has returned. Why: Gloo's worker thread drops its reference to a
+// finished work (and to the tensors in it) a moment after wait() returns, so a
+// buffer let go right after the wait went back to the pool or the allocator
+// on whichever thread let go last. FSDP's next reduce-scatter, allocating a
+// buffer of the same size at once, raced it: a rank's peak memory varied by a
+// unit's gradient from run to run (CI saw +13 MB on a disk-offload run).
+// Sound because wait() returns or throws only after the worker has finished
+// with the tensors, and PendingWork's destructor waits too. CUDA tensors go as
+// they are: NCCL records their streams with the caching allocator, which
+// needs the owning storage.
+class Lender {
+ public:
+  at::Tensor operator()(const at::Tensor& t) {
+    if (!t.device().is_cpu() || t.numel() == 0) return t;
+    owners_.push_back(t);
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
+  }
+  /// `on_complete`, holding the owners until it is destroyed: at the end of
+  /// PendingWork::wait(), on the waiting thread.
+  std::function<void()> keeping(std::function<void()> on_complete = {}) && {
+    if (owners_.empty()) return on_complete;
+    return [owners = std::move(owners_), on_complete = std::move(on_complete)] {
+      if (on_complete) on_complete();
+    };
+  }
+
+ private:
+  std::vector<at::Tensor> owners_;
+};
+
 // Gloo takes the emulated all-gather and reduce-scatter below, NCCL its native
 // ones. LibTorch 2.x's Gloo has _allgather_base and _reduce_scatter_base too,
 // but on 2 thread-ranks here they were slower than these emulations: the
@@ -243,8 +275,10 @@ PendingWork Comm::pending(c10::intrusive_ptr<c10d::Work> work, int64_t record,
                      counters_->wait_ns);
 }
 
-PendingWork Comm::pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record) const {
-  return PendingWork(std::move(works), finishing(counters_->recorder, record, {}), counters_->wait_ns);
+PendingWork Comm::pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record,
+                          std::function<void()> on_complete) const {
+  return PendingWork(std::move(works), finishing(counters_->recorder, record, std::move(on_complete)),
+                     counters_->wait_ns);
 }
 
 // --- all_reduce -------------------------------------------------------------
@@ -261,10 +295,11 @@ PendingWork Comm::all_reduce_async(torch::Tensor& tensor, c10d::ReduceOp op) {
   // Ring all-reduce: reduce-scatter then all-gather, each (N-1)/N·S.
   const int64_t record = count(CollectiveKind::kAllReduce, 2 * (n - 1) * tensor_bytes(tensor) / n, tensor);
   if (record == kSkipped) return {};
-  std::vector<at::Tensor> tensors{tensor};
+  Lender lend;
+  std::vector<at::Tensor> tensors{lend(tensor)};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  return pending(pg_->allreduce(tensors, opts), record);
+  return pending(pg_->allreduce(tensors, opts), record, std::move(lend).keeping());
 }
 
 // --- broadcast --------------------------------------------------------------
@@ -279,10 +314,11 @@ PendingWork Comm::broadcast_async(torch::Tensor& tensor, int root) {
   const int64_t n = size_;
   const int64_t record = count(CollectiveKind::kBroadcast, tensor_bytes(tensor) * (n - 1) / n, tensor);
   if (record == kSkipped) return {};
-  std::vector<at::Tensor> tensors{tensor};
+  Lender lend;
+  std::vector<at::Tensor> tensors{lend(tensor)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  return pending(pg_->broadcast(tensors, opts), record);
+  return pending(pg_->broadcast(tensors, opts), record, std::move(lend).keeping());
 }
 
 // --- reduce -----------------------------------------------------------------
@@ -299,11 +335,12 @@ PendingWork Comm::reduce_async(torch::Tensor& tensor, int root, c10d::ReduceOp o
   const int64_t n = size_;
   const int64_t record = count(CollectiveKind::kReduce, tensor_bytes(tensor) * (n - 1) / n, tensor);
   if (record == kSkipped) return {};
-  std::vector<at::Tensor> tensors{tensor};
+  Lender lend;
+  std::vector<at::Tensor> tensors{lend(tensor)};
   c10d::ReduceOptions opts;
   opts.reduceOp = op;
   opts.rootRank = root;
-  return pending(pg_->reduce(tensors, opts), record);
+  return pending(pg_->reduce(tensors, opts), record, std::move(lend).keeping());
 }
 
 // --- all_gather_into --------------------------------------------------------
@@ -328,10 +365,11 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   const int64_t record = count(CollectiveKind::kAllGather, (size_ - 1) * tensor_bytes(input), input);
   if (record == kSkipped) return {};
 
-  at::Tensor flat_in = input.view({-1});
-  at::Tensor flat_out = output.view({-1});
+  Lender lend;
+  at::Tensor flat_in = lend(input.view({-1}));
+  at::Tensor flat_out = lend(output.view({-1}));
   if (!needs_emulation(*pg_)) {
-    return pending(flat_all_gather(*pg_, flat_out, flat_in), record);
+    return pending(flat_all_gather(*pg_, flat_out, flat_in), record, std::move(lend).keeping());
   }
   // Gloo: rank r broadcasts its input into chunk r, [r*n, (r+1)*n), of every
   // rank's output. Gloo's broadcast reads and writes the tensor it is given,
@@ -347,7 +385,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     // worker threads, which share the cores with compute (fsdp x2, gpt-mini
     // block 64: ~3% of a step, README "strata vs PyTorch 2.x").
     at::Tensor peer_chunk = flat_out.narrow(0, (1 - rank_) * n, n);
-    return pending(exchange_with_peer(*pg_, rank_, peer_chunk, flat_in), record);
+    return pending(exchange_with_peer(*pg_, rank_, peer_chunk, flat_in), record, std::move(lend).keeping());
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   works.reserve(size_);
@@ -357,7 +395,7 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
     opts.rootRank = r;
     works.push_back(pg_->broadcast(chunk, opts));
   }
-  return pending(std::move(works), record);
+  return pending(std::move(works), record, std::move(lend).keeping());
 }
 
 // --- reduce_scatter ---------------------------------------------------------
@@ -389,15 +427,16 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
   const int64_t record = count(CollectiveKind::kReduceScatter, (size_ - 1) * tensor_bytes(output), input);
   if (record == kSkipped) return {};
 
-  at::Tensor flat_in = input.view({-1});
-  at::Tensor flat_out = output.view({-1});
+  Lender lend;
+  at::Tensor flat_in = lend(input.view({-1}));
+  at::Tensor flat_out = lend(output.view({-1}));
   if (!needs_emulation(*pg_)) {
-    return pending(flat_reduce_scatter(*pg_, flat_out, flat_in), record);
+    return pending(flat_reduce_scatter(*pg_, flat_out, flat_in), record, std::move(lend).keeping());
   }
   // Gloo: one all-to-all with equal splits sends input chunk j to rank j, so
   // row r of `received` is rank r's copy of the chunk this rank owns. Each rank
   // sends exactly (N-1)/N of its input, as a ring reduce-scatter would.
-  at::Tensor received = workspace.defined() ? workspace.view({-1}) : torch::empty_like(flat_in);
+  at::Tensor received = lend(workspace.defined() ? workspace.view({-1}) : torch::empty_like(flat_in));
   if (size_ == 2) {
     // Only the peer's chunk crosses: this rank's own chunk is summed straight
     // from the input instead of being copied through Gloo first.
@@ -408,7 +447,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     at::Tensor own = flat_in.narrow(0, rank_ * n, n);
     // Why in on_complete: from_peer is written by the worker thread.
     auto local_sum = [own, from_peer, flat_out]() mutable { at::add_out(flat_out, own, from_peer); };
-    return pending(std::move(work), record, std::move(local_sum));
+    return pending(std::move(work), record, std::move(lend).keeping(std::move(local_sum)));
   }
   auto work = equal_all_to_all(*pg_, received, flat_in);
   const int64_t world = size_;
@@ -421,7 +460,7 @@ PendingWork Comm::reduce_scatter_async(torch::Tensor& output, const torch::Tenso
     at::add_out(flat_out, received.narrow(0, 0, n), received.narrow(0, n, n));
     for (int64_t r = 2; r < world; ++r) flat_out.add_(received.narrow(0, r * n, n));
   };
-  return pending(std::move(work), record, std::move(local_sum));
+  return pending(std::move(work), record, std::move(lend).keeping(std::move(local_sum)));
 }
 
 // --- barrier ----------------------------------------------------------------
@@ -442,8 +481,9 @@ PendingWork Comm::send_async(const torch::Tensor& tensor, int dst, int tag) {
               " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
   TORCH_CHECK(tag >= 0, "Comm::send: tag ", tag, " is negative");
   const int64_t record = count(CollectiveKind::kSend, tensor_bytes(tensor), tensor);
-  std::vector<at::Tensor> tensors{tensor};
-  return pending(pg_->send(tensors, dst, tag), record);
+  Lender lend;
+  std::vector<at::Tensor> tensors{lend(tensor)};
+  return pending(pg_->send(tensors, dst, tag), record, std::move(lend).keeping());
 }
 
 PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
@@ -451,9 +491,10 @@ PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
   TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "Comm::recv: source rank ", src,
               " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
   TORCH_CHECK(tag >= 0, "Comm::recv: tag ", tag, " is negative");
-  std::vector<at::Tensor> tensors{tensor};
+  Lender lend;
+  std::vector<at::Tensor> tensors{lend(tensor)};
   // A receive is not counted (the sender counts the bytes) nor recorded.
-  return PendingWork(pg_->recv(tensors, src, tag), {}, counters_->wait_ns);
+  return PendingWork(pg_->recv(tensors, src, tag), std::move(lend).keeping(), counters_->wait_ns);
 }
 
 }  // namespace strata

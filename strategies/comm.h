@@ -203,7 +203,8 @@ class Comm {
   /// flight record (`record`) is marked finished when the wait returns.
   PendingWork pending(c10::intrusive_ptr<c10d::Work> work, int64_t record,
                       std::function<void()> on_complete = {}) const;
-  PendingWork pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record) const;
+  PendingWork pending(std::vector<c10::intrusive_ptr<c10d::Work>> works, int64_t record,
+                      std::function<void()> on_complete = {}) const;
 
   struct Counters {
     std::array<std::atomic<int64_t>, static_cast<int>(CollectiveKind::kCount)> sent{};
