@@ -252,8 +252,20 @@ std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, cons
     std::vector<double> step_tps, best_tps;
     std::string error;
     bool any = false;
+    std::optional<PhaseSplit> phases;
+    std::string phase_error;
     for (const auto& run : runs) {
       if (run.bench_case->name != c.name) continue;
+      if (run.profiled) {  // untimed: only its split counts
+        if (!run.error.empty()) {
+          phase_error = "the profiled run " + run.error;
+        } else if (run.summary.contains("phase_split")) {
+          phases = PhaseSplit::from_json(run.summary.at("phase_split"));
+        } else {
+          phase_error = run.summary.value("phase_split_error", std::string("the profiled run wrote no split"));
+        }
+        continue;
+      }
       any = true;
       if (!run.error.empty()) {
         error = "run " + std::to_string(run.repeat + 1) + " " + run.error;
@@ -275,6 +287,8 @@ std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, cons
       r.status = "failed";
       r.error = error;
     }
+    r.phases = phases;
+    r.phase_error = phase_error;
     results.push_back(r);
   }
   return results;

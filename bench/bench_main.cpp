@@ -141,8 +141,12 @@ std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions o
     fs::create_directories(options.work_dir);
   }
   size_t runnable = 0;
-  for (const auto& c : cases) runnable += c.skip_reason.empty();
-  const size_t total = runnable * options.repeats;
+  size_t profiled = 0;  // each phase_split case's one more, untimed run
+  for (const auto& c : cases) {
+    runnable += c.skip_reason.empty();
+    profiled += c.skip_reason.empty() && c.phase_split;
+  }
+  const size_t total = runnable * options.repeats + profiled;
   size_t done = 0;
   bool any_failed = false;
   const auto start = std::chrono::steady_clock::now();
@@ -152,14 +156,17 @@ std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions o
     // ETA from the mean time per run so far (runs of one case are alike).
     const double eta = elapsed / double(done) * double(total - std::min(done, total));
     std::cerr << "[" << done << "/" << total << " | elapsed " << duration_text(elapsed) << ", ETA "
-              << duration_text(eta) << "] " << run.bench_case->name << " run " << run.repeat + 1 << "/"
-              << options.repeats << ": ";
+              << duration_text(eta) << "] " << run.bench_case->name << " "
+              << (run.profiled ? std::string("profiled run (phase split)")
+                               : "run " + std::to_string(run.repeat + 1) + "/" + std::to_string(options.repeats))
+              << ": ";
     if (!run.error.empty()) {
       any_failed = true;
       std::cerr << "FAILED: " << run.error << "\n  " << run.command << "\n--- last lines of its output ---\n"
                 << run.output_tail << "---" << std::endl;
     } else {
       const auto& s = run.summary;
+      if (run.profiled && s.contains("phase_split_error")) std::cerr << s.at("phase_split_error") << ", ";
       std::cerr << static_cast<int64_t>(s.at("tokens_per_s").get<double>()) << " tokens/s, peak "
                 << format_mib(double(peak_tensor_bytes_max(s))) << "/rank, " << run.wall_s << " s" << std::endl;
     }
@@ -242,6 +249,7 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
                    const strata::StrategyRegistry& strategies) {
   std::string markdown = render_markdown(suites, results, header);
   markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
+  markdown += render_phase_markdown(suites, results);
   bool planner = false;
   for (const auto& s : suites) planner |= s.name == "planner";
   if (planner) markdown += planner_markdown(runs);

@@ -15,6 +15,7 @@
 //   auto suites = registry.select("smoke");
 //   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
 //   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
+#include "strata/bench/phase_split.h"
 #include "strata/strategies/registry.h"
 
 #include <nlohmann/json.hpp>
@@ -59,6 +60,10 @@ struct BenchCase {
   /// passed as --init-from.
   bool shared_init = false;
   std::string skip_reason;       ///< non-empty: not run (an invalid sweep combination), reported as skipped
+  /// After the timed repeats, run once more with --profile (a few steps, not
+  /// timed: the profiler slows what it records); rank 0's trace gives
+  /// CaseResult::phases (bench/phase_split.h).
+  bool phase_split = false;
 };
 
 /// A named group of cases and what its comparisons mean.
@@ -169,6 +174,10 @@ struct CaseRun {
   double wall_s = 0.0;           ///< whole subprocess, start-up included
   std::string error;             ///< non-empty: the run failed (crash, OOM, timeout); summary is null
   std::string output_tail;       ///< a failed run's last lines of output
+  /// The untimed --profile run of a phase_split case: its summary carries
+  /// "phase_split" (PhaseSplit::to_json) or "phase_split_error"; it counts in
+  /// no timing or memory figure.
+  bool profiled = false;
   nlohmann::json summary;        ///< summary.json as written by strata-gpt
   /// Tokens per step (all ranks) ÷ the median step time of steps 2.. from
   /// metrics.csv: robust to a few stalled steps on a shared machine. 0 if unknown.
@@ -254,6 +263,10 @@ struct CaseResult {
   /// harness counts them (/proc/net/dev, transmit; median over runs): every
   /// program's collectives and store traffic alike, strata's or PyTorch's.
   std::optional<double> loopback_bytes_per_step;
+  /// Where rank 0's step goes by phase, from the profiled run (BenchCase::phase_split);
+  /// phase_error says why there is none when one was asked for.
+  std::optional<PhaseSplit> phases;
+  std::string phase_error;
 };
 
 /// tokens/s for ratios between cases of one run (the gate's): the best-step

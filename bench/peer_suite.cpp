@@ -44,6 +44,7 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   c.batch_size = job.batch;
   c.block_size = job.block;
   c.shared_init = true;
+  c.phase_split = true;  // issue 35: where each program's step goes
   c.extra = job.model;
   if (job.ac) c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
   if (system == "strata") {

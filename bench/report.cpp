@@ -175,6 +175,7 @@ nlohmann::json run_record(const CaseRun& run, const ReportHeader& header) {
                       {"command", run.command},
                       {"wall_s", run.wall_s}};
   if (!run.error.empty()) {
+    if (run.profiled) j["profiled"] = true;
     j["error"] = run.error;
     j["output_tail"] = run.output_tail;
     return j;
@@ -182,6 +183,7 @@ nlohmann::json run_record(const CaseRun& run, const ReportHeader& header) {
   for (const auto& item : run.summary.items()) j[item.key()] = item.value();
   j["median_step_tokens_per_s"] = run.median_step_tokens_per_s;
   j["best_step_tokens_per_s"] = run.best_step_tokens_per_s;
+  if (run.profiled) j["profiled"] = true;
   j["peak_tensor_bytes_max"] = peak_tensor_bytes_max(run.summary);
   j["model_state_bytes_max"] = model_state_bytes_max(run.summary);
   const double f = formula_bytes(run.summary);
@@ -218,8 +220,9 @@ std::vector<CaseRun> read_runs(const std::string& path, const std::vector<BenchC
       run.best_step_tokens_per_s = j.value("best_step_tokens_per_s", 0.0);
       run.error = j.value("error", std::string());
       run.output_tail = j.value("output_tail", std::string());
+      run.profiled = j.value("profiled", false);
       header->libtorch = j.value("libtorch", header->libtorch);
-      header->repeats = std::max(header->repeats, run.repeat + 1);
+      if (!run.profiled) header->repeats = std::max(header->repeats, run.repeat + 1);
       if (run.error.empty()) run.summary = std::move(j);  // a superset of summary.json's fields
       runs.push_back(std::move(run));
     } catch (const nlohmann::json::exception& e) {
@@ -292,6 +295,44 @@ std::string render_per_rank_markdown(const std::vector<Suite>& suites, const std
   return out.str();
 }
 
+std::string render_phase_markdown(const std::vector<Suite>& suites, const std::vector<CaseResult>& results) {
+  std::map<std::string, const CaseResult*> by_name;
+  for (const auto& r : results)
+    if (r.phases || !r.phase_error.empty()) by_name[r.bench_case.name] = &r;
+  if (by_name.empty()) return "";
+  std::ostringstream out;
+  out << "\n### where a step goes\n\nRank 0's main thread over " << by_name.begin()->second->phases.value_or(PhaseSplit{}).steps
+      << " traced steps of one more, untimed run of each case (--profile; the profiler slows what it records, so "
+         "compare shares, not milliseconds, with the tables above): ms per step (share). An op that is attention, "
+         "the optimizer step or a communication or offload wait counts whole; any other op's own time counts as "
+         "GEMM (mm, addmm, bmm, linear, matmul), allocation (empty*, resize_) or element-wise & other; outside "
+         "ops is the time between ops (hooks, the autograd engine, Python). Rules: bench/phase_split.h.\n\n"
+      << "| case | traced step ms";
+  for (const auto& name : phase_names()) out << " | " << name;
+  out << " |\n|---|---:";
+  for (size_t i = 0; i < phase_names().size(); ++i) out << "|---:";
+  out << "|\n";
+  for (const Suite& suite : suites) {
+    for (const BenchCase& c : suite.cases) {
+      auto it = by_name.find(c.name);
+      if (it == by_name.end()) continue;
+      const CaseResult& r = *it->second;
+      if (!r.phases) {
+        out << "| " << c.name << " | **no split**: " << r.phase_error << std::string(phase_names().size(), '|')
+            << "\n";
+        continue;
+      }
+      out << "| " << c.name << " | " << fixed(r.phases->step_ms, 1);
+      for (const auto& name : phase_names()) {
+        const double ms = r.phases->ms_per_step.at(name);
+        out << " | " << fixed(ms, 1) << " (" << fixed(100.0 * ms / std::max(r.phases->step_ms, 1e-9), 0) << "%)";
+      }
+      out << " |\n";
+    }
+  }
+  return out.str();
+}
+
 nlohmann::json case_record(const CaseResult& r, const ReportHeader& header) {
   const BenchCase& c = r.bench_case;
   auto opt = [](const auto& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
@@ -331,6 +372,8 @@ nlohmann::json case_record(const CaseResult& r, const ReportHeader& header) {
   j["psi"] = opt(r.psi);
   j["comm_ratio_to_psi"] = opt(r.comm_ratio_to_psi);
   j["matmul_peak_flops"] = opt(r.matmul_peak_flops);
+  if (r.phases) j["phase_split"] = r.phases->to_json();
+  if (!r.phase_error.empty()) j["phase_split_error"] = r.phase_error;
   j["per_rank"] = nlohmann::json::array();
   for (const RankResult& k : r.ranks) {
     nlohmann::json pr = {{"rank", k.rank},

@@ -37,6 +37,10 @@ std::string render_markdown(const std::vector<Suite>& suites, const std::vector<
 /// row with their error.
 std::string render_per_rank_markdown(const std::vector<Suite>& suites, const std::vector<CaseResult>& results);
 
+/// Markdown: where each phase_split case's step goes (CaseResult::phases),
+/// a row per case, ms per step and share by phase; "" when no case has one.
+std::string render_phase_markdown(const std::vector<Suite>& suites, const std::vector<CaseResult>& results);
+
 /// One results.jsonl line per case: case, suite, status, error, the case's
 /// configuration, machine, cores, threads per rank, LibTorch version, commit,
 /// date, the aggregated figures and the per-rank array.

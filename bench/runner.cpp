@@ -331,72 +331,115 @@ double min_step_seconds(const std::string& metrics_csv) {
   return times.empty() ? 0.0 : compute_stats(times).min;
 }
 
-std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const RunOptions& options) {
-  TORCH_CHECK_VALUE(options.repeats >= 1, "--repeats must be >= 1, got ", options.repeats);
+namespace {
+
+std::string slug_of(const BenchCase& c) {
+  std::string slug = c.name;
+  std::replace(slug.begin(), slug.end(), '/', '_');
+  return slug;
+}
+
+/// Runs `c` once into work/<slug>-<tag>, with `more` flags after the case's own.
+CaseRun run_once(const BenchCase& c, const RunOptions& options, int repeat, const std::string& tag,
+                 const std::vector<std::string>& more) {
   const fs::path work(options.work_dir);
   const std::string data_path = (work / "generated.txt").string();
+  const fs::path out_dir = work / (slug_of(c) + "-" + tag);
+  const std::string log_path = out_dir.string() + ".log";
+  auto argv = c.program == "peer" ? peer_command(c, options.python, options.peer_script, data_path, out_dir.string())
+                                  : gpt_command(c, options.gpt_binary, data_path, out_dir.string());
+  if (c.shared_init) {
+    argv.insert(argv.end(), {"--init-from", shared_init_file(c, options, work)});
+  }
+  if (!options.inject_regression.empty() && options.inject_regression == c.name)
+    argv.push_back("--debug-extra-param-copy");
+  argv.insert(argv.end(), more.begin(), more.end());
+  std::vector<std::string> quoted;
+  for (const auto& a : argv) quoted.push_back(shell_quote(a));
+
+  CaseRun run;
+  run.bench_case = &c;
+  run.repeat = repeat;
+  run.command = join(quoted, " ");
+  const auto start = Clock::now();
+  const int64_t lo_before = loopback_tx_bytes();
+  const int rc = run_process(argv, log_path, options.case_timeout_s);
+  const int64_t lo_sent = loopback_tx_bytes() - lo_before;
+  run.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  const fs::path summary_path = out_dir / "summary.json";
+  if (rc != 0 || !fs::exists(summary_path)) {
+    std::ostringstream timeout;
+    timeout << options.case_timeout_s;
+    // 137 = 128 + SIGKILL: on Linux most often the kernel's OOM killer.
+    run.error = rc == -1    ? "timed out after " + timeout.str() + " s (--case-timeout)"
+                : rc == 137 ? "killed by SIGKILL (exit 137; out of memory?)"
+                : rc != 0   ? "exited with code " + std::to_string(rc)
+                            : "wrote no " + summary_path.string();
+    run.output_tail = tail_lines(log_path, 25);
+    return run;
+  }
+  try {
+    std::ifstream in(summary_path);
+    run.summary = nlohmann::json::parse(in);
+    // Measured here, the same way for every program (one run at a time).
+    if (lo_before >= 0) run.summary["loopback_bytes"] = lo_sent;
+  } catch (const nlohmann::json::exception& e) {
+    run.error = "unreadable " + summary_path.string() + ": " + e.what();
+    return run;
+  }
+  const std::string csv = (out_dir / "metrics.csv").string();
+  // Samples are per data-parallel rank: the ranks of a tensor-parallel group read the same ones.
+  const double tokens_per_step = double(c.batch_size * c.block_size * (c.nproc / tp_size_of(c)));
+  const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
+  if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
+  if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;
+  return run;
+}
+
+/// Steps strata-gpt --profile and gpt_peer.py --profile skip, then trace.
+constexpr int64_t kProfileSkip = 2, kProfileSteps = 3;
+
+/// The phase_split case's untimed run: --profile, just long enough to trace.
+CaseRun profiled_run(const BenchCase& c, const RunOptions& options) {
+  BenchCase shorter = c;
+  shorter.steps = std::min(c.steps, kProfileSkip + kProfileSteps + 1);
+  const fs::path trace_dir = fs::path(options.work_dir) / (slug_of(c) + "-trace");
+  CaseRun run = run_once(shorter, options, 0, "profiled", {"--profile", trace_dir.string()});
+  run.bench_case = &c;
+  run.profiled = true;
+  if (!run.error.empty()) return run;
+  try {
+    run.summary["phase_split"] = phase_split_file((trace_dir / "trace-rank0.json").string(), kProfileSteps).to_json();
+  } catch (const c10::Error& e) {
+    run.summary["phase_split_error"] = e.what_without_backtrace();
+  }
+  return run;
+}
+
+}  // namespace
+
+std::vector<CaseRun> run_interleaved(const std::vector<BenchCase>& cases, const RunOptions& options) {
+  TORCH_CHECK_VALUE(options.repeats >= 1, "--repeats must be >= 1, got ", options.repeats);
+  const std::string data_path = (fs::path(options.work_dir) / "generated.txt").string();
   if (!fs::exists(data_path)) write_generated_text(data_path);
 
   std::vector<CaseRun> runs;
   std::set<std::string> failed;  // a case that crashed once is not run again
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
+    std::ostringstream tag;  // not "r" + to_string: GCC 12 warns a false -Wstringop-overflow on it
+    tag << 'r' << repeat;
     for (const BenchCase& c : cases) {
       if (!c.skip_reason.empty() || failed.count(c.name)) continue;
-      std::string slug = c.name;
-      std::replace(slug.begin(), slug.end(), '/', '_');
-      const fs::path out_dir = work / (slug + "-r" + std::to_string(repeat));
-      const std::string log_path = out_dir.string() + ".log";
-      auto argv = c.program == "peer"
-                      ? peer_command(c, options.python, options.peer_script, data_path, out_dir.string())
-                      : gpt_command(c, options.gpt_binary, data_path, out_dir.string());
-      if (c.shared_init) {
-        argv.insert(argv.end(), {"--init-from", shared_init_file(c, options, work)});
-      }
-      if (!options.inject_regression.empty() && options.inject_regression == c.name)
-        argv.push_back("--debug-extra-param-copy");
-      std::vector<std::string> quoted;
-      for (const auto& a : argv) quoted.push_back(shell_quote(a));
-
-      CaseRun run;
-      run.bench_case = &c;
-      run.repeat = repeat;
-      run.command = join(quoted, " ");
-      const auto start = Clock::now();
-      const int64_t lo_before = loopback_tx_bytes();
-      const int rc = run_process(argv, log_path, options.case_timeout_s);
-      const int64_t lo_sent = loopback_tx_bytes() - lo_before;
-      run.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
-      const fs::path summary_path = out_dir / "summary.json";
-      if (rc != 0 || !fs::exists(summary_path)) {
-        std::ostringstream timeout;
-        timeout << options.case_timeout_s;
-        // 137 = 128 + SIGKILL: on Linux most often the kernel's OOM killer.
-        run.error = rc == -1    ? "timed out after " + timeout.str() + " s (--case-timeout)"
-                    : rc == 137 ? "killed by SIGKILL (exit 137; out of memory?)"
-                    : rc != 0   ? "exited with code " + std::to_string(rc)
-                                : "wrote no " + summary_path.string();
-        run.output_tail = tail_lines(log_path, 25);
-        failed.insert(c.name);
-      } else {
-        try {
-          std::ifstream in(summary_path);
-          run.summary = nlohmann::json::parse(in);
-          // Measured here, the same way for every program (one run at a time).
-          if (lo_before >= 0) run.summary["loopback_bytes"] = lo_sent;
-        } catch (const nlohmann::json::exception& e) {
-          run.error = "unreadable " + summary_path.string() + ": " + e.what();
-          failed.insert(c.name);
-        }
-        const std::string csv = (out_dir / "metrics.csv").string();
-        // Samples are per data-parallel rank: the ranks of a tensor-parallel group read the same ones.
-        const double tokens_per_step = double(c.batch_size * c.block_size * (c.nproc / tp_size_of(c)));
-        const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
-        if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
-        if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;
-      }
-      runs.push_back(std::move(run));
+      runs.push_back(run_once(c, options, repeat, tag.str(), {}));
+      if (!runs.back().error.empty()) failed.insert(c.name);
       if (options.on_run) options.on_run(runs.back());
     }
+  }
+  // The per-phase split, after every timed run (bench/phase_split.h).
+  for (const BenchCase& c : cases) {
+    if (!c.phase_split || !c.skip_reason.empty() || failed.count(c.name)) continue;
+    runs.push_back(profiled_run(c, options));
+    if (options.on_run) options.on_run(runs.back());
   }
   return runs;
 }
