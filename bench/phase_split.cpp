@@ -22,6 +22,7 @@ std::string lower(std::string s) {
 struct Event {
   double start = 0.0, end = 0.0;  // microseconds
   std::string name;
+  bool scope = false;  ///< a user scope (torch.profiler.record_function, FSDP2's "FSDP::..."), not an op
 };
 
 /// The ops of one thread, each with the time of its direct children.
@@ -51,7 +52,7 @@ OpPhase phase_of(const std::string& op_name) {
   const std::string n = lower(op_name);
   if (n.find("attention") != std::string::npos) return {kAttention, true};
   if (n.find("optimizer_step") != std::string::npos || n.rfind("optimizer.step", 0) == 0) return {kOptimizer, true};
-  if (n.find("comm_wait") != std::string::npos || n.find("offload_read") != std::string::npos ||
+  if (n.find("wait") != std::string::npos || n.find("offload_read") != std::string::npos ||
       n.find("offload_write") != std::string::npos) {
     return {kWait, true};
   }
@@ -90,7 +91,7 @@ PhaseSplit phase_split(const nlohmann::json& trace, int64_t steps) {
     if (!is_op(e)) continue;
     const double ts = e.at("ts").get<double>(), dur = std::max(0.0, e.at("dur").get<double>());
     threads[e.value("pid", nlohmann::json(0)).dump() + "/" + e.value("tid", nlohmann::json(0)).dump()].push_back(
-        {ts, ts + dur, e.value("name", "")});
+        {ts, ts + dur, e.value("name", ""), e.value("cat", "") == "user_annotation"});
   }
   TORCH_CHECK_VALUE(!threads.empty(), "phase_split: the trace has no CPU ops");
 
@@ -112,7 +113,9 @@ PhaseSplit phase_split(const nlohmann::json& trace, int64_t steps) {
       if (node.inside_enclosing) return;
       const OpPhase p = phase_of(node.event->name);
       const double dur = node.event->end - node.event->start;
-      us[p.phase] += p.encloses ? dur : std::max(0.0, dur - node.children_us);
+      // A scope's own time is no op's: Python, hooks, waits it did not record.
+      const std::string& phase = node.event->scope && !p.encloses ? kOutside : p.phase;
+      us[phase] += p.encloses ? dur : std::max(0.0, dur - node.children_us);
     };
     for (const Event& e : events) {
       while (!stack.empty() && e.start >= stack.back().event->end) {
@@ -135,7 +138,7 @@ PhaseSplit phase_split(const nlohmann::json& trace, int64_t steps) {
       best = us;
       best_span = events.back().end - events.front().start;
       for (const Event& e : events) best_span = std::max(best_span, e.end - events.front().start);
-      best[kOutside] = std::max(0.0, best_span - top_us);
+      best[kOutside] += std::max(0.0, best_span - top_us);
     }
   }
   split.step_ms = best_span / 1e3 / static_cast<double>(steps);

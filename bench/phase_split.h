@@ -11,17 +11,20 @@
 //  - an op that *is* a phase takes its whole time, children included:
 //    attention (any name containing "attention": strata's kernel and its
 //    backward node, PyTorch's SDPA ops), optimizer (strata::optimizer_step,
-//    torch.optim's "Optimizer.step#..."), comm & I/O wait (strata::comm_wait,
+//    torch.optim's "Optimizer.step#..."), comm & I/O wait (any name with
+//    "wait": strata::comm_wait, FSDP2's "FSDP::post_backward_rs_wait"; and
 //    strata::offload_read / offload_write);
 //  - otherwise an op's own time (less its children's) goes by its name: GEMM
 //    (aten::mm, addmm, bmm, baddbmm, ... and the linear/matmul wrappers),
 //    allocation (aten::empty*, resize_), else element-wise & other ops
-//    (element-wise, reductions, casts, copies, LayerNorm, the loss, ...);
-//  - the span's time outside every op is "outside ops": hooks, the autograd
-//    engine between nodes, Python in the peer.
+//    (element-wise, reductions, casts, copies, LayerNorm, the loss, a
+//    compiled region's fused kernels, ...);
+//  - "outside ops": the span's time in no op (hooks, the autograd engine
+//    between nodes, Python), and the own time of user scopes, which are not
+//    ops (FSDP2's "FSDP::pre_forward": its Python and the waits it issues).
 // What a program does not record is invisible to it: PyTorch's Gloo waits
-// issued from Python (FSDP2, DDP's reducer) land in outside ops or in the op
-// around them, not in comm wait.
+// issued from Python (FSDP2's all-gathers, DDP's reducer) land in outside ops
+// or in the op around them, not in comm wait.
 //
 //   auto split = phase_split_file("prof/trace-rank0.json", 3);
 //   split.ms_per_step.at("GEMM");

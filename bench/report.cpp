@@ -306,7 +306,8 @@ std::string render_phase_markdown(const std::vector<Suite>& suites, const std::v
          "compare shares, not milliseconds, with the tables above): ms per step (share). An op that is attention, "
          "the optimizer step or a communication or offload wait counts whole; any other op's own time counts as "
          "GEMM (mm, addmm, bmm, linear, matmul), allocation (empty*, resize_) or element-wise & other; outside "
-         "ops is the time between ops (hooks, the autograd engine, Python). Rules: bench/phase_split.h.\n\n"
+         "ops is the time in no op (hooks, the autograd engine, Python, and user scopes' own time such as FSDP2's "
+         "Python-side waits, which PyTorch does not record as waits). Rules: bench/phase_split.h.\n\n"
       << "| case | traced step ms";
   for (const auto& name : phase_names()) out << " | " << name;
   out << " |\n|---|---:";
