@@ -5,10 +5,14 @@
 #include "strata/core/precision.h"
 
 #include <ATen/Parallel.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -51,8 +55,39 @@ std::string peak_cache_key(int threads, const std::string& dtype) {
   return key.str();
 }
 
+namespace {
+
+/// An exclusive flock(2) on `path` (created when missing) for its lifetime;
+/// nothing when it cannot be taken: the cache is only a cache.
+class CacheLock {
+ public:
+  explicit CacheLock(const std::string& path) {
+    if (path.empty()) return;
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~CacheLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace
+
 PeakFlops cached_rate(const std::string& key, const std::string& cache_path, int threads,
                       const std::function<double()>& measure) {
+  // Why a lock, held while measuring: two jobs starting together (ctest -j2,
+  // a sweep) would each read the cache, measure, and write back their own
+  // copy, losing the other's key; and both would measure on cores the other
+  // is loading. With it, the second waits and finds the first's result.
+  const CacheLock lock(cache_path.empty() ? "" : cache_path + ".lock");
   nlohmann::json cache = nlohmann::json::object();
   if (std::ifstream in(cache_path); !cache_path.empty() && in) {
     // A damaged cache is re-measured, never an error: it is only a cache.

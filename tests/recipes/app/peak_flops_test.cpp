@@ -17,6 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -126,6 +130,32 @@ TEST(GemmCeilingTest, TheRateIsCachedAndSummaryJsonDividesByIt) {
   EXPECT_NEAR(summary.at("ceiling_share").get<double>() * summary.at("gemm_ceiling_tokens_per_s").get<double>(),
               summary.at("tokens_per_s").get<double>(), 1e-6 * summary.at("tokens_per_s").get<double>());
   EXPECT_NE(run.output.find("of the GEMM ceiling"), std::string::npos) << run.output;
+}
+
+// Jobs that start together share the cache: each key written survives, and
+// each is measured once (the others wait on the cache's lock and read it).
+TEST(PeakFlopsCacheTest, JobsStartingTogetherKeepEachOthersKeys) {
+  const std::string file = (scratch() / "together" / "peak_flops.json").string();
+  constexpr int kJobs = 4;
+  std::atomic<int> measured{0};
+  std::vector<std::thread> jobs;
+  for (int j = 0; j < kJobs; ++j) {
+    jobs.emplace_back([&, j] {
+      for (const std::string& key : {std::string("shared"), "job " + std::to_string(j)}) {
+        cached_rate(key, file, 1, [&] {
+          ++measured;
+          std::this_thread::sleep_for(std::chrono::milliseconds(30));  // a measurement takes a while
+          return 1e9;
+        });
+      }
+    });
+  }
+  for (auto& t : jobs) t.join();
+  nlohmann::json cache;
+  std::ifstream(file) >> cache;
+  for (int j = 0; j < kJobs; ++j) EXPECT_TRUE(cache.contains("job " + std::to_string(j))) << cache.dump();
+  EXPECT_TRUE(cache.contains("shared")) << cache.dump();
+  EXPECT_EQ(measured.load(), kJobs + 1) << "the shared key is measured once";
 }
 
 }  // namespace
