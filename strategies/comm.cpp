@@ -1,5 +1,7 @@
 #include "strata/strategies/comm.h"
 
+#include "strata/strategies/comm_lender.h"
+
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
@@ -9,6 +11,8 @@
 namespace strata {
 
 namespace {
+
+using detail::Lender;
 
 int64_t tensor_bytes(const torch::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
@@ -31,38 +35,6 @@ void check_root(int root, int size, const char* op) {
   TORCH_CHECK(root >= 0 && root < size, "Comm::", op, ": root ", root,
               " is outside the world [0, ", size, ")");
 }
-
-// What a CPU collective hands its process group: views of the caller's memory
-// that do not own it, while the owners stay with the PendingWork until its
-// wait() has returned. Why: Gloo's worker thread drops its reference to a
-// finished work (and to the tensors in it) a moment after wait() returns, so a
-// buffer let go right after the wait went back to the pool or the allocator
-// on whichever thread let go last. FSDP's next reduce-scatter, allocating a
-// buffer of the same size at once, raced it: a rank's peak memory varied by a
-// unit's gradient from run to run (CI saw +13 MB on a disk-offload run).
-// Sound because wait() returns or throws only after the worker has finished
-// with the tensors, and PendingWork's destructor waits too. CUDA tensors go as
-// they are: NCCL records their streams with the caching allocator, which
-// needs the owning storage.
-class Lender {
- public:
-  at::Tensor operator()(const at::Tensor& t) {
-    if (!t.device().is_cpu() || t.numel() == 0) return t;
-    owners_.push_back(t);
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options());
-  }
-  /// `on_complete`, holding the owners until it is destroyed: at the end of
-  /// PendingWork::wait(), on the waiting thread.
-  std::function<void()> keeping(std::function<void()> on_complete = {}) && {
-    if (owners_.empty()) return on_complete;
-    return [owners = std::move(owners_), on_complete = std::move(on_complete)] {
-      if (on_complete) on_complete();
-    };
-  }
-
- private:
-  std::vector<at::Tensor> owners_;
-};
 
 // Gloo takes the emulated all-gather and reduce-scatter below, NCCL its native
 // ones. LibTorch 2.x's Gloo has _allgather_base and _reduce_scatter_base too,
@@ -136,7 +108,21 @@ PendingWork::PendingWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, std:
                          std::shared_ptr<std::atomic<int64_t>> wait_ns)
     : works_(std::move(works)), on_complete_(std::move(on_complete)), wait_ns_(std::move(wait_ns)) {}
 
-PendingWork::~PendingWork() {
+PendingWork& PendingWork::operator=(PendingWork&& other) noexcept {
+  if (this != &other) {
+    finish_before_drop();
+    works_ = std::move(other.works_);
+    on_complete_ = std::move(other.on_complete_);
+    wait_ns_ = std::move(other.wait_ns_);
+    other.works_.clear();
+    other.on_complete_ = nullptr;
+  }
+  return *this;
+}
+
+PendingWork::~PendingWork() { finish_before_drop(); }
+
+void PendingWork::finish_before_drop() noexcept {
   if (!pending()) return;
   // Why wait here: the collective still writes into tensors the caller owns,
   // and an emulated collective's completion step (the local sum) has not run
@@ -153,8 +139,10 @@ PendingWork::~PendingWork() {
 void PendingWork::wait() {
   // Move both out first so that a failed wait leaves this handle complete
   // (a second wait() or the destructor must not rethrow or block again).
-  auto works = std::move(works_);
+  // The completion step first: it may hold the tensors the works were given
+  // views of (Lender), which must outlive the works, so it is destroyed last.
   auto on_complete = std::move(on_complete_);
+  auto works = std::move(works_);
   works_.clear();
   on_complete_ = nullptr;
   // Why: the collective runs on the process group's worker threads; its output
@@ -389,11 +377,18 @@ PendingWork Comm::all_gather_into_async(torch::Tensor& output, const torch::Tens
   }
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   works.reserve(size_);
-  for (int r = 0; r < size_; ++r) {
-    std::vector<at::Tensor> chunk{flat_out.narrow(0, r * n, n)};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = r;
-    works.push_back(pg_->broadcast(chunk, opts));
+  try {
+    for (int r = 0; r < size_; ++r) {
+      std::vector<at::Tensor> chunk{flat_out.narrow(0, r * n, n)};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = r;
+      works.push_back(pg_->broadcast(chunk, opts));
+    }
+  } catch (...) {
+    // Sync point: the broadcasts already queued write through borrowed views;
+    // they finish before the owners (in `lend`) go.
+    PendingWork(std::move(works), std::move(lend).keeping()).finish_before_drop();
+    throw;
   }
   return pending(std::move(works), record, std::move(lend).keeping());
 }

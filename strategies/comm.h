@@ -71,13 +71,17 @@ class PendingWork {
   PendingWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, std::function<void()> on_complete = {},
               std::shared_ptr<std::atomic<int64_t>> wait_ns = nullptr);
   PendingWork(PendingWork&&) noexcept = default;
-  PendingWork& operator=(PendingWork&&) noexcept = default;
+  /// Waits for what this handle still holds before taking `other`'s (as the
+  /// destructor does): the tensors a collective writes into must outlive it.
+  PendingWork& operator=(PendingWork&& other) noexcept;
   PendingWork(const PendingWork&) = delete;
   PendingWork& operator=(const PendingWork&) = delete;
   ~PendingWork();
 
   /// Blocks until done; rethrows the collective's error (timeout, peer gone).
   void wait();
+  /// wait(), an error reported as a warning instead of thrown (the destructor's).
+  void finish_before_drop() noexcept;
   bool pending() const { return !works_.empty() || on_complete_; }
 
  private:

@@ -377,6 +377,21 @@ TEST(CommTest, BuffersAreFreedWhenTheCallerLetsGoAfterTheWait) {
   }
 }
 
+// A handle given another collective finishes its own first, as its
+// destructor would: the local sum runs, and the tensors it was given views of
+// stay alive until then.
+TEST(CommTest, AssigningToAPendingWorkFinishesItFirst) {
+  run_thread_world(2, [](Comm& comm) {
+    auto out = torch::zeros({5});
+    auto w = comm.reduce_scatter_async(out, rank_input(comm.rank(), 10));  // its input: a temporary
+    auto summed = torch::ones({3});
+    w = comm.all_reduce_async(summed);
+    EXPECT_TRUE(out.equal(reference_sum(2, 10).narrow(0, comm.rank() * 5, 5))) << out;
+    w.wait();
+    EXPECT_TRUE(summed.equal(torch::full({3}, 2.0f))) << summed;
+  });
+}
+
 TEST(CommTest, BarrierCompletesOnEveryRank) {
   for (int world = 1; world <= kMaxWorld; ++world) {
     std::atomic<int> passed{0};
