@@ -261,6 +261,7 @@ std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, cons
           phase_error = "the profiled run " + run.error;
         } else if (run.summary.contains("phase_split")) {
           phases = PhaseSplit::from_json(run.summary.at("phase_split"));
+          phase_error.clear();
         } else {
           phase_error = run.summary.value("phase_split_error", std::string("the profiled run wrote no split"));
         }

@@ -267,7 +267,10 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
     if (std::any_of(suites.begin(), suites.end(), [](const Suite& s) { return s.name == "peer"; })) {
       const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results, strategies),
                                             "strata and PyTorch 2.x on the same job: tokens/s ÷ the faster PyTorch "
-                                            "(eager or compiled), higher is faster"}},
+                                            "(eager or compiled), higher is faster"},
+                                           {"ceiling", peer_ceiling_chart_data(results, strategies),
+                                            "share of the job's GEMM-bound ceiling (tokens/s if every FLOP ran at "
+                                            "this CPU's rate for the model's own matrix products)"}},
                                           cli.out_dir);
       charts.written.insert(charts.written.end(), peer.written.begin(), peer.written.end());
       if (!peer.note.empty()) charts.note = peer.note;

@@ -228,6 +228,7 @@ ChartFiles write_charts(const std::vector<CaseResult>& results, const std::strin
   std::vector<CaseResult> cases;
   for (const auto& r : results)
     if (r.bench_case.suite != "peer") cases.push_back(r);
+  if (cases.empty()) return {};  // a peer-only run: nothing to draw here
   const std::string reference = strategies.reference() ? strategies.reference()->name() : "the first strategy";
   return draw_charts({{"tokens_per_s", panel_chart_data(cases, ChartMetric::kTokensPerS, strategies),
                        "tokens/s (best step, all ranks) as a ratio to " + reference + ": higher is faster"},

@@ -61,7 +61,7 @@ ChartFiles draw_charts(const std::vector<NamedChart>& charts, const std::string&
 
 /// draw_charts of tokens_per_s and memory (panel_chart_data) over `results`,
 /// the peer suite's cases left out (they compare systems, not strategies:
-/// bench/peer_suite.h draws them).
+/// bench/peer_suite.h draws them); nothing when no case is left.
 ChartFiles write_charts(const std::vector<CaseResult>& results, const std::string& dir,
                         const StrategyRegistry& strategies, const std::string& gnuplot = "gnuplot");
 

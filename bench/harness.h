@@ -264,7 +264,8 @@ struct CaseResult {
   /// program's collectives and store traffic alike, strata's or PyTorch's.
   std::optional<double> loopback_bytes_per_step;
   /// Where rank 0's step goes by phase, from the profiled run (BenchCase::phase_split);
-  /// phase_error says why there is none when one was asked for.
+  /// phase_error says why a profiled run gave none (a case whose timed runs
+  /// failed has no profiled run, and neither).
   std::optional<PhaseSplit> phases;
   std::string phase_error;
 };

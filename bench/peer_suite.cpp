@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -130,18 +131,22 @@ Suite peer_suite(const StrategyRegistry& registry) {
   return s;
 }
 
-PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
+namespace {
+
+/// A chart of the peer jobs: each bar the system's tokens/s (median) ÷ the
+/// job's `divisor` (0: the job is left out).
+PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyRegistry& registry,
+                       const std::string& ylabel, const std::string& what,
+                       const std::function<double(const std::map<std::string, const CaseResult*>&)>& divisor) {
   std::map<std::string, const CaseResult*> by_name;
   for (const auto& r : results) by_name[r.bench_case.name] = &r;
   PanelChart chart;
   chart.strategies = {"strata", "PyTorch eager", "PyTorch compiled"};
-  chart.ylabel = "tokens/s ÷ the faster PyTorch";
+  chart.ylabel = ylabel;
   std::map<std::string, std::string> blocks;  // panel -> rows
   for (const PeerJob& job : jobs(registry)) {
     const auto found = job_results(job, by_name);
-    double best = 0.0;
-    for (const char* p : {"pytorch-eager", "pytorch-compile"})
-      if (found.count(p)) best = std::max(best, found.at(p)->tokens_per_s.median);
+    const double best = divisor(found);
     if (best <= 0.0) continue;
     const auto [panel, row] = panel_and_row(job);
     if (std::find(chart.panels.begin(), chart.panels.end(), panel) == chart.panels.end()) chart.panels.push_back(panel);
@@ -151,7 +156,7 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results, const Strateg
     blocks[panel] += line + "\n";
   }
   std::ostringstream out;
-  out << "# one block per panel; columns: tokens/s (median) ÷ the faster PyTorch's ('?' = did not run)\n";
+  out << "# one block per panel; columns: tokens/s (median) ÷ " << what << " ('?' = did not run)\n";
   for (size_t p = 0; p < chart.panels.size(); ++p) {
     if (p > 0) out << "\n\n";
     out << "# panel " << p << ": " << chart.panels[p] << "\n\"job\" \"strata\" \"PyTorch eager\" \"PyTorch compiled\"\n"
@@ -159,6 +164,26 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results, const Strateg
   }
   chart.data = out.str();
   return chart;
+}
+
+}  // namespace
+
+PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
+  return peer_panels(results, registry, "tokens/s ÷ the faster PyTorch", "the faster PyTorch's", [](const auto& found) {
+    double best = 0.0;
+    for (const char* p : {"pytorch-eager", "pytorch-compile"})
+      if (found.count(p)) best = std::max(best, found.at(p)->tokens_per_s.median);
+    return best;
+  });
+}
+
+PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
+  return peer_panels(results, registry, "share of the GEMM-bound ceiling", "the job's GEMM-bound ceiling",
+                     [](const auto& found) {
+                       const auto s = found.find("strata");
+                       if (s == found.end() || s->second->ceiling_share <= 0.0) return 0.0;
+                       return s->second->tokens_per_s.median / s->second->ceiling_share;  // tokens/s
+                     });
 }
 
 std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {

@@ -33,4 +33,10 @@ std::string peer_markdown(const std::vector<CaseResult>& results, const Strategy
 /// tokens/s ÷ the faster PyTorch's (1 = PyTorch's best).
 PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry);
 
+/// The same panels and bars, each the system's share of the job's GEMM-bound
+/// ceiling (strata's summary.json ceiling, recipes/app/gemm_ceiling.h: one
+/// ceiling per job for all three programs; 1 = every FLOP at the rate of the
+/// model's own matrix products). Jobs without a ceiling are left out.
+PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry);
+
 }  // namespace strata::bench

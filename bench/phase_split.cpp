@@ -22,14 +22,24 @@ std::string lower(std::string s) {
 struct Event {
   double start = 0.0, end = 0.0;  // microseconds
   std::string name;
-  bool scope = false;  ///< a user scope (torch.profiler.record_function, FSDP2's "FSDP::..."), not an op
+  bool scope = false;  ///< a span around ops, not an op itself (see kind_of)
 };
 
-/// The ops of one thread, each with the time of its direct children.
+/// An event on the stack of its thread: its end clamped to its parent's (a
+/// child that overhangs by a rounding error must not swallow the parent's
+/// next sibling), its phase, and the time of its direct children.
 struct Node {
   const Event* event;
-  double children_us = 0.0;
+  double end;
+  OpPhase phase;
   bool inside_enclosing = false;
+  double children_us = 0.0;
+};
+
+/// One thread's time by phase (µs), its top-level op time and its span.
+struct ThreadSplit {
+  std::map<std::string, double> us;
+  double top_us = 0.0, span_us = 0.0;
 };
 
 bool is_op(const nlohmann::json& e) {
@@ -82,67 +92,91 @@ PhaseSplit PhaseSplit::from_json(const nlohmann::json& j) {
   return s;
 }
 
+namespace {
+
+/// Whether an event is a scope, whose own time is no op's: torch.profiler's
+/// user scopes (FSDP2's "FSDP::pre_forward": its Python, the waits it does
+/// not record) and strata's own RECORD_FUNCTION spans (strata::fsdp_gather:
+/// issuing collectives, picking buffers), alike for both programs. Not a
+/// compiled region ("Torch-Compiled Region", "## Call CompiledFxGraph ...",
+/// CompiledFunction): Inductor's fused kernels run inside it unrecorded, so
+/// its own time is element-wise work.
+bool is_scope(const std::string& name, const std::string& category) {
+  if (lower(name).find("compiled") != std::string::npos) return false;
+  return category == "user_annotation" || name.rfind("strata::", 0) == 0;
+}
+
+ThreadSplit thread_split(std::vector<Event>& events) {
+  // Outer before inner: by start, the longer first; stable, so that equal
+  // spans (µs rounding) nest in the order they were recorded.
+  std::stable_sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
+    return a.start != b.start ? a.start < b.start : a.end > b.end;
+  });
+  ThreadSplit out;
+  std::vector<Node> stack;
+  auto close = [&](const Node& node) {
+    if (node.inside_enclosing) return;
+    const double dur = node.end - node.event->start;
+    if (node.phase.encloses) {
+      out.us[node.phase.phase] += dur;
+      return;
+    }
+    // A scope's own time is no op's: it goes with the time between ops.
+    out.us[node.event->scope ? kOutside : node.phase.phase] += std::max(0.0, dur - node.children_us);
+  };
+  double first = events.empty() ? 0.0 : events.front().start, last = first;
+  for (const Event& e : events) {
+    while (!stack.empty() && e.start >= stack.back().end) {
+      close(stack.back());
+      stack.pop_back();
+    }
+    Node node{&e, e.end, phase_of(e.name)};
+    if (stack.empty()) {
+      out.top_us += e.end - e.start;
+    } else {
+      Node& parent = stack.back();
+      node.end = std::min(e.end, parent.end);
+      parent.children_us += node.end - e.start;
+      node.inside_enclosing = parent.inside_enclosing || parent.phase.encloses;
+    }
+    last = std::max(last, node.end);
+    stack.push_back(node);
+  }
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) close(*it);
+  out.span_us = last - first;
+  out.us[kOutside] += std::max(0.0, out.span_us - out.top_us);
+  return out;
+}
+
+}  // namespace
+
 PhaseSplit phase_split(const nlohmann::json& trace, int64_t steps) {
   TORCH_CHECK_VALUE(steps >= 1, "phase_split: steps must be >= 1, got ", steps);
   TORCH_CHECK_VALUE(trace.is_object() && trace.contains("traceEvents") && trace.at("traceEvents").is_array(),
                     "phase_split: not a Chrome trace (no traceEvents array)");
   std::map<std::string, std::vector<Event>> threads;  // by "pid/tid"
-  for (const auto& e : trace.at("traceEvents")) {
-    if (!is_op(e)) continue;
-    const double ts = e.at("ts").get<double>(), dur = std::max(0.0, e.at("dur").get<double>());
-    threads[e.value("pid", nlohmann::json(0)).dump() + "/" + e.value("tid", nlohmann::json(0)).dump()].push_back(
-        {ts, ts + dur, e.value("name", ""), e.value("cat", "") == "user_annotation"});
+  try {
+    for (const auto& e : trace.at("traceEvents")) {
+      if (!is_op(e)) continue;
+      const double ts = e.at("ts").get<double>(), dur = std::max(0.0, e.at("dur").get<double>());
+      const std::string name = e.value("name", ""), category = e.value("cat", "");
+      threads[e.value("pid", nlohmann::json(0)).dump() + "/" + e.value("tid", nlohmann::json(0)).dump()].push_back(
+          {ts, ts + dur, name, is_scope(name, category)});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK_VALUE(false, "phase_split: an event with a field of the wrong type: ", e.what());
   }
   TORCH_CHECK_VALUE(!threads.empty(), "phase_split: the trace has no CPU ops");
-
+  ThreadSplit main;  // the thread with the most op time
+  for (auto& [tid, events] : threads) {
+    ThreadSplit t = thread_split(events);
+    if (t.top_us > main.top_us) main = std::move(t);
+  }
   PhaseSplit split;
   split.steps = steps;
+  split.step_ms = main.span_us / 1e3 / static_cast<double>(steps);
   for (const auto& name : phase_names()) split.ms_per_step[name] = 0.0;
-  double best_top = -1.0;
-  std::map<std::string, double> best;
-  double best_span = 0.0;
-  for (auto& [tid, events] : threads) {
-    // Outer before inner: by start, the longer first.
-    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
-      return a.start != b.start ? a.start < b.start : a.end > b.end;
-    });
-    std::map<std::string, double> us;
-    std::vector<Node> stack;
-    double top_us = 0.0;
-    auto close = [&](const Node& node) {
-      if (node.inside_enclosing) return;
-      const OpPhase p = phase_of(node.event->name);
-      const double dur = node.event->end - node.event->start;
-      // A scope's own time is no op's: Python, hooks, waits it did not record.
-      const std::string& phase = node.event->scope && !p.encloses ? kOutside : p.phase;
-      us[phase] += p.encloses ? dur : std::max(0.0, dur - node.children_us);
-    };
-    for (const Event& e : events) {
-      while (!stack.empty() && e.start >= stack.back().event->end) {
-        close(stack.back());
-        stack.pop_back();
-      }
-      Node node{&e};
-      if (stack.empty()) {
-        top_us += e.end - e.start;
-      } else {
-        Node& parent = stack.back();
-        parent.children_us += std::min(e.end, parent.event->end) - e.start;
-        node.inside_enclosing = parent.inside_enclosing || phase_of(parent.event->name).encloses;
-      }
-      stack.push_back(node);
-    }
-    for (auto it = stack.rbegin(); it != stack.rend(); ++it) close(*it);
-    if (top_us > best_top) {  // the main thread: the most op time
-      best_top = top_us;
-      best = us;
-      best_span = events.back().end - events.front().start;
-      for (const Event& e : events) best_span = std::max(best_span, e.end - events.front().start);
-      best[kOutside] += std::max(0.0, best_span - top_us);
-    }
-  }
-  split.step_ms = best_span / 1e3 / static_cast<double>(steps);
-  for (const auto& [phase, micros] : best) split.ms_per_step[phase] = micros / 1e3 / static_cast<double>(steps);
+  for (const auto& [phase, micros] : main.us) split.ms_per_step[phase] = micros / 1e3 / static_cast<double>(steps);
   return split;
 }
 

@@ -17,11 +17,13 @@
 //  - otherwise an op's own time (less its children's) goes by its name: GEMM
 //    (aten::mm, addmm, bmm, baddbmm, ... and the linear/matmul wrappers),
 //    allocation (aten::empty*, resize_), else element-wise & other ops
-//    (element-wise, reductions, casts, copies, LayerNorm, the loss, a
-//    compiled region's fused kernels, ...);
+//    (element-wise, reductions, casts, copies, LayerNorm, the loss, and a
+//    compiled region's own time: Inductor's fused kernels run in it
+//    unrecorded);
 //  - "outside ops": the span's time in no op (hooks, the autograd engine
-//    between nodes, Python), and the own time of user scopes, which are not
-//    ops (FSDP2's "FSDP::pre_forward": its Python and the waits it issues).
+//    between nodes, Python), and the own time of scopes, which are not ops:
+//    torch.profiler's user scopes (FSDP2's "FSDP::pre_forward": its Python
+//    and the waits it issues) and strata's "strata::..." spans alike.
 // What a program does not record is invisible to it: PyTorch's Gloo waits
 // issued from Python (FSDP2's all-gathers, DDP's reducer) land in outside ops
 // or in the op around them, not in comm wait.

@@ -116,7 +116,8 @@ std::string planner_markdown(const std::vector<CaseRun>& runs) {
   std::vector<std::string> order;
   for (const auto& run : runs) {
     const auto& s = run.summary;
-    if (!s.contains("predicted_peak_bytes") || run.bench_case == nullptr) continue;
+    // A profiled run's peak includes the profiler's: not a measurement of the plan.
+    if (run.profiled || !s.contains("predicted_peak_bytes") || run.bench_case == nullptr) continue;
     const std::string& name = run.bench_case->name;
     if (!rows.count(name)) order.push_back(name);
     Row& row = rows[name];

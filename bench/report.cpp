@@ -300,8 +300,11 @@ std::string render_phase_markdown(const std::vector<Suite>& suites, const std::v
   for (const auto& r : results)
     if (r.phases || !r.phase_error.empty()) by_name[r.bench_case.name] = &r;
   if (by_name.empty()) return "";
+  int64_t steps = 0;
+  for (const auto& [name, r] : by_name)
+    if (r->phases) steps = r->phases->steps;
   std::ostringstream out;
-  out << "\n### where a step goes\n\nRank 0's main thread over " << by_name.begin()->second->phases.value_or(PhaseSplit{}).steps
+  out << "\n### where a step goes\n\nRank 0's main thread over " << steps
       << " traced steps of one more, untimed run of each case (--profile; the profiler slows what it records, so "
          "compare shares, not milliseconds, with the tables above): ms per step (share). An op that is attention, "
          "the optimizer step or a communication or offload wait counts whole; any other op's own time counts as "
@@ -319,7 +322,7 @@ std::string render_phase_markdown(const std::vector<Suite>& suites, const std::v
       if (it == by_name.end()) continue;
       const CaseResult& r = *it->second;
       if (!r.phases) {
-        out << "| " << c.name << " | **no split**: " << r.phase_error << std::string(phase_names().size(), '|')
+        out << "| " << c.name << " | **no split**: " << r.phase_error << std::string(phase_names().size() + 1, '|')
             << "\n";
         continue;
       }

@@ -401,17 +401,28 @@ constexpr int64_t kProfileSkip = 2, kProfileSteps = 3;
 
 /// The phase_split case's untimed run: --profile, just long enough to trace.
 CaseRun profiled_run(const BenchCase& c, const RunOptions& options) {
+  constexpr int64_t kNeeded = kProfileSkip + kProfileSteps + 1;  // the last step is not traced whole
+  if (c.steps < kNeeded) {
+    CaseRun run;
+    run.bench_case = &c;
+    run.profiled = true;
+    run.error = "not run: the case trains " + std::to_string(c.steps) + " steps, the split needs " +
+                std::to_string(kNeeded);
+    return run;
+  }
   BenchCase shorter = c;
-  shorter.steps = std::min(c.steps, kProfileSkip + kProfileSteps + 1);
+  shorter.steps = kNeeded;
   const fs::path trace_dir = fs::path(options.work_dir) / (slug_of(c) + "-trace");
+  fs::remove_all(trace_dir);  // a reused --work-dir's old trace must not stand in for this run's
   CaseRun run = run_once(shorter, options, 0, "profiled", {"--profile", trace_dir.string()});
   run.bench_case = &c;
   run.profiled = true;
   if (!run.error.empty()) return run;
   try {
     run.summary["phase_split"] = phase_split_file((trace_dir / "trace-rank0.json").string(), kProfileSteps).to_json();
-  } catch (const c10::Error& e) {
-    run.summary["phase_split_error"] = e.what_without_backtrace();
+  } catch (const std::exception& e) {  // a trace the split cannot read loses its row, not the report
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
+    run.summary["phase_split_error"] = error ? error->what_without_backtrace() : e.what();
   }
   return run;
 }

@@ -5,20 +5,23 @@
 #include "strata/core/precision.h"
 
 #include <ATen/Parallel.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 namespace strata::recipes {
@@ -58,15 +61,24 @@ std::string peak_cache_key(int threads, const std::string& dtype) {
 namespace {
 
 /// An exclusive flock(2) on `path` (created when missing) for its lifetime;
-/// nothing when it cannot be taken: the cache is only a cache.
+/// nothing when it cannot be taken within `patience` (a job stopped while it
+/// measured must not stall every later start) or at all: the cache is only a
+/// cache.
 class CacheLock {
  public:
-  explicit CacheLock(const std::string& path) {
+  explicit CacheLock(const std::string& path, std::chrono::seconds patience = std::chrono::seconds(600)) {
     if (path.empty()) return;
     std::error_code ec;
     fs::create_directories(fs::path(path).parent_path(), ec);
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    const auto give_up = std::chrono::steady_clock::now() + patience;
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if ((errno != EWOULDBLOCK && errno != EINTR) || std::chrono::steady_clock::now() > give_up) {
+        ::close(fd_);
+        fd_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
   ~CacheLock() {
@@ -104,7 +116,7 @@ PeakFlops cached_rate(const std::string& key, const std::string& cache_path, int
   if (cache_path.empty()) return {flops, "measured (no cache: neither XDG_CACHE_HOME nor HOME is set)"};
   cache[key] = flops;
   std::error_code ec;
-  fs::create_directories(fs::path(cache_path).parent_path(), ec);
+  fs::create_directories(fs::path(cache_path).parent_path(), ec);  // the lock may not have been taken
   try {
     write_file_atomically(cache_path, cache.dump(2) + "\n");
   } catch (const std::exception& e) {

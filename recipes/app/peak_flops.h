@@ -41,7 +41,9 @@ std::string peak_cache_key(int threads, const std::string& dtype);
 
 /// `key`'s rate in the cache at `cache_path` ("" = none), else `measure()`
 /// with torch's thread count set to `threads`, written there (PeakFlops'
-/// source says which).
+/// source says which). Under an flock on `cache_path`.lock, held while
+/// measuring (concurrent jobs wait, then read): `measure` must not call
+/// cached_rate on the same cache.
 PeakFlops cached_rate(const std::string& key, const std::string& cache_path, int threads,
                       const std::function<double()>& measure);
 

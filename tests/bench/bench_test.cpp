@@ -261,6 +261,12 @@ TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) 
   results[0].final_train_loss = 3.5 + 10 * peer_loss_tolerance("32");
   md = peer_markdown(results, builtins());
   EXPECT_NE(md.find("✗ void"), std::string::npos) << md;
+  // The ceiling chart: each system's tokens/s over strata's ceiling (6000 at 0.75 -> 8000).
+  EXPECT_TRUE(peer_ceiling_chart_data(results, builtins()).panels.empty()) << "no ceiling known yet";
+  results[0].ceiling_share = 0.75;
+  const PanelChart ceiling = peer_ceiling_chart_data(results, builtins());
+  EXPECT_NE(ceiling.data.find("\"ddp x2\" 0.7500 0.5000 0.6250"), std::string::npos) << ceiling.data;
+  EXPECT_EQ(ceiling.ylabel, "share of the GEMM-bound ceiling");
 }
 
 TEST(BenchTest, MedianStepSecondsSkipsTheWarmUpStep) {
