@@ -151,6 +151,17 @@ PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric 
   return chart;
 }
 
+namespace {
+
+/// `text` inside a gnuplot single-quoted string: a quote is written twice.
+std::string gnuplot_quoted(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out;
+}
+
+}  // namespace
+
 std::string panel_chart_script(const PanelChart& chart, const std::string& dat, const std::string& png,
                                const std::string& terminal, const std::string& title) {
   const size_t panels = std::max<size_t>(1, chart.panels.size());
@@ -168,15 +179,15 @@ std::string panel_chart_script(const PanelChart& chart, const std::string& dat, 
       << "set yrange [0:*]\n"
       << "set grid ytics\n"
       << (chart.long_labels ? "set xtics scale 0 font ',8' rotate by -35\n" : "set xtics scale 0 font ',9'\n")
-      << "set ylabel '" << chart.ylabel << "'\n"
+      << "set ylabel '" << gnuplot_quoted(chart.ylabel) << "'\n"
       << "colors = '" << palette << "'\n"
       << "set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'\n"
       // The legend once, between the title and the panels.
-      << "set multiplot layout " << rows << "," << cols << " title '" << title << "' margins 0.07,0.98,"
+      << "set multiplot layout " << rows << "," << cols << " title '" << gnuplot_quoted(title) << "' margins 0.07,0.98,"
       << (chart.long_labels ? "0.2" : "0.07") << ",0.76 spacing 0.07,0.14\n";  // the legend above, clear of the panel titles
   const size_t columns = chart.strategies.size() + 1;
   for (size_t p = 0; p < chart.panels.size(); ++p) {
-    out << "set title '" << chart.panels[p] << "'\n";
+    out << "set title '" << gnuplot_quoted(chart.panels[p]) << "'\n";
     out << (p == 0 ? "set key at screen 0.5, screen 0.935 center top horizontal maxrows 1 font ',9'\n" : "unset key\n");
     out << "plot for [i=2:" << columns << "] '" << dat << "' index " << p
         << " using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)\n";

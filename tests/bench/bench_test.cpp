@@ -701,6 +701,9 @@ TEST(BenchTest, ChartDataAndScripts) {
   EXPECT_NE(script.find("set output 't.png'"), std::string::npos);
   EXPECT_NE(script.find("set multiplot layout 1,2"), std::string::npos) << script;
   EXPECT_NE(script.find("'t.dat' index 1 using i:xtic(1)"), std::string::npos) << script;
+  // A quote in a title is doubled, as gnuplot's single-quoted strings want.
+  EXPECT_NE(panel_chart_script(tokens, "t.dat", "t.png", "png", "the job's ceiling").find("title 'the job''s ceiling'"),
+            std::string::npos);
   const PanelChart memory = panel_chart_data({ddp, r}, ChartMetric::kPeakTensorBytes, builtins());
   EXPECT_NE(memory.data.find("\"gpt-mini\" 1 1\n"), std::string::npos) << memory.data;
   // Another shape (block 256): rows name it, and a ratio never crosses shapes.
