@@ -1,6 +1,7 @@
 #include "strata/bench/charts.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -176,7 +177,7 @@ std::string panel_chart_script(const PanelChart& chart, const std::string& dat, 
       << "set style histogram clustered gap 1\n"
       << "set style fill solid 0.85 border -1\n"
       << "set boxwidth 0.9\n"
-      << "set yrange [0:*]\n"
+      << "set yrange [0:" << (chart.ymax > 0 ? c10::str(chart.ymax) : std::string("*")) << "]\n"
       << "set grid ytics\n"
       << (chart.long_labels ? "set xtics scale 0 font ',8' rotate by -35\n" : "set xtics scale 0 font ',9'\n")
       << "set ylabel '" << gnuplot_quoted(chart.ylabel) << "'\n"

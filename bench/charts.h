@@ -38,6 +38,7 @@ struct PanelChart {
   std::string data;                     ///< gnuplot data: one block (index) per panel
   bool long_labels = false;             ///< rows named by preset and shape (cases differ in shape)
   std::string ylabel = "ratio to the reference";  ///< what 1 (the dashed line) is
+  double ymax = 0.0;  ///< the y axis' top (0: from the data); 1 shows the dashed line on a share chart
 };
 PanelChart panel_chart_data(const std::vector<CaseResult>& results, ChartMetric metric,
                             const StrategyRegistry& strategies);

@@ -178,12 +178,14 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results, const Strateg
 }
 
 PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
-  return peer_panels(results, registry, "share of the GEMM-bound ceiling", "the job's GEMM-bound ceiling",
-                     [](const auto& found) {
-                       const auto s = found.find("strata");
-                       if (s == found.end() || s->second->ceiling_share <= 0.0) return 0.0;
-                       return s->second->tokens_per_s.median / s->second->ceiling_share;  // tokens/s
-                     });
+  PanelChart chart = peer_panels(results, registry, "share of the GEMM-bound ceiling", "the job's GEMM-bound ceiling",
+                                 [](const auto& found) {
+                                   const auto s = found.find("strata");
+                                   if (s == found.end() || s->second->ceiling_share <= 0.0) return 0.0;
+                                   return s->second->tokens_per_s.median / s->second->ceiling_share;  // tokens/s
+                                 });
+  chart.ymax = 1.0;  // the ceiling itself, the dashed line
+  return chart;
 }
 
 std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {

@@ -276,7 +276,10 @@ std::string git_commit(const std::string& source_dir) {
   if (capture(git + " rev-parse --short HEAD 2>/dev/null", &out) != 0) return "unknown";
   while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
   if (out.empty()) return "unknown";
-  // Numbers from uncommitted changes must not be credited to the commit.
+  // Numbers from uncommitted changes must not be credited to the commit. The
+  // index is refreshed first: a file just rewritten with the same content
+  // (a checkout of the last report) only looks changed by its timestamps.
+  capture(git + " update-index -q --refresh 2>/dev/null", &ignored);
   if (capture(git + " diff --quiet HEAD -- 2>/dev/null", &ignored) != 0) out += "-dirty";
   return out;
 }

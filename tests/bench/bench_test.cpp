@@ -267,6 +267,7 @@ TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) 
   const PanelChart ceiling = peer_ceiling_chart_data(results, builtins());
   EXPECT_NE(ceiling.data.find("\"ddp x2\" 0.7500 0.5000 0.6250"), std::string::npos) << ceiling.data;
   EXPECT_EQ(ceiling.ylabel, "share of the GEMM-bound ceiling");
+  EXPECT_NE(panel_chart_script(ceiling, "c.dat", "c.png", "png", "t").find("set yrange [0:1]"), std::string::npos);
 }
 
 TEST(BenchTest, MedianStepSecondsSkipsTheWarmUpStep) {
