@@ -146,13 +146,13 @@ PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyReg
   std::map<std::string, std::string> blocks;  // panel -> rows
   for (const PeerJob& job : jobs(registry)) {
     const auto found = job_results(job, by_name);
-    const double best = divisor(found);
-    if (best <= 0.0) continue;
+    const double unit = divisor(found);
+    if (unit <= 0.0) continue;
     const auto [panel, row] = panel_and_row(job);
     if (std::find(chart.panels.begin(), chart.panels.end(), panel) == chart.panels.end()) chart.panels.push_back(panel);
     std::string line = "\"" + row + "\"";
     for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"})
-      line += found.count(system) ? c10::str(" ", fixed(found.at(system)->tokens_per_s.median / best, 4)) : " ?";
+      line += found.count(system) ? c10::str(" ", fixed(found.at(system)->tokens_per_s.median / unit, 4)) : " ?";
     blocks[panel] += line + "\n";
   }
   std::ostringstream out;

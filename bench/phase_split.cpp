@@ -22,7 +22,7 @@ std::string lower(std::string s) {
 struct Event {
   double start = 0.0, end = 0.0;  // microseconds
   std::string name;
-  bool scope = false;  ///< a span around ops, not an op itself (see kind_of)
+  bool scope = false;  ///< a span around ops, not an op itself (see is_scope)
 };
 
 /// An event on the stack of its thread: its end clamped to its parent's (a
