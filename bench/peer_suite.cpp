@@ -26,9 +26,10 @@ struct PeerJob {
   bool ac;
   int64_t batch, block;
   std::vector<std::string> model;  ///< shape flags for both programs
+  std::string ac_policy = "full";  ///< with ac: --ac-policy of both programs
   std::string label() const {
     return strategy + "-" + std::to_string(nproc) + "x" + std::to_string(threads) + "-" +
-           (precision == "32" ? "fp32" : "bf16") + (ac ? "-ac" : "");
+           (precision == "32" ? "fp32" : "bf16") + (ac ? "-ac" : "") + (ac && ac_policy != "full" ? "-" + ac_policy : "");
   }
 };
 
@@ -48,6 +49,7 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   c.phase_split = true;  // issue 35: where each program's step goes
   c.extra = job.model;
   if (job.ac) c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
+  if (job.ac && job.ac_policy != "full") c.extra.insert(c.extra.end(), {"--ac-policy", job.ac_policy});
   if (system == "strata") {
     c.reference = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/pytorch-eager";
   } else {
@@ -60,8 +62,9 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
 
 /// Every strategy with a PyTorch counterpart (StrategySpec::pytorch_peer):
 /// one process x 2 threads where it runs one, else 2 ranks x 1 thread; fp32,
-/// bf16-mixed and fp32 with activation checkpointing; and the single-process
-/// one on a 384-wide gpt-mini at block 256.
+/// bf16-mixed and fp32 with activation checkpointing; the single-process one
+/// with op-level selective checkpointing too (torchtitan's policy in both);
+/// and the single-process one on a 384-wide gpt-mini at block 256.
 std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
   std::vector<PeerJob> out;
   std::vector<std::tuple<std::string, std::string, int, int>> strategies;
@@ -77,6 +80,7 @@ std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
     out.push_back({"gpt-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}});
   const StrategySpec* single = registry.single_process();
   if (single && !single->pytorch_peer().empty()) {
+    out.push_back({"gpt-mini", single->name(), single->pytorch_peer(), 1, 2, "32", true, 8, 128, {}, "op"});
     for (const std::string precision : {"32", "bf16-mixed"})
       out.push_back({"gpt-mini-384", single->name(), single->pytorch_peer(), 1, 2, precision, false, 4, 256,
                      {"--n-embd", "384"}});
@@ -90,7 +94,8 @@ std::string mib(double bytes) { return fixed(bytes / (1024.0 * 1024.0), 0); }
 std::pair<std::string, std::string> panel_and_row(const PeerJob& job) {
   const std::string precision = job.precision == "32" ? "fp32" : "bf16-mixed";
   if (job.shape != "gpt-mini") return {job.shape + ", block 256, single 1x2", precision};
-  const std::string row = job.nproc == 1 ? job.strategy + " 1x2" : job.strategy + " x2";
+  std::string row = job.nproc == 1 ? job.strategy + " 1x2" : job.strategy + " x2";
+  if (job.ac && job.ac_policy != "full") row += " " + job.ac_policy + " SAC";
   return {"gpt-mini, " + precision + (job.ac ? " + AC" : ""), row};
 }
 

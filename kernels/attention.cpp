@@ -312,28 +312,62 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
 
 namespace {
 
-/// The autograd node: saves q, k, v, the fp32 output and the logsumexp, plus the
-/// dropout probability and seed from which the backward regenerates the mask.
+/// The backward both autograd nodes share: from q, k, v, the fp32 output and
+/// the logsumexp saved in that order, and the dropout probability and seed
+/// from which it regenerates the mask.
+torch::autograd::variable_list attention_backward(torch::autograd::AutogradContext* ctx,
+                                                  const torch::autograd::variable_list& grads) {
+  const auto saved = ctx->get_saved_variables();
+  auto g = causal_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                                     ctx->saved_data["dropout_p"].toDouble(),
+                                     static_cast<uint64_t>(ctx->saved_data["seed"].toInt()));
+  return {g.dq, g.dk, g.dv};
+}
+
+void save_for_attention_backward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                                 const torch::Tensor& k, const torch::Tensor& v, const AttentionForward& f,
+                                 double dropout_p, int64_t seed) {
+  // The fp32 output (for bf16 inputs a second, fp32 copy: B·T·C floats).
+  ctx->save_for_backward({q, k, v, f.out_fp32, f.lse});
+  ctx->saved_data["dropout_p"] = dropout_p;
+  ctx->saved_data["seed"] = seed;
+}
+
+/// The autograd node: runs the forward kernel.
 class CausalAttentionFunction : public torch::autograd::Function<CausalAttentionFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
                                const torch::Tensor& k, const torch::Tensor& v, double dropout_p,
                                int64_t seed) {
     auto result = causal_attention_forward(q, k, v, dropout_p, static_cast<uint64_t>(seed));
-    // The fp32 output (for bf16 inputs a second, fp32 copy: B·T·C floats).
-    ctx->save_for_backward({q, k, v, result.out_fp32, result.lse});
-    ctx->saved_data["dropout_p"] = dropout_p;
-    ctx->saved_data["seed"] = seed;
+    save_for_attention_backward(ctx, q, k, v, result, dropout_p, seed);
     return result.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    auto g = causal_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
-                                       ctx->saved_data["dropout_p"].toDouble(),
-                                       static_cast<uint64_t>(ctx->saved_data["seed"].toInt()));
-    return {g.dq, g.dk, g.dv, torch::Tensor(), torch::Tensor()};
+    auto g = attention_backward(ctx, grads);
+    g.insert(g.end(), {torch::Tensor(), torch::Tensor()});
+    return g;
+  }
+};
+
+/// The autograd node over a forward already run (causal_attention_from).
+class KeptAttentionFunction : public torch::autograd::Function<KeptAttentionFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& q,
+                               const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& out,
+                               const torch::Tensor& lse, const torch::Tensor& out_fp32, double dropout_p,
+                               int64_t seed) {
+    save_for_attention_backward(ctx, q, k, v, {out, lse, out_fp32}, dropout_p, seed);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto g = attention_backward(ctx, grads);
+    g.insert(g.end(), 5, torch::Tensor());
+    return g;
   }
 };
 
@@ -351,6 +385,17 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
   const double p = training ? dropout_p : 0.0;
   const uint64_t seed = p > 0.0 ? draw_dropout_seed() : 0;
   return CausalAttentionFunction::apply(q, k, v, p, static_cast<int64_t>(seed));
+}
+
+torch::Tensor causal_attention_from(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const AttentionForward& forward, double dropout_p, uint64_t seed) {
+  TORCH_CHECK(forward.out.defined() && forward.lse.defined() && forward.out_fp32.defined(),
+              "causal_attention_from: the forward's out, lse and out_fp32 must all be given");
+  TORCH_CHECK(forward.out.sizes() == q.sizes() && forward.lse.numel() == q.numel() / q.size(-1),
+              "causal_attention_from: a forward of shape ", forward.out.sizes(), " (lse ", forward.lse.sizes(),
+              ") does not fit q ", q.sizes());
+  return KeptAttentionFunction::apply(q, k, v, forward.out, forward.lse, forward.out_fp32, dropout_p,
+                                      static_cast<int64_t>(seed));
 }
 
 torch::Tensor dropout_keep_mask(int64_t batch_heads, int64_t T, double dropout_p, uint64_t seed) {

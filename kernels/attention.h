@@ -54,6 +54,13 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out, const to
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, double dropout_p, bool training);
 
+/// causal_attention's output, with its backward, for a forward already run
+/// with `dropout_p` and `seed` (e.g. kept by selective activation
+/// checkpointing): no kernel runs. q, k, v must be that forward's inputs
+/// (recomputed: the backward reads them). Draws nothing.
+torch::Tensor causal_attention_from(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const AttentionForward& forward, double dropout_p, uint64_t seed);
+
 /// One 64-bit seed from the default CPU generator (under its mutex: thread
 /// ranks share that generator).
 uint64_t draw_dropout_seed();

@@ -3,15 +3,24 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
 namespace strata {
 
+std::vector<std::string> checkpoint_policy_names() { return {"full", "attention", "op"}; }
+
 void validate(const ActivationCheckpointOptions& options) {
   TORCH_CHECK_VALUE(options.every_n() >= 1,
                     "ActivationCheckpointOptions: every_n must be >= 1 (1 = every unit), got ",
                     options.every_n());
+  const auto names = checkpoint_policy_names();
+  TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), options.policy()) != names.end(),
+                    "ActivationCheckpointOptions: unknown policy '", options.policy(),
+                    "'; available: ", c10::Join(", ", names));
 }
 
 bool checkpoints_unit(const ActivationCheckpointOptions& options, int64_t unit) {
@@ -104,6 +113,39 @@ void set_rng_state(at::Generator gen, const at::Tensor& state) {
   gen.set_state(state);
 }
 
+/// What a selective policy keeps of one checkpointed unit's forward, in call
+/// order (an empty entry: an op it did not keep), and where the recompute is.
+struct KeptOps {
+  bool attention = false;   ///< the policy keeps attention ops
+  bool matmuls = false;     ///< ... and every other matmul
+  bool replaying = false;   ///< false: the forward records; true: the recompute replays
+  int64_t matmuls_seen = 0;
+  std::vector<KeptOp> kinds;
+  std::vector<std::vector<torch::Tensor>> kept;
+  size_t next = 0;          ///< the recompute's position in `kept`
+
+  bool keeps(KeptOp kind) {
+    if (kind == KeptOp::attention) return attention;
+    return matmuls && (matmuls_seen++ % 2 == 0);  // the 1st, 3rd, ... (torchtitan's mm count)
+  }
+};
+
+/// The KeptOps of the unit this thread is running (nullptr: none, or a unit
+/// under the "full" policy).
+thread_local KeptOps* kept_ops = nullptr;
+
+/// RAII: `ops` is this thread's KeptOps while it lives (nesting restores the outer).
+class KeptOpsScope {
+ public:
+  explicit KeptOpsScope(KeptOps* ops) : previous_(kept_ops) { kept_ops = ops; }
+  ~KeptOpsScope() { kept_ops = previous_; }
+  KeptOpsScope(const KeptOpsScope&) = delete;
+  KeptOpsScope& operator=(const KeptOpsScope&) = delete;
+
+ private:
+  KeptOps* previous_;
+};
+
 /// What the backward needs besides the saved input.
 struct CheckpointState : torch::CustomClassHolder {
   UnitFn forward;
@@ -113,6 +155,7 @@ struct CheckpointState : torch::CustomClassHolder {
   at::Tensor cpu_rng;                 // CPU generator state before the forward
   std::optional<c10::Device> cuda_device;
   at::Tensor cuda_rng;                // that device's generator state, if CUDA input
+  std::optional<KeptOps> ops;         // a selective policy's kept outputs
 };
 
 /// RAII: the recompute draws from the forward's RNG state; afterwards the
@@ -179,6 +222,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor out;
     {
       NoAutocastCache no_cache;
+      KeptOpsScope keep(state->ops ? &*state->ops : nullptr);
       out = state->forward(x);
     }
     TORCH_CHECK(out.defined() && out.is_floating_point(),
@@ -209,8 +253,18 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       RngReplay rng(*state);
       AutocastReplay autocast(state->autocast);
       RecomputeScope recompute;
+      if (state->ops) state->ops->replaying = true;
+      KeptOpsScope keep(state->ops ? &*state->ops : nullptr);
       torch::AutoGradMode grad(true);
       out = state->forward(x);
+      // The kept outputs now belong to the recomputed graph (or were never
+      // used); the state lets go of them either way.
+      if (state->ops) {
+        TORCH_CHECK(state->ops->next == state->ops->kept.size(), "checkpoint: the recompute ran ",
+                    state->ops->next, " of the ", state->ops->kept.size(),
+                    " selectively checkpointed ops the forward ran; a unit must be repeatable");
+        state->ops.reset();
+      }
     }
     if (out.requires_grad()) {
       // A nested (reentrant) backward through the recomputed graph. The unit's
@@ -234,16 +288,19 @@ at::ScalarType linear_compute_dtype(const torch::Tensor& x) {
   return x.scalar_type();
 }
 
-/// linear_output_unread_in_recompute's recompute path: a zero output and the
-/// Linear's backward.
-class UnreadLinearFunction : public torch::autograd::Function<UnreadLinearFunction> {
+/// A Linear's backward without its forward's product: the output is given
+/// (`out`: a kept output, for checkpointed_linear's replay) or zeros (for
+/// linear_output_unread_in_recompute, whose output nothing reads).
+class LinearBackwardOnly : public torch::autograd::Function<LinearBackwardOnly> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const c10::optional<torch::Tensor>& bias, at::ScalarType dtype) {
+                               const c10::optional<torch::Tensor>& bias, at::ScalarType dtype,
+                               const c10::optional<torch::Tensor>& out) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["dtype"] = static_cast<int64_t>(dtype);
     ctx->saved_data["has_bias"] = bias.has_value();
     if (bias) ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias->scalar_type());
+    if (out) return *out;
     auto sizes = x.sizes().vec();
     sizes.back() = weight.size(0);
     return torch::zeros(sizes, x.options().dtype(dtype));
@@ -263,9 +320,18 @@ class UnreadLinearFunction : public torch::autograd::Function<UnreadLinearFuncti
     if (ctx->saved_data.at("has_bias").toBool() && ctx->needs_input_grad(2)) {
       grad_b = g.sum(0).to(static_cast<at::ScalarType>(ctx->saved_data.at("bias_dtype").toInt()));
     }
-    return {grad_x, grad_w, grad_b, torch::Tensor()};
+    return {grad_x, grad_w, grad_b, torch::Tensor(), torch::Tensor()};
   }
 };
+
+torch::Tensor linear_backward_only(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                   const c10::optional<torch::Tensor>& out, const char* caller) {
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), caller, ": input ", x.sizes(),
+              " does not fit weight ", weight.sizes());
+  c10::optional<torch::Tensor> b;
+  if (bias.defined()) b = bias;
+  return LinearBackwardOnly::apply(x, weight, b, linear_compute_dtype(x), out);
+}
 
 }  // namespace
 
@@ -274,20 +340,63 @@ bool is_recomputing() { return recomputing; }
 torch::Tensor linear_output_unread_in_recompute(const torch::Tensor& x, const torch::Tensor& weight,
                                                 const torch::Tensor& bias) {
   if (!recomputing || !torch::GradMode::is_enabled()) return torch::linear(x, weight, bias);
-  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
-              "linear_output_unread_in_recompute: input ", x.sizes(), " does not fit weight ", weight.sizes());
-  c10::optional<torch::Tensor> b;
-  if (bias.defined()) b = bias;
-  return UnreadLinearFunction::apply(x, weight, b, linear_compute_dtype(x));
+  return linear_backward_only(x, weight, bias, c10::nullopt, "linear_output_unread_in_recompute");
+}
+
+torch::Tensor checkpointed_op(const CheckpointedOp& op) {
+  KeptOps* ops = kept_ops;
+  if (ops == nullptr) return op.run();
+  if (!ops->replaying) {
+    // The checkpointed forward (no grad): keep the output if the policy says so.
+    const bool keep = ops->keeps(op.kind);
+    ops->kinds.push_back(op.kind);
+    if (!keep) {
+      ops->kept.emplace_back();
+      return op.run();
+    }
+    auto kept = op.save();
+    TORCH_CHECK(!kept.empty() && kept[0].defined(), "checkpointed_op: save() must return the op's output first");
+    ops->kept.push_back(kept);
+    return kept[0];
+  }
+  // The recompute: the same ops in the same order, each kept one replayed.
+  TORCH_CHECK(ops->next < ops->kept.size() && ops->kinds[ops->next] == op.kind,
+              "checkpoint: the recompute ran a selectively checkpointed op (number ", ops->next + 1,
+              ") that the forward did not run there; a unit must be repeatable");
+  auto kept = std::move(ops->kept[ops->next++]);
+  if (kept.empty()) return op.run();
+  return op.replay(std::move(kept));
+}
+
+torch::Tensor checkpointed_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (kept_ops == nullptr) return torch::linear(x, weight, bias);  // no std::function on the common path
+  CheckpointedOp op;
+  op.kind = KeptOp::matmul;
+  op.run = [&] { return torch::linear(x, weight, bias); };
+  op.save = [&] { return std::vector<torch::Tensor>{torch::linear(x, weight, bias)}; };
+  op.replay = [&](std::vector<torch::Tensor> kept) {
+    return linear_backward_only(x, weight, bias, std::move(kept[0]), "checkpointed_linear");
+  };
+  return checkpointed_op(op);
 }
 
 torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, bool preserve_rng_state) {
+  return checkpoint(forward, x, ActivationCheckpointOptions().preserve_rng_state(preserve_rng_state));
+}
+
+torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, const ActivationCheckpointOptions& options) {
   TORCH_CHECK(forward, "checkpoint: forward is empty");
   if (!torch::GradMode::is_enabled()) return forward(x);  // nothing to save for
+  validate(options);
   auto state = c10::make_intrusive<CheckpointState>();
   state->forward = forward;
   state->input_requires_grad = x.requires_grad();
-  state->preserve_rng_state = preserve_rng_state;
+  state->preserve_rng_state = options.preserve_rng_state();
+  if (options.policy() != "full") {
+    state->ops.emplace();
+    state->ops->attention = true;  // both selective policies keep attention
+    state->ops->matmuls = options.policy() == "op";
+  }
   // Why an anchor: a Function whose inputs all lack requires_grad is left out
   // of the graph, and its backward (the recompute, which is where the unit's
   // parameters get their gradients) would never run, e.g. for a first unit
@@ -303,10 +412,10 @@ UnitRunner checkpoint_runner(const ActivationCheckpointOptions& options, UnitRun
   return [options, inner = std::move(inner)](int64_t unit, const torch::Tensor& x,
                                              const UnitFn& forward) -> torch::Tensor {
     if (!checkpoints_unit(options, unit)) return inner ? inner(unit, x, forward) : forward(x);
-    if (!inner) return checkpoint(forward, x, options.preserve_rng_state());
+    if (!inner) return checkpoint(forward, x, options);
     // By value: the recompute calls this again during backward.
     UnitFn rest = [inner, unit, forward](const torch::Tensor& t) { return inner(unit, t, forward); };
-    return checkpoint(rest, x, options.preserve_rng_state());
+    return checkpoint(rest, x, options);
   };
 }
 

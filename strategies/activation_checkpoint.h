@@ -30,13 +30,24 @@
 //    threads share it, so random ops under run_thread_world are not
 //    reproducible per rank, with or without checkpointing.
 //
+// Selective checkpointing (options.policy "attention" or "op", torchtitan's
+// op-level SAC): the unit runs the ops it allows to be kept through
+// checkpointed_op() (checkpointed_linear for a Linear). In the checkpointed
+// forward the policy's ops keep their outputs; the recompute runs the unit
+// again, but each kept op hands back its output with its backward attached
+// instead of computing it. The ops must run in the same order both times.
+//
 // Example:
 //   strata::apply_activation_checkpointing(module, strata::ActivationCheckpointOptions().every_n(2));
+//   strata::apply_activation_checkpointing(module, strata::ActivationCheckpointOptions().policy("op"));
 #include "strata/core/training_module.h"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace strata {
 
@@ -48,9 +59,23 @@ struct ActivationCheckpointOptions {
   /// in the recompute, so random ops (dropout) draw what the forward drew.
   /// false saves the two state copies per unit when the units draw nothing.
   TORCH_ARG(bool, preserve_rng_state) = true;
+  /// What a checkpointed unit keeps of its forward besides its input, so that
+  /// its recompute skips those ops (selective activation checkpointing):
+  ///  - "full": nothing; the whole unit is recomputed (the default).
+  ///  - "attention": the output of each attention op (and its logsumexp): the
+  ///    recompute runs no attention.
+  ///  - "op": attention's outputs and every other matmul's output (the 1st,
+  ///    3rd, ... in the unit), as torchtitan's op-level SAC keeps mm outputs.
+  /// Only ops the unit runs through checkpointed_op() can be kept
+  /// (checkpointed_linear; the GPT's fused CPU attention); others are
+  /// recomputed under every policy.
+  TORCH_ARG(std::string, policy) = "full";
 };
 
-/// Errors (naming the value) for every_n < 1.
+/// The policies ActivationCheckpointOptions::policy accepts.
+std::vector<std::string> checkpoint_policy_names();
+
+/// Errors (naming the value) for every_n < 1 or an unknown policy.
 void validate(const ActivationCheckpointOptions& options);
 
 /// True when `options` checkpoints unit `unit`.
@@ -62,6 +87,9 @@ bool checkpoints_unit(const ActivationCheckpointOptions& options, int64_t unit);
 /// contract). Without grad mode it is just `forward(x)`. Not supported:
 /// create_graph (double backward) through the checkpointed region.
 torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, bool preserve_rng_state = true);
+/// The same with `options`' preserve_rng_state and policy (every_n is the
+/// runner's business and ignored here).
+torch::Tensor checkpoint(const UnitFn& forward, const torch::Tensor& x, const ActivationCheckpointOptions& options);
 
 /// A unit runner that checkpoints the units `options` selects and calls
 /// `inner` (may be empty: the unit itself) inside. The recompute calls inner
@@ -89,5 +117,35 @@ bool is_recomputing();
 /// torch::linear would. Elsewhere it is exactly torch::linear.
 torch::Tensor linear_output_unread_in_recompute(const torch::Tensor& x, const torch::Tensor& weight,
                                                 const torch::Tensor& bias);
+
+/// The kinds of ops a selective policy keeps.
+enum class KeptOp { attention, matmul };
+
+/// One op of a unit, as selective checkpointing runs it (see policy above).
+struct CheckpointedOp {
+  KeptOp kind = KeptOp::matmul;
+  /// The op as usual, differentiable. Runs outside checkpointed units, and
+  /// inside them whenever the policy does not keep this op.
+  std::function<torch::Tensor()> run;
+  /// The op in a checkpointed unit's forward (no grad) when the policy keeps
+  /// it: its output first, then whatever `replay` needs besides the inputs.
+  /// The unit must not modify that output in place.
+  std::function<std::vector<torch::Tensor>()> save;
+  /// The op in the recompute, given what `save` returned: the same output
+  /// with the op's backward attached (from the recomputed inputs), without
+  /// computing it again.
+  std::function<torch::Tensor(std::vector<torch::Tensor>)> replay;
+};
+
+/// Runs `op` under the policy of the checkpointed unit this thread is in
+/// (run() outside one). The recompute must call the same kinds of ops in the
+/// same order as the forward did (TORCH_CHECK otherwise).
+torch::Tensor checkpointed_op(const CheckpointedOp& op);
+
+/// torch::linear(x, weight, bias), kept by the "op" policy (every other
+/// one); its replay does the Linear's gradient math from x and the weight,
+/// computing no product. Under CPU/CUDA autocast it computes in the autocast
+/// dtype, as torch::linear would.
+torch::Tensor checkpointed_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 }  // namespace strata

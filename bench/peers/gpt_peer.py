@@ -33,7 +33,9 @@ sockets):
 Precision: 32, or bf16-mixed: fp32 master weights, gradients and optimiser state with the forward under
 torch.autocast("cpu", bfloat16) (local, DistributedDataParallel, ZeroRedundancyOptimizer; strata's
 core/precision.h), or MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) (fully_shard, as torchtitan).
---activation-checkpointing 1: each block under torch.utils.checkpoint(use_reentrant=False).
+--activation-checkpointing 1: each block under torch.utils.checkpoint(use_reentrant=False); with --ac-policy op
+under torchtitan's op-level SAC policy (create_selective_checkpoint_contexts: keep SDPA's outputs and every
+other matmul's, mm and addmm, since nanoGPT's Linears have biases).
 
 Output: one JSON object, the last line of stdout (and --json FILE): per-step losses (the global mean, rank 0's
 view) and gradient norms (before clipping), tokens/s as strata defines it, per-step times, per-rank peak RSS
@@ -60,7 +62,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 PRESETS = {"gpt-nano": (3, 3, 48), "gpt-micro": (4, 4, 128), "gpt-mini": (6, 6, 192), "gpt2": (12, 12, 768)}
 VOCAB = 256  # byte-level text
@@ -114,6 +116,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(a.n_embd, VOCAB, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.activation_checkpointing = bool(a.activation_checkpointing)
+        self.ac_policy = a.ac_policy
         for name, p in self.named_parameters():  # nanoGPT's init (used by --write-init only)
             if p.dim() >= 2:
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * a.n_layer) if name.endswith("c_proj.weight") else 0.02)
@@ -124,9 +127,36 @@ class GPT(nn.Module):
         t = self.transformer
         x = t.wte(idx) + t.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in t.h:
-            x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
+            if not self.activation_checkpointing:
+                x = block(x)
+            elif self.ac_policy == "op":
+                x = checkpoint(block, x, use_reentrant=False, context_fn=op_sac_context)
+            else:
+                x = checkpoint(block, x, use_reentrant=False)
         logits = self.lm_head(t.ln_f(x))
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+# torchtitan's op-level SAC (torchtitan/models/llama3/infra/parallelize.py, _apply_ac_to_transformer_block):
+# keep the attention kernels' outputs and every other matmul's; recompute the rest.
+OP_SAC_SAVE = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+               torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+               torch.ops.aten._scaled_dot_product_flash_attention.default,
+               torch.ops.aten._scaled_dot_product_efficient_attention.default}
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+def op_sac_context():
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in MATMULS:
+            counts[mode] += 1
+        keep = func in OP_SAC_SAVE and not (func in MATMULS and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 # ---------------------------------------------------------------- data (a port of recipes/data/data.cpp)
@@ -286,6 +316,7 @@ def write_result(a, world, losses, grad_norms, step_s, rss, path):
         "peer": "pytorch", "torch": torch.__version__, "mode": a.mode, "nproc": world, "device": a.device,
         "threads_per_rank": a.threads_per_rank, "precision": a.precision, "compile": bool(a.compile),
         "activation_checkpointing": a.activation_checkpointing,
+        "ac_policy": a.ac_policy,
         "model": {"n_layer": a.n_layer, "n_head": a.n_head, "n_embd": a.n_embd, "block_size": a.block_size,
                   "vocab_size": VOCAB},
         "batch_size": a.batch_size, "steps": a.max_steps, "parameters": a.parameters,
@@ -333,6 +364,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: one GPU per rank, NCCL between ranks, autocast on cuda (strata-gpt --device cuda)")
     p.add_argument("--activation-checkpointing", type=int, choices=[0, 1], default=0)
+    p.add_argument("--ac-policy", choices=["full", "op"], default="full",
+                   help="op: torchtitan's op-level selective checkpointing (strata-gpt --ac-policy op)")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--preset", choices=sorted(PRESETS), default="gpt-micro")
     for flag in ("--n-layer", "--n-head", "--n-embd"):

@@ -79,7 +79,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   torch::manual_seed(c.seed);
   MetaGPT module(run.model);
   if (c.activation_checkpointing > 0) {
-    apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing));
+    apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
   }
   // --tp-size: the real split and groups (fake subgroups), as run.cpp makes them.
   const ParallelDims dims = apply_tensor_parallel(c, comm, module);
@@ -182,7 +182,7 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   std::optional<MemoryPrediction> planner;
   if (plannable(registry, request)) {
     planner = predict_peak(registry, request,
-                           activation_profile(run.model, c.batch_size, parse_precision(c.precision)));
+                           activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy));
   }
   std::cout << "strata-gpt --dry-run | " << c.preset << " | " << ranks.front().n_params << " parameters | "
             << c.strategy << " x " << world << " ranks"

@@ -47,11 +47,11 @@ int64_t block_parameters(const GPTOptions& model) {
 /// allocated up front, as DDP's bucket views are), so the peak above that is
 /// what the step itself allocates.
 int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Precision precision,
-                   bool checkpointed) {
+                   bool checkpointed, const std::string& ac_policy) {
   MemoryTracker tracker;  // nested: restores the caller's allocator when done
   model.n_layer(n_layer);
   GPTModule module(model);
-  if (checkpointed) apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(1));
+  if (checkpointed) apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(1).policy(ac_policy));
   for (auto& p : module.module().parameters()) p.mutable_grad() = torch::zeros_like(p);
   auto gen = at::detail::createCPUGenerator(/*seed_val=*/0);
   const auto idx = torch::randint(model.vocab_size(), {micro_batch, model.block_size()}, gen,
@@ -151,25 +151,28 @@ ModelStatePrediction predict_model_state(const StrategyRegistry& registry, const
   return {m->params, m->grads, m->optimizer};
 }
 
-ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
+ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                    const std::string& ac_policy) {
   TORCH_CHECK_VALUE(micro_batch >= 1, "memory planner: micro-batch must be >= 1, got ", micro_batch);
   // Why no grad mode changes or seeding: the probe builds its own modules and
   // draws its batch from its own generator; only the default generator is
   // advanced by the model's construction (phase 1, before the run seeds it).
   ActivationProfile a;
-  const int64_t one = probe_step(model, 1, micro_batch, precision, false);
-  const int64_t two = probe_step(model, 2, micro_batch, precision, false);
+  validate(ActivationCheckpointOptions().policy(ac_policy));
+  const int64_t one = probe_step(model, 1, micro_batch, precision, false, ac_policy);
+  const int64_t two = probe_step(model, 2, micro_batch, precision, false, ac_policy);
   a.per_block = std::max<int64_t>(0, two - one);
   a.base = std::max<int64_t>(0, one - a.per_block);
-  const int64_t one_ac = probe_step(model, 1, micro_batch, precision, true);
-  const int64_t two_ac = probe_step(model, 2, micro_batch, precision, true);
+  const int64_t one_ac = probe_step(model, 1, micro_batch, precision, true, ac_policy);
+  const int64_t two_ac = probe_step(model, 2, micro_batch, precision, true, ac_policy);
   a.checkpointed_per_block = std::max<int64_t>(0, two_ac - one_ac);
   a.checkpointed_base = std::max<int64_t>(0, one_ac - a.checkpointed_per_block);
   a.measured = true;
   return a;
 }
 
-ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision) {
+ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                       const std::string& ac_policy) {
   const double bt = double(micro_batch) * double(model.block_size());
   const double c = double(model.n_embd()), v = double(model.vocab_size());
   const double half = compute_dtype(precision) ? 0.5 : 1.0;  // bf16 and fp16: 2 bytes
@@ -183,22 +186,28 @@ ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_ba
   a.base = static_cast<int64_t>(kLogitFloats * bt * v * 4.0 + kBaseEmbdFloats * bt * c * 4.0);
   // Checkpointed: each block keeps its input; the peak is the head's or one
   // block recomputed plus its backward (~2 blocks' activations), the larger.
-  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0);
+  // Selective policies keep, in the compute dtype: attention's output (and
+  // under bf16 its fp32 copy, 2 half-words) plus, under "op", the c_attn and
+  // c_fc outputs (3C + 4C).
+  double kept = 0.0;
+  if (ac_policy != "full") kept += (1.0 + (half < 1.0 ? 2.0 : 0.0)) * half;
+  if (ac_policy == "op") kept += 7.0 * half;
+  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0 * (1.0 + kept));
   a.checkpointed_base = std::max(a.base, 2 * a.per_block);
   a.measured = false;
   return a;
 }
 
 ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batch, Precision precision,
-                                     int64_t probe_limit_bytes) {
+                                     const std::string& ac_policy, int64_t probe_limit_bytes) {
   // The probe's own footprint: two blocks and the embeddings, their gradients
   // (2 x 4 bytes each), and two blocks' activations and the head's.
   auto two = model;
   two.n_layer(2);
-  const auto estimate = estimate_activations(model, micro_batch, precision);
+  const auto estimate = estimate_activations(model, micro_batch, precision, ac_policy);
   const int64_t footprint = 8 * count_parameters(two) + estimate.total(2, 0);
   if (footprint > probe_limit_bytes) return estimate;
-  return probe_activations(model, micro_batch, precision);
+  return probe_activations(model, micro_batch, precision, ac_policy);
 }
 
 MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanRequest& r,

@@ -124,18 +124,23 @@ ActivationProfile scaled(ActivationProfile profile, int64_t factor);
 /// Runs the probe: one forward + backward of a GPT with 1 and with 2 blocks
 /// (`model`'s widths, vocabulary and block size) on a [micro_batch, block]
 /// batch under its own MemoryTracker, gradients allocated up front; and the
-/// same with every block checkpointed. Parameters stay out of the numbers.
+/// same with every block checkpointed under `ac_policy`
+/// (ActivationCheckpointOptions::policy). Parameters stay out of the numbers.
 /// About 2 x (params of 2 blocks + embeddings) + the activations of 2 blocks
 /// in memory, briefly.
-ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision);
+ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                    const std::string& ac_policy = "full");
 
 /// The formula the probe stands in for (fp32 bytes; bf16-mixed halves block
 /// activations): per block ~kBlockFloats x B·T·C floats (+ B·H·T² x 3 for naive
-/// attention), base ~kLogitFloats x B·T·V + 4 x B·T·C.
-ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision);
+/// attention), base ~kLogitFloats x B·T·V + 4 x B·T·C; a checkpointed block
+/// its input, plus under a selective `ac_policy` what that keeps.
+ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                       const std::string& ac_policy = "full");
 
 /// The probe when its own footprint is under `probe_limit_bytes`, else the formula.
 ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                     const std::string& ac_policy = "full",
                                      int64_t probe_limit_bytes = int64_t(1) << 30);
 
 /// A per-rank peak prediction.

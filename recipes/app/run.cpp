@@ -125,7 +125,7 @@ BuiltModule build_module(CheckedRun& run) {
   if (c.activation_checkpointing > 0) {
     // Before the strategy's setup, so a strategy that wraps units (FSDP)
     // installs its layer outside: FSDP(checkpoint(block)).
-    apply_activation_checkpointing(*out.module, ActivationCheckpointOptions().every_n(c.activation_checkpointing));
+    apply_activation_checkpointing(*out.module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
   }
   return out;
 }

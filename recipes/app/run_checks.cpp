@@ -249,7 +249,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
   const int64_t budget = !c.memory_budget.empty() ? parse_byte_size(c.memory_budget)
                          : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
                                                   : available_memory_bytes() / std::max(1, shape.local_ranks);
-  auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
+  auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
   PlanRequest base = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
   const auto rows = plan_candidates(registry, base, profile, budget);
   const std::string table = format_plan_table(rows, budget);
@@ -319,8 +319,8 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const bool hopeless = available > 0 && state_only * shape.local_ranks > available;
   const auto precision = parse_precision(c.precision);
   if (!profile) {
-    profile = hopeless ? estimate_activations(run.model, c.batch_size, precision)
-                       : activation_profile(run.model, c.batch_size, precision);
+    profile = hopeless ? estimate_activations(run.model, c.batch_size, precision, c.ac_policy)
+                       : activation_profile(run.model, c.batch_size, precision, c.ac_policy);
   }
   const int64_t peak = predict_peak(registry, request, *profile).peak();
   if (available <= 0 || peak * shape.local_ranks <= available) return;

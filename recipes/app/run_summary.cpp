@@ -193,7 +193,7 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
     if (estimate->predicts_peak) {
       // After fit (the probe's allocations go to its own tracker, so the run's
       // numbers above are unaffected).
-      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision));
+      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
       peak_bytes = predict_peak(registry, request, profile).peak();
     }
     add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,

@@ -21,6 +21,10 @@ void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const St
                     "tensor-parallel group of consecutive ranks would cross one");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--tp-size ", c.tp_size, " splits strata's GPT by its plan; a "
                     "--torchscript model has none");
+  // Its column- and row-parallel layers are not checkpointed ops (their
+  // collectives would have to be replayed too).
+  TORCH_CHECK_VALUE(c.ac_policy != "op", "--ac-policy op keeps matmul outputs, which --tp-size ", c.tp_size,
+                    "'s tensor-parallel layers do not support yet; use --ac-policy attention or full");
   TORCH_CHECK_VALUE(c.strategy != "auto", "--strategy auto chooses the tensor-parallel size itself; leave out "
                     "--tp-size ", c.tp_size, " or name the strategy");
   if (registry.contains(c.strategy) && !registry.spec(c.strategy).tensor_parallel()) {

@@ -53,6 +53,8 @@ struct RunConfig {
   std::string offload = "none";  ///< none, cpu (pinned host; CUDA only), disk: what moves is the strategy's choice
   std::string offload_dir;       ///< --offload disk: the file's directory ("": --output-dir)
   int64_t activation_checkpointing = 0;  ///< 0: off; n: every n-th block (1: every block)
+  /// What a checkpointed block keeps: full, attention, op (ActivationCheckpointOptions::policy)
+  std::string ac_policy = "full";
   /// --strategy auto: per-rank memory budget ("4GiB", "512MiB", bytes; "":
   /// MemAvailable / local ranks, or the GPU's memory on CUDA).
   std::string memory_budget;

@@ -90,6 +90,10 @@ std::vector<Field> launch_fields() {
       {"activation-checkpointing", 2, &C::activation_checkpointing,
        "recompute blocks in backward instead of keeping activations: 0 off, 1 every block, "
        "n every n-th (blocks 0, n, 2n, ...)"},
+      {"ac-policy", 2, &C::ac_policy,
+       "what a checkpointed block keeps besides its input, so its recompute skips those ops: full (nothing), "
+       "attention (the fused CPU attention's output and logsumexp), op (attention's and every other matmul's "
+       "outputs, as torchtitan's op-level SAC; more memory, less recompute)"},
       {"memory-budget", 2, &C::memory_budget,
        "--strategy auto: bytes per rank the chosen strategy must fit, e.g. 4GiB or 512MiB (default: "
        "available memory / local ranks; CUDA: the GPU's memory)"},

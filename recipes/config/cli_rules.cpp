@@ -1,5 +1,7 @@
 #include "strata/recipes/config/cli_rules.h"
 
+#include "strata/strategies/activation_checkpoint.h"
+
 #include <algorithm>
 #include <iterator>
 #include <cmath>
@@ -39,6 +41,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"activation", &c.activation, {"gelu", "gelu_new"}},
       {"offload", &c.offload, {"none", "cpu", "disk"}},
+      {"ac-policy", &c.ac_policy, checkpoint_policy_names()},
       {"checkpoint-format", &c.checkpoint_format, {"auto", "full", "sharded"}},
       {"checkpoint-mode", &c.checkpoint_mode, {"min", "max"}},
   };
@@ -53,6 +56,9 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
 std::string check_ignored(const RunConfig& c, const GivenKeys& given, const StrategyRegistry& strategies) {
   if (!c.memory_budget.empty() && c.strategy != "auto") {
     return "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
+  }
+  if (c.ac_policy != "full" && c.activation_checkpointing == 0 && c.strategy != "auto") {
+    return "--ac-policy " + c.ac_policy + " applies only to checkpointed blocks: add --activation-checkpointing N";
   }
   if (!c.offload_dir.empty() && c.offload != "disk") {
     return "--offload-dir applies only with --offload disk (got --offload " + c.offload + ")";

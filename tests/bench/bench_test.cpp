@@ -242,6 +242,14 @@ TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) 
   for (const auto& c : suite.cases) EXPECT_TRUE(c.shared_init) << c.name;  // same initial weights
   EXPECT_EQ(by_name[stem + "pytorch-compile"]->program, "peer");
   EXPECT_EQ(by_name[stem + "strata"]->program, "strata-gpt");
+  // Op-level selective checkpointing: the single-process job, both programs under the same policy.
+  for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"}) {
+    const auto it = by_name.find(std::string("peer/gpt-mini/single-1x2-fp32-ac-op/") + system);
+    ASSERT_NE(it, by_name.end()) << system;
+    const auto& extra = it->second->extra;
+    const std::vector<std::string> flag = {"--ac-policy", "op"};
+    EXPECT_NE(std::search(extra.begin(), extra.end(), flag.begin(), flag.end()), extra.end()) << system;
+  }
   auto result = [&](const std::string& system, double tps, double loss) {
     CaseResult r;
     r.bench_case = *by_name[stem + system];

@@ -63,9 +63,13 @@ std::vector<torch::Tensor> train(const std::string& strategy, const ModuleFactor
 void expect_same_training(const std::string& model, const ModuleFactory& make) {
   for (const std::string strategy : {"ddp", "oss", "sdp"}) {
     const auto plain = train(strategy, make, std::nullopt);
-    for (int64_t every_n : {1, 2}) {
-      const std::string what = model + " " + strategy + " every_n=" + std::to_string(every_n);
-      const auto checkpointed = train(strategy, make, ActivationCheckpointOptions().every_n(every_n));
+    // The op policy: kept outputs replayed while the strategies' gradient
+    // hooks (buckets, owners) fire from the replayed ops' backward.
+    for (const auto& ac : {ActivationCheckpointOptions().every_n(1), ActivationCheckpointOptions().every_n(2),
+                           ActivationCheckpointOptions().policy("op")}) {
+      const std::string what =
+          model + " " + strategy + " every_n=" + std::to_string(ac.every_n()) + " policy=" + ac.policy();
+      const auto checkpointed = train(strategy, make, ac);
       ASSERT_EQ(plain.size(), checkpointed.size()) << what;
       for (size_t i = 0; i < plain.size(); ++i) {
         EXPECT_LE((plain[i] - checkpointed[i]).abs().max().item<double>(), 1e-6) << what << " param " << i;

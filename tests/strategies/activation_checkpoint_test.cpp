@@ -6,6 +6,7 @@
 #include "strata/recipes/models/gpt.h"
 #include "strata/strategies/grad_buckets.h"
 #include "tests/mlp_stack.h"
+#include "tests/strategies/checkpoint_steps.h"
 #include "tests/toy_data.h"
 #include "strata/trainer/memory.h"
 
@@ -21,59 +22,13 @@ using strata::ActivationCheckpointOptions;
 using strata::TrainingModule;
 using strata::recipes::GPTModule;
 using strata::testing::MlpStackModule;
-
-GPTModule make_gpt(double dropout, uint64_t seed = 0) {
-  torch::manual_seed(seed);
-  return GPTModule(strata::recipes::gpt_preset("gpt-nano").vocab_size(16).block_size(8).dropout(dropout));
-}
-
-MlpStackModule make_mlp(double dropout, int64_t depth = 4, uint64_t seed = 0) {
-  torch::manual_seed(seed);
-  return MlpStackModule(16, 24, depth, dropout);
-}
-
-strata::Batch toy_batch(int64_t batch_size = 4) {
-  return strata::testing::ToyData().train_batch(0, batch_size, strata::ShardInfo{});
-}
-
-/// One forward + backward from a fixed RNG seed.
-struct StepResult {
-  double loss = 0.0;
-  std::vector<torch::Tensor> grads;
-  torch::Tensor next_draw;  ///< the RNG stream right after backward
-};
-
-StepResult forward_backward(TrainingModule& module, const strata::Batch& batch, uint64_t seed,
-                            strata::Precision precision = strata::Precision::kFp32) {
-  module.module().train();
-  torch::manual_seed(seed);
-  torch::Tensor loss;
-  {
-    strata::AutocastGuard autocast(precision);
-    loss = module.training_step(batch);
-  }
-  loss.backward();
-  StepResult out;
-  out.loss = loss.item<double>();
-  for (const auto& p : module.module().parameters()) {
-    out.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
-  }
-  out.next_draw = torch::rand({8});
-  return out;
-}
-
-/// Largest |a - b| over all gradients; infinity if one is missing on one side
-/// only (frozen parameters have none on either).
-double max_grad_diff(const StepResult& a, const StepResult& b) {
-  EXPECT_EQ(a.grads.size(), b.grads.size());
-  double worst = 0.0;
-  for (size_t i = 0; i < a.grads.size() && i < b.grads.size(); ++i) {
-    if (!a.grads[i].defined() && !b.grads[i].defined()) continue;
-    if (!a.grads[i].defined() || !b.grads[i].defined()) return std::numeric_limits<double>::infinity();
-    worst = std::max(worst, (a.grads[i] - b.grads[i]).abs().max().item<double>());
-  }
-  return worst;
-}
+using strata::testing::forward_backward;
+using strata::testing::gemms_in_forward_backward;
+using strata::testing::make_gpt;
+using strata::testing::make_mlp;
+using strata::testing::max_grad_diff;
+using strata::testing::StepResult;
+using strata::testing::toy_batch;
 
 using ModuleFactory = std::function<std::unique_ptr<TrainingModule>(double dropout)>;
 
@@ -201,34 +156,6 @@ TEST(ActivationCheckpointTest, SeamRunsEachUnitOnceAndRecomputesOnlyCheckpointed
   EXPECT_EQ(inner_calls.size(), 13u);
   EXPECT_EQ(outer_calls.size(), 10u);
   EXPECT_EQ(block_calls(), (std::vector<int64_t>{3, 2, 3, 2, 3}));
-}
-
-/// Counts GEMM calls (aten::addmm / aten::mm) on any thread while it lives.
-class GemmCounter {
- public:
-  GemmCounter() {
-    count_ = 0;
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&GemmCounter::on_enter).scopes({at::RecordScope::FUNCTION}));
-  }
-  ~GemmCounter() { at::removeCallback(handle_); }
-  GemmCounter(const GemmCounter&) = delete;
-  GemmCounter& operator=(const GemmCounter&) = delete;
-  int64_t count() const { return count_; }
-
- private:
-  static std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
-    const std::string name = fn.name();
-    if (name == "aten::addmm" || name == "aten::mm") ++count_;
-    return nullptr;
-  }
-  static inline std::atomic<int64_t> count_{0};
-  at::CallbackHandle handle_;
-};
-
-int64_t gemms_in_forward_backward(TrainingModule& module, const strata::Batch& batch) {
-  GemmCounter gemms;
-  forward_backward(module, batch, 42);
-  return gemms.count();
 }
 
 TEST(ActivationCheckpointTest, RecomputeSkipsTheGemmWhoseOutputBackwardNeverReads) {

@@ -205,3 +205,23 @@ TEST(PlannerTest, ProbeMeasuresBlocksThatScaleWithTheBatch) {
   EXPECT_GT(large.checkpointed_per_block, 0);
   EXPECT_LT(large.checkpointed_per_block, large.per_block);
 }
+
+TEST(PlannerTest, SelectivePoliciesAreProbedWithWhatTheyKeep) {
+  // A checkpointed block keeps its input under "full", attention's output
+  // besides under "attention", and the c_attn and c_fc outputs besides under
+  // "op": the probe measures each, and the formula follows it within 35%.
+  const auto model = gpt_preset("gpt-micro").vocab_size(96).block_size(64);
+  int64_t previous = 0;
+  for (const std::string policy : {"full", "attention", "op"}) {
+    SCOPED_TRACE(policy);
+    const auto probe = probe_activations(model, 4, Precision::kFp32, policy);
+    const auto formula = estimate_activations(model, 4, Precision::kFp32, policy);
+    std::cout << policy << ": probe checkpointed_per_block " << probe.checkpointed_per_block << " | formula "
+              << formula.checkpointed_per_block << "\n";
+    EXPECT_GT(probe.checkpointed_per_block, previous);
+    EXPECT_LT(probe.checkpointed_per_block, probe.per_block);
+    EXPECT_NEAR(double(formula.checkpointed_per_block) / double(probe.checkpointed_per_block), 1.0, 0.35);
+    previous = probe.checkpointed_per_block;
+  }
+  EXPECT_THROW(probe_activations(model, 4, Precision::kFp32, "most"), c10::ValueError);
+}

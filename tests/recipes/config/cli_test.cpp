@@ -379,6 +379,16 @@ TEST(CliTest, ActivationCheckpointingPolicy) {
   EXPECT_NE(to_ini(*every2.config).find("\nactivation-checkpointing = 2\n"), std::string::npos);
   expect_error({"--activation-checkpointing", "-1"},
                {"'-1'", "--activation-checkpointing", ">= 0 (0: off, n: every n-th block)"});
+  // What a checkpointed block keeps: full by default, or a selective policy.
+  EXPECT_EQ(parse({}).config->ac_policy, "full");
+  auto op = parse({"--activation-checkpointing", "1", "--ac-policy", "op"});
+  ASSERT_TRUE(op.config.has_value()) << op.message;
+  EXPECT_EQ(op.config->ac_policy, "op");
+  EXPECT_NE(to_ini(*op.config).find("\nac-policy = op\n"), std::string::npos);
+  expect_error({"--activation-checkpointing", "1", "--ac-policy", "some"},
+               {"unknown ac-policy 'some'", "full, attention, op"});
+  // Without checkpointed blocks it would be ignored.
+  expect_error({"--ac-policy", "attention"}, {"--ac-policy attention", "add --activation-checkpointing N"});
 }
 
 TEST(CliTest, CheckpointFormat) {

@@ -229,35 +229,36 @@ TEST(FsdpParityTest, ParameterWithoutGradientWithFindUnusedParametersMatchesSing
 /// setup installed its runner): checkpointing is then the outer layer.
 class CheckpointAtFitStart : public strata::Callback {
  public:
-  explicit CheckpointAtFitStart(int64_t every_n) : every_n_(every_n) {}
+  explicit CheckpointAtFitStart(strata::ActivationCheckpointOptions options) : options_(std::move(options)) {}
   std::string name() const override { return "CheckpointAtFitStart"; }
   void on_fit_start(strata::Trainer&, strata::TrainingModule& m) override {
-    strata::apply_activation_checkpointing(m, strata::ActivationCheckpointOptions().every_n(every_n_));
+    strata::apply_activation_checkpointing(m, options_);
   }
 
  private:
-  int64_t every_n_;
+  strata::ActivationCheckpointOptions options_;
 };
 
 void expect_checkpointing_changes_nothing(const std::string& model, const ModuleFactory& make) {
   const auto options = fsdp_test_options(2, 1, 0.0, 4).lr(1e-2).min_lr(1e-3).warmup_steps(1);
   FsdpRun plain;
   const auto reference = train_fsdp(make, options, plain);
-  for (int64_t every_n : {1, 2}) {
-    SCOPED_TRACE(model + " every_n=" + std::to_string(every_n));
+  // The op policy keeps outputs in the forward and replays them in the
+  // recompute, where FSDP has gathered the unit's parameters again.
+  for (const auto& ac : {strata::ActivationCheckpointOptions().every_n(1), strata::ActivationCheckpointOptions().every_n(2),
+                         strata::ActivationCheckpointOptions().policy("op")}) {
+    SCOPED_TRACE(model + " every_n=" + std::to_string(ac.every_n()) + " policy=" + ac.policy());
     FsdpRun checkpointed;
     // Applied before the strategy's setup, so FSDP's runner is outermost.
-    checkpointed.prepare = [every_n](strata::TrainingModule& m, int) {
-      strata::apply_activation_checkpointing(m, strata::ActivationCheckpointOptions().every_n(every_n));
-    };
+    checkpointed.prepare = [ac](strata::TrainingModule& m, int) { strata::apply_activation_checkpointing(m, ac); };
     const auto got = train_fsdp(make, options, checkpointed);
     EXPECT_LE(max_param_diff(reference[0].params, got[0].params), 1e-6);
     EXPECT_LE(got[0].max_units_gathered, strata::FSDPStrategy::kMaxUnitsGathered);
     // checkpoint(FSDP(block)): applied after the strategy's setup, so the
     // recompute in backward runs FSDP's runner.
     FsdpRun outside;
-    outside.callbacks = [every_n](int) {
-      return std::vector<std::shared_ptr<strata::Callback>>{std::make_shared<CheckpointAtFitStart>(every_n)};
+    outside.callbacks = [ac](int) {
+      return std::vector<std::shared_ptr<strata::Callback>>{std::make_shared<CheckpointAtFitStart>(ac)};
     };
     const auto got_outside = train_fsdp(make, options, outside);
     EXPECT_LE(max_param_diff(reference[0].params, got_outside[0].params), 1e-6) << "checkpoint outside FSDP";

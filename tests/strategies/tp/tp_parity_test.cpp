@@ -188,14 +188,21 @@ TEST(TpParityTest, DropoutRecomputesTheSameRankMasksUnderCheckpointing) {
   const TpRun plain{.strategy = "ddp", .nproc = 4, .tp = 2, .batch = 2, .extra = "--sequence-parallel", .dropout = 0.1};
   TpRun checkpointed = plain;
   checkpointed.extra += " --activation-checkpointing 1";
+  // The attention policy keeps each rank's attention output and replays its
+  // seed draw inside the rank's stream.
+  TpRun selective = checkpointed;
+  selective.extra += " --ac-policy attention";
   TpRun none = plain;
   none.dropout = 0.0;
   const auto a = train(plain).params, b = train(checkpointed).params, c = train(none).params;
+  const auto d = train(selective).params;
   ASSERT_FALSE(a.empty());
   ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), d.size());
   double moved = 0.0;
   for (const auto& [name, value] : a) {
     EXPECT_LE((value - b.at(name)).abs().max().item<double>(), 1e-6) << name;
+    EXPECT_LE((value - d.at(name)).abs().max().item<double>(), 1e-6) << name << " (--ac-policy attention)";
     moved = std::max(moved, (value - c.at(name)).abs().max().item<double>());
   }
   EXPECT_GT(moved, 1e-4) << "dropout 0.1 changed nothing: no mask was drawn";
@@ -417,6 +424,8 @@ TEST(TpInputTest, WhatCannotSplitIsRefusedBeforeAnyRankStarts) {
       {"--strategy auto --n-head 6 --nproc 2 --tp-size 2", "--strategy auto chooses the tensor-parallel size itself"},
       // Not tensor parallelism's, found by its export test: the file would not be safetensors.
       {"--export-weights " + (scratch() / "w.safetensors").string(), "names a safetensors file, but it writes"},
+      {"--n-head 6 --nproc 2 --tp-size 2 --activation-checkpointing 1 --ac-policy op",
+       "--ac-policy op keeps matmul outputs, which --tp-size 2's tensor-parallel layers do not support yet"},
       {"--n-head 12 --nproc 2 --nnodes 2 --master-port 29555 --tp-size 4",
        "--tp-size 4 must divide the ranks per machine (2)"},
   };
