@@ -5,6 +5,7 @@
 #include "strata/trainer/memory.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cctype>
@@ -303,6 +304,25 @@ std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candid
     if (candidates[i].fits && candidates[i].exact) return i;
   }
   return std::nullopt;
+}
+
+std::string fp32_alternative(const StrategyRegistry& registry, const PlanRequest& base,
+                             const ActivationProfile& fp32_activations, int64_t budget_bytes, double slowdown) {
+  PlanRequest fp32 = base;
+  fp32.precision(Precision::kFp32);
+  const auto rows = plan_candidates(registry, fp32, fp32_activations, budget_bytes);
+  const auto pick = pick_fastest_fitting(rows);
+  std::ostringstream line;
+  line << "its matrix products run " << c10::str(std::round(slowdown * 10.0) / 10.0)
+       << "x slower than fp32's on this CPU (measured); ";
+  if (!pick) {
+    line << "in fp32 nothing is predicted to fit " << format_bytes(budget_bytes)
+         << " per rank, so the lower precision's memory is needed";
+  } else {
+    line << "in fp32 the planner picks " << rows[*pick].label << " (peak " << format_bytes(rows[*pick].prediction.peak())
+         << " per rank, within " << format_bytes(budget_bytes) << "): --precision 32 trains faster here";
+  }
+  return line.str();
 }
 
 std::string format_plan_table(const std::vector<PlanChoice>& candidates, int64_t budget_bytes) {

@@ -184,6 +184,14 @@ std::optional<size_t> pick_fastest_fitting(const std::vector<PlanChoice>& candid
 /// The table strata-gpt prints: strategy, predicted peak per rank, fits?
 std::string format_plan_table(const std::vector<PlanChoice>& candidates, int64_t budget_bytes);
 
+/// --strategy auto in a precision whose matrix products run `slowdown` times
+/// slower than fp32's on this CPU (> 1: bf16 without avx512_bf16, ATen's CPU
+/// fp16): one line saying what the planner picks for `base` in fp32 under the
+/// same budget (`fp32_activations`: the fp32 profile), or that nothing fits in
+/// fp32, so the user can tell whether the slow precision buys needed memory.
+std::string fp32_alternative(const StrategyRegistry& registry, const PlanRequest& base,
+                             const ActivationProfile& fp32_activations, int64_t budget_bytes, double slowdown);
+
 /// "4GiB", "512MiB", "1.5G", "1000000" (bytes; K/M/G/T and KiB..TiB are powers
 /// of 1024, KB..TB powers of 1000). Throws c10::ValueError naming the text.
 int64_t parse_byte_size(const std::string& text);

@@ -1,6 +1,7 @@
 #include "strata/recipes/app/run_checks.h"
 
 #include "strata/recipes/app/tensor_parallel_run.h"
+#include "strata/recipes/app/peak_flops.h"
 
 #include "strata/recipes/io/hf_gpt2.h"
 
@@ -233,6 +234,21 @@ void check_late_outputs(const RunConfig& c) {
 /// --strategy auto: the planner's fastest candidate predicted to fit the
 /// budget becomes the config's strategy, and the launcher's command line
 /// names it. Returns the activation profile it measured.
+/// Issue 35: bf16 on a CPU without bf16 instructions trains ~10x slower than
+/// fp32; --strategy auto says whether fp32 would fit the same budget.
+void print_fp32_alternative(const RunConfig& c, const GPTOptions& model, const PlanRequest& base,
+                            const StrategyRegistry& registry, int64_t budget, int local_ranks) {
+  const std::string dtype = peak_dtype(c.precision);
+  if (dtype == "fp32") return;
+  const int threads = resolve_threads(c.threads_per_rank, local_ranks);
+  const double half = cpu_peak_flops(threads, dtype, default_peak_flops_cache()).flops;
+  const double fp32 = cpu_peak_flops(threads, "fp32", default_peak_flops_cache()).flops;
+  if (half <= 0.0 || fp32 <= half) return;
+  const auto profile = activation_profile(model, c.batch_size, Precision::kFp32, c.ac_policy);
+  std::cout << "--precision " << c.precision << ": " << fp32_alternative(registry, base, profile, budget, fp32 / half)
+            << std::endl;
+}
+
 ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry) {
   RunConfig& c = run.config;
   // The planner models strata's GPT: a --torchscript model is not planned.
@@ -265,6 +281,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
               << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
     for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
     std::cout << ")" << std::endl;
+    if (device.is_cpu()) print_fp32_alternative(c, run.model, base, registry, budget, shape.local_ranks);
     if (chosen.request.tp_size() > 1) {
       std::cout << "tensor parallel: groups of " << chosen.request.tp_size() << " ranks"
                 << (chosen.request.sequence_parallel() ? " with sequence parallelism" : "") << ", each taking "

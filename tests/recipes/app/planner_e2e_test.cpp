@@ -177,6 +177,22 @@ TEST(PlannerE2ETest, AutoWithATinyBudgetExitsTwoWithTheTable) {
   EXPECT_NE(bad.output.find("'12XB'"), std::string::npos) << bad.output;
 }
 
+TEST(PlannerE2ETest, AutoInASlowerPrecisionSaysWhatFp32WouldPick) {
+  // ATen's CPU fp16 GEMM is slower than fp32 on every CPU this runs on (and
+  // so is bf16 without avx512_bf16): --strategy auto says what fits in fp32.
+  const auto run = run_gpt_binary("--strategy auto --precision 16-mixed" + kRun + "--output-dir " +
+                                  (scratch() / "fp16").string());
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("--precision 16-mixed: its matrix products run "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("in fp32 the planner picks ddp"), std::string::npos) << run.output;
+  // Not in fp32 itself.
+  const auto fp32 = run_gpt_binary("--strategy auto" + kRun + "--output-dir " +
+                                   (scratch() / "fp32").string());
+  EXPECT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_NE(fp32.output.find("chosen: ddp"), std::string::npos) << fp32.output;
+  EXPECT_EQ(fp32.output.find("matrix products run"), std::string::npos) << fp32.output;
+}
+
 TEST(PlannerE2ETest, SummaryHasAConsistentPerRankSplit) {
   const int64_t psi = mini_parameter_count();
   for (const auto& [strategy, ratio] : std::vector<std::pair<std::string, double>>{{"ddp", 2.0}, {"fsdp", 3.0}}) {

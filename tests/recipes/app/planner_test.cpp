@@ -1,5 +1,6 @@
 #include "tests/builtin_strategies.h"
 #include "strata/recipes/app/planner.h"
+#include "strata/trainer/memory.h"
 
 #include <gtest/gtest.h>
 
@@ -224,4 +225,31 @@ TEST(PlannerTest, SelectivePoliciesAreProbedWithWhatTheyKeep) {
     previous = probe.checkpointed_per_block;
   }
   EXPECT_THROW(probe_activations(model, 4, Precision::kFp32, "most"), c10::ValueError);
+}
+
+TEST(PlannerTest, Fp32AlternativeSaysWhatFitsInFp32) {
+  // bf16-mixed on a CPU where bf16 multiplies slower: the line names fp32's
+  // pick under the same budget, or says that fp32 fits nowhere.
+  const auto base = PlanRequest(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "", 2)
+                        .micro_batch(4)
+                        .precision(Precision::kBf16Mixed);
+  ActivationProfile a;
+  a.per_block = 4 << 20;
+  a.base = 2 << 20;
+  a.checkpointed_per_block = 256 << 10;
+  a.checkpointed_base = 8 << 20;
+  PlanRequest fp32 = base;
+  fp32.precision(Precision::kFp32);
+  const auto rows = plan_candidates(fp32, a, int64_t(1) << 40);
+  const int64_t ddp_peak = rows[*pick_fastest_fitting(rows)].prediction.peak();
+  const std::string roomy = fp32_alternative(builtins(), base, a, int64_t(1) << 40, 9.84);
+  EXPECT_NE(roomy.find("run 9.8x slower than fp32's"), std::string::npos) << roomy;
+  EXPECT_NE(roomy.find("in fp32 the planner picks ddp (peak " + strata::format_bytes(ddp_peak)), std::string::npos) << roomy;
+  EXPECT_NE(roomy.find("--precision 32 trains faster here"), std::string::npos) << roomy;
+  // Just below ddp's fp32 peak, the pick is the next strategy that fits.
+  const std::string tighter = fp32_alternative(builtins(), base, a, ddp_peak - 1, 9.84);
+  EXPECT_EQ(tighter.find("picks ddp "), std::string::npos) << tighter;
+  EXPECT_NE(tighter.find("in fp32 the planner picks "), std::string::npos) << tighter;
+  const std::string none = fp32_alternative(builtins(), base, a, 1024, 9.84);
+  EXPECT_NE(none.find("in fp32 nothing is predicted to fit 1.0 KiB per rank"), std::string::npos) << none;
 }
