@@ -2,7 +2,8 @@
 
 #include <ATen/record_function.h>
 
-#include "strata/kernels/attention_tiles.h"
+#include "strata/kernels/attention_steps.h"
+#include "strata/kernels/attention_bf16.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -18,66 +19,6 @@ namespace strata::kernels {
 namespace {
 
 using namespace tiles;  // NOLINT: this file is the tiles' only user
-
-/// What every tile of one call shares: sizes, the softmax scale and dropout.
-struct TileShape {
-  int64_t T, D;
-  int64_t Dp;  ///< D padded for the GEMM's 16-column steps
-  float scale;
-  bool dropout;
-  uint32_t threshold;
-  float keep_scale;
-  uint64_t seed;
-
-  TileShape(int64_t t, int64_t d, double dropout_p, uint64_t s)
-      : T(t), D(d), Dp(round_up(d, 2 * kW)), scale(1.0f / std::sqrt(static_cast<float>(d))),
-        dropout(dropout_p > 0.0), threshold(keep_threshold(dropout_p)),
-        keep_scale(static_cast<float>(1.0 / (1.0 - dropout_p))), seed(s) {}
-};
-
-/// Forward, one R-row score tile s at (r0, c0) with C columns (Cp padded):
-/// exponentiates it under the rows' running max m, updates the normalisers l
-/// and rescales the accumulated output rows acc (the online softmax).
-void online_softmax_tile(const TileShape& ts, int64_t bh, int64_t r0, int64_t R, int64_t c0, int64_t C,
-                         float* s, float* m, float* l, float* acc) {
-  const int64_t Cp = round_up(C, 2 * kW);
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = r0 + i;
-    float* si = s + i * kBlockCols;
-    const int64_t valid = std::min(C, row + 1 - c0);  // causal: columns <= row
-    if (valid <= 0) {
-      std::fill(si, si + Cp, 0.f);
-      continue;
-    }
-    v8f vmax = splat(m[i]);
-    int64_t c = 0;
-    for (; c + kW <= valid; c += kW) {
-      const v8f x = load(si + c);
-      vmax = x > vmax ? x : vmax;
-    }
-    float mx = m[i];
-    for (int w = 0; w < kW; ++w) mx = std::max(mx, vmax[w]);
-    for (; c < valid; ++c) mx = std::max(mx, si[c]);
-    // Online softmax: rescale what was accumulated under the old max.
-    const float alpha = std::exp(m[i] - mx);
-    m[i] = mx;
-    const v8f vmx = splat(mx);
-    v8f vsum = splat(0.f);
-    for (c = 0; c < Cp; c += kW) store(si + c, vexp(load(si + c) - vmx));
-    std::fill(si + valid, si + Cp, 0.f);
-    for (c = 0; c < Cp; c += kW) vsum += load(si + c);
-    float sum = 0.f;
-    for (int w = 0; w < kW; ++w) sum += vsum[w];
-    l[i] = l[i] * alpha + sum;  // the normaliser counts dropped entries too
-    if (ts.dropout) {
-      const uint64_t key = row_key(ts.seed, bh, row);
-      for (c = 0; c < valid; ++c) si[c] = keep(key, c0 + c, ts.threshold) ? si[c] * ts.keep_scale : 0.f;
-    }
-    float* ai = acc + i * ts.Dp;
-    const v8f va = splat(alpha);
-    for (int64_t d = 0; d < ts.Dp; d += kW) store(ai + d, load(ai + d) * va);
-  }
-}
 
 /// One task's fp32 scratch for the forward of a head.
 struct ForwardScratch {
@@ -124,45 +65,6 @@ struct BackwardScratch {
   std::vector<uint8_t> z;  ///< the dropout keep mask of a tile
 };
 
-/// Backward, tile (r0, c0): the scores in w.p become P (recomputed from the
-/// logsumexp, 0 outside the causal columns), with dropout also the keep mask
-/// w.z and the dropped-out P in w.pd. Ce: columns any row of the tile sees.
-void recompute_probs_tile(const TileShape& ts, int64_t bh, int64_t r0, int64_t R, int64_t c0, int64_t C,
-                          int64_t Ce, const float* lse_row, BackwardScratch& w) {
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = r0 + i;
-    float* pi = w.p.data() + i * kBlockCols;
-    const int64_t valid = std::max<int64_t>(0, std::min(C, row + 1 - c0));
-    const v8f vl = splat(lse_row[row]);
-    for (int64_t c = 0; c < Ce; c += kW) store(pi + c, vexp(load(pi + c) - vl));
-    std::fill(pi + valid, pi + Ce, 0.f);
-    if (!ts.dropout) continue;
-    uint8_t* zi = w.z.data() + i * kBlockCols;
-    const uint64_t key = row_key(ts.seed, bh, row);
-    for (int64_t c = 0; c < valid; ++c) zi[c] = keep(key, c0 + c, ts.threshold);
-    float* pdi = w.pd.data() + i * kBlockCols;  // the dropped-out P
-    for (int64_t c = 0; c < Ce; ++c) pdi[c] = c < valid && zi[c] ? pi[c] * ts.keep_scale : 0.f;
-  }
-}
-
-/// w.ds holds dP of the dropped P for tile (r0, c0); makes it dS = P ∘ (dP − delta).
-void score_grads_tile(const TileShape& ts, int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t Ce,
-                      BackwardScratch& w) {
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t row = r0 + i;
-    const float* pi = w.p.data() + i * kBlockCols;
-    float* dsi = w.ds.data() + i * kBlockCols;
-    const uint8_t* zi = w.z.data() + i * kBlockCols;
-    const int64_t valid = std::max<int64_t>(0, std::min(C, row + 1 - c0));
-    if (ts.dropout) {
-      for (int64_t c = 0; c < valid; ++c) dsi[c] = zi[c] ? dsi[c] * ts.keep_scale : 0.f;
-    }
-    // dS = P ∘ (dP - delta); P is 0 outside the valid columns.
-    const v8f vd = splat(w.delta[row]);
-    for (int64_t c = 0; c < Ce; c += kW) store(dsi + c, load(pi + c) * (load(dsi + c) - vd));
-  }
-}
-
 /// Key/value columns [c0, c0 + C) of head bh: accumulates their dK, dV in
 /// w.dkv, w.dva over the row tiles that see them, and dQ of those rows in w.dqa.
 void backward_column_tile(const TileShape& ts, int64_t bh, int64_t c0, const float* lse_row, BackwardScratch& w) {
@@ -175,13 +77,13 @@ void backward_column_tile(const TileShape& ts, int64_t bh, int64_t c0, const flo
     // Columns some row of this tile sees: on the diagonal fewer than C.
     const int64_t Ce = round_up(std::min(C, r0 + R - c0), 2 * kW);
     gemm(R, Ce, D, w.qs.data() + r0 * Dp, Dp, w.kt.data() + c0 * D, kBlockCols, w.p.data(), kBlockCols, false);
-    recompute_probs_tile(ts, bh, r0, R, c0, C, Ce, lse_row, w);
+    recompute_probs_tile(ts, bh, r0, R, c0, C, Ce, lse_row, w.p.data(), w.pd.data(), w.z.data());
     // dV += (dropped P)ᵀ dO
     gemm_tn(Ce, Dp, R, ts.dropout ? w.pd.data() : w.p.data(), kBlockCols, w.dos.data() + r0 * Dp, Dp,
             w.dva.data(), Dp, true);
     // dP (of the dropped P) = dO Vᵀ
     gemm(R, Ce, D, w.dos.data() + r0 * Dp, Dp, w.vt.data() + c0 * D, kBlockCols, w.ds.data(), kBlockCols, false);
-    score_grads_tile(ts, r0, R, c0, C, Ce, w);
+    score_grads_tile(ts, r0, R, c0, C, Ce, w.p.data(), w.ds.data(), w.z.data(), w.delta.data());
     // dK += dSᵀ (q·scale); dQ += dS K (times scale at the end)
     gemm_tn(Ce, Dp, R, w.ds.data(), kBlockCols, w.qs.data() + r0 * Dp, Dp, w.dkv.data(), Dp, true);
     gemm(R, Dp, Ce, w.ds.data(), kBlockCols, w.ks.data() + c0 * Dp, Dp, w.dqa.data() + r0 * Dp, Dp, true);
@@ -237,6 +139,11 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
 
+  if (q.scalar_type() == at::kBFloat16 && bf16::available()) {
+    // bf16 products at twice fp32's rate (attention_bf16.h).
+    bf16::forward(q, k, v, ts, out, lse);
+    return {out.to(q.scalar_type()), lse, out};
+  }
   // Why one task per batch·head: K and V of a head are converted once into
   // fp32 scratch shared by all its row tiles, and tasks never write the same
   // output rows (no synchronisation inside the kernel).
@@ -271,7 +178,9 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
   TORCH_CHECK(lse_c.numel() == B * H * T, "causal attention backward: lse has ", lse_c.numel(),
               " elements, expected B·H·T = ", B * H * T);
   auto dq = empty_bthd(B, H, T, D), dk = empty_bthd(B, H, T, D), dv = empty_bthd(B, H, T, D);
-  if (q.numel() > 0) {
+  if (q.numel() > 0 && q.scalar_type() == at::kBFloat16 && bf16::available()) {
+    bf16::backward(q, k, v, grad_out, out, lse_c, TileShape(T, D, dropout_p, seed), dq, dk, dv);
+  } else if (q.numel() > 0) {
     // out: fp32 or q's dtype
     const BackwardInputs in{view_of(q), view_of(k), view_of(v), view_of(grad_out), view_of(out)};
     const TileShape ts(T, D, dropout_p, seed);
@@ -372,6 +281,8 @@ class KeptAttentionFunction : public torch::autograd::Function<KeptAttentionFunc
 };
 
 }  // namespace
+
+bool bf16_products_available() { return bf16::available(); }
 
 uint64_t draw_dropout_seed() {
   auto gen = at::detail::getDefaultCPUGenerator();

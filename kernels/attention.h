@@ -1,6 +1,8 @@
 #pragma once
 // Fused causal self-attention for CPU (flash-attention's tiling with an online
-// softmax), forward and backward, fp32 and bf16 inputs (fp32 accumulation).
+// softmax), forward and backward, fp32 and bf16 inputs (fp32 accumulation;
+// bf16 inputs multiply in bf16 where the CPU has avx512_bf16, see
+// bf16_products_available()).
 //
 // Shapes: q, k, v are [B, H, T, D] (any strides; D is made contiguous); the
 // output has the same shape, laid out as [B, T, H, D] in memory so that the
@@ -60,6 +62,12 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k,
 /// (recomputed: the backward reads them). Draws nothing.
 torch::Tensor causal_attention_from(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     const AttentionForward& forward, double dropout_p, uint64_t seed);
+
+/// True when bf16 q, k, v take the AVX512-BF16 tiles here (bf16 products at
+/// twice fp32's rate; P, dO and dS rounded to bf16 before their products):
+/// the CPU has avx512_bf16 and STRATA_ATTENTION_BF16 is not "0". Otherwise
+/// bf16 inputs are read into the fp32 tiles.
+bool bf16_products_available();
 
 /// One 64-bit seed from the default CPU generator (under its mutex: thread
 /// ranks share that generator).

@@ -6,9 +6,11 @@
 
 #include "strata/core/precision.h"
 #include "strata/recipes/models/gpt.h"
+#include "tests/scoped_env.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -104,6 +106,32 @@ TEST(AttentionTest, FusedMatchesNaiveBf16) {
       expect_close(got, naive(in, p, 5), 1e-2, describe(c, p) + " bf16");
     }
   }
+}
+
+TEST(AttentionTest, Bf16ProductsMatchTheFp32TilesOnBf16Inputs) {
+  // The AVX512-BF16 tiles round P, dO and dS to bf16 before their products;
+  // the fp32 tiles (STRATA_ATTENTION_BF16=0) read bf16 inputs into fp32. Both
+  // stay within bf16's tolerance of each other (and of the naive reference,
+  // above), and they are two paths: their gradients differ.
+  if (!kernels::bf16_products_available()) {
+    GTEST_SKIP() << "this CPU has no avx512_bf16: bf16 inputs take the fp32 tiles (FusedMatchesNaiveBf16 covers them)";
+  }
+  double largest = 0.0;
+  for (const Case& c : cases()) {
+    for (double p : {0.0, 0.3}) {
+      const auto in = make_inputs(c.B, c.H, c.T, c.D, 4000 + c.T + c.D, torch::kBFloat16);
+      const auto bf16 = fused(in, p, 9);
+      Result fp32;
+      {
+        strata::testing::ScopedEnv off("STRATA_ATTENTION_BF16", "0");
+        ASSERT_FALSE(kernels::bf16_products_available());
+        fp32 = fused(in, p, 9);
+      }
+      expect_close(bf16, fp32, 1e-2, describe(c, p) + " bf16 products vs fp32 tiles");
+      largest = std::max(largest, scaled_diff(bf16.dq, fp32.dq));
+    }
+  }
+  EXPECT_GT(largest, 0.0) << "the two paths gave identical dq everywhere: the switch changed nothing";
 }
 
 TEST(AttentionTest, FusedMatchesNaiveFp16) {
