@@ -95,7 +95,8 @@ std::pair<std::string, std::string> panel_and_row(const PeerJob& job) {
   const std::string precision = job.precision == "32" ? "fp32" : "bf16-mixed";
   if (job.shape != "gpt-mini") return {job.shape + ", block 256, single 1x2", precision};
   std::string row = job.nproc == 1 ? job.strategy + " 1x2" : job.strategy + " x2";
-  if (job.ac && job.ac_policy != "full") row += " " + job.ac_policy + " SAC";
+  // Short: the panel's bars are narrow ("single 1x2" with --ac-policy op).
+  if (job.ac && job.ac_policy != "full") row = job.ac_policy + " SAC";
   return {"gpt-mini, " + precision + (job.ac ? " + AC" : ""), row};
 }
 
@@ -149,6 +150,7 @@ PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyReg
   chart.strategies = {"strata", "PyTorch eager", "PyTorch compiled"};
   chart.ylabel = ylabel;
   std::map<std::string, std::string> blocks;  // panel -> rows
+  std::map<std::string, int> rows;             // panel -> how many
   for (const PeerJob& job : jobs(registry)) {
     const auto found = job_results(job, by_name);
     const double unit = divisor(found);
@@ -159,6 +161,8 @@ PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyReg
     for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"})
       line += found.count(system) ? c10::str(" ", fixed(found.at(system)->tokens_per_s.median / unit, 4)) : " ?";
     blocks[panel] += line + "\n";
+    // More than four clusters in a panel: wider panels, slanted labels.
+    if (++rows[panel] > 4) chart.long_labels = true;
   }
   std::ostringstream out;
   out << "# one block per panel; columns: tokens/s (median) ÷ " << what << " ('?' = did not run)\n";
