@@ -1,12 +1,19 @@
 #include "strata/kernels/attention_bf16.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/record_function.h>
-#include <immintrin.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+// x86-64 compilers that know AVX512-BF16 (GCC 10, Clang 9 and later);
+// elsewhere available() is false and bf16 inputs take the fp32 tiles.
+#if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 9 : __GNUC__ >= 10)
+#define STRATA_HAVE_AVX512_BF16 1
+#include <immintrin.h>
+#else
+#define STRATA_HAVE_AVX512_BF16 0
+#endif
 
 // Why per-function targets: this file is compiled with attention.cpp's flags
 // (-mavx2 -mfma), so the tile steps both include (attention_steps.h) are the
@@ -15,6 +22,7 @@
 #define STRATA_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace strata::kernels::bf16 {
+#if STRATA_HAVE_AVX512_BF16
 namespace {
 
 using namespace tiles;  // NOLINT: the tiles' layout and steps
@@ -352,5 +360,22 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
     }
   });
 }
+
+#else  // !STRATA_HAVE_AVX512_BF16
+
+bool available() { return false; }
+
+void forward(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const tiles::TileShape&,
+             torch::Tensor&, torch::Tensor&) {
+  TORCH_CHECK(false, "causal attention: this build has no AVX512-BF16 tiles (available() is false)");
+}
+
+void backward(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+              const torch::Tensor&, const torch::Tensor&, const tiles::TileShape&, torch::Tensor&, torch::Tensor&,
+              torch::Tensor&) {
+  TORCH_CHECK(false, "causal attention: this build has no AVX512-BF16 tiles (available() is false)");
+}
+
+#endif  // STRATA_HAVE_AVX512_BF16
 
 }  // namespace strata::kernels::bf16
