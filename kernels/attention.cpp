@@ -121,29 +121,14 @@ torch::Tensor readable(const torch::Tensor& t) {
   return rows_contiguous(ok ? t : t.to(at::kFloat));
 }
 
-}  // namespace
-
-AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch::Tensor& k_in,
-                                          const torch::Tensor& v_in, double dropout_p,
-                                          uint64_t seed) {
-  RECORD_FUNCTION("strata::causal_attention_forward", std::vector<c10::IValue>());  // a span in --profile traces
-  check_inputs(q_in, k_in, v_in, dropout_p);
-  const auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
-  auto out = empty_bthd(B, H, T, D);
-  auto lse = torch::empty({B, H, T}, torch::kFloat32);
-  if (q.numel() == 0) return {out.to(q.scalar_type()), lse, out};
+/// The fp32 tiles' forward of every head (bf16::forward's counterpart).
+void forward_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const TileShape& ts,
+                   torch::Tensor& out, torch::Tensor& lse) {
+  const int64_t B = q.size(0), H = q.size(1), T = ts.T, D = ts.D;
   const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v);
-  const TileShape ts(T, D, dropout_p, seed);
   const int64_t Tp = round_up(T, kBlockCols);
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
-
-  if (q.scalar_type() == at::kBFloat16 && bf16::available()) {
-    // bf16 products at twice fp32's rate (attention_bf16.h).
-    bf16::forward(q, k, v, ts, out, lse);
-    return {out.to(q.scalar_type()), lse, out};
-  }
   // Why one task per batch·head: K and V of a head are converted once into
   // fp32 scratch shared by all its row tiles, and tasks never write the same
   // output rows (no synchronisation inside the kernel).
@@ -160,6 +145,64 @@ AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch
       }
     }
   });
+}
+
+/// The fp32 tiles' backward of every head (bf16::backward's counterpart).
+void backward_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    const torch::Tensor& grad_out, const torch::Tensor& out, const torch::Tensor& lse,
+                    const TileShape& ts, torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv) {
+  const int64_t B = q.size(0), H = q.size(1), T = ts.T, D = ts.D;
+  // out: fp32 or q's dtype
+  const BackwardInputs in{view_of(q), view_of(k), view_of(v), view_of(grad_out), view_of(out)};
+  const int64_t Tp = round_up(T, kBlockCols), Dp = ts.Dp;
+  const float* lse_data = lse.data_ptr<float>();
+  const int64_t gsb = dq.stride(0), gsh = dq.stride(1), gst = dq.stride(2);
+  float* dq_data = dq.data_ptr<float>();
+  float* dk_data = dk.data_ptr<float>();
+  float* dv_data = dv.data_ptr<float>();
+
+  // Why one task per batch·head: dK/dV of a column tile sum over row tiles
+  // and dQ of a row tile over column tiles; within one head a single task
+  // does both, so no two tasks ever add into the same gradient rows.
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    BackwardScratch w(Tp, D, Dp);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t head = (bh / H) * gsb + (bh % H) * gsh;
+      load_backward_head(ts, bh, in, w);
+      for (int64_t c0 = 0; c0 < T; c0 += kBlockCols) {
+        backward_column_tile(ts, bh, c0, lse_data + bh * T, w);
+        for (int64_t c = 0; c < std::min(kBlockCols, T - c0); ++c) {
+          const int64_t off = head + (c0 + c) * gst;
+          std::memcpy(dk_data + off, w.dkv.data() + c * Dp, D * sizeof(float));
+          std::memcpy(dv_data + off, w.dva.data() + c * Dp, D * sizeof(float));
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        float* o = dq_data + head + t * gst;
+        for (int64_t d = 0; d < D; ++d) o[d] = w.dqa[t * Dp + d] * ts.scale;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+AttentionForward causal_attention_forward(const torch::Tensor& q_in, const torch::Tensor& k_in,
+                                          const torch::Tensor& v_in, double dropout_p,
+                                          uint64_t seed) {
+  RECORD_FUNCTION("strata::causal_attention_forward", std::vector<c10::IValue>());  // a span in --profile traces
+  check_inputs(q_in, k_in, v_in, dropout_p);
+  const auto q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  auto out = empty_bthd(B, H, T, D);
+  auto lse = torch::empty({B, H, T}, torch::kFloat32);
+  if (q.numel() == 0) return {out.to(q.scalar_type()), lse, out};
+  const TileShape ts(T, D, dropout_p, seed);
+  if (q.scalar_type() == at::kBFloat16 && bf16::available()) {
+    bf16::forward(q, k, v, ts, out, lse);  // bf16 products at twice fp32's rate (attention_bf16.h)
+  } else {
+    forward_heads(q, k, v, ts, out, lse);
+  }
   return {q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type()), lse, out};
 }
 
@@ -178,41 +221,13 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
   TORCH_CHECK(lse_c.numel() == B * H * T, "causal attention backward: lse has ", lse_c.numel(),
               " elements, expected B·H·T = ", B * H * T);
   auto dq = empty_bthd(B, H, T, D), dk = empty_bthd(B, H, T, D), dv = empty_bthd(B, H, T, D);
-  if (q.numel() > 0 && q.scalar_type() == at::kBFloat16 && bf16::available()) {
-    bf16::backward(q, k, v, grad_out, out, lse_c, TileShape(T, D, dropout_p, seed), dq, dk, dv);
-  } else if (q.numel() > 0) {
-    // out: fp32 or q's dtype
-    const BackwardInputs in{view_of(q), view_of(k), view_of(v), view_of(grad_out), view_of(out)};
+  if (q.numel() > 0) {
     const TileShape ts(T, D, dropout_p, seed);
-    const int64_t Tp = round_up(T, kBlockCols), Dp = ts.Dp;
-    const float* lse_data = lse_c.data_ptr<float>();
-    const int64_t gsb = dq.stride(0), gsh = dq.stride(1), gst = dq.stride(2);
-    float* dq_data = dq.data_ptr<float>();
-    float* dk_data = dk.data_ptr<float>();
-    float* dv_data = dv.data_ptr<float>();
-
-    // Why one task per batch·head: dK/dV of a column tile sum over row tiles
-    // and dQ of a row tile over column tiles; within one head a single task
-    // does both, so no two tasks ever add into the same gradient rows.
-    at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-      BackwardScratch w(Tp, D, Dp);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int64_t head = (bh / H) * gsb + (bh % H) * gsh;
-        load_backward_head(ts, bh, in, w);
-        for (int64_t c0 = 0; c0 < T; c0 += kBlockCols) {
-          backward_column_tile(ts, bh, c0, lse_data + bh * T, w);
-          for (int64_t c = 0; c < std::min(kBlockCols, T - c0); ++c) {
-            const int64_t off = head + (c0 + c) * gst;
-            std::memcpy(dk_data + off, w.dkv.data() + c * Dp, D * sizeof(float));
-            std::memcpy(dv_data + off, w.dva.data() + c * Dp, D * sizeof(float));
-          }
-        }
-        for (int64_t t = 0; t < T; ++t) {
-          float* o = dq_data + head + t * gst;
-          for (int64_t d = 0; d < D; ++d) o[d] = w.dqa[t * Dp + d] * ts.scale;
-        }
-      }
-    });
+    if (q.scalar_type() == at::kBFloat16 && bf16::available()) {
+      bf16::backward(q, k, v, grad_out, out, lse_c, ts, dq, dk, dv);
+    } else {
+      backward_heads(q, k, v, grad_out, out, lse_c, ts, dq, dk, dv);
+    }
   }
   const auto dtype = q.scalar_type();
   if (dtype == at::kFloat) return {dq, dk, dv};

@@ -120,8 +120,11 @@ struct KeptOps {
   bool matmuls = false;     ///< ... and every other matmul
   bool replaying = false;   ///< false: the forward records; true: the recompute replays
   int64_t matmuls_seen = 0;
-  std::vector<KeptOp> kinds;
-  std::vector<std::vector<torch::Tensor>> kept;
+  struct Entry {
+    KeptOp kind;
+    std::vector<torch::Tensor> outputs;  ///< empty: not kept
+  };
+  std::vector<Entry> kept;
   size_t next = 0;          ///< the recompute's position in `kept`
 
   bool keeps(KeptOp kind) {
@@ -348,22 +351,20 @@ torch::Tensor checkpointed_op(const CheckpointedOp& op) {
   if (ops == nullptr) return op.run();
   if (!ops->replaying) {
     // The checkpointed forward (no grad): keep the output if the policy says so.
-    const bool keep = ops->keeps(op.kind);
-    ops->kinds.push_back(op.kind);
-    if (!keep) {
-      ops->kept.emplace_back();
+    if (!ops->keeps(op.kind)) {
+      ops->kept.push_back({op.kind, {}});
       return op.run();
     }
     auto kept = op.save();
     TORCH_CHECK(!kept.empty() && kept[0].defined(), "checkpointed_op: save() must return the op's output first");
-    ops->kept.push_back(kept);
+    ops->kept.push_back({op.kind, kept});
     return kept[0];
   }
   // The recompute: the same ops in the same order, each kept one replayed.
-  TORCH_CHECK(ops->next < ops->kept.size() && ops->kinds[ops->next] == op.kind,
+  TORCH_CHECK(ops->next < ops->kept.size() && ops->kept[ops->next].kind == op.kind,
               "checkpoint: the recompute ran a selectively checkpointed op (number ", ops->next + 1,
               ") that the forward did not run there; a unit must be repeatable");
-  auto kept = std::move(ops->kept[ops->next++]);
+  auto kept = std::move(ops->kept[ops->next++].outputs);
   if (kept.empty()) return op.run();
   return op.replay(std::move(kept));
 }

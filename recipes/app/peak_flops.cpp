@@ -162,12 +162,20 @@ PeakFlops mfu_peak(double peak_flops_flag, const std::string& precision, const t
   return cpu_peak_flops(at::get_num_threads(), peak_dtype(precision), default_peak_flops_cache());
 }
 
-std::string half_precision_warning(int threads, const std::string& precision, const std::string& cache_path) {
+double half_precision_slowdown(int threads, const std::string& precision, const std::string& cache_path) {
   const std::string dtype = peak_dtype(precision);
-  if (dtype == "fp32") return "";
+  if (dtype == "fp32") return 0.0;
+  const double half = cpu_peak_flops(threads, dtype, cache_path).flops;
+  const double fp32 = cpu_peak_flops(threads, "fp32", cache_path).flops;
+  return half > 0.0 && fp32 > half ? fp32 / half : 0.0;
+}
+
+std::string half_precision_warning(int threads, const std::string& precision, const std::string& cache_path) {
+  if (half_precision_slowdown(threads, precision, cache_path) == 0.0) return "";
+  const std::string dtype = peak_dtype(precision);
+  // Both cached by the call above: read again for the line's numbers and sources.
   const PeakFlops half = cpu_peak_flops(threads, dtype, cache_path);
   const PeakFlops fp32 = cpu_peak_flops(threads, "fp32", cache_path);
-  if (half.flops <= 0.0 || fp32.flops <= 0.0 || half.flops >= fp32.flops) return "";
   std::ostringstream line;
   line.setf(std::ios::fixed);
   line.precision(1);

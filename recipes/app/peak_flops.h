@@ -60,6 +60,11 @@ std::string peak_dtype(const std::string& precision);
 /// else (CUDA) 0, which the Throughput callback measures on the device.
 PeakFlops mfu_peak(double peak_flops_flag, const std::string& precision, const torch::Device& device);
 
+/// fp32's matrix-product rate over that of `precision`'s compute dtype on
+/// this CPU with `threads` threads (cpu_peak_flops: cached, or measured now)
+/// when that dtype is slower (> 1); 0 in fp32, or when it is not slower.
+double half_precision_slowdown(int threads, const std::string& precision, const std::string& cache_path);
+
 /// One line for a run in `precision` ("bf16-mixed", "16-mixed") whose
 /// compute dtype multiplies matrices slower than fp32 on this CPU with
 /// `threads` threads: both rates (cpu_peak_flops: cached, or measured now),

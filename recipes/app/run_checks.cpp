@@ -238,14 +238,11 @@ void check_late_outputs(const RunConfig& c) {
 /// fp32; --strategy auto says whether fp32 would fit the same budget.
 void print_fp32_alternative(const RunConfig& c, const GPTOptions& model, const PlanRequest& base,
                             const StrategyRegistry& registry, int64_t budget, int local_ranks) {
-  const std::string dtype = peak_dtype(c.precision);
-  if (dtype == "fp32") return;
-  const int threads = resolve_threads(c.threads_per_rank, local_ranks);
-  const double half = cpu_peak_flops(threads, dtype, default_peak_flops_cache()).flops;
-  const double fp32 = cpu_peak_flops(threads, "fp32", default_peak_flops_cache()).flops;
-  if (half <= 0.0 || fp32 <= half) return;
+  const double slowdown =
+      half_precision_slowdown(resolve_threads(c.threads_per_rank, local_ranks), c.precision, default_peak_flops_cache());
+  if (slowdown == 0.0) return;
   const auto profile = activation_profile(model, c.batch_size, Precision::kFp32, c.ac_policy);
-  std::cout << "--precision " << c.precision << ": " << fp32_alternative(registry, base, profile, budget, fp32 / half)
+  std::cout << "--precision " << c.precision << ": " << fp32_alternative(registry, base, profile, budget, slowdown)
             << std::endl;
 }
 
