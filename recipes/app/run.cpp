@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -393,6 +394,12 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
   // those, and frees the rest within a step. (A MALLOC_MMAP_THRESHOLD_ set by
   // the user wins.)
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
+
+  // Why: stdout to a pipe or a file is block-buffered by default, so `| tee`
+  // and CI logs would get the header, the config and the validation lines in
+  // 4 KiB bursts. Line-buffered, each line leaves when it is written (every
+  // rank is this binary, so the ranks' lines too).
+  if (isatty(fileno(stdout)) == 0) std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
 
   std::vector<std::string> args(argv, argv + argc);
   ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry);
