@@ -30,7 +30,6 @@
 #include <nlohmann/json.hpp>
 
 #include <malloc.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -398,8 +397,8 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
   // Why: stdout to a pipe or a file is block-buffered by default, so `| tee`
   // and CI logs would get the header, the config and the validation lines in
   // 4 KiB bursts. Line-buffered, each line leaves when it is written (every
-  // rank is this binary, so the ranks' lines too).
-  if (isatty(fileno(stdout)) == 0) std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
+  // rank is this binary, so the ranks' lines too). A terminal is line-buffered already.
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
 
   std::vector<std::string> args(argv, argv + argc);
   ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry);
