@@ -298,4 +298,7 @@ double min_step_seconds(const std::string& metrics_csv);
 /// (its metrics from the successful runs, if any).
 std::vector<CaseResult> aggregate_runs(const std::vector<BenchCase>& cases, const std::vector<CaseRun>& runs);
 
+/// `items` with `sep` between them ("a, b, c").
+std::string join(const std::vector<std::string>& items, const std::string& sep);
+
 }  // namespace strata::bench

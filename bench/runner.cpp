@@ -34,6 +34,13 @@ extern char** environ;
 
 namespace strata::bench {
 namespace fs = std::filesystem;
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
+  return out;
+}
+
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -46,12 +53,6 @@ int tp_size_of(const BenchCase& c) {
   return 1;
 }
 
-
-std::string join(const std::vector<std::string>& items, const std::string& sep) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
-  return out;
-}
 
 std::string shell_quote(const std::string& arg) {
   if (!arg.empty() && arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+") ==

@@ -16,12 +16,6 @@ namespace strata::bench {
 
 namespace {
 
-std::string join(const std::vector<std::string>& items, const std::string& sep) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
-  return out;
-}
-
 // Case shapes. Batch sizes put one step at ~0.1–0.4 s on 2 idle cores, steps
 // make a case ~5–20 s; block 128 on the generated text gives realistically
 // shaped matmuls (the addition task's 11 tokens would not).
