@@ -73,8 +73,8 @@ struct RunConfig {
   bool nesterov = false;            ///< sgd: Nesterov momentum (needs momentum > 0)
   bool fused_adamw = true;          ///< adamw: FusedAdamW (one fused pass) instead of torch::optim::AdamW
   std::string adamw_kernel = "strata";  ///< fused-adamw: strata (kernels/fused_adamw.h) or aten (at::_fused_adamw_)
-  double lr = 3e-3;
-  double min_lr = 3e-4;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
   int64_t warmup_steps = 100;
   double weight_decay = 0.1;
   double gradient_clip_val = 1.0;

@@ -152,10 +152,10 @@ TEST(CliTest, ScheduleAndValidationValuesThatWouldBeIgnoredAreRefused) {
   expect_error({"--max-steps", "10", "--warmup-steps", "11"}, {"--warmup-steps 11 is above --max-steps 10"});
   expect_error({"--early-stopping-patience", "2", "--limit-val-batches", "0"}, {"needs periodic validation"});
   expect_error({"--early-stopping-patience", "2", "--val-check-interval", "0"}, {"needs periodic validation"});
-  // Defaults adapt instead: min-lr (3e-4) is capped at a smaller --lr, the
+  // Defaults adapt instead: min-lr (1e-4) is capped at a smaller --lr, the
   // default warmup (100) outlasts a short run.
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--lr", "1e-4"}, {"--max-steps", "10"}, {"--min-lr", "1e-3", "--lr", "1e-3"},
+       {std::vector<std::string>{"--lr", "5e-5"}, {"--max-steps", "10"}, {"--min-lr", "1e-3", "--lr", "1e-3"},
         {"--max-steps", "10", "--warmup-steps", "10"}, {"--comm-timeout", "0.001"}}) {
     const ParseResult r = parse(args);
     EXPECT_TRUE(r.config.has_value()) << r.message;
