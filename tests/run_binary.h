@@ -35,9 +35,11 @@ inline BinaryRun run_command(const std::string& command_line) {
   return run;
 }
 
+#ifdef STRATA_GPT_BINARY  // the dist tests' binary; unit tests run other commands only
 inline BinaryRun run_gpt_binary(const std::string& args, const std::string& env = "") {
   return run_command(env + (env.empty() ? "" : " ") + STRATA_GPT_BINARY " " + args);
 }
+#endif
 
 /// The tensors of a torch::serialize archive (strata-gpt --dump-params), by key.
 inline std::map<std::string, torch::Tensor> load_archive(const std::filesystem::path& path) {

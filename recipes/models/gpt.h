@@ -6,6 +6,7 @@
 //   auto options = strata::recipes::gpt_preset("gpt-mini").vocab_size(12).block_size(11);
 //   strata::recipes::GPTModule module(options);
 #include "strata/core/training_module.h"
+#include "strata/recipes/models/lm.h"
 #include "strata/recipes/models/lora.h"
 #include "strata/strategies/tp/plan.h"
 #include "strata/strategies/tp/spec.h"
@@ -174,14 +175,6 @@ class GPTImpl : public torch::nn::Module {
   uint64_t init_seed_ = 0;
 };
 TORCH_MODULE(GPT);
-
-/// Next-token cross-entropy of logits [B, T, V] against targets [B, T]
-/// (-1 = ignored), the mean over scored positions, computed in fp32.
-torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target);
-
-/// Validation sums for logits [B, T, V]: summed loss and scored positions,
-/// and samples whose every scored position is predicted exactly (argmax).
-ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch);
 
 /// The GPT as a TrainingModule: next-token cross-entropy (targets of -1 are
 /// ignored), exact-match accuracy over scored positions for validation.

@@ -1,0 +1,323 @@
+#include "strata/recipes/models/llama/llama.h"
+
+#include "strata/core/deferred_init.h"
+#include "strata/recipes/models/lm.h"
+#include "strata/strategies/activation_checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace strata::recipes {
+namespace {
+
+struct LlamaPreset {
+  const char* name;
+  LlamaOptions options;
+};
+
+RopeScaling llama3_scaling(double factor) {
+  RopeScaling s;
+  s.type = "llama3";
+  s.factor = factor;
+  s.low_freq_factor = 1.0;
+  s.high_freq_factor = 4.0;
+  s.original_max_position = 8192;
+  return s;
+}
+
+/// The shapes of each model's published config.json (transformers' names in
+/// the comments: num_hidden_layers, num_attention_heads, hidden_size,
+/// intermediate_size; num_key_value_heads, head_dim, vocab_size,
+/// max_position_embeddings, rms_norm_eps, rope_theta, rope_scaling,
+/// tie_word_embeddings).
+const std::vector<LlamaPreset>& llama_presets() {
+  auto llama3 = [](int64_t l, int64_t h, int64_t c, int64_t f, double factor, bool tied) {
+    return LlamaOptions(l, h, c, f).n_kv_head(8).vocab_size(128256).max_position_embeddings(131072)
+        .block_size(131072).rope_theta(500000.0).rope_scaling(llama3_scaling(factor)).tie_weights(tied);
+  };
+  auto qwen = [](int64_t l, int64_t h, int64_t kv, int64_t c, int64_t f, int64_t vocab, int64_t positions) {
+    return LlamaOptions(l, h, c, f).n_kv_head(kv).vocab_size(vocab).max_position_embeddings(positions)
+        .block_size(positions).rms_norm_eps(1e-6).rope_theta(1e6);
+  };
+  auto smol = [](int64_t l, int64_t h, int64_t kv, int64_t c, int64_t f, double theta) {
+    return LlamaOptions(l, h, c, f).n_kv_head(kv).vocab_size(49152).max_position_embeddings(8192)
+        .block_size(8192).rope_theta(theta).tie_weights(true);
+  };
+  auto small = [](int64_t l, int64_t h, int64_t c, int64_t f) {
+    return LlamaOptions(l, h, c, f).n_kv_head(h % 2 == 0 ? 2 : 1).block_size(1024).max_position_embeddings(1024);
+  };
+  static const std::vector<LlamaPreset> table = {
+      {"llama-nano", small(3, 3, 48, 128)},
+      {"llama-micro", small(4, 4, 128, 352)},
+      {"llama-mini", small(6, 6, 192, 512)},
+      {"llama-2-7b", LlamaOptions(32, 32, 4096, 11008).vocab_size(32000).max_position_embeddings(4096).block_size(4096)},
+      {"tinyllama-1.1b",
+       LlamaOptions(22, 32, 2048, 5632).n_kv_head(4).vocab_size(32000).max_position_embeddings(2048).block_size(2048)},
+      {"llama-3.2-1b", llama3(16, 32, 2048, 8192, 32.0, true)},
+      {"llama-3.2-3b", llama3(28, 24, 3072, 8192, 32.0, true)},
+      {"llama-3.1-8b", llama3(32, 32, 4096, 14336, 8.0, false)},
+      {"llama-3.1-70b", llama3(80, 64, 8192, 28672, 8.0, false)},
+      {"llama-3.1-405b", llama3(126, 128, 16384, 53248, 8.0, false)},
+      {"smollm2-135m", smol(30, 9, 3, 576, 1536, 100000.0)},
+      {"smollm2-360m", smol(32, 15, 5, 960, 2560, 100000.0)},
+      {"smollm2-1.7b", smol(24, 32, 32, 2048, 8192, 130000.0)},
+      {"mistral-7b", LlamaOptions(32, 32, 4096, 14336).n_kv_head(8).vocab_size(32768).max_position_embeddings(32768)
+                         .block_size(32768).rope_theta(1e6).model_type("mistral")},
+      {"qwen2.5-0.5b", qwen(24, 14, 2, 896, 4864, 151936, 32768).qkv_bias(true).tie_weights(true).model_type("qwen2")},
+      {"qwen2.5-7b", qwen(28, 28, 4, 3584, 18944, 152064, 131072).qkv_bias(true).model_type("qwen2")},
+      {"qwen3-0.6b",
+       qwen(28, 16, 8, 1024, 3072, 151936, 40960).head_dim(128).qk_norm(true).tie_weights(true).model_type("qwen3")},
+      {"qwen3-8b", qwen(36, 32, 8, 4096, 12288, 151936, 40960).head_dim(128).qk_norm(true).model_type("qwen3")},
+  };
+  return table;
+}
+
+/// A Linear as GPT's are applied: ATen's linear (one addmm with the bias),
+/// kept for the recompute under the "op" checkpointing policy.
+torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+  return checkpointed_linear(x, layer->weight, layer->bias);
+}
+
+torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+bool has_suffix(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Causal attention of each kv head's query group: q [B, Hkv, G·T, D] (the G
+/// query heads of one kv head laid end to end), k and v [B, Hkv, T, D], so
+/// that k and v are read by all G heads without being repeated. Row i is
+/// position i mod T.
+torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                       int64_t group, bool naive) {
+  const auto T = k.size(2);
+  auto rows = torch::arange(group * T, torch::TensorOptions().dtype(torch::kLong).device(q.device())).remainder(T);
+  auto cols = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(q.device()));
+  const auto allowed = cols.unsqueeze(0).le(rows.unsqueeze(1));  // [G·T, T]
+  if (!naive) return at::scaled_dot_product_attention(q, k, v, allowed);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  return torch::matmul(torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type()), v);
+}
+
+}  // namespace
+
+std::vector<std::string> llama_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : llama_presets()) names.emplace_back(p.name);
+  return names;
+}
+
+LlamaOptions llama_preset(const std::string& name) {
+  for (const auto& p : llama_presets()) {
+    if (name == p.name) return p.options;
+  }
+  TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", llama_preset_names()));
+}
+
+void validate(const LlamaOptions& o) {
+  TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.intermediate_size() > 0 &&
+                        o.vocab_size() > 0 && o.block_size() > 0 && o.n_kv_head() >= 0 && o.head_dim() >= 0,
+                    "model sizes must be > 0 (got n_layer ", o.n_layer(), ", n_head ", o.n_head(), ", n_embd ",
+                    o.n_embd(), ", intermediate_size ", o.intermediate_size(), ", vocab_size ", o.vocab_size(),
+                    ", block_size ", o.block_size(), ", n_kv_head ", o.n_kv_head(), ", head_dim ", o.head_dim(), ")");
+  TORCH_CHECK_VALUE(o.head_dim() > 0 || o.n_embd() % o.n_head() == 0, "n_embd ", o.n_embd(),
+                    " is not divisible by n_head ", o.n_head(), " (or give head_dim)");
+  TORCH_CHECK_VALUE(o.n_head() % o.kv_heads() == 0, "n_kv_head ", o.kv_heads(), " does not divide n_head ", o.n_head());
+  TORCH_CHECK_VALUE(o.head_size() % 2 == 0, "head size ", o.head_size(), " is odd: RoPE rotates pairs of features");
+  TORCH_CHECK_VALUE(o.sliding_window() == 0 || o.sliding_window() >= o.block_size(), "sliding_window ",
+                    o.sliding_window(), " is shorter than the block size ", o.block_size(),
+                    ": strata runs full causal attention; use a block size <= ", o.sliding_window());
+  const auto& s = o.rope_scaling();
+  TORCH_CHECK_VALUE(s.type == "none" || s.type == "linear" || s.type == "llama3", "rope scaling '", s.type,
+                    "' is not supported; available: none, linear, llama3");
+  TORCH_CHECK_VALUE(s.type == "none" || s.factor > 0, "rope scaling factor must be > 0, got ", s.factor);
+  TORCH_CHECK_VALUE(s.type != "llama3" || (s.high_freq_factor > s.low_freq_factor && s.original_max_position > 0),
+                    "llama3 rope scaling needs high_freq_factor > low_freq_factor and original_max_position > 0 (got ",
+                    s.high_freq_factor, ", ", s.low_freq_factor, ", ", s.original_max_position, ")");
+  TORCH_CHECK_VALUE(o.rope_theta() > 0, "rope_theta must be > 0, got ", o.rope_theta());
+  TORCH_CHECK_VALUE(o.rms_norm_eps() > 0, "rms_norm_eps must be > 0, got ", o.rms_norm_eps());
+  TORCH_CHECK_VALUE(o.attention() == "sdpa" || o.attention() == "naive", "unknown attention '", o.attention(),
+                    "'; available: sdpa, naive");
+}
+
+int64_t count_parameters(const LlamaOptions& o) {
+  const int64_t c = o.n_embd(), d = o.head_size(), q = o.n_head() * d, kv = o.kv_heads() * d;
+  const int64_t f = o.intermediate_size();
+  const int64_t attention = c * q + 2 * c * kv + q * c + (o.qkv_bias() ? q + 2 * kv : 0) + (o.o_bias() ? c : 0) +
+                            (o.qk_norm() ? 2 * d : 0);
+  const int64_t mlp = 3 * c * f + (o.mlp_bias() ? 2 * f + c : 0);
+  const int64_t head = o.tie_weights() ? 0 : o.vocab_size() * c;
+  return o.vocab_size() * c + o.n_layer() * (attention + mlp + 2 * c) + c + head;
+}
+
+torch::Tensor rope_inverse_frequencies(const LlamaOptions& o) {
+  const int64_t d = o.head_size();
+  auto exponent = torch::arange(0, d, 2, torch::kLong).to(torch::kFloat32) / static_cast<double>(d);
+  auto inv = 1.0 / torch::pow(o.rope_theta(), exponent);
+  const auto& s = o.rope_scaling();
+  if (s.type == "linear") return inv / s.factor;
+  if (s.type != "llama3") return inv;
+  // Llama 3.1: wavelengths longer than the original context / low_freq_factor
+  // are divided by factor, shorter than / high_freq_factor kept, and those in
+  // between interpolated (transformers' _compute_llama3_parameters).
+  const double old = static_cast<double>(s.original_max_position);
+  const double low_wavelen = old / s.low_freq_factor, high_wavelen = old / s.high_freq_factor;
+  auto wavelen = 2 * std::numbers::pi / inv;
+  auto scaled = torch::where(wavelen > low_wavelen, inv / s.factor, inv);
+  auto smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  auto medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+  return torch::where(medium, smoothed, scaled);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& inverse_frequencies) {
+  const auto T = x.size(2), half = x.size(3) / 2;
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
+  auto freqs = torch::outer(positions, inverse_frequencies.to(x.device()));  // [T, D/2], fp32
+  auto angles = torch::cat({freqs, freqs}, -1);
+  const auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
+  auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o) : options_(o) {
+  const int64_t c = o.n_embd(), d = o.head_size();
+  q_proj_ = register_module("q_proj", make_linear(c, o.n_head() * d, o.qkv_bias()));
+  k_proj_ = register_module("k_proj", make_linear(c, o.kv_heads() * d, o.qkv_bias()));
+  v_proj_ = register_module("v_proj", make_linear(c, o.kv_heads() * d, o.qkv_bias()));
+  o_proj_ = register_module("o_proj", make_linear(o.n_head() * d, c, o.o_bias()));
+  if (o.qk_norm()) {
+    q_norm_ = register_module("q_norm", RMSNorm(d, o.rms_norm_eps()));
+    k_norm_ = register_module("k_norm", RMSNorm(d, o.rms_norm_eps()));
+  }
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+  const auto B = x.size(0), T = x.size(1);
+  const int64_t h = options_.n_head(), kv = options_.kv_heads(), d = options_.head_size(), g = h / kv;
+  auto q = project(q_proj_, x).view({B, T, h, d});
+  auto k = project(k_proj_, x).view({B, T, kv, d});
+  auto v = project(v_proj_, x).view({B, T, kv, d}).transpose(1, 2);
+  if (options_.qk_norm()) {
+    q = q_norm_(q);
+    k = k_norm_(k);
+  }
+  const auto inv = rope_inverse_frequencies(options_);
+  q = apply_rope(q.transpose(1, 2), inv);  // [B, H, T, D]
+  k = apply_rope(k.transpose(1, 2), inv);
+  // Query head j reads kv head j / g (transformers' repeat_kv order): the g
+  // heads of one kv head become one sequence of g·T rows.
+  auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, g, options_.attention() == "naive");
+  y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
+  return project(o_proj_, y);
+}
+
+LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
+  input_layernorm_ = register_module("input_layernorm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
+  self_attn_ = register_module("self_attn", LlamaAttention(o));
+  post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
+  auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
+  gate_proj_ = mlp->register_module("gate_proj", make_linear(o.n_embd(), o.intermediate_size(), o.mlp_bias()));
+  up_proj_ = mlp->register_module("up_proj", make_linear(o.n_embd(), o.intermediate_size(), o.mlp_bias()));
+  down_proj_ = mlp->register_module("down_proj", make_linear(o.intermediate_size(), o.n_embd(), o.mlp_bias()));
+}
+
+torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + self_attn_(input_layernorm_(x));
+  const auto in = post_attention_layernorm_(h);
+  const auto mid = torch::silu(project(gate_proj_, in)) * project(up_proj_, in);
+  // The block's output reads down_proj's only through the residual add, whose
+  // backward needs no values: a checkpoint's recompute skips this GEMM.
+  return h + linear_output_unread_in_recompute(mid, down_proj_->weight, down_proj_->bias);
+}
+
+LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
+    : options_(o), init_seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
+  validate(o);
+  body_ = register_module("model", std::make_shared<torch::nn::Module>());
+  embed_tokens_ = body_->register_module("embed_tokens", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
+  if (deferred) defer_parameters(*embed_tokens_);
+  auto layers = body_->register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < o.n_layer(); ++i) {
+    blocks_.push_back(layers->register_module(std::to_string(i), LlamaBlock(o)));
+    if (deferred) defer_parameters(*blocks_.back());
+  }
+  norm_ = body_->register_module("norm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
+  if (!o.tie_weights()) lm_head_ = register_module("lm_head", make_linear(o.n_embd(), o.vocab_size(), false));
+  if (deferred) {
+    defer_parameters(*this);
+    return;
+  }
+  for (const auto& item : named_parameters()) init_parameter(item.key(), item.value());
+}
+
+void LlamaImpl::init_parameter(const std::string& name, const torch::Tensor& p) const {
+  torch::NoGradGuard no_grad;
+  if (has_suffix(name, "norm.weight")) {
+    p.fill_(1.0);
+  } else if (p.dim() == 1) {
+    p.zero_();
+  } else {
+    normal_init(p, 0.0, 0.02, parameter_generator(init_seed_, name));
+  }
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
+  TORCH_CHECK_VALUE(idx.size(1) <= options_.block_size(), "sequence length ", idx.size(1), " exceeds block_size ",
+                    options_.block_size());
+  auto x = embed_tokens_(idx);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    UnitFn block = [unit = blocks_[i].ptr()](const torch::Tensor& t) { return unit->forward(t); };
+    x = run_unit ? run_unit(static_cast<int64_t>(i), x, block) : block(x);
+  }
+  x = norm_(x);
+  return torch::nn::functional::linear(x, lm_head_ ? lm_head_->weight : embed_tokens_->weight);
+}
+
+LlamaModule::LlamaModule(const LlamaOptions& options, bool deferred) : model_(options, deferred) {}
+
+void LlamaModule::init_parameter(const std::string& name, const torch::Tensor& param) {
+  model_->init_parameter(name, param);
+}
+
+torch::Tensor LlamaModule::forward(const torch::Tensor& idx) {
+  return model_->forward(idx, [this](int64_t unit, const torch::Tensor& x, const UnitFn& fn) {
+    return run_unit(unit, x, fn);
+  });
+}
+
+torch::Tensor LlamaModule::training_step(const Batch& batch) { return lm_loss(forward(batch.input), batch.target); }
+
+ValidationStep LlamaModule::validation_step(const Batch& batch) { return lm_validation(forward(batch.input), batch); }
+
+std::vector<std::shared_ptr<torch::nn::Module>> LlamaModule::wrap_units() {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (auto& block : model_->blocks()) units.push_back(block.ptr());
+  return units;
+}
+
+double LlamaModule::flops_per_token() const {
+  const auto& o = model_->options();
+  const double lookup = o.tie_weights() ? 0.0 : static_cast<double>(o.vocab_size() * o.n_embd());
+  const double n = static_cast<double>(count_parameters(o)) - lookup;
+  return 6.0 * n + 12.0 * o.n_layer() * o.n_head() * o.head_size() * o.block_size();
+}
+
+}  // namespace strata::recipes

@@ -1,0 +1,198 @@
+#pragma once
+// The Llama family as one config-driven decoder, as lit-gpt builds it: the
+// families differ by fields, not by classes. Pre-RMSNorm blocks (the norm in
+// fp32, as transformers computes it), grouped-query attention with rotary
+// position embeddings (transformers' rotate_half layout, so that its
+// checkpoints load as they are), a SwiGLU MLP, no biases by default.
+//   Llama 2, Llama 3.x (with the llama3 RoPE scaling), TinyLlama, SmolLM2:
+//     the defaults;
+//   Mistral: the same decoder (a sliding window, when set, must cover the
+//     block size);
+//   Qwen2 / 2.5: biases on q, k and v only;
+//   Qwen3: RMSNorm on q and k per head before RoPE, a head_dim of its own.
+// Parameter names are transformers' (model.layers.0.self_attn.q_proj.weight,
+// ...), so a transformers state dict needs no renaming.
+//
+// Example:
+//   auto options = strata::recipes::llama_preset("llama-micro").vocab_size(12).block_size(11);
+//   strata::recipes::LlamaModule module(options);
+#include "strata/core/training_module.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace strata::recipes {
+
+/// RoPE's frequency scaling (transformers' rope_scaling / rope_parameters):
+/// "none", "linear" (every frequency divided by factor) or "llama3" (Llama
+/// 3.1/3.2: long wavelengths divided by factor, short ones kept, smoothed in
+/// between).
+struct RopeScaling {
+  std::string type = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+struct LlamaOptions {
+  LlamaOptions(int64_t n_layer, int64_t n_head, int64_t n_embd, int64_t intermediate_size)
+      : n_layer_(n_layer), n_head_(n_head), n_embd_(n_embd), intermediate_size_(intermediate_size) {}
+  TORCH_ARG(int64_t, n_layer);
+  TORCH_ARG(int64_t, n_head);
+  TORCH_ARG(int64_t, n_embd);
+  /// The MLP's hidden width (gate_proj's and up_proj's outputs).
+  TORCH_ARG(int64_t, intermediate_size);
+  /// Key/value heads (grouped-query attention): divides n_head; 0 = n_head.
+  TORCH_ARG(int64_t, n_kv_head) = 0;
+  /// Per-head width; 0 = n_embd / n_head (Qwen3 sets its own).
+  TORCH_ARG(int64_t, head_dim) = 0;
+  TORCH_ARG(int64_t, vocab_size) = 32000;
+  /// The longest sequence trained on (positions 0 .. block_size - 1).
+  TORCH_ARG(int64_t, block_size) = 2048;
+  /// config.json's max_position_embeddings: what the model was made for (export).
+  TORCH_ARG(int64_t, max_position_embeddings) = 2048;
+  TORCH_ARG(double, rms_norm_eps) = 1e-5;
+  TORCH_ARG(double, rope_theta) = 10000.0;
+  TORCH_ARG(RopeScaling, rope_scaling);
+  /// Biases on q_proj, k_proj and v_proj (Qwen2); on o_proj (Llama's
+  /// attention_bias sets both); on the MLP's three projections (mlp_bias).
+  TORCH_ARG(bool, qkv_bias) = false;
+  TORCH_ARG(bool, o_bias) = false;
+  TORCH_ARG(bool, mlp_bias) = false;
+  /// RMSNorm over each head of q and k before RoPE (Qwen3).
+  TORCH_ARG(bool, qk_norm) = false;
+  /// lm_head shares embed_tokens' matrix.
+  TORCH_ARG(bool, tie_weights) = false;
+  /// Mistral's sliding window in tokens; 0 = none. One shorter than the
+  /// block size is refused (full causal attention is what runs).
+  TORCH_ARG(int64_t, sliding_window) = 0;
+  /// "sdpa" (ATen's scaled_dot_product_attention; k and v never repeated:
+  /// each kv head's query group is one longer sequence) or "naive" (the
+  /// scores in memory; the reference).
+  TORCH_ARG(std::string, attention) = "sdpa";
+  /// transformers' model_type written on export: llama, mistral, qwen2, qwen3.
+  TORCH_ARG(std::string, model_type) = "llama";
+
+ public:
+  int64_t kv_heads() const { return n_kv_head_ > 0 ? n_kv_head_ : n_head_; }
+  int64_t head_size() const { return head_dim_ > 0 ? head_dim_ : n_embd_ / n_head_; }
+};
+
+/// Presets with the shapes of the published config.json of each model
+/// (llama-3.2-1b, llama-3.1-8b, llama-3.1-70b, llama-3.1-405b,
+/// qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, smollm2-135m, tinyllama-1.1b,
+/// mistral-7b) and small ones for tests (llama-nano, llama-micro,
+/// llama-mini: gpt-nano's, gpt-micro's and gpt-mini's sizes, 2 kv heads).
+/// Unknown names are an error listing these.
+LlamaOptions llama_preset(const std::string& name);
+std::vector<std::string> llama_preset_names();
+
+/// One-line errors naming the values: sizes <= 0, n_kv_head not dividing
+/// n_head, an odd head size (RoPE rotates pairs), a sliding window shorter
+/// than the block size, an unknown RoPE scaling or attention.
+void validate(const LlamaOptions& options);
+
+/// Parameters, counted from the options: per block the four attention
+/// projections (and their biases), the MLP's three, two norms (and q/k
+/// norms); the embedding, the final norm and an untied head.
+int64_t count_parameters(const LlamaOptions& options);
+
+/// RoPE's inverse frequencies [head_size / 2] in fp32, as transformers
+/// computes them (its _compute_default / _linear / _llama3 rope parameters).
+torch::Tensor rope_inverse_frequencies(const LlamaOptions& options);
+
+/// x [B, H, T, D] rotated by position (0 .. T-1) in transformers' layout:
+/// x · cos + rotate_half(x) · sin, rotate_half(x) = (-x[D/2:], x[:D/2]).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& inverse_frequencies);
+
+/// transformers' RMSNorm: in fp32, x · rsqrt(mean(x²) + eps), cast back to
+/// x's dtype, then times the weight.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+/// RMSNorm as a module (its parameter is `weight`), computed by rms_norm().
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  LlamaOptions options_;
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  RMSNorm q_norm_{nullptr}, k_norm_{nullptr};  // null without qk_norm
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaBlockImpl : public torch::nn::Module {
+ public:
+  explicit LlamaBlockImpl(const LlamaOptions& options);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  LlamaAttention self_attn_{nullptr};
+  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(LlamaBlock);
+
+class LlamaImpl : public torch::nn::Module {
+ public:
+  /// Builds and initialises the model from torch's default generator's seed
+  /// (init_parameter); `deferred`: parameters on the meta device until a
+  /// strategy's setup, as GPTImpl does.
+  explicit LlamaImpl(const LlamaOptions& options, bool deferred = false);
+  /// idx: int64 [B, T], T <= block_size; logits [B, T, vocab]. Block i runs
+  /// through `run_unit` (the unit seam) when given.
+  torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
+  const LlamaOptions& options() const { return options_; }
+  std::vector<LlamaBlock>& blocks() { return blocks_; }
+  /// Initialisation of parameter `name`, in place, from its own generator
+  /// (seed, name): matrices N(0, 0.02) (transformers' initializer_range),
+  /// norms 1, biases 0.
+  void init_parameter(const std::string& name, const torch::Tensor& param) const;
+
+ private:
+  LlamaOptions options_;
+  uint64_t init_seed_ = 0;
+  std::shared_ptr<torch::nn::Module> body_;  // "model": embed_tokens, layers, norm
+  torch::nn::Embedding embed_tokens_{nullptr};
+  std::vector<LlamaBlock> blocks_;
+  RMSNorm norm_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};  // null when tied
+};
+TORCH_MODULE(Llama);
+
+/// The Llama as a TrainingModule: next-token cross-entropy (targets of -1
+/// ignored), exact-match accuracy for validation; the blocks are the units.
+class LlamaModule : public TrainingModule {
+ public:
+  explicit LlamaModule(const LlamaOptions& options, bool deferred = false);
+  torch::nn::Module& module() override { return *model_; }
+  void init_parameter(const std::string& name, const torch::Tensor& param) override;
+  torch::Tensor training_step(const Batch& batch) override;
+  ValidationStep validation_step(const Batch& batch) override;
+  std::vector<std::shared_ptr<torch::nn::Module>> wrap_units() override;
+  /// 6 N + 12 L H D T per token (N: parameters but an untied embedding
+  /// table, whose lookup is no product).
+  double flops_per_token() const override;
+  Llama& model() { return model_; }
+
+ private:
+  torch::Tensor forward(const torch::Tensor& idx);
+  Llama model_;
+};
+
+}  // namespace strata::recipes
