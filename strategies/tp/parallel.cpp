@@ -88,6 +88,11 @@ torch::Tensor Parallel::replicated(const torch::Tensor& param) const {
   return sequence_parallel() ? copy_to_tp(param, group_) : param;
 }
 
+torch::Tensor Parallel::replicated_on_parts(const torch::Tensor& param) const {
+  // Why a sum: each rank's gradient covers only its heads' values.
+  return on() ? copy_to_tp(param, group_) : param;
+}
+
 torch::Tensor Parallel::sequence_part(const torch::Tensor& x) const {
   if (!sequence_parallel()) return x;
   TORCH_CHECK_VALUE(x.size(1) % size() == 0, "sequence parallelism: sequence length ", x.size(1),

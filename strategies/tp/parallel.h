@@ -88,6 +88,12 @@ class Parallel {
   /// Without sequence parallelism the parameter itself.
   torch::Tensor replicated(const torch::Tensor& param) const;
 
+  /// A replicated parameter used on values the ranks hold different parts
+  /// of, such as a per-head norm over this rank's heads (Qwen3's q/k norms):
+  /// its gradient is this rank's share, summed over the group in backward
+  /// (copy_to_tp), with or without sequence parallelism. Off: the parameter.
+  torch::Tensor replicated_on_parts(const torch::Tensor& param) const;
+
   /// This rank's part of dim 1 under sequence parallelism, else `x`.
   torch::Tensor sequence_part(const torch::Tensor& x) const;
 

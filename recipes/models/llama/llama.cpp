@@ -3,6 +3,7 @@
 #include "strata/core/deferred_init.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/strategies/activation_checkpoint.h"
+#include "strata/strategies/tp/parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/StringUtil.h>
@@ -210,14 +211,21 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o) : options_(o) {
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
-  const auto B = x.size(0), T = x.size(1);
-  const int64_t h = options_.n_head(), kv = options_.kv_heads(), d = options_.head_size(), g = h / kv;
-  auto q = project(q_proj_, x).view({B, T, h, d});
-  auto k = project(k_proj_, x).view({B, T, kv, d});
-  auto v = project(v_proj_, x).view({B, T, kv, d}).transpose(1, 2);
+  // Tensor parallel: this rank's query heads and the kv heads they read (the
+  // sequence is whole here even under sequence parallelism).
+  auto proj = [&](const torch::nn::Linear& l) { return tp_.on() ? tp_.column(x, l->weight, l->bias) : project(l, x); };
+  const int64_t h = tp_.on() ? tp_.local(options_.n_head()) : options_.n_head();
+  const int64_t kv = tp_.on() ? tp_.local(options_.kv_heads()) : options_.kv_heads();
+  const int64_t d = options_.head_size(), g = h / kv;
+  auto q = proj(q_proj_);
+  const auto B = q.size(0), T = q.size(1);
+  q = q.view({B, T, h, d});
+  auto k = proj(k_proj_).view({B, T, kv, d});
+  auto v = proj(v_proj_).view({B, T, kv, d}).transpose(1, 2);
   if (options_.qk_norm()) {
-    q = q_norm_(q);
-    k = k_norm_(k);
+    // Tensor parallel: the norms' weights act on this rank's heads only.
+    q = rms_norm(q, tp_.replicated_on_parts(q_norm_->weight), options_.rms_norm_eps());
+    k = rms_norm(k, tp_.replicated_on_parts(k_norm_->weight), options_.rms_norm_eps());
   }
   const auto inv = rope_inverse_frequencies(options_);
   q = apply_rope(q.transpose(1, 2), inv);  // [B, H, T, D]
@@ -226,7 +234,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   // heads of one kv head become one sequence of g·T rows.
   auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, g, options_.attention() == "naive");
   y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
-  return project(o_proj_, y);
+  return tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
@@ -239,9 +247,21 @@ LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
   down_proj_ = mlp->register_module("down_proj", make_linear(o.intermediate_size(), o.n_embd(), o.mlp_bias()));
 }
 
+void LlamaBlockImpl::set_tensor_parallel(const tp::Parallel& tp) {
+  tp_ = tp;
+  self_attn_->set_tensor_parallel(tp);
+}
+
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + self_attn_(input_layernorm_(x));
-  const auto in = post_attention_layernorm_(h);
+  auto h = x + self_attn_(input_layernorm_(x, tp_));
+  const auto in = post_attention_layernorm_(h, tp_);
+  if (tp_.on()) {
+    // Megatron's MLP: gate and up column-parallel, down row-parallel (one
+    // sum over ranks forward, one backward).
+    const auto mid = torch::silu(tp_.column(in, gate_proj_->weight, gate_proj_->bias)) *
+                     tp_.column(in, up_proj_->weight, up_proj_->bias);
+    return h + tp_.row(mid, down_proj_->weight, down_proj_->bias);
+  }
   const auto mid = torch::silu(project(gate_proj_, in)) * project(up_proj_, in);
   // The block's output reads down_proj's only through the residual add, whose
   // backward needs no values: a checkpoint's recompute skips this GEMM.
@@ -279,16 +299,27 @@ void LlamaImpl::init_parameter(const std::string& name, const torch::Tensor& p) 
   }
 }
 
+void LlamaImpl::set_tensor_parallel(const tp::Parallel& tp) {
+  tp_ = tp;
+  for (auto& block : blocks_) block->set_tensor_parallel(tp);
+}
+
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
   TORCH_CHECK_VALUE(idx.size(1) <= options_.block_size(), "sequence length ", idx.size(1), " exceeds block_size ",
                     options_.block_size());
-  auto x = embed_tokens_(idx);
+  // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
+  // part of the sequence).
+  auto x = tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size()) : embed_tokens_(idx);
   for (size_t i = 0; i < blocks_.size(); ++i) {
+    // By value: a runner may keep this forward and call it again in backward
+    // (activation checkpointing recomputes the block).
     UnitFn block = [unit = blocks_[i].ptr()](const torch::Tensor& t) { return unit->forward(t); };
     x = run_unit ? run_unit(static_cast<int64_t>(i), x, block) : block(x);
   }
-  x = norm_(x);
-  return torch::nn::functional::linear(x, lm_head_ ? lm_head_->weight : embed_tokens_->weight);
+  x = norm_(x, tp_);
+  const auto& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
+  // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
+  return tp_.on() ? tp_.column(x, head, {}) : torch::nn::functional::linear(x, head);
 }
 
 LlamaModule::LlamaModule(const LlamaOptions& options, bool deferred) : model_(options, deferred) {}
@@ -303,9 +334,56 @@ torch::Tensor LlamaModule::forward(const torch::Tensor& idx) {
   });
 }
 
-torch::Tensor LlamaModule::training_step(const Batch& batch) { return lm_loss(forward(batch.input), batch.target); }
+torch::Tensor LlamaModule::training_step(const Batch& batch) {
+  const auto& tp = model_->tensor_parallel();
+  if (tp.on()) {
+    return tp::vocab_parallel_cross_entropy(forward(batch.input), batch.target, tp, model_->options().vocab_size());
+  }
+  return lm_loss(forward(batch.input), batch.target);
+}
 
-ValidationStep LlamaModule::validation_step(const Batch& batch) { return lm_validation(forward(batch.input), batch); }
+ValidationStep LlamaModule::validation_step(const Batch& batch) {
+  const auto& tp = model_->tensor_parallel();
+  if (tp.on()) return tp::vocab_parallel_validation(forward(batch.input), batch, tp, model_->options().vocab_size());
+  return lm_validation(forward(batch.input), batch);
+}
+
+tp::Plan LlamaModule::tensor_parallel_plan() const {
+  tp::Plan plan{{"model.embed_tokens", tp::Style::kVocab}};
+  for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
+    plan.push_back({std::string("model.layers.*.self_attn.") + p, tp::Style::kColwise});
+  }
+  plan.push_back({"model.layers.*.self_attn.o_proj", tp::Style::kRowwise});
+  plan.push_back({"model.layers.*.mlp.gate_proj", tp::Style::kColwise});
+  plan.push_back({"model.layers.*.mlp.up_proj", tp::Style::kColwise});
+  plan.push_back({"model.layers.*.mlp.down_proj", tp::Style::kRowwise});
+  if (!model_->options().tie_weights()) plan.push_back({"lm_head", tp::Style::kColwise});
+  return plan;
+}
+
+std::string LlamaModule::tensor_parallel_problem(int size, bool sequence_parallel) const {
+  return recipes::tensor_parallel_problem(model_->options(), size, sequence_parallel);
+}
+
+std::string tensor_parallel_problem(const LlamaOptions& o, int size, bool sequence_parallel) {
+  if (size <= 1) return "";
+  if (o.n_head() % size != 0 || o.kv_heads() % size != 0) {
+    return c10::str("tensor-parallel size ", size, " does not divide the ", o.n_head(), " query heads and ",
+                    o.kv_heads(), " kv heads (each rank holds whole kv heads with their query groups)");
+  }
+  if (o.intermediate_size() % size != 0) {
+    return c10::str("tensor-parallel size ", size, " does not divide the MLP width ", o.intermediate_size());
+  }
+  if (o.vocab_size() < size) {
+    return c10::str("tensor-parallel size ", size, " exceeds the vocabulary ", o.vocab_size(),
+                    ": each rank holds at least one of its rows");
+  }
+  if (sequence_parallel && o.block_size() % size != 0) {
+    return c10::str("sequence parallelism: block size ", o.block_size(), " does not divide by the tensor-parallel size ",
+                    size);
+  }
+  return "";
+}
 
 std::vector<std::shared_ptr<torch::nn::Module>> LlamaModule::wrap_units() {
   std::vector<std::shared_ptr<torch::nn::Module>> units;

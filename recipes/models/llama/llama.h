@@ -17,6 +17,7 @@
 //   auto options = strata::recipes::llama_preset("llama-micro").vocab_size(12).block_size(11);
 //   strata::recipes::LlamaModule module(options);
 #include "strata/core/training_module.h"
+#include "strata/strategies/tp/plan.h"
 
 #include <torch/torch.h>
 
@@ -90,6 +91,13 @@ struct LlamaOptions {
 LlamaOptions llama_preset(const std::string& name);
 std::vector<std::string> llama_preset_names();
 
+/// "" when the model splits over `size` tensor-parallel ranks: query and kv
+/// heads (each rank its kv heads' whole query groups) and the MLP width
+/// divide by it, the vocabulary is no smaller, and with sequence parallelism
+/// the block size divides too; else why not, naming the values. A kv head
+/// count that `size` does not divide is refused rather than replicated.
+std::string tensor_parallel_problem(const LlamaOptions& options, int size, bool sequence_parallel);
+
 /// One-line errors naming the values: sizes <= 0, n_kv_head not dividing
 /// n_head, an odd head size (RoPE rotates pairs), a sliding window shorter
 /// than the block size, an unknown RoPE scaling or attention.
@@ -116,7 +124,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t size, double eps);
-  torch::Tensor forward(const torch::Tensor& x) { return rms_norm(x, weight, eps_); }
+  /// Under sequence parallelism (`tp`) the weight's gradient is summed over
+  /// the ranks' tokens.
+  torch::Tensor forward(const torch::Tensor& x, const tp::Parallel& tp = {}) {
+    return rms_norm(x, tp.replicated(weight), eps_);
+  }
   torch::Tensor weight;
 
  private:
@@ -128,8 +140,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
+  tp::Parallel tp_;
   LlamaOptions options_;
   torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};  // null without qk_norm
@@ -140,8 +154,10 @@ class LlamaBlockImpl : public torch::nn::Module {
  public:
   explicit LlamaBlockImpl(const LlamaOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  void set_tensor_parallel(const tp::Parallel& tp);
 
  private:
+  tp::Parallel tp_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
   torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
@@ -163,8 +179,14 @@ class LlamaImpl : public torch::nn::Module {
   /// (seed, name): matrices N(0, 0.02) (transformers' initializer_range),
   /// norms 1, biases 0.
   void init_parameter(const std::string& name, const torch::Tensor& param) const;
+  /// The forward calls `tp` from now on (the parameters were split by
+  /// LlamaModule::tensor_parallel_plan); its logits are then this rank's part
+  /// of the vocabulary.
+  void set_tensor_parallel(const tp::Parallel& tp);
+  const tp::Parallel& tensor_parallel() const { return tp_; }
 
  private:
+  tp::Parallel tp_;
   LlamaOptions options_;
   uint64_t init_seed_ = 0;
   std::shared_ptr<torch::nn::Module> body_;  // "model": embed_tokens, layers, norm
@@ -177,7 +199,12 @@ TORCH_MODULE(Llama);
 
 /// The Llama as a TrainingModule: next-token cross-entropy (targets of -1
 /// ignored), exact-match accuracy for validation; the blocks are the units.
-class LlamaModule : public TrainingModule {
+/// Tensor parallel as Megatron splits a Llama: q, k and v projections and
+/// the MLP's gate and up column-parallel (each rank its kv heads with their
+/// query groups, never repeated), o_proj and down_proj row-parallel, the
+/// embedding and head along the vocabulary with a vocabulary-parallel
+/// cross-entropy.
+class LlamaModule : public TrainingModule, public tp::TensorParallelModel {
  public:
   explicit LlamaModule(const LlamaOptions& options, bool deferred = false);
   torch::nn::Module& module() override { return *model_; }
@@ -188,6 +215,9 @@ class LlamaModule : public TrainingModule {
   /// 6 N + 12 L H D T per token (N: parameters but an untied embedding
   /// table, whose lookup is no product).
   double flops_per_token() const override;
+  tp::Plan tensor_parallel_plan() const override;
+  std::string tensor_parallel_problem(int size, bool sequence_parallel) const override;
+  void set_tensor_parallel(const tp::Parallel& parallel) override { model_->set_tensor_parallel(parallel); }
   Llama& model() { return model_; }
 
  private:
