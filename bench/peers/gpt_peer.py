@@ -14,7 +14,7 @@ trainer/trainer.cpp), so the losses of the two agree step by step; only the syst
   data       --data FILE: byte-level text (vocab 256), the last 10% held out; train window j starts at
              hash2(seed ^ kTrainStream, j) % (len(train) - block_size); step s of rank r holds global windows
              [(s*world + r)*B, +B): a port of recipes/data/data.cpp.
-  optimiser  torch.optim.AdamW(fused=True), betas (0.9, 0.95), eps 1e-8, decay on >= 2-D weights only; lr
+  optimiser  torch.optim.AdamW(fused=True), betas (0.9, --adam-beta2: 0.95), eps 1e-8, decay on >= 2-D weights only; lr
              warmup then cosine decay to --min-lr at --max-steps (trainer/lr_schedule.cpp), set per step as
              nanoGPT does; clip_grad_norm_ by global norm (--gradient-clip-val, 0 = off).
 
@@ -235,7 +235,7 @@ def build(a, world):
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": a.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    kw = dict(lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    kw = dict(lr=a.lr, betas=(0.9, a.adam_beta2), eps=1e-8, fused=True)
     if a.mode == "ZeroRedundancyOptimizer":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, **kw)
@@ -374,8 +374,9 @@ def parse_args(argv=None):
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--max-steps", type=int, default=2500)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr", type=float, default=1e-4)
+    p.add_argument("--adam-beta2", type=float, default=0.95)
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--gradient-clip-val", type=float, default=1.0)

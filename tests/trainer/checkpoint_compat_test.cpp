@@ -20,12 +20,13 @@ using strata::testing::run_gpt_binary;
 const fs::path kFixtures = fs::path(STRATA_SOURCE_DIR) / "tests" / "fixtures" / "libtorch-1.13";
 
 // The flags the fixtures were written with (their README), less the
-// checkpointing: the resumed run must continue the same configuration.
+// checkpointing: the resumed run must continue the same configuration (the
+// betas too: a checkpoint keeps the moments, not the optimizer's options).
 const std::string kCommon =
     " --preset gpt-nano --n-layer 1 --n-embd 24 --n-head 2 --data addition:2 --nproc 2"
     " --threads-per-rank 1 --max-steps 8 --log-every-n-steps 1 --val-check-interval 4"
     " --limit-val-batches 2 --batch-size 8 --progress-bar false --seed 7 --lr 1e-2"
-    " --warmup-steps 1 --min-lr 1e-3 --comm-timeout 30 ";
+    " --warmup-steps 1 --min-lr 1e-3 --comm-timeout 30 --adam-beta2 0.95 ";
 
 /// step -> training loss of a metrics.csv (validation rows skipped).
 std::map<int, double> training_losses(const fs::path& csv) {

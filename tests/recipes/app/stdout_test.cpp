@@ -1,8 +1,10 @@
 // stdout_test - strata-gpt's lines reach a pipe or a file as they are
 // written (issue 44: `scripts/run | tee log` and CI logs showed them in
-// blocks). stdio fully buffers a stdout that is not a terminal: without
-// run_gpt's setvbuf, the header's last line would sit in a 4 KiB buffer
-// until enough later output filled it.
+// blocks). stdio fully buffers a stdout that is not a terminal. Two things
+// flush the line this test waits for: run_gpt line-buffers stdout (setvbuf),
+// and the strategy's description is written with std::endl (as the progress
+// bar flushes each step line). Either keeps this green; with both removed the
+// line sits in the 4 KiB buffer and both cases fail (seen on 2026-12-03).
 #include "tests/process.h"
 
 #include <gtest/gtest.h>

@@ -420,7 +420,8 @@ TEST_P(TorchScriptParity, MatchesPythonAdamWAfterTenSteps) {
       " --strategy " + strategy + (nproc > 1 ? " --nproc " + std::to_string(nproc) : "") + " --batch-size " +
       std::to_string(kGlobalBatch / nproc) + " --max-steps " + std::to_string(kScriptSteps) + " --lr " +
       std::to_string(kScriptLr) + " --min-lr " + std::to_string(kScriptLr) +
-      " --warmup-steps 0 --weight-decay 0.1 --gradient-clip-val 0 --log-every-n-steps 1 --limit-val-batches 1"
+      " --warmup-steps 0 --weight-decay 0.1 --adam-beta2 0.95 --gradient-clip-val 0 --log-every-n-steps 1"
+      " --limit-val-batches 1"
       " --threads-per-rank 1 --progress-bar false --output-dir " + (dir / "out").string() +
       " --export-torchscript " + exported.string() + extra;
   const auto run = run_gpt_binary(flags);
