@@ -23,4 +23,12 @@ ValidationStep lm_validation(const torch::Tensor& logits_any, const Batch& batch
   return out;
 }
 
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target, const tp::Parallel& tp, int64_t vocab) {
+  return tp.on() ? tp::vocab_parallel_cross_entropy(logits, target, tp, vocab) : lm_loss(logits, target);
+}
+
+ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, const tp::Parallel& tp, int64_t vocab) {
+  return tp.on() ? tp::vocab_parallel_validation(logits, batch, tp, vocab) : lm_validation(logits, batch);
+}
+
 }  // namespace strata::recipes

@@ -2,6 +2,7 @@
 // What every language model of the recipes shares: the next-token loss and
 // the validation sums over logits.
 #include "strata/core/training_module.h"
+#include "strata/strategies/tp/parallel.h"
 
 #include <torch/torch.h>
 
@@ -14,5 +15,11 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target);
 /// Validation sums for logits [B, T, V]: summed loss and scored positions,
 /// and samples whose every scored position is predicted exactly (argmax).
 ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch);
+
+/// The same for a model that may run tensor parallel: with `tp` on, `logits`
+/// are this rank's part of a `vocab`-wide vocabulary, and the vocabulary-
+/// parallel cross-entropy and validation (strategies/tp/parallel.h) run.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target, const tp::Parallel& tp, int64_t vocab);
+ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, const tp::Parallel& tp, int64_t vocab);
 
 }  // namespace strata::recipes

@@ -335,17 +335,11 @@ torch::Tensor LlamaModule::forward(const torch::Tensor& idx) {
 }
 
 torch::Tensor LlamaModule::training_step(const Batch& batch) {
-  const auto& tp = model_->tensor_parallel();
-  if (tp.on()) {
-    return tp::vocab_parallel_cross_entropy(forward(batch.input), batch.target, tp, model_->options().vocab_size());
-  }
-  return lm_loss(forward(batch.input), batch.target);
+  return lm_loss(forward(batch.input), batch.target, model_->tensor_parallel(), model_->options().vocab_size());
 }
 
 ValidationStep LlamaModule::validation_step(const Batch& batch) {
-  const auto& tp = model_->tensor_parallel();
-  if (tp.on()) return tp::vocab_parallel_validation(forward(batch.input), batch, tp, model_->options().vocab_size());
-  return lm_validation(forward(batch.input), batch);
+  return lm_validation(forward(batch.input), batch, model_->tensor_parallel(), model_->options().vocab_size());
 }
 
 tp::Plan LlamaModule::tensor_parallel_plan() const {
