@@ -87,21 +87,17 @@ torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-bool has_suffix(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 /// Causal attention of each kv head's query group: q [B, Hkv, G·T, D] (the G
 /// query heads of one kv head laid end to end), k and v [B, Hkv, T, D], so
-/// that k and v are read by all G heads without being repeated. Row i is
-/// position i mod T.
+/// that k and v are read by all G heads without being repeated; `mask` as
+/// attention_inputs makes it (undefined: G = 1, plain causal).
 torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                       int64_t group, bool naive) {
-  const auto T = k.size(2);
-  auto rows = torch::arange(group * T, torch::TensorOptions().dtype(torch::kLong).device(q.device())).remainder(T);
-  auto cols = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(q.device()));
-  const auto allowed = cols.unsqueeze(0).le(rows.unsqueeze(1));  // [G·T, T]
-  if (!naive) return at::scaled_dot_product_attention(q, k, v, allowed);
+                                       const torch::Tensor& mask, bool naive) {
+  if (!naive) {
+    return mask.defined() ? at::scaled_dot_product_attention(q, k, v, mask)
+                          : at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  }
+  const auto allowed = mask.defined() ? mask : torch::ones({q.size(2), k.size(2)}, q.options().dtype(torch::kBool)).tril();
   auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
   scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
   return torch::matmul(torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type()), v);
@@ -178,14 +174,26 @@ torch::Tensor rope_inverse_frequencies(const LlamaOptions& o) {
   return torch::where(medium, smoothed, scaled);
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& inverse_frequencies) {
-  const auto T = x.size(2), half = x.size(3) / 2;
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat32).device(x.device()));
-  auto freqs = torch::outer(positions, inverse_frequencies.to(x.device()));  // [T, D/2], fp32
+AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64_t T, int64_t group,
+                                 const torch::Device& device) {
+  AttentionInputs in;
+  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto freqs = torch::outer(positions, inverse_frequencies.to(device));  // [T, D/2], fp32
   auto angles = torch::cat({freqs, freqs}, -1);
-  const auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
+  in.cos = angles.cos();
+  in.sin = angles.sin();
+  if (group > 1) {
+    const auto longs = torch::TensorOptions().dtype(torch::kLong).device(device);
+    auto rows = torch::arange(group * T, longs).remainder(T);
+    in.mask = torch::arange(T, longs).unsqueeze(0).le(rows.unsqueeze(1));  // [G·T, T]
+  }
+  return in;
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in) {
+  const auto half = x.size(3) / 2;
   auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+  return x * in.cos.to(x.scalar_type()) + rotated * in.sin.to(x.scalar_type());
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -210,7 +218,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o) : options_(o) {
   }
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in) {
   // Tensor parallel: this rank's query heads and the kv heads they read (the
   // sequence is whole here even under sequence parallelism).
   auto proj = [&](const torch::nn::Linear& l) { return tp_.on() ? tp_.column(x, l->weight, l->bias) : project(l, x); };
@@ -227,12 +235,11 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
     q = rms_norm(q, tp_.replicated_on_parts(q_norm_->weight), options_.rms_norm_eps());
     k = rms_norm(k, tp_.replicated_on_parts(k_norm_->weight), options_.rms_norm_eps());
   }
-  const auto inv = rope_inverse_frequencies(options_);
-  q = apply_rope(q.transpose(1, 2), inv);  // [B, H, T, D]
-  k = apply_rope(k.transpose(1, 2), inv);
+  q = apply_rope(q.transpose(1, 2), in);  // [B, H, T, D]
+  k = apply_rope(k.transpose(1, 2), in);
   // Query head j reads kv head j / g (transformers' repeat_kv order): the g
   // heads of one kv head become one sequence of g·T rows.
-  auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, g, options_.attention() == "naive");
+  auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, in.mask, options_.attention() == "naive");
   y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
   return tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
 }
@@ -252,8 +259,8 @@ void LlamaBlockImpl::set_tensor_parallel(const tp::Parallel& tp) {
   self_attn_->set_tensor_parallel(tp);
 }
 
-torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + self_attn_(input_layernorm_(x, tp_));
+torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const AttentionInputs& attention) {
+  auto h = x + self_attn_(input_layernorm_(x, tp_), attention);
   const auto in = post_attention_layernorm_(h, tp_);
   if (tp_.on()) {
     // Megatron's MLP: gate and up column-parallel, down row-parallel (one
@@ -271,6 +278,7 @@ torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x) {
 LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
     : options_(o), init_seed_(at::detail::getDefaultCPUGenerator().current_seed()) {
   validate(o);
+  inverse_frequencies_ = rope_inverse_frequencies(o);
   body_ = register_module("model", std::make_shared<torch::nn::Module>());
   embed_tokens_ = body_->register_module("embed_tokens", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
   if (deferred) defer_parameters(*embed_tokens_);
@@ -290,7 +298,7 @@ LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
 
 void LlamaImpl::init_parameter(const std::string& name, const torch::Tensor& p) const {
   torch::NoGradGuard no_grad;
-  if (has_suffix(name, "norm.weight")) {
+  if (name.ends_with("norm.weight")) {
     p.fill_(1.0);
   } else if (p.dim() == 1) {
     p.zero_();
@@ -310,10 +318,14 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run
   // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
   // part of the sequence).
   auto x = tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size()) : embed_tokens_(idx);
+  // Once per forward, for every block: the positions are the whole sequence's
+  // even when sequence parallelism splits x.
+  const auto in = attention_inputs(inverse_frequencies_, idx.size(1), options_.n_head() / options_.kv_heads(),
+                                   idx.device());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     // By value: a runner may keep this forward and call it again in backward
     // (activation checkpointing recomputes the block).
-    UnitFn block = [unit = blocks_[i].ptr()](const torch::Tensor& t) { return unit->forward(t); };
+    UnitFn block = [unit = blocks_[i].ptr(), in](const torch::Tensor& t) { return unit->forward(t, in); };
     x = run_unit ? run_unit(static_cast<int64_t>(i), x, block) : block(x);
   }
   x = norm_(x, tp_);

@@ -112,9 +112,21 @@ int64_t count_parameters(const LlamaOptions& options);
 /// computes them (its _compute_default / _linear / _llama3 rope parameters).
 torch::Tensor rope_inverse_frequencies(const LlamaOptions& options);
 
-/// x [B, H, T, D] rotated by position (0 .. T-1) in transformers' layout:
-/// x · cos + rotate_half(x) · sin, rotate_half(x) = (-x[D/2:], x[:D/2]).
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& inverse_frequencies);
+/// What every block's attention reads, made once per forward of T tokens
+/// (not once per layer): RoPE's cos and sin [T, D] in fp32 for positions
+/// 0 .. T-1, and with grouped queries (G = n_head / n_kv_head > 1) the causal
+/// mask of G·T rows (row i is position i mod T) over T columns; undefined for
+/// G = 1, which runs SDPA's own causal path.
+struct AttentionInputs {
+  torch::Tensor cos, sin, mask;
+};
+AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64_t T, int64_t group,
+                                 const torch::Device& device);
+
+/// x [B, H, T, D] rotated in transformers' layout: x · cos + rotate_half(x) ·
+/// sin, rotate_half(x) = (-x[D/2:], x[:D/2]); cos and sin from
+/// attention_inputs, cast to x's dtype.
+torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in);
 
 /// transformers' RMSNorm: in fp32, x · rsqrt(mean(x²) + eps), cast back to
 /// x's dtype, then times the weight.
@@ -139,7 +151,7 @@ TORCH_MODULE(RMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaOptions& options);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in);
   void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
@@ -153,7 +165,7 @@ TORCH_MODULE(LlamaAttention);
 class LlamaBlockImpl : public torch::nn::Module {
  public:
   explicit LlamaBlockImpl(const LlamaOptions& options);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in);
   void set_tensor_parallel(const tp::Parallel& tp);
 
  private:
@@ -189,6 +201,7 @@ class LlamaImpl : public torch::nn::Module {
   tp::Parallel tp_;
   LlamaOptions options_;
   uint64_t init_seed_ = 0;
+  torch::Tensor inverse_frequencies_;  // rope_inverse_frequencies(options_), CPU fp32
   std::shared_ptr<torch::nn::Module> body_;  // "model": embed_tokens, layers, norm
   torch::nn::Embedding embed_tokens_{nullptr};
   std::vector<LlamaBlock> blocks_;

@@ -42,8 +42,8 @@ elif family == 'qwen2.5':  # q/k/v biases, tied embeddings
                                    rope_parameters=dict(rope_type='default', rope_theta=1e6))
 elif family == 'qwen3':    # q/k norms, a head_dim of its own
     cfg = transformers.Qwen3Config(**common, head_dim=24, rope_parameters=dict(rope_type='default', rope_theta=1e6))
-elif family == 'mistral':
-    cfg = transformers.MistralConfig(**common, sliding_window=None,
+elif family == 'mistral':  # without grouping (4 kv heads for 4 heads): SDPA's causal path
+    cfg = transformers.MistralConfig(**dict(common, num_key_value_heads=4), sliding_window=None,
                                      rope_parameters=dict(rope_type='default', rope_theta=1e6))
 elif family == 'smollm2':  # SmolLM2-135M's shape in small: 3 heads over 1 kv head, tied
     cfg = transformers.LlamaConfig(**dict(common, num_attention_heads=3, num_key_value_heads=1, hidden_size=48),

@@ -72,47 +72,39 @@ TrainedRun train_single(const TrainerOptions& o, bool checkpoint = false, bool s
   return collect(*module, *norms);
 }
 
-TrainedRun train_threads(const std::string& strategy, int world, const TrainerOptions& o, bool checkpoint = false) {
-  StrategyRegistry registry;
-  register_builtin_strategies(registry);
-  std::mutex mu;
-  std::vector<TrainedRun> per_rank(world);
-  run_thread_world(world, [&](Comm& comm) {
-    auto module = make_llama(checkpoint);
-    strata::testing::ToyData data;
-    auto norms = std::make_shared<GradNorms>();
-    std::shared_ptr<Strategy> s = registry.create(strategy, comm);
-    Trainer(o, s, {norms}).fit(*module, data);
-    // FSDP holds shards between steps: gather the full parameters to compare.
-    auto full = s->full_params();
-    std::lock_guard<std::mutex> lock(mu);
-    per_rank[comm.rank()] = collect(*module, *norms);
-  }, std::chrono::seconds(60));
-  return per_rank[0];
-}
+/// How the thread-ranks split: tp 1 is data parallelism alone.
+struct Split {
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool checkpoint = false;
+};
 
 /// `world` thread-ranks as dp (world / tp) x tp (tp innermost); `strategy`
 /// over the data-parallel groups; rank 0's full parameters.
-TrainedRun train_tensor_parallel(const std::string& strategy, int world, int tp, bool sequence_parallel,
-                          const TrainerOptions& o) {
+TrainedRun train_threads(const std::string& strategy, int world, const TrainerOptions& o, const Split& split = {}) {
   StrategyRegistry registry;
   register_builtin_strategies(registry);
   std::mutex mu;
   std::vector<TrainedRun> per_rank(world);
   run_thread_world(world, [&](Comm& comm) {
-    auto module = make_llama(false, /*split_heads=*/true);
-    const auto mesh = tp::MeshDims::of(world, tp);
-    // Collective: every rank makes the same two splits in the same order.
-    Comm tp_group = comm.split("tp", mesh.tp_groups());
-    Comm dp_group = comm.split("dp", mesh.dp_groups());
-    auto parallel = std::make_shared<tp::TensorParallel>(
-        comm, tp_group, tp::TensorParallelOptions().sequence_parallel(sequence_parallel));
-    parallel->apply(*module);
+    auto module = make_llama(split.checkpoint, /*split_heads=*/split.tp > 1);
+    Comm dp_group = comm;
+    std::shared_ptr<tp::TensorParallel> parallel;
+    if (split.tp > 1) {
+      const auto mesh = tp::MeshDims::of(world, split.tp);
+      // Collective: every rank makes the same two splits in the same order.
+      Comm tp_group = comm.split("tp", mesh.tp_groups());
+      dp_group = comm.split("dp", mesh.dp_groups());
+      parallel = std::make_shared<tp::TensorParallel>(
+          comm, tp_group, tp::TensorParallelOptions().sequence_parallel(split.sequence_parallel));
+      parallel->apply(*module);
+    }
     std::shared_ptr<Strategy> s = registry.create(strategy, dp_group);
-    s->set_model_parallel(parallel);
+    if (parallel) s->set_model_parallel(parallel);
     strata::testing::ToyData data;
     auto norms = std::make_shared<GradNorms>();
     Trainer(o, s, {norms}).fit(*module, data);
+    // FSDP and tp hold parts between steps: gather the full parameters to compare.
     auto full = s->full_params();
     std::lock_guard<std::mutex> lock(mu);
     per_rank[comm.rank()] = collect(*module, *norms);
@@ -154,7 +146,7 @@ TEST(LlamaParityTest, EveryStrategyMatchesSingleStepByStepAtTwoAndThreeRanks) {
 
 TEST(LlamaParityTest, FsdpWithEveryBlockCheckpointedMatchesSingle) {
   const TrainedRun ref = train_single(options("sgd", 4, kSgdLr), /*checkpoint=*/false);
-  const TrainedRun got = train_threads("fsdp", 2, options("sgd", 2, kSgdLr), /*checkpoint=*/true);
+  const TrainedRun got = train_threads("fsdp", 2, options("sgd", 2, kSgdLr), {.checkpoint = true});
   EXPECT_LE(max_diff(got, ref), 1e-5);
   for (size_t step = 0; step < got.grad_norms.size(); ++step) {
     EXPECT_NEAR(got.grad_norms[step], ref.grad_norms[step], 1e-5 * ref.grad_norms[step]) << "step " << step + 1;
@@ -172,7 +164,8 @@ TEST(LlamaParityTest, TensorParallelGroupedQueryAttentionMatchesSingle) {
                              (c.sequence_parallel ? " sp" : "");
     const int dp = c.world / c.tp;
     const TrainedRun ref = train_single(options("sgd", 2 * dp, kSgdLr), false, /*split_heads=*/true);
-    const TrainedRun got = train_tensor_parallel(c.strategy, c.world, c.tp, c.sequence_parallel, options("sgd", 2, kSgdLr));
+    const TrainedRun got = train_threads(c.strategy, c.world, options("sgd", 2, kSgdLr),
+                                         {.tp = c.tp, .sequence_parallel = c.sequence_parallel});
     ASSERT_EQ(got.grad_norms.size(), 10u) << what;
     for (size_t step = 0; step < got.grad_norms.size(); ++step) {
       EXPECT_NEAR(got.grad_norms[step], ref.grad_norms[step], 1e-5 * ref.grad_norms[step]) << what << " step " << step + 1;
