@@ -20,7 +20,7 @@
 #include "strata/core/training_module.h"
 #include "strata/launch/environment.h"
 #include "strata/launch/launcher.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/fsdp/fully_sharded.h"
 #include "strata/strategies/process_group.h"
 #include "strata/trainer/checkpoint.h"

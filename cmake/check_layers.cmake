@@ -10,7 +10,9 @@
 # hand-written compute kernels, include core only.) Inside recipes/ the
 # concerns are layers too:
 #
-#   data  <-  models  <-  io  <-  app;   config  <-  app
+#   data  <-  io  <-  models  <-  app;   config  <-  app
+#
+# (io: file formats; a model family reads and writes its weights through them.)
 #
 # tests/ may include anything. Usage: cmake -DROOT=<source dir> -P check_layers.cmake
 # Exits non-zero listing every upward include.
@@ -29,10 +31,10 @@ set(allowed_callbacks  core kernels strategies trainer callbacks)
 set(allowed_recipes    core kernels launch strategies trainer callbacks recipes)
 set(allowed_bench      core kernels launch strategies trainer callbacks recipes bench)
 
-set(recipe_parts data models io config app)
+set(recipe_parts data io models config app)
 set(allowed_recipes_data   data)
-set(allowed_recipes_models data models)
-set(allowed_recipes_io     data models io)
+set(allowed_recipes_io     data io)
+set(allowed_recipes_models data io models)
 set(allowed_recipes_config config)
 set(allowed_recipes_app    data models io config app)
 

@@ -9,8 +9,8 @@ trainer/trainer.cpp), so the losses of the two agree step by step; only the syst
              F.scaled_dot_product_attention(is_causal=True). Loss: mean cross-entropy on fp32 logits.
   weights    --init-from FILE: a dict name -> tensor under nanoGPT's names (strata-gpt --export-weights or
              strata-export write one; strata-gpt --init-from reads it). strata-gpt refuses --max-steps 0, so
-             a comparison starts both from --write-init FILE: nanoGPT's init (strata's too: N(0, 0.02),
-             c_proj N(0, 0.02/sqrt(2 n_layer)), zero biases) drawn from --seed.
+             a comparison starts both from --write-init FILE: nanoGPT's init with strata's std (N(0, s),
+             c_proj N(0, s/sqrt(2 n_layer)), zero biases; s = --init-std, 0: 0.02 scaled to the width) from --seed.
   data       --data FILE: byte-level text (vocab 256), the last 10% held out; train window j starts at
              hash2(seed ^ kTrainStream, j) % (len(train) - block_size); step s of rank r holds global windows
              [(s*world + r)*B, +B): a port of recipes/data/data.cpp.
@@ -98,7 +98,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, a):
         super().__init__()
-        # strata's LayerNorms always carry a bias (recipes/io/interop.h), whatever --bias says.
+        # strata's LayerNorms always carry a bias (recipes/models/gpt/interop.h), whatever --bias says.
         self.ln_1, self.attn = nn.LayerNorm(a.n_embd), CausalSelfAttention(a)
         self.ln_2, self.mlp = nn.LayerNorm(a.n_embd), MLP(a)
 
@@ -117,9 +117,12 @@ class GPT(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight  # tied
         self.activation_checkpointing = bool(a.activation_checkpointing)
         self.ac_policy = a.ac_policy
-        for name, p in self.named_parameters():  # nanoGPT's init (used by --write-init only)
+        # nanoGPT's init with strata's std (used by --write-init only): --init-std, or for 0 GPT-2's 0.02
+        # scaled to the width as strata's gpt_init_std (recipes/models/gpt.h).
+        std = a.init_std if a.init_std > 0 else 0.02 * math.sqrt(768 / a.n_embd) if a.n_embd < 768 else 0.02
+        for name, p in self.named_parameters():
             if p.dim() >= 2:
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * a.n_layer) if name.endswith("c_proj.weight") else 0.02)
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * a.n_layer) if name.endswith("c_proj.weight") else std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)  # LayerNorm weights keep their 1
 
@@ -371,6 +374,7 @@ def parse_args(argv=None):
     for flag in ("--n-layer", "--n-head", "--n-embd"):
         p.add_argument(flag, type=int, help="overrides --preset")
     p.add_argument("--bias", type=int, choices=[0, 1], default=1)
+    p.add_argument("--init-std", type=float, default=0.0, help="0: strata's width rule (0.02 at width >= 768)")
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--max-steps", type=int, default=2500)

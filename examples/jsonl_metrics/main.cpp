@@ -7,7 +7,7 @@
 
 #include <strata/callbacks/progress.h>
 #include <strata/recipes/data/data.h>
-#include <strata/recipes/models/gpt.h>
+#include <strata/recipes/models/gpt/gpt.h>
 #include <strata/strategies/registry.h>
 #include <strata/trainer/trainer.h>
 

@@ -8,7 +8,7 @@
 #include "local_sgd.h"
 
 #include <strata/recipes/data/data.h>
-#include <strata/recipes/models/gpt.h>
+#include <strata/recipes/models/gpt/spec.h>
 #include <strata/recipes/app/planner.h>
 #include <strata/strategies/registry.h>
 #include <strata/strategies/thread_world.h>
@@ -102,7 +102,7 @@ int main() {
   // The planner lists it; --strategy auto never picks it (it trains differently).
   strata::recipes::ActivationProfile activations;
   const auto rows = strata::recipes::plan_candidates(
-      registry, strata::recipes::PlanRequest(model_options(), "ddp", 2).micro_batch(8), activations, int64_t(1) << 40);
+      registry, strata::recipes::PlanRequest(strata::recipes::gpt_model(model_options()), "ddp", 2).micro_batch(8), activations, int64_t(1) << 40);
   bool listed = false;
   for (const auto& row : rows) listed = listed || (row.label == "local-sgd" && row.fits && !row.exact);
   const auto pick = strata::recipes::pick_fastest_fitting(rows);

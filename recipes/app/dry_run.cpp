@@ -4,7 +4,7 @@
 #include "strata/recipes/app/planner.h"
 #include "strata/recipes/app/run.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/fake_world.h"
 #include "strata/trainer/trainer.h"
@@ -23,13 +23,9 @@ namespace {
 
 constexpr int kSteps = 2;  // the second is measured: the first creates the optimizer state
 
-/// The GPT with nothing to initialise: its parameters stay on the meta
-/// device, where a strategy's setup "materialises" them.
-class MetaGPT : public GPTModule {
- public:
-  explicit MetaGPT(const GPTOptions& options) : GPTModule(options, /*deferred=*/true) {}
-  void init_parameter(const std::string&, const torch::Tensor&) override {}
-};
+/// Nothing to initialise: the parameters stay on the meta device, where a
+/// strategy's setup "materialises" them.
+bool leave_on_meta(const std::string&, const torch::Tensor&) { return true; }
 
 CommBytes difference(const CommBytes& after, const CommBytes& before) {
   CommBytes d;
@@ -77,7 +73,8 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   // bucketing of a large model issues thousands a step).
   comm.set_flight_recorder(std::make_shared<FlightRecorder>(size_t{1} << 20));
   torch::manual_seed(c.seed);
-  MetaGPT module(run.model);
+  const auto owned = run.model->build(/*deferred=*/true, leave_on_meta);
+  TrainingModule& module = *owned;
   if (c.activation_checkpointing > 0) {
     apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
   }
@@ -94,11 +91,11 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   auto optimizer =
       strategy->setup_optimizer(make_optimizer_groups(module.module(), options), optimizer_factory(options));
   module.module().train();
-  const auto ids = torch::empty({c.batch_size, run.model.block_size()}, torch::TensorOptions(torch::kLong).device(meta));
+  const auto ids = torch::empty({c.batch_size, run.model->shape().block_size}, torch::TensorOptions(torch::kLong).device(meta));
   const Batch batch{ids, ids};
   DryRunRank out;
   out.rank = rank;
-  out.n_params = module.model()->num_params();
+  out.n_params = run.model->parameters();
   out.layout = strategy->describe();
   if (dims.tensor_parallel) out.layout.append(1, '\n').append(dims.tensor_parallel->describe());
   CommBytes before;
@@ -165,9 +162,9 @@ void print_collectives(const DryRunRank& r) {
 int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) {
   const RunConfig& c = run.config;
   // Not simulated yet: offload moves real bytes between tiers, and a
-  // TorchScript model is not the GPT the dry run builds.
+  // TorchScript model is not a registered model the dry run builds.
   if (c.offload != "none" || !c.torchscript.empty()) {
-    std::cerr << "error: --dry-run simulates the GPT without --offload and --torchscript; got "
+    std::cerr << "error: --dry-run simulates strata's models without --offload and --torchscript; got "
               << (c.offload != "none" ? "--offload " + c.offload : "--torchscript " + c.torchscript) << std::endl;
     return 2;
   }
@@ -182,14 +179,14 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   std::optional<MemoryPrediction> planner;
   if (plannable(registry, request)) {
     planner = predict_peak(registry, request,
-                           activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy));
+                           activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy));
   }
-  std::cout << "strata-gpt --dry-run | " << c.preset << " | " << ranks.front().n_params << " parameters | "
+  std::cout << "strata-gpt --dry-run | " << run.model_label << " | " << ranks.front().n_params << " parameters | "
             << c.strategy << " x " << world << " ranks"
             << (c.tp_size > 1 ? c10::str(" (", world / c.tp_size, " data-parallel x tensor-parallel ", c.tp_size, ")")
                               : std::string())
             << " | micro-batch " << c.batch_size << " x block "
-            << run.model.block_size() << " | precision " << c.precision << "\n"
+            << run.model->shape().block_size << " | precision " << c.precision << "\n"
             << "a fake process group and meta tensors: the strategy's real setup and " << kSteps
             << " real steps, no data, no memory; " << ranks.size() << " rank(s) simulated in "
             << c10::str(std::round(seconds * 100) / 100) << " s\n\n"

@@ -11,23 +11,6 @@
 
 namespace strata::recipes {
 
-std::vector<GemmShape> gpt_step_gemms(const GPTOptions& o, int64_t tokens) {
-  const int64_t c = o.n_embd(), l = o.n_layer();
-  // (in, out, how many) of every Linear a step runs; the head: the tied
-  // embedding's [V, C] as a Linear [C -> V].
-  const std::vector<std::tuple<int64_t, int64_t, int64_t>> linears = {
-      {c, 3 * c, l}, {c, c, l}, {c, 4 * c, l}, {4 * c, c, l}, {c, o.vocab_size(), 1}};
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> count;
-  for (const auto& [in, out, times] : linears) {
-    count[{tokens, in, out}] += times;   // forward
-    count[{tokens, out, in}] += times;   // the input's gradient
-    count[{out, tokens, in}] += times;   // the weight's gradient
-  }
-  std::vector<GemmShape> shapes;
-  for (const auto& [shape, times] : count) shapes.push_back({std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), times});
-  return shapes;
-}
-
 namespace {
 
 /// The best of a few [m, k] x [k, n] products, seconds.
@@ -69,10 +52,10 @@ PeakFlops cpu_gemm_rate(const std::vector<GemmShape>& shapes, int threads, const
   });
 }
 
-double gemm_ceiling_tokens_per_s(const GPTOptions& model, int64_t micro_batch, double flops_per_token,
+double gemm_ceiling_tokens_per_s(const ModelConfig& model, int64_t micro_batch, double flops_per_token,
                                  const std::string& precision, int threads, const std::string& cache_path) {
   TORCH_CHECK_VALUE(flops_per_token > 0.0, "gemm ceiling: FLOPs per token must be > 0, got ", flops_per_token);
-  const auto shapes = gpt_step_gemms(model, micro_batch * model.block_size());
+  const auto shapes = model.step_gemms(micro_batch * model.shape().block_size);
   return cpu_gemm_rate(shapes, threads, peak_dtype(precision), cache_path).flops / flops_per_token;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// The GEMM-bound ceiling of a GPT training step on this CPU (issue 35): the
+// The GEMM-bound ceiling of a model's training step on this CPU (issue 35): the
 // tokens/s a rank would reach if the whole step ran at the rate this machine
 // multiplies the model's own matrices, FLOPs per token (6N + 12·L·H·Q·T, the
 // attention's included) over that rate. A job's share of it says how much of
@@ -13,7 +13,7 @@
 // keyed by CPU, LibTorch, dtype, threads and the shapes: the launcher
 // measures before any rank starts, the ranks read it.
 #include "strata/recipes/app/peak_flops.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/spec.h"
 
 #include <cstdint>
 #include <string>
@@ -21,27 +21,16 @@
 
 namespace strata::recipes {
 
-/// `count` matrix products [m, k] x [k, n].
-struct GemmShape {
-  int64_t m = 0, k = 0, n = 0, count = 1;
-  double flops() const { return 2.0 * double(m) * double(k) * double(n) * double(count); }
-};
-
-/// The products of one training micro-step of `model` on `tokens` positions
-/// (batch x block), as autograd runs them: per Linear forward [t, in] x
-/// [in, out], input gradient [t, out] x [out, in], weight gradient
-/// [out, t] x [t, in]; one entry per shape with how many a step runs.
-std::vector<GemmShape> gpt_step_gemms(const GPTOptions& model, int64_t tokens);
-
 /// FLOP/s of `shapes` in `dtype` ("fp32", "bf16", "fp16") with `threads`
 /// threads: their FLOPs over the sum of each one's best time; cached in
 /// `cache_path` ("" = not cached) as cpu_peak_flops caches.
 PeakFlops cpu_gemm_rate(const std::vector<GemmShape>& shapes, int threads, const std::string& dtype,
                         const std::string& cache_path);
 
-/// One rank's ceiling in tokens/s: cpu_gemm_rate of the model's step at this
-/// micro-batch over its FLOPs per token (`flops_per_token`, the model's own).
-double gemm_ceiling_tokens_per_s(const GPTOptions& model, int64_t micro_batch, double flops_per_token,
+/// One rank's ceiling in tokens/s: cpu_gemm_rate of the model's step
+/// (ModelConfig::step_gemms) at this micro-batch over its FLOPs per token
+/// (`flops_per_token`, the model's own).
+double gemm_ceiling_tokens_per_s(const ModelConfig& model, int64_t micro_batch, double flops_per_token,
                                  const std::string& precision, int threads, const std::string& cache_path);
 
 }  // namespace strata::recipes

@@ -1,8 +1,8 @@
 // strata-export: a strata checkpoint -> the model's weights under nanoGPT's
 // parameter names, as a file Python's torch.load reads into a dict (the same
-// file strata-gpt --export-weights writes; recipes/io/interop.h), or as a
+// file strata-gpt --export-weights writes; recipes/models/gpt/interop.h), or as a
 // Hugging Face GPT2LMHeadModel directory (model.safetensors + config.json;
-// recipes/io/hf_gpt2.h).
+// recipes/models/gpt/hf_gpt2.h).
 //
 //   strata-export runs/gpt/checkpoints/step-500 gpt.pt
 //   strata-export runs/gpt gpt.pt          # an output directory: its newest checkpoint
@@ -12,9 +12,9 @@
 // size. It runs in one process and reads the model's tensors only (not the
 // optimizer state), every block checked against its CRC.
 #include "strata/callbacks/model_checkpoint.h"
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/hf_gpt2.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/gpt/hf_gpt2.h"
+#include "strata/recipes/models/gpt/interop.h"
 #include "strata/trainer/checkpoint.h"
 
 #include <c10/util/StringUtil.h>

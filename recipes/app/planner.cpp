@@ -18,16 +18,6 @@
 namespace strata::recipes {
 namespace {
 
-// Formula constants, fitted to the probe on gpt-nano/micro/mini (fp32, fused
-// attention, no dropout): a block keeps ~kBlockFloats x B·T·C floats for
-// backward (ln outputs, qkv and its head copies, attention output and
-// logsumexp, the MLP's 4C input/GELU/output, residuals); the head keeps the
-// logits, their log-softmax and, in backward, their gradient (~kLogitFloats
-// x B·T·V) plus embeddings and ln_f (~4 x B·T·C).
-constexpr double kBlockFloats = 16.0;
-constexpr double kLogitFloats = 3.0;
-constexpr double kBaseEmbdFloats = 4.0;
-
 /// Framework overhead per rank beyond model state, activations and what a
 /// strategy gathers. Calibrated on strata-gpt runs (gpt-nano/micro/mini,
 /// block 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the
@@ -36,26 +26,20 @@ constexpr double kBaseEmbdFloats = 4.0;
 /// transients).
 constexpr int64_t kOverheadBytes = 16 << 10;
 
-/// Parameters of one block (all blocks have the same shape).
-int64_t block_parameters(const GPTOptions& model) {
-  auto one = model;
-  auto two = model;
-  return count_parameters(two.n_layer(2)) - count_parameters(one.n_layer(1));
-}
-
-/// Peak activation bytes of one training micro-step of a GPT with `n_layer`
+/// Peak activation bytes of one training micro-step of `model` with `n_layer`
 /// blocks: parameters and their gradients exist before it starts (gradients
 /// allocated up front, as DDP's bucket views are), so the peak above that is
 /// what the step itself allocates.
-int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Precision precision,
+int64_t probe_step(const ModelConfig& model, int64_t n_layer, int64_t micro_batch, Precision precision,
                    bool checkpointed, const std::string& ac_policy) {
   MemoryTracker tracker;  // nested: restores the caller's allocator when done
-  model.n_layer(n_layer);
-  GPTModule module(model);
+  const ModelShape shape = model.shape();
+  const auto owned = model.with_layers(n_layer)->build(/*deferred=*/false);
+  TrainingModule& module = *owned;
   if (checkpointed) apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(1).policy(ac_policy));
   for (auto& p : module.module().parameters()) p.mutable_grad() = torch::zeros_like(p);
   auto gen = at::detail::createCPUGenerator(/*seed_val=*/0);
-  const auto idx = torch::randint(model.vocab_size(), {micro_batch, model.block_size()}, gen,
+  const auto idx = torch::randint(shape.vocab_size, {micro_batch, shape.block_size}, gen,
                                   torch::TensorOptions(torch::kInt64));
   Batch batch{idx, idx.roll(-1, 1)};
   const int64_t base = tracker.current_bytes();
@@ -73,43 +57,12 @@ int64_t probe_step(GPTOptions model, int64_t n_layer, int64_t micro_batch, Preci
 
 }  // namespace
 
-int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) const {
-  if (checkpoint_every <= 0) return base + n_layer * per_block;
-  // Checkpointed blocks keep their input; one of them at a time recomputes
-  // its forward in backward (in checkpointed_base). Blocks left whole keep
-  // their activations.
-  const int64_t checkpointed = ceil_div(n_layer, checkpoint_every);
-  return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
-}
-
-ModelSize model_size(const GPTOptions& model, int tp_size) {
-  if (tp_size > 1) {
-    // The largest tensor-parallel part; under LoRA its adapters train.
-    const int64_t lora = count_lora_parameters(model, tp_size);
-    ModelSize m;
-    m.params = count_tensor_parallel_parameters(model, tp_size);
-    m.trainable = lora > 0 ? lora : m.params;
-    m.units = model.n_layer();
-    m.unit_params = count_tensor_parallel_block_parameters(model, tp_size) + lora / model.n_layer();
-    m.unit_trainable = lora > 0 ? lora / model.n_layer() : m.unit_params;
-    return m;
-  }
-  ModelSize m;
-  m.params = count_parameters(model);
-  m.trainable = count_trainable_parameters(model);
-  m.units = model.n_layer();
-  m.unit_params = block_parameters(model);
-  // LoRA: a block's trainable parameters are its adapters (the root has none).
-  m.unit_trainable = model.lora_rank() > 0 ? count_lora_parameters(model) / model.n_layer() : m.unit_params;
-  return m;
-}
-
 MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& r) {
   TORCH_CHECK_VALUE(r.world_size() >= 1, "memory planner: world size must be >= 1, got ", r.world_size());
   TORCH_CHECK_VALUE(r.optimizer() == "adamw" || r.optimizer() == "sgd", "memory planner: unknown optimizer '",
                     r.optimizer(), "'; known: adamw, sgd");
   MemoryQuery q;
-  q.model = model_size(r.model(), r.tp_size());
+  q.model = r.model()->size(r.tp_size());
   q.world_size = r.world_size();
   q.local_world_size = r.local_world_size() > 0 ? r.local_world_size() : r.world_size();
   q.optimizer_bytes_per_param = r.optimizer() == "adamw" ? 8 : r.momentum() > 0 ? 4 : 0;
@@ -126,8 +79,8 @@ std::optional<CommEstimate> predict_comm(const StrategyRegistry& registry, const
   auto c = spec.communication()(memory_query(registry, r));
   if (!c || r.tp_size() <= 1) return c;
   // Tensor parallelism's own bytes, over its group, beside the strategy's over its own.
-  const auto b = tensor_parallel_boundaries(r.model(), r.micro_batch(), r.model().block_size(),
-                                            r.activation_checkpointing());
+  const auto b = r.model()->tensor_parallel_boundaries(r.micro_batch(), r.model()->shape().block_size,
+                                                      r.activation_checkpointing());
   const auto tp = tp::communication(b, r.tp_size(), r.sequence_parallel(), compute_dtype(r.precision()) ? 2 : 4,
                                     r.accumulate_grad_batches());
   for (const auto& [kind, bytes] : tp.bytes) c->bytes[kind] += bytes;
@@ -152,7 +105,7 @@ ModelStatePrediction predict_model_state(const StrategyRegistry& registry, const
   return {m->params, m->grads, m->optimizer};
 }
 
-ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+ActivationProfile probe_activations(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                     const std::string& ac_policy) {
   TORCH_CHECK_VALUE(micro_batch >= 1, "memory planner: micro-batch must be >= 1, got ", micro_batch);
   // Why no grad mode changes or seeding: the probe builds its own modules and
@@ -172,41 +125,17 @@ ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch
   return a;
 }
 
-ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+ActivationProfile estimate_activations(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                        const std::string& ac_policy) {
-  const double bt = double(micro_batch) * double(model.block_size());
-  const double c = double(model.n_embd()), v = double(model.vocab_size());
-  const double half = compute_dtype(precision) ? 0.5 : 1.0;  // bf16 and fp16: 2 bytes
-  double block = kBlockFloats * bt * c * 4.0 * half;
-  if (model.attention() == "naive") {
-    block += 3.0 * double(micro_batch) * double(model.n_head()) * double(model.block_size()) *
-             double(model.block_size()) * 4.0 * half;
-  }
-  ActivationProfile a;
-  a.per_block = static_cast<int64_t>(block);
-  a.base = static_cast<int64_t>(kLogitFloats * bt * v * 4.0 + kBaseEmbdFloats * bt * c * 4.0);
-  // Checkpointed: each block keeps its input; the peak is the head's or one
-  // block recomputed plus its backward (~2 blocks' activations), the larger.
-  // Selective policies keep, in the compute dtype: attention's output (and
-  // under bf16 its fp32 copy, 2 half-words) plus, under "op", the c_attn and
-  // c_fc outputs (3C + 4C).
-  double kept = 0.0;
-  if (ac_policy != "full") kept += (1.0 + (half < 1.0 ? 2.0 : 0.0)) * half;
-  if (ac_policy == "op") kept += 7.0 * half;
-  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0 * (1.0 + kept));
-  a.checkpointed_base = std::max(a.base, 2 * a.per_block);
-  a.measured = false;
-  return a;
+  return model.activation_formula(micro_batch, precision, ac_policy);
 }
 
-ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batch, Precision precision,
+ActivationProfile activation_profile(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                      const std::string& ac_policy, int64_t probe_limit_bytes) {
   // The probe's own footprint: two blocks and the embeddings, their gradients
   // (2 x 4 bytes each), and two blocks' activations and the head's.
-  auto two = model;
-  two.n_layer(2);
   const auto estimate = estimate_activations(model, micro_batch, precision, ac_policy);
-  const int64_t footprint = 8 * count_parameters(two) + estimate.total(2, 0);
+  const int64_t footprint = 8 * model.with_layers(2)->parameters() + estimate.total(2, 0);
   if (footprint > probe_limit_bytes) return estimate;
   return probe_activations(model, micro_batch, precision, ac_policy);
 }
@@ -219,7 +148,7 @@ MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanReques
   MemoryPrediction m;
   m.state = {estimate->params, estimate->grads, estimate->optimizer};
   m.gathered = estimate->gathered + estimate->held;
-  m.activations = static_cast<int64_t>(double(activations.total(r.model().n_layer(), r.activation_checkpointing())) *
+  m.activations = static_cast<int64_t>(double(activations.total(r.model()->shape().n_layer, r.activation_checkpointing())) *
                                        estimate->activation_scale *
                                        tp::activation_scale(r.tp_size(), r.sequence_parallel()));
   // Staging buffers live outside the activation phase: the peak holds the
@@ -249,7 +178,7 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
       // Tensor-parallel groups stay inside a machine (tp::MeshDims).
       for (int tp = v.tensor_parallel ? 2 : 1; tp <= (v.tensor_parallel ? local : 1); ++tp) {
         if (local % tp != 0 || world % tp != 0) continue;
-        if (tp > 1 && !tensor_parallel_problem(base.model(), tp, /*sequence_parallel=*/false).empty()) continue;
+        if (tp > 1 && !base.model()->tensor_parallel_problem(tp, /*sequence_parallel=*/false).empty()) continue;
         const int data = world / tp;
         if (spec->max_world_size() > 0 && data > spec->max_world_size()) continue;
         if (data >= v.min_world_size) {
@@ -283,7 +212,7 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
         .world_size(world / tp)
         .local_world_size(local / tp)
         .tp_size(tp)
-        .sequence_parallel(tp > 1 && tensor_parallel_problem(base.model(), tp, true).empty());
+        .sequence_parallel(tp > 1 && base.model()->tensor_parallel_problem(tp, true).empty());
     if (!plannable(registry, r)) continue;
     auto prediction = predict_peak(registry, r, profile);
     out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes, v.exact});

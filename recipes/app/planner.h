@@ -1,11 +1,11 @@
 #pragma once
 // Memory planner: predicts each strategy's per-rank peak tensor bytes for a
-// GPT recipe before anything trains, so strata-gpt can refuse a run that
+// model (models/spec.h) before anything trains, so strata-gpt can refuse a run that
 // cannot fit (the pre-flight check) and `--strategy auto` can pick the
 // fastest strategy that does.
 //
 //   peak = model state (the strategy's memory model, StrategySpec::memory)
-//        + activations (from a probe: one micro-step of a 1- and a 2-block GPT
+//        + activations (from a probe: one micro-step of a 1- and a 2-block model
 //          at the real micro-batch x block size, under a MemoryTracker; the
 //          difference is one block, scaled by n_layer; or a formula when the
 //          probe itself would be too large), scaled by the strategy's
@@ -20,11 +20,12 @@
 // oss 8Ψ' + 8Ψ'/N, sdp 4Ψ' + 12Ψ'/N, fsdp 16Ψ'/N.
 //
 // Example:
-//   auto profile = activation_profile(model, /*micro_batch=*/8, Precision::kFp32);
+//   auto model = gpt_model(gpt_preset("gpt-micro").vocab_size(12).block_size(11));
+//   auto profile = activation_profile(*model, /*micro_batch=*/8, Precision::kFp32);
 //   auto rows = plan_candidates(registry, PlanRequest(model, name, 2).micro_batch(8), profile, budget);
 //   std::cout << format_plan_table(rows, budget);
 #include "strata/core/precision.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/registry.h"
 
 #include <cstdint>
@@ -40,9 +41,10 @@ using OptionTexts = std::map<std::string, std::string>;
 
 /// One configuration to predict the peak of.
 struct PlanRequest {
-  PlanRequest(GPTOptions model, std::string strategy, int world_size)
+  PlanRequest(ModelPtr model, std::string strategy, int world_size)
       : model_(std::move(model)), strategy_(std::move(strategy)), world_size_(world_size) {}
-  TORCH_ARG(GPTOptions, model);
+  /// The model (models/spec.h): its sizes, activations and tensor-parallel crossings.
+  TORCH_ARG(ModelPtr, model);
   /// A registered strategy's name (or alias).
   TORCH_ARG(std::string, strategy);
   /// Its options; empty: its spec's defaults.
@@ -77,10 +79,6 @@ struct ModelStatePrediction {
   int64_t total() const { return params + grads + optimizer; }
 };
 
-/// The GPT as memory models see it: parameter counts, split into its blocks;
-/// with `tp_size` > 1 the largest tensor-parallel rank's part.
-ModelSize model_size(const GPTOptions& model, int tp_size = 1);
-
 /// What `request` asks its strategy's memory and communication models.
 MemoryQuery memory_query(const StrategyRegistry& registry, const PlanRequest& request);
 
@@ -103,43 +101,26 @@ bool plannable(const StrategyRegistry& registry, const PlanRequest& request);
 /// c10::ValueError when the strategy has no memory model for it.
 ModelStatePrediction predict_model_state(const StrategyRegistry& registry, const PlanRequest& request);
 
-/// Activation bytes of one micro-step of a GPT, per rank.
-struct ActivationProfile {
-  int64_t per_block = 0;   ///< kept for backward by one block (its output included)
-  int64_t base = 0;        ///< everything else at the backward peak: embeddings, head, logits, loss, transients
-  /// The same with every block checkpointed: what one block adds (its input,
-  /// kept for the recomputation) and the rest (the head's peak, or one
-  /// block's recomputed activations and its backward, whichever is larger).
-  int64_t checkpointed_per_block = 0;
-  int64_t checkpointed_base = 0;
-  bool measured = false;   ///< false: the formula (the probe would have been too large)
-  /// Activations of the whole model with every `checkpoint_every`-th block
-  /// checkpointed (0: none).
-  int64_t total(int64_t n_layer, int64_t checkpoint_every) const;
-};
-
 /// `profile` for `factor` times its micro-batch (activations scale with it).
 ActivationProfile scaled(ActivationProfile profile, int64_t factor);
 
-/// Runs the probe: one forward + backward of a GPT with 1 and with 2 blocks
-/// (`model`'s widths, vocabulary and block size) on a [micro_batch, block]
+/// Runs the probe: one forward + backward of the model with 1 and with 2
+/// blocks (ModelConfig::with_layers: its widths, vocabulary and block size) on a [micro_batch, block]
 /// batch under its own MemoryTracker, gradients allocated up front; and the
 /// same with every block checkpointed under `ac_policy`
 /// (ActivationCheckpointOptions::policy). Parameters stay out of the numbers.
 /// About 2 x (params of 2 blocks + embeddings) + the activations of 2 blocks
 /// in memory, briefly.
-ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+ActivationProfile probe_activations(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                     const std::string& ac_policy = "full");
 
-/// The formula the probe stands in for (fp32 bytes; bf16-mixed halves block
-/// activations): per block ~kBlockFloats x B·T·C floats (+ B·H·T² x 3 for naive
-/// attention), base ~kLogitFloats x B·T·V + 4 x B·T·C; a checkpointed block
-/// its input, plus under a selective `ac_policy` what that keeps.
-ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+/// The formula the probe stands in for: the model's own
+/// (ModelConfig::activation_formula).
+ActivationProfile estimate_activations(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                        const std::string& ac_policy = "full");
 
 /// The probe when its own footprint is under `probe_limit_bytes`, else the formula.
-ActivationProfile activation_profile(const GPTOptions& model, int64_t micro_batch, Precision precision,
+ActivationProfile activation_profile(const ModelConfig& model, int64_t micro_batch, Precision precision,
                                      const std::string& ac_policy = "full",
                                      int64_t probe_limit_bytes = int64_t(1) << 30);
 

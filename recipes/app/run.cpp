@@ -21,7 +21,9 @@
 #include "strata/recipes/app/run_checks.h"
 #include "strata/recipes/app/run_summary.h"
 #include "strata/recipes/app/testing_aids.h"
-#include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/models/gpt/interop.h"
+#include "strata/recipes/models/torchscript/torchscript.h"
+#include "strata/recipes/models/lora.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/world.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -70,30 +72,26 @@ void dump_params(const std::string& path, torch::nn::Module& module) {
   archive.save_to(path);
 }
 
-/// The GPT started from a weights file (--init-from): a strategy's setup
-/// materialises the deferred parameters and calls init_parameter() for each
-/// (FSDP: unit by unit, into its flat buffers), which copies the file's
-/// value instead of drawing one (and drops it: after setup no copy of the
-/// file stays in memory). The weights were checked against the model
-/// (from_nanogpt) before.
-class GPTFromWeights : public GPTModule {
- public:
-  GPTFromWeights(const GPTOptions& options, NamedTensors weights)
-      : GPTModule(options, /*deferred=*/true), weights_(std::move(weights)) {}
-  void init_parameter(const std::string& name, const torch::Tensor& param) override {
-    const auto it = weights_.find(name);
-    if (it == weights_.end() && is_lora_parameter(name)) return GPTModule::init_parameter(name, param);
-    TORCH_CHECK(it != weights_.end(), "--init-from: no value for parameter ", name);
+/// --init-from's weights as a parameter source: a strategy's setup
+/// materialises the deferred parameters and asks for each (FSDP: unit by
+/// unit, into its flat buffers), which copies the file's value instead of
+/// drawing one and drops it (after setup no copy of the file stays in
+/// memory). The weights were checked against the model (read_weights)
+/// before; LoRA adapters, which no file holds, keep the family's init.
+ParameterSource weights_source(NamedTensors weights) {
+  auto held = std::make_shared<NamedTensors>(std::move(weights));
+  return [held](const std::string& name, const torch::Tensor& param) {
+    const auto it = held->find(name);
+    if (it == held->end() && is_lora_parameter(name)) return false;
+    TORCH_CHECK(it != held->end(), "--init-from: no value for parameter ", name);
     torch::NoGradGuard no_grad;
     param.copy_(it->second);
-    weights_.erase(it);  // called once per parameter: the file's copy is not needed again
-  }
+    held->erase(it);  // asked once per parameter: the file's copy is not needed again
+    return true;
+  };
+}
 
- private:
-  NamedTensors weights_;
-};
-
-/// The module to train: the user's TorchScript model, or the GPT, deferred
+/// The module to train: the user's TorchScript model, or the model, deferred
 /// for every strategy (one code path): the parameters get memory in the
 /// strategy's setup, on its device, and the same values an eager build has;
 /// FSDP builds one unit at a time, so a model that only fits sharded starts
@@ -113,14 +111,10 @@ BuiltModule build_module(CheckedRun& run) {
     out.n_params = loaded->num_params();
     out.module = std::move(loaded);
   } else {
-    std::unique_ptr<GPTModule> gpt;
-    if (run.init_weights) {
-      gpt = std::make_unique<GPTFromWeights>(run.model, std::move(*run.init_weights));
-    } else {
-      gpt = std::make_unique<GPTModule>(run.model, /*deferred=*/true);
-    }
-    out.n_params = gpt->model()->num_params();
-    out.module = std::move(gpt);
+    ParameterSource source = run.init_weights ? weights_source(std::move(*run.init_weights)) : nullptr;
+    run.init_weights.reset();
+    out.module = run.model->build(/*deferred=*/true, std::move(source));
+    out.n_params = run.model->parameters();
   }
   if (c.activation_checkpointing > 0) {
     // Before the strategy's setup, so a strategy that wraps units (FSDP)
@@ -194,8 +188,7 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
     // parameters for as long as `full` lives; rank 0 writes (atomically).
     const auto full = strategy.full_params();
     if (is_zero && !c.export_weights.empty()) {
-      // LoRA: the adapters merged into their Linears, so the file is a plain GPT.
-      write_weights(c.export_weights, merge_lora(named_parameters_of(built.module->module()), run.model), run.model);
+      run.model->write_weights(c.export_weights, named_parameters_of(built.module->module()));
     }
     if (is_zero && built.scripted) built.scripted->save(c.export_torchscript);
   }
@@ -208,7 +201,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   const torch::Device device = comm.device();
   const bool is_zero = comm.rank() == 0;
   const fs::path out_dir(c.output_dir);
-  const std::string ini = to_ini(resolved_config(c, run.model, at::get_num_threads()), registry);
+  const std::string ini = to_ini(resolved_config(c, *run.model, at::get_num_threads()), registry);
   if (is_zero) {
     const auto blas = check_blas_speed();
     if (blas.slow) std::cerr << blas.message << std::endl;
@@ -237,7 +230,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   // launcher measured the rate). Measured here on a cold cache, its matrices
   // are not the run's: the peak starts after them.
   const double ceiling = is_zero && device.is_cpu() && !built.scripted
-                             ? gemm_ceiling_tokens_per_s(run.model, c.batch_size, built.module->flops_per_token(),
+                             ? gemm_ceiling_tokens_per_s(*run.model, c.batch_size, built.module->flops_per_token(),
                                                          c.precision, at::get_num_threads(),
                                                          default_peak_flops_cache()) * strategy->job_size()
                              : 0.0;
@@ -247,7 +240,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
   const auto callbacks = make_callbacks(c, throughput, out_dir, memory);
   if (is_zero) {
-    std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : c.preset) << " | "
+    std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : run.model_label) << " | "
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "
               << comm.size() << " rank(s), " << at::get_num_threads() << " thread(s) each | device " << device
               << " | precision " << c.precision << "\n"
@@ -360,7 +353,7 @@ int launch_local_ranks(CheckedRun& run, const char* argv0) {
       const int threads = resolve_threads(c.threads_per_rank, c.nproc);
       if (c.peak_flops == 0.0) cpu_peak_flops(threads, peak_dtype(c.precision), default_peak_flops_cache());
       if (c.torchscript.empty()) {  // the GEMM ceiling's rate, for the ranks to read
-        cpu_gemm_rate(gpt_step_gemms(run.model, c.batch_size * run.model.block_size()), threads,
+        cpu_gemm_rate(run.model->step_gemms(c.batch_size * run.model->shape().block_size), threads,
                       peak_dtype(c.precision), default_peak_flops_cache());
       }
       const auto slow = half_precision_warning(threads, c.precision, default_peak_flops_cache());
@@ -383,6 +376,12 @@ int run_gpt(int argc, char** argv) {
 }
 
 int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
+  ModelRegistry models;
+  register_builtin_models(models);
+  return run_gpt(argc, argv, registry, models);
+}
+
+int run_gpt(int argc, char** argv, const StrategyRegistry& registry, const ModelRegistry& models) {
   // Why: glibc raises its mmap threshold each time a large block is freed,
   // after which freed tensors stay in the heap and peak RSS keeps every
   // transient buffer a run ever had (an offloaded run's staging, a
@@ -401,7 +400,7 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
   std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
 
   std::vector<std::string> args(argv, argv + argc);
-  ParseResult parsed = parse_run_config(args, gpt_preset_names(), registry);
+  ParseResult parsed = parse_run_config(args, models.preset_names(), registry);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;
@@ -420,7 +419,7 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry) {
   try {
     // A launcher's variables are input too.
     env = dist_env_from(current_environment());
-    run = check_run(*parsed.config, std::move(args), env, registry);
+    run = check_run(*parsed.config, std::move(args), env, registry, models);
   } catch (const c10::Error& e) {
     // A rank that finds its input bad tells its launcher why (else the
     // launcher could only report "no error message").

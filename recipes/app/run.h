@@ -7,6 +7,7 @@
 //   <output-dir>/summary.json  written last: its presence marks a finished run
 // Exit codes: 0 success, 2 bad input (one-line error), 1 failure in training.
 #include "strata/recipes/config/cli.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/trainer/trainer.h"
 
 #include <string>
@@ -21,10 +22,10 @@ int run_gpt(int argc, char** argv);
 /// --help and planned by --strategy auto): a user's strata-gpt.
 int run_gpt(int argc, char** argv, const StrategyRegistry& registry);
 
-/// The model options a config resolves to, given the data's vocabulary and
-/// sequence length (errors name the offending values).
-struct GPTOptions;
-GPTOptions resolve_model_options(const RunConfig& config, int64_t vocab_size, int64_t block_size);
+/// With the strategies of `registry` and the model families of `models` (the
+/// built-ins, models/spec.h, and a user's own: each of its presets selectable
+/// by --preset, planned, checked and dry-run as the built-ins are).
+int run_gpt(int argc, char** argv, const StrategyRegistry& registry, const ModelRegistry& models);
 
 /// <output-dir>/checkpoints: where --checkpoint-every writes step-<N>.
 std::string checkpoints_dir(const RunConfig& config);

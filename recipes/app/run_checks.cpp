@@ -3,7 +3,6 @@
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/peak_flops.h"
 
-#include "strata/recipes/io/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
 #include "strata/core/cuda_support.h"
@@ -12,7 +11,8 @@
 #include "strata/recipes/data/data.h"
 #include "strata/recipes/app/output_dir.h"
 #include "strata/recipes/app/run.h"
-#include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/config/cli_rules.h"
+#include "strata/recipes/models/torchscript/torchscript.h"
 #include "strata/strategies/offload_tier.h"
 #include "strata/callbacks/model_checkpoint.h"
 #include "strata/trainer/checkpoint.h"
@@ -193,34 +193,23 @@ void check_torchscript_model(TorchScriptModule& model, const DataSource& data, c
 /// --resume's checkpoint, each checked against the model (and the data).
 void check_model_inputs(CheckedRun& run) {
   const RunConfig& c = run.config;
-  if (!c.init_from.empty()) {
-    GPTModule shape_only(run.model, /*deferred=*/true);  // names and shapes, no memory
-    // Shapes cannot tell a head count apart: a transformers config.json can.
-    const std::string mismatch = hf_config_mismatch(c.init_from, run.model);
-    TORCH_CHECK_VALUE(mismatch.empty(), "--init-from '", c.init_from, "': its config.json does not describe this model (",
-                      mismatch, ")");
-    run.init_weights = from_nanogpt(read_weights(c.init_from), shape_only.module(), run.model, c.init_from);
-  }
+  if (!c.init_from.empty()) run.init_weights = run.model->read_weights(c.init_from);
   if (!c.torchscript.empty()) {
     TorchScriptModule probe(c.torchscript);
     check_torchscript_model(probe, *run.data, c.torchscript);
     if (!c.resume.empty()) check_resume_matches(c.resume, probe.module(), c.optimizer);
   } else if (!c.resume.empty()) {
-    GPTModule shape_only(run.model, /*deferred=*/true);
-    check_resume_matches(c.resume, shape_only.module(), c.optimizer);
+    const auto shape_only = run.model->build(/*deferred=*/true);  // names and shapes, no memory
+    check_resume_matches(c.resume, shape_only->module(), c.optimizer);
   }
 }
 
 /// What is written during or after training, outside --output-dir: the
 /// exports and --profile's traces (DIR is created when the trace is saved).
-void check_late_outputs(const RunConfig& c) {
+void check_late_outputs(const RunConfig& c, const ModelConfig& model) {
   if (!c.export_weights.empty()) {
-    // The file is torch.save's: under a .safetensors name --init-from would
-    // read it as safetensors and refuse it.
-    TORCH_CHECK_VALUE(!c.export_weights.ends_with(".safetensors"), "--export-weights '", c.export_weights,
-                      "' names a safetensors file, but it writes torch.save's format "
-                      "(nanoGPT's names); give a .pt name, or write safetensors with strata-export --format "
-                      "safetensors CHECKPOINT DIR");
+    const std::string problem = model.export_problem(c.export_weights);
+    TORCH_CHECK_VALUE(problem.empty(), problem);
     check_output_file("export-weights", c.export_weights);
   }
   if (!c.export_torchscript.empty()) check_output_file("export-torchscript", c.export_torchscript);
@@ -236,7 +225,7 @@ void check_late_outputs(const RunConfig& c) {
 /// names it. Returns the activation profile it measured.
 /// Issue 35: bf16 on a CPU without bf16 instructions trains ~10x slower than
 /// fp32; --strategy auto says whether fp32 would fit the same budget.
-void print_fp32_alternative(const RunConfig& c, const GPTOptions& model, const PlanRequest& base,
+void print_fp32_alternative(const RunConfig& c, const ModelConfig& model, const PlanRequest& base,
                             const StrategyRegistry& registry, int64_t budget, int local_ranks) {
   const double slowdown =
       half_precision_slowdown(resolve_threads(c.threads_per_rank, local_ranks), c.precision, default_peak_flops_cache());
@@ -248,9 +237,9 @@ void print_fp32_alternative(const RunConfig& c, const GPTOptions& model, const P
 
 ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry) {
   RunConfig& c = run.config;
-  // The planner models strata's GPT: a --torchscript model is not planned.
+  // The planner models strata's models: a --torchscript model is not planned.
   TORCH_CHECK_VALUE(c.torchscript.empty(),
-                    "--strategy auto plans strata's GPT presets; with --torchscript name the strategy");
+                    "--strategy auto plans strata's registered models; with --torchscript name the strategy");
   // Ranks of strata's own launcher never see "auto" (it passes them the
   // choice); ranks of another launcher each decide, and must agree: a budget
   // from MemAvailable would differ between them.
@@ -262,7 +251,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
   const int64_t budget = !c.memory_budget.empty() ? parse_byte_size(c.memory_budget)
                          : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
                                                   : available_memory_bytes() / std::max(1, shape.local_ranks);
-  auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
+  auto profile = activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
   PlanRequest base = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
   const auto rows = plan_candidates(registry, base, profile, budget);
   const std::string table = format_plan_table(rows, budget);
@@ -271,14 +260,14 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
                     " per rank (", shape.world, " rank(s), batch ", c.batch_size, "):\n", table);
   const auto& chosen = rows[*pick];
   if (!env || env->rank == 0) {
-    std::cout << "strata-gpt --strategy auto: per-rank peak predicted for " << c.preset << ", " << shape.world
-              << " rank(s), batch " << c.batch_size << " x block " << run.model.block_size() << ", precision "
+    std::cout << "strata-gpt --strategy auto: per-rank peak predicted for " << run.model_label << ", " << shape.world
+              << " rank(s), batch " << c.batch_size << " x block " << run.model->shape().block_size << ", precision "
               << c.precision << " (" << (profile.measured ? "activations probed" : "activations by formula")
               << ")\n"
               << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
     for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
     std::cout << ")" << std::endl;
-    if (device.is_cpu()) print_fp32_alternative(c, run.model, base, registry, budget, shape.local_ranks);
+    if (device.is_cpu()) print_fp32_alternative(c, *run.model, base, registry, budget, shape.local_ranks);
     if (chosen.request.tp_size() > 1) {
       std::cout << "tensor parallel: groups of " << chosen.request.tp_size() << " ranks"
                 << (chosen.request.sequence_parallel() ? " with sequence parallelism" : "") << ", each taking "
@@ -305,7 +294,7 @@ ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>&
                                           {"tp-size", std::to_string(c.tp_size)}}),
                             "sequence-parallel");
     run.args.push_back(c.sequence_parallel ? "--sequence-parallel=true" : "--sequence-parallel=false");
-    check_tensor_parallel(c, run.model, registry, shape.world, shape.local_ranks);
+    check_tensor_parallel(c, *run.model, registry, shape.world, shape.local_ranks);
     return scaled(profile, c.tp_size);  // probed at the run's micro-batch, now T times larger
   }
   return profile;
@@ -333,8 +322,8 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const bool hopeless = available > 0 && state_only * shape.local_ranks > available;
   const auto precision = parse_precision(c.precision);
   if (!profile) {
-    profile = hopeless ? estimate_activations(run.model, c.batch_size, precision, c.ac_policy)
-                       : activation_profile(run.model, c.batch_size, precision, c.ac_policy);
+    profile = hopeless ? estimate_activations(*run.model, c.batch_size, precision, c.ac_policy)
+                       : activation_profile(*run.model, c.batch_size, precision, c.ac_policy);
   }
   const int64_t peak = predict_peak(registry, request, *profile).peak();
   if (available <= 0 || peak * shape.local_ranks <= available) return;
@@ -402,7 +391,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   // Once per machine (its launcher, or its local rank 0, which the other
   // ranks cannot overtake: setup's collectives wait for it): the directory
   // must take the offload files of this machine's ranks, each the bytes its
-  // strategy's memory model says it keeps in the tier. (Sized for the GPT:
+  // strategy's memory model says it keeps in the tier. (Sized for the model:
   // a --torchscript model's size is not checked.)
   if (c.offload == "disk" && c.torchscript.empty() && shape.local_rank == 0) {
     const auto estimate = estimate_memory(registry, plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size)));
@@ -412,7 +401,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
 
 }  // namespace
 
-PlanRequest plan_request(const RunConfig& c, const GPTOptions& model, int world, int local_world) {
+PlanRequest plan_request(const RunConfig& c, const ModelPtr& model, int world, int local_world) {
   return PlanRequest(model, c.strategy == "auto" ? std::string() : c.strategy, world)
       .strategy_options(c.strategy_options)
       .local_world_size(local_world)
@@ -442,19 +431,32 @@ std::string offload_dir_of(const RunConfig& config) {
   return config.offload_dir.empty() ? config.output_dir : config.offload_dir;
 }
 
-GPTOptions resolve_model_options(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
-  GPTOptions o = gpt_preset(c.preset);
-  if (c.n_layer > 0) o.n_layer(c.n_layer);
-  if (c.n_head > 0) o.n_head(c.n_head);
-  if (c.n_embd > 0) o.n_embd(c.n_embd);
-  if (c.dropout >= 0) o.dropout(c.dropout);
-  o.bias(c.bias);
-  o.attention(c.attention);
-  o.activation(c.activation);
-  o.lora_rank(c.lora_rank).lora_alpha(c.lora_alpha).lora_targets(c.lora_targets);
-  o.vocab_size(vocab_size).block_size(block_size);
-  validate(o);
-  return o;
+ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
+  const RunConfig defaults;
+  ModelRequest r;
+  auto given = [&c](const char* key) { return c.given_keys.count(key) != 0; };
+  r.preset = given("preset") || c.preset != defaults.preset ? c.preset : "";
+  r.default_preset = c.preset;
+  // Sizes of 0 and a negative dropout mean "the preset's": only others are asked for.
+  if (c.n_layer > 0) r.options["n-layer"] = std::to_string(c.n_layer);
+  if (c.n_head > 0) r.options["n-head"] = std::to_string(c.n_head);
+  if (c.n_embd > 0) r.options["n-embd"] = std::to_string(c.n_embd);
+  if (c.dropout >= 0) r.options["dropout"] = format(c.dropout);
+  // The rest when given, or when set away from the default in code.
+  auto add = [&](const char* key, const auto& value, const auto& default_value) {
+    if (given(key) || value != default_value) r.options[key] = format(value);
+  };
+  add("bias", c.bias, defaults.bias);
+  add("attention", c.attention, defaults.attention);
+  add("activation", c.activation, defaults.activation);
+  add("init-std", c.init_std, defaults.init_std);
+  add("lora-rank", c.lora_rank, defaults.lora_rank);
+  add("lora-alpha", c.lora_alpha, defaults.lora_alpha);
+  add("lora-targets", c.lora_targets, defaults.lora_targets);
+  r.init_from = c.init_from;
+  r.vocab_size = vocab_size;
+  r.block_size = block_size;
+  return r;
 }
 
 bool speaks_for_machine(const std::optional<DistEnv>& env) {
@@ -477,21 +479,23 @@ void check_resume_position(const RunConfig& config, const std::optional<DistEnv>
 }
 
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
-                     const StrategyRegistry& registry) {
+                     const StrategyRegistry& registry, const ModelRegistry& models) {
   CheckedRun run;
   config.resume = resolve_resume(config, &config.config_notes);
   check_world(config, env, registry);
   check_resume_position(config, env);
   check_foreign_config(config, env);
   run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
-  run.model = resolve_model_options(config, run.data->vocab_size(), run.data->block_size());
+  const ModelRequest request = model_request(config, run.data->vocab_size(), run.data->block_size());
+  run.model = models.resolve(request);
+  run.model_label = request.preset.empty() ? request.init_from : request.preset;
   run.config = std::move(config);
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
-  check_tensor_parallel(run.config, run.model, registry, shape.world, shape.local_ranks);
-  check_late_outputs(run.config);
+  check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
+  check_late_outputs(run.config, *run.model);
   std::optional<ActivationProfile> profile;
   if (run.config.strategy == "auto") profile = choose_strategy(run, env, registry);
   check_memory(run, registry, env, profile);

@@ -6,8 +6,7 @@
 // as they were.
 #include "strata/launch/environment.h"
 #include "strata/recipes/config/cli.h"
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/strategies/registry.h"
 #include "strata/trainer/data_source.h"
@@ -21,12 +20,14 @@ namespace strata::recipes {
 
 /// What phase 1 resolved: the config to train with (--strategy auto and
 /// --resume resolved), the command line a launcher hands its ranks, the data,
-/// the model's options and --init-from's weights (checked against the model).
+/// the model (resolved by the model registry) and --init-from's weights
+/// (checked against the model).
 struct CheckedRun {
   RunConfig config;
   std::vector<std::string> args;
   std::unique_ptr<DataSource> data;
-  GPTOptions model{1, 1, 1};  ///< resolved by check_run
+  ModelPtr model;             ///< resolved by check_run (models/spec.h)
+  std::string model_label;    ///< its preset, or the --init-from directory that gave it
   std::optional<NamedTensors> init_weights;
 };
 
@@ -39,13 +40,19 @@ bool speaks_for_machine(const std::optional<DistEnv>& env);
 /// Runs every phase-1 check in order; throws the first error. `env`: the
 /// world a launcher set up (none when strata-gpt launches its own ranks).
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
-                     const StrategyRegistry& registry);
+                     const StrategyRegistry& registry, const ModelRegistry& models);
+
+/// What `config` asks the model registry for, given the data's vocabulary
+/// and sequence length: its preset ("" when neither given nor set away from
+/// the default: an --init-from directory may then give the model) and the
+/// model keys given (or set away from their defaults).
+ModelRequest model_request(const RunConfig& config, int64_t vocab_size, int64_t block_size);
 
 /// The planner's request for `config`'s run of `model` under its strategy
 /// (config.strategy, a registered name, with config.strategy_options), over
 /// `world` data-parallel ranks, `local_world` of them per machine (with
 /// --tp-size T: the job's over T).
-PlanRequest plan_request(const RunConfig& config, const GPTOptions& model, int world, int local_world);
+PlanRequest plan_request(const RunConfig& config, const ModelPtr& model, int world, int local_world);
 
 /// What a strategy of this run is built and checked with: the world, the
 /// device, --precision and --offload.

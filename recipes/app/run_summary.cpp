@@ -12,13 +12,16 @@
 
 namespace strata::recipes {
 
-RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads) {
-  c.n_layer = model.n_layer();
-  c.n_head = model.n_head();
-  c.n_embd = model.n_embd();
-  c.block_size = model.block_size();
-  c.dropout = model.dropout();
-  c.vocab_size = model.vocab_size();
+RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
+  const ModelShape shape = model.shape();
+  c.n_layer = shape.n_layer;
+  c.n_head = shape.n_head;
+  c.n_embd = shape.n_embd;
+  c.block_size = shape.block_size;
+  c.vocab_size = shape.vocab_size;
+  const auto numbers = model.resolved_numbers();
+  if (const auto it = numbers.find("dropout"); it != numbers.end()) c.dropout = it->second;
+  if (const auto it = numbers.find("init-std"); it != numbers.end()) c.init_std = it->second;
   c.threads_per_rank = threads;
   return c;
 }
@@ -193,7 +196,7 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
     if (estimate->predicts_peak) {
       // After fit (the probe's allocations go to its own tracker, so the run's
       // numbers above are unaffected).
-      const auto profile = activation_profile(run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
+      const auto profile = activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
       peak_bytes = predict_peak(registry, request, profile).peak();
     }
     add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,

@@ -2,7 +2,7 @@
 // What strata-gpt writes about a run: the resolved config (config.ini and the
 // printed header) and summary.json's document.
 #include "strata/recipes/config/cli.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/recipes/app/peak_flops.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/recipes/app/run_checks.h"
@@ -21,7 +21,7 @@ namespace strata::recipes {
 /// What the run resolved, for the printed config and config.ini: the model's
 /// sizes, the thread count and the data's vocabulary instead of the flags'
 /// "0: automatic" defaults.
-RunConfig resolved_config(RunConfig c, const GPTOptions& model, int threads);
+RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads);
 
 /// summary.json's measured part: the run's result per rank, model state,
 /// communication bytes and their ratio to the ZeRO paper's multiple.

@@ -6,7 +6,7 @@
 
 namespace strata::recipes {
 
-void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const StrategyRegistry& registry, int world,
+void check_tensor_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world,
                            int local_ranks) {
   if (c.tp_size == 1) {
     TORCH_CHECK_VALUE(!c.sequence_parallel, "--sequence-parallel splits activations over tensor-parallel ranks; "
@@ -19,7 +19,7 @@ void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const St
   TORCH_CHECK_VALUE(world == local_ranks || local_ranks % c.tp_size == 0, "--tp-size ", c.tp_size,
                     " must divide the ranks per machine (", local_ranks, ") when the job spans machines: a "
                     "tensor-parallel group of consecutive ranks would cross one");
-  TORCH_CHECK_VALUE(c.torchscript.empty(), "--tp-size ", c.tp_size, " splits strata's GPT by its plan; a "
+  TORCH_CHECK_VALUE(c.torchscript.empty(), "--tp-size ", c.tp_size, " splits a registered model by its plan; a "
                     "--torchscript model has none");
   // Its column- and row-parallel layers are not checkpointed ops (their
   // collectives would have to be replayed too).
@@ -35,7 +35,7 @@ void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const St
     TORCH_CHECK_VALUE(false, "--tp-size ", c.tp_size, ": strategy '", c.strategy,
                       "' does not run beside tensor parallelism yet; use one of ", composes);
   }
-  const std::string problem = tensor_parallel_problem(model, c.tp_size, c.sequence_parallel);
+  const std::string problem = model.tensor_parallel_problem(c.tp_size, c.sequence_parallel);
   TORCH_CHECK_VALUE(problem.empty(), "--tp-size ", c.tp_size, ": ", problem);
 }
 

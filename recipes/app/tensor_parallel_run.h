@@ -4,7 +4,7 @@
 // consecutive ranks (tp::MeshDims), so with --nproc a multiple of --tp-size
 // each group is on one machine and the strategy runs across machines.
 #include "strata/recipes/config/cli.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/tp/tensor_parallel.h"
 
@@ -18,7 +18,7 @@ namespace strata::recipes {
 /// `local_ranks` each) or the model, a strategy whose spec does
 /// not compose with it, or what is not split yet (offload, the dry run,
 /// --torchscript, --strategy auto). Nothing when tp_size is 1.
-void check_tensor_parallel(const RunConfig& c, const GPTOptions& model, const StrategyRegistry& registry, int world,
+void check_tensor_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world,
                            int local_ranks);
 
 /// The data-parallel ranks the strategy runs over, and the tensor-parallel

@@ -316,6 +316,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   }
   config.batch_size_given = given.count("batch-size") != 0;
   config.accumulate_given = given.count("accumulate-grad-batches") != 0;
+  for (const auto& item : given) config.given_keys.insert(item.first);
   if (std::string error = validate(config, presets, strategies, given); !error.empty()) {
     return failure(error);
   }

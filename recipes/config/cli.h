@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ struct RunConfig {
   bool bias = true;          ///< biases in Linear layers
   std::string attention = "fused";  ///< attention core: fused (kernels/), sdpa or naive
   std::string activation = "gelu";  ///< gelu (exact) or gelu_new (tanh approximation, GPT-2's)
+  double init_std = 0.0;            ///< weight init std (0: GPT-2's 0.02 scaled to the width, gpt_init_std)
   int64_t lora_rank = 0;            ///< LoRA adapters of this rank, other weights frozen (0: off)
   double lora_alpha = 8.0;          ///< LoRA scale alpha / rank (PEFT's default alpha)
   std::string lora_targets = "attn";  ///< attn, mlp or attn,mlp
@@ -105,7 +107,7 @@ struct RunConfig {
   std::string profile;           ///< --profile DIR: Chrome traces of a few steps ("": off)
   double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/app/peak_flops.h)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
-  // Python interop (recipes/io/interop.h, recipes/io/torchscript.h)
+  // Python interop (recipes/models/gpt/interop.h, recipes/models/torchscript/torchscript.h)
   std::string init_from;          ///< nanoGPT-named weights file to start the GPT from
   std::string export_weights;     ///< rank 0 writes the trained GPT's weights here (nanoGPT names)
   std::string torchscript;        ///< train this TorchScript model instead of the GPT
@@ -124,6 +126,9 @@ struct RunConfig {
   int64_t config_global_batch = 0;        ///< its train_batch_size (0: none): checked against the world
   bool batch_size_given = false;          ///< --batch-size came from the config or the command line
   bool accumulate_given = false;          ///< so did --accumulate-grad-batches (else train_batch_size derives it)
+  /// Every key given on the command line or in --config (not defaulted): a
+  /// model family is asked only for the options given to it (models/spec.h).
+  std::set<std::string> given_keys;
   std::vector<std::string> config_notes;  ///< what it set without effect, printed once at start
 };
 

@@ -45,6 +45,9 @@ std::vector<Field> model_data_fields() {
       {"activation", 0, &C::activation,
        "the MLP's GELU: gelu (exact, nanoGPT's) or gelu_new (the tanh approximation of OpenAI's GPT-2 and "
        "transformers' gelu_new)"},
+      {"init-std", 0, &C::init_std,
+       "the weight matrices' init std (c_proj's over sqrt(2 n_layer)); 0: GPT-2's 0.02 scaled to the width, "
+       "0.02 sqrt(768 / n_embd) below 768 wide; 0.02: nanoGPT's at every width"},
       {"lora-rank", 0, &C::lora_rank,
        "LoRA fine-tuning: adapters of this rank on the --lora-targets Linears, every other weight frozen; "
        "exports merge them (0: off)"},
@@ -202,7 +205,7 @@ std::vector<Field> interop_testing_fields() {
        "after training, write the GPT's weights here under nanoGPT's names (Python: torch.load)"},
       {"torchscript", kInteropGroup, &C::torchscript,
        "train this TorchScript model (torch.jit.script(model).save(...)) instead of the GPT; "
-       "model options do not apply (see recipes/io/torchscript.h for the contract)"},
+       "model options do not apply (see recipes/models/torchscript/torchscript.h for the contract)"},
       {"export-torchscript", kInteropGroup, &C::export_torchscript,
        "with --torchscript: after training, save the trained model here (torch.jit.load)"},
       {"dump-params", kTestingGroup, &C::dump_params,

@@ -112,7 +112,7 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given, const Stra
   if (!c.torchscript.empty()) {
     // The scripted model brings its own architecture and weights.
     for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "init-from",
-                            "export-weights", "lora-rank", "lora-alpha", "lora-targets", "activation"}) {
+                            "export-weights", "lora-rank", "lora-alpha", "lora-targets", "activation", "init-std"}) {
       if (const auto it = given.find(key); it != given.end()) {
         return named(it->second, key) +
                " does not apply with --torchscript (the scripted model defines the model and its weights)";
@@ -145,6 +145,9 @@ std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
     return "--init-from and --resume both give the starting weights (the checkpoint would overwrite the file's); "
            "give one";
   }
+  if (const auto it = given.find("init-std"); it != given.end() && !c.init_from.empty()) {
+    return named(it->second, "init-std") + " does not apply with --init-from (the file gives every weight)";
+  }
   if (!c.export_torchscript.empty() && c.torchscript.empty()) {
     return "--export-torchscript needs --torchscript (it saves the trained TorchScript model); for the GPT use "
            "--export-weights";
@@ -175,6 +178,7 @@ std::string check_ranges(const RunConfig& c) {
   need(c.n_embd >= 0, "n-embd", c.n_embd, ">= 0 (0: the preset's)");
   need(c.block_size >= 0, "block-size", c.block_size, ">= 0 (0: the data's)");
   need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
+  need(c.init_std >= 0 && c.init_std < 1, "init-std", c.init_std, "in [0, 1) (0: the width rule)");
   need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
   need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
   need(c.tp_size >= 1, "tp-size", c.tp_size, ">= 1 (1: no tensor parallelism)");

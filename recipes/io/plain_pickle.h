@@ -1,7 +1,7 @@
 #pragma once
 // torch.save files without Python: writing one that torch.load reads with
 // weights_only=True, and reading Python's (OrderedDict state_dicts) with
-// LibTorch's unpickler. Used by recipes/io/interop.cpp.
+// LibTorch's unpickler. Used by recipes/models/gpt/interop.cpp.
 #include <ATen/core/ivalue.h>
 
 #include <vector>

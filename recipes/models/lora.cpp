@@ -1,6 +1,6 @@
 #include "strata/recipes/models/lora.h"
 
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include <cmath>
 

@@ -28,14 +28,4 @@ std::vector<std::vector<int>> MeshDims::dp_groups() const {
   return groups;
 }
 
-std::string MeshDims::gpt_problem(int64_t n_head, int64_t n_embd) const {
-  if (n_head % tp != 0) {
-    return c10::str("tensor-parallel size ", tp, " must divide n_head ", n_head, ": each rank computes whole heads");
-  }
-  if ((4 * n_embd) % tp != 0) {
-    return c10::str("tensor-parallel size ", tp, " must divide the MLP's width 4 x n_embd = ", 4 * n_embd);
-  }
-  return "";
-}
-
 }  // namespace strata::tp

@@ -34,10 +34,6 @@ struct MeshDims {
   std::vector<std::vector<int>> tp_groups() const;
   /// Every DP group (ranks tp apart), in tp-rank order.
   std::vector<std::vector<int>> dp_groups() const;
-
-  /// "" when a GPT of `n_head` heads and `n_embd` width shards over tp
-  /// (heads and the MLP's 4·n_embd split evenly), else why not, naming the values.
-  std::string gpt_problem(int64_t n_head, int64_t n_embd) const;
 };
 
 }  // namespace strata::tp

@@ -7,7 +7,7 @@
 #include "strata/bench/peer_suite.h"
 #include "strata/bench/report.h"
 #include "strata/bench/sweep.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/registry.h"
 
 #include <c10/util/Exception.h>

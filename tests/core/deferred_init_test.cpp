@@ -3,7 +3,7 @@
 // order and place of initialisation; the base Strategy materialises a
 // deferred module; meta-device parameters keep their identity.
 #include "strata/core/deferred_init.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/single/single_device.h"
 #include "tests/mlp_stack.h"

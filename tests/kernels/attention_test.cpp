@@ -5,7 +5,7 @@
 #include "strata/kernels/attention.h"
 
 #include "strata/core/precision.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "tests/scoped_env.h"
 
 #include <gtest/gtest.h>

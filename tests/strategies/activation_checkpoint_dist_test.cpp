@@ -6,7 +6,7 @@
 // recomputed graph, so this checks that those hooks still fire.
 #include "strata/strategies/activation_checkpoint.h"
 
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
 #include "tests/mlp_stack.h"

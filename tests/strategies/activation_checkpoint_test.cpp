@@ -3,7 +3,7 @@
 #include "strata/strategies/activation_checkpoint.h"
 
 #include "strata/core/precision.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/grad_buckets.h"
 #include "tests/mlp_stack.h"
 #include "tests/strategies/checkpoint_steps.h"

@@ -3,7 +3,7 @@
 // forward + backward from a fixed seed, gradient comparison, and a counter of
 // the ops a step runs.
 #include "strata/core/precision.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "tests/mlp_stack.h"
 #include "tests/toy_data.h"
 

@@ -5,7 +5,7 @@
 // SGD parameters and per-step gradient norms, which see a wrong gradient scale).
 #pragma once
 
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/single/single_device.h"
 #include "strata/strategies/thread_world.h"

@@ -3,7 +3,7 @@
 // outputs are reused by the recompute, which must still give plain training's
 // loss, gradients and RNG stream, skip exactly the kept ops, and cost the
 // memory it says.
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/trainer/memory.h"
 #include "tests/strategies/checkpoint_steps.h"

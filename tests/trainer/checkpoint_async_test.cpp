@@ -5,7 +5,7 @@
 // continues exactly like an uninterrupted one; async needs checkpoints and
 // the sharded format. (Running out of disk: checkpoint_test's
 // CheckpointDiskTest, which runs an async variant.)
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
 #include "tests/run_binary.h"

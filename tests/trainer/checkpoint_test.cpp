@@ -4,7 +4,7 @@
 // Faults: corrupt files, a different model or optimizer, and a rank killed
 // mid-save (real processes through strata-gpt).
 #include "strata/callbacks/model_checkpoint.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/fsdp/fully_sharded.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"

@@ -7,7 +7,7 @@
 // all-reduce); the skipped run matches one process that skipped the same step;
 // 16-mixed with SGD matches fp32 within a tolerance that a wrong unscale
 // fails; a scale collapsing to min_loss_scale is one error naming the step.
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
 #include "tests/toy_data.h"

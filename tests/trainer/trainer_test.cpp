@@ -1,7 +1,7 @@
 // trainer_test - Unit tests for trainer/trainer.cpp (single process)
 #include "strata/trainer/trainer.h"
 
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/trainer/resume_state.h"
 #include "strata/strategies/single/single_device.h"
 #include "tests/error_text.h"

@@ -397,8 +397,9 @@ std::vector<std::shared_ptr<torch::nn::Module>> LlamaModule::wrap_units() {
   return units;
 }
 
-double LlamaModule::flops_per_token() const {
-  const auto& o = model_->options();
+double LlamaModule::flops_per_token() const { return llama_flops_per_token(model_->options()); }
+
+double llama_flops_per_token(const LlamaOptions& o) {
   const double lookup = o.tie_weights() ? 0.0 : static_cast<double>(o.vocab_size() * o.n_embd());
   const double n = static_cast<double>(count_parameters(o)) - lookup;
   return 6.0 * n + 12.0 * o.n_layer() * o.n_head() * o.head_size() * o.block_size();

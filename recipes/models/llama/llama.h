@@ -108,6 +108,10 @@ void validate(const LlamaOptions& options);
 /// norms); the embedding, the final norm and an untied head.
 int64_t count_parameters(const LlamaOptions& options);
 
+/// 6 N + 12 L H D T FLOPs per token of a training step (N: the parameters
+/// but an untied embedding table, whose lookup is no product).
+double llama_flops_per_token(const LlamaOptions& options);
+
 /// RoPE's inverse frequencies [head_size / 2] in fp32, as transformers
 /// computes them (its _compute_default / _linear / _llama3 rope parameters).
 torch::Tensor rope_inverse_frequencies(const LlamaOptions& options);

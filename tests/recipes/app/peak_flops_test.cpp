@@ -9,6 +9,7 @@
 // on which CPU runs it.
 #include "strata/recipes/app/gemm_ceiling.h"
 #include "strata/recipes/app/peak_flops.h"
+#include "strata/recipes/models/gpt/spec.h"
 #include "strata/recipes/data/data.h"
 #include "tests/run_binary.h"
 #include "tests/temp_dir.h"
@@ -95,7 +96,7 @@ TEST(GemmCeilingTest, TheStepsProductsAreSixFlopsPerLinearWeightAndToken) {
   const int64_t tokens = 8 * 128, c = model.n_embd();
   double flops = 0.0;
   int64_t products = 0;
-  for (const auto& s : gpt_step_gemms(model, tokens)) {
+  for (const auto& s : gpt_model(model)->step_gemms(tokens)) {
     flops += s.flops();
     products += s.count;
   }
@@ -109,7 +110,7 @@ TEST(GemmCeilingTest, TheRateIsCachedAndSummaryJsonDividesByIt) {
   const std::string file = (home / "strata" / "peak_flops.json").string();
   const auto data = make_data("addition:2", 0, 50257, 1);
   const auto model = gpt_preset("gpt-nano").vocab_size(data->vocab_size()).block_size(data->block_size());
-  const auto shapes = gpt_step_gemms(model, 4 * model.block_size());
+  const auto shapes = gpt_model(model)->step_gemms(4 * model.block_size());
   const PeakFlops first = cpu_gemm_rate(shapes, 1, "fp32", file);
   EXPECT_EQ(first.source, "measured");
   const PeakFlops again = cpu_gemm_rate(shapes, 1, "fp32", file);

@@ -1,7 +1,7 @@
 // planner_e2e_test - strata-gpt end to end with the memory planner: the
 // pre-flight refusal, --strategy auto with a budget between two measured
 // peaks, and summary.json's per-rank step split and communication ratios.
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/spec.h"
 #include "strata/recipes/app/peak_flops.h"
 #include "strata/recipes/app/planner.h"
 #include "tests/builtin_strategies.h"
@@ -132,9 +132,9 @@ TEST(PlannerE2ETest, AutoChoosesFsdpTimesTensorParallelWhereOnlyItFits) {
   using namespace strata::recipes;
   const std::string shape = " --preset gpt-mini --n-embd 768 --n-head 12 --n-layer 4 --data addition:2 --batch-size 1 ";
   const auto data = make_data("addition:2", 0, 50257, 1);
-  const auto model = gpt_preset("gpt-mini").n_embd(768).n_head(12).n_layer(4).vocab_size(data->vocab_size())
-                         .block_size(data->block_size());
-  const auto profile = activation_profile(model, 1, strata::Precision::kFp32);
+  const auto model = gpt_model(gpt_preset("gpt-mini").n_embd(768).n_head(12).n_layer(4).vocab_size(data->vocab_size())
+                                   .block_size(data->block_size()));
+  const auto profile = activation_profile(*model, 1, strata::Precision::kFp32);
   const auto rows = plan_candidates(strata::testing::builtin_strategies(),
                                     PlanRequest(model, "", 4).local_world_size(4).micro_batch(1), profile,
                                     int64_t(1) << 40);

@@ -1,5 +1,6 @@
 #include "tests/builtin_strategies.h"
 #include "strata/recipes/app/planner.h"
+#include "strata/recipes/models/gpt/spec.h"
 #include "strata/trainer/memory.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,19 @@ using namespace strata::recipes;
 namespace {
 
 GPTOptions nano() { return gpt_preset("gpt-nano").vocab_size(96).block_size(32); }
+
+/// The planner asks a ModelConfig: these take the GPT's options.
+PlanRequest plan(const GPTOptions& model, const std::string& strategy, int world) {
+  return PlanRequest(gpt_model(model), strategy, world);
+}
+ActivationProfile probe_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                    const std::string& policy = "full") {
+  return recipes::probe_activations(*gpt_model(model), micro_batch, precision, policy);
+}
+ActivationProfile estimate_activations(const GPTOptions& model, int64_t micro_batch, Precision precision,
+                                       const std::string& policy = "full") {
+  return recipes::estimate_activations(*gpt_model(model), micro_batch, precision, policy);
+}
 
 const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
@@ -33,7 +47,7 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
   const int64_t p = count_parameters(model);
   const auto half = (p + 1) / 2;
   auto state = [&](const std::string& strategy, int world, const std::string& optimizer = "adamw") {
-    return predict_model_state(PlanRequest(model, strategy, world).optimizer(optimizer));
+    return predict_model_state(plan(model, strategy, world).optimizer(optimizer));
   };
   EXPECT_EQ(state("single", 1).total(), 16 * p);
   EXPECT_EQ(state("ddp", 2).total(), 16 * p);
@@ -45,14 +59,14 @@ TEST(PlannerTest, ModelStateFollowsTheZeroFormulas) {
   EXPECT_EQ(state("fsdp", 2).total(), 16 * half);
   EXPECT_EQ(state("ddp", 2, "sgd").optimizer, 0);
   // SGD with momentum keeps one buffer per parameter.
-  EXPECT_EQ(predict_model_state(PlanRequest(model, "ddp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * p);
-  EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * half);
-  EXPECT_EQ(predict_model_state(PlanRequest(model, "fsdp", 2).offload("disk")).total(), 0);
+  EXPECT_EQ(predict_model_state(plan(model, "ddp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * p);
+  EXPECT_EQ(predict_model_state(plan(model, "fsdp", 2).optimizer("sgd").momentum(0.9)).optimizer, 4 * half);
+  EXPECT_EQ(predict_model_state(plan(model, "fsdp", 2).offload("disk")).total(), 0);
   // The other strategies offload their optimizer state only.
-  const auto ddp_offloaded = predict_model_state(PlanRequest(model, "ddp", 2).offload("disk"));
+  const auto ddp_offloaded = predict_model_state(plan(model, "ddp", 2).offload("disk"));
   EXPECT_EQ(ddp_offloaded.optimizer, 0);
   EXPECT_EQ(ddp_offloaded.params + ddp_offloaded.grads, 8 * p);
-  EXPECT_EQ(predict_model_state(PlanRequest(model, "sdp", 2).offload("disk")).grads, 4 * half);
+  EXPECT_EQ(predict_model_state(plan(model, "sdp", 2).offload("disk")).grads, 4 * half);
   EXPECT_THROW(state("zero9", 2), c10::ValueError);
 }
 
@@ -62,7 +76,7 @@ TEST(PlannerTest, LoraCountsOnlyTrainableParameters) {
   const auto model = gpt_preset("gpt2").vocab_size(50257).block_size(64).lora_rank(4);
   const int64_t p = count_parameters(model), t = count_trainable_parameters(model), f = p - t;
   EXPECT_EQ(t, 12 * 4 * (768 + 3 * 768 + 768 + 768));  // attn.c_attn and attn.c_proj, rank 4
-  auto state = [&](const std::string& s) { return predict_model_state(PlanRequest(model, s, 2)); };
+  auto state = [&](const std::string& s) { return predict_model_state(plan(model, s, 2)); };
   EXPECT_EQ(state("ddp").grads, 4 * t);
   EXPECT_EQ(state("ddp").optimizer, 8 * t);
   EXPECT_EQ(state("oss").params, 4 * p);
@@ -75,11 +89,11 @@ TEST(PlannerTest, LoraCountsOnlyTrainableParameters) {
   // fsdp gathers frozen blocks and root like full fine-tuning, without their
   // gradients (root 4 bytes, not 8; blocks' gradients the adapters' only).
   const int64_t block = 12 * 768 * 768 + 13 * 768, root = 50257 * 768 + 64 * 768 + 2 * 768;
-  EXPECT_EQ(predict_peak(PlanRequest(full, "fsdp", 2), none).gathered, 8 * root + block * (2 * 4 + 4 + 8));
-  EXPECT_EQ(predict_peak(PlanRequest(model, "fsdp", 2), none).gathered,
+  EXPECT_EQ(predict_peak(plan(full, "fsdp", 2), none).gathered, 8 * root + block * (2 * 4 + 4 + 8));
+  EXPECT_EQ(predict_peak(plan(model, "fsdp", 2), none).gathered,
             4 * root + (block + t / 12) * 2 * 4 + (t / 12) * (4 + 8));
-  EXPECT_LT(predict_peak(PlanRequest(model, "oss", 2), none).overhead,
-            predict_peak(PlanRequest(full, "oss", 2), none).overhead / 100);
+  EXPECT_LT(predict_peak(plan(model, "oss", 2), none).overhead,
+            predict_peak(plan(full, "oss", 2), none).overhead / 100);
 }
 
 TEST(PlannerTest, ActivationTotalScalesWithLayersAndCheckpointing) {
@@ -96,7 +110,7 @@ TEST(PlannerTest, ActivationTotalScalesWithLayersAndCheckpointing) {
 }
 
 TEST(PlannerTest, AutoPicksTheFastestStrategyThatFits) {
-  const auto base = PlanRequest(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "ddp", 2).micro_batch(4);
+  const auto base = plan(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "ddp", 2).micro_batch(4);
   ActivationProfile a;
   a.per_block = 4 << 20;
   a.base = 2 << 20;
@@ -133,7 +147,7 @@ TEST(PlannerTest, AutoConsidersTensorParallelismWhereItFits) {
   // Wide blocks and short sequences: fsdp's gathered block dominates its
   // peak, and tensor parallelism gathers half of it.
   const auto model = gpt_preset("gpt-mini").n_embd(768).n_head(12).n_layer(8).vocab_size(96).block_size(8);
-  const auto base = PlanRequest(model, "ddp", 4).micro_batch(1);
+  const auto base = plan(model, "ddp", 4).micro_batch(1);
   ActivationProfile a;
   a.per_block = 64 << 10;
   a.base = 256 << 10;
@@ -168,7 +182,7 @@ TEST(PlannerTest, AutoConsidersTensorParallelismWhereItFits) {
   // A model whose heads do not split gets no tensor-parallel candidate.
   auto three_heads = model;
   three_heads.n_head(3);
-  for (const auto& c : plan_candidates(PlanRequest(three_heads, "ddp", 4), a, int64_t(1) << 40)) {
+  for (const auto& c : plan_candidates(plan(three_heads, "ddp", 4), a, int64_t(1) << 40)) {
     EXPECT_EQ(c.request.tp_size(), 1) << c.label;
   }
 }
@@ -230,7 +244,7 @@ TEST(PlannerTest, SelectivePoliciesAreProbedWithWhatTheyKeep) {
 TEST(PlannerTest, Fp32AlternativeSaysWhatFitsInFp32) {
   // bf16-mixed on a CPU where bf16 multiplies slower: the line names fp32's
   // pick under the same budget, or says that fp32 fits nowhere.
-  const auto base = PlanRequest(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "", 2)
+  const auto base = plan(gpt_preset("gpt-mini").vocab_size(96).block_size(64), "", 2)
                         .micro_batch(4)
                         .precision(Precision::kBf16Mixed);
   ActivationProfile a;

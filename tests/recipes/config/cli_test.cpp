@@ -2,7 +2,7 @@
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/app/run.h"
 #include "strata/strategies/single/single_device.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/kernels/fused_adamw_optimizer.h"
 
 #include <gtest/gtest.h>

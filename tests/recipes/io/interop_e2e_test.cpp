@@ -14,10 +14,10 @@
 #include "tests/run_outputs.h"
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/data/data.h"
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/gpt/interop.h"
 #include "strata/recipes/app/run.h"
-#include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/models/torchscript/torchscript.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -229,10 +229,8 @@ bool have_python_torch() {
 std::unique_ptr<strata::DataSource> data() { return make_data(kData, 0, 50257, kSeed); }
 
 GPTOptions nano_options() {
-  RunConfig config;
-  config.preset = "gpt-nano";
   auto d = data();
-  return resolve_model_options(config, d->vocab_size(), d->block_size());
+  return gpt_preset("gpt-nano").vocab_size(d->vocab_size()).block_size(d->block_size());
 }
 
 std::string nano_args(const GPTOptions& o) {

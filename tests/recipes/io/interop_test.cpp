@@ -1,7 +1,7 @@
 // interop_test - recipes/io/interop: nanoGPT names and the weights file, without
 // Python (tests/recipes/io/interop_e2e_test.cpp checks the files against Python).
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/gpt/interop.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
 // safetensors_test - Hugging Face interop (recipes/io/safetensors.h,
-// recipes/io/hf_gpt2.h): the file format round-trips and refuses bad headers;
+// recipes/models/gpt/hf_gpt2.h): the file format round-trips and refuses bad headers;
 // strata-export --format safetensors gives a directory that transformers'
 // GPT2LMHeadModel loads with strata's logits (the `transformers` package from
 // PyPI, installed by scripts/setup, is the oracle); --init-from reads such a
@@ -8,9 +8,9 @@
 #include "tests/run_outputs.h"
 #include "tests/temp_dir.h"
 #include "strata/recipes/data/data.h"
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/hf_gpt2.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/gpt/hf_gpt2.h"
+#include "strata/recipes/models/gpt/interop.h"
 #include "strata/recipes/io/safetensors.h"
 
 #include <gtest/gtest.h>
@@ -175,7 +175,9 @@ TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBac
     ASSERT_TRUE(py.count("maxdiff"));
     std::cout << "[ hf gpt2 ]" << lora << ": max |transformers - strata| logits " << py["maxdiff"] << " (max |logit| "
               << py["scale"] << ")" << std::endl;
-    EXPECT_LE(std::stod(py["maxdiff"]), 1e-6);  // the issue asks 1e-4; measured 1.2e-7
+    // fp32 rounding grows with the logits (the width-scaled init made them larger): relative to
+    // the largest. The issue asks 1e-4; measured 1.03e-6 at max |logit| 1.93 (LoRA merged).
+    EXPECT_LE(std::stod(py["maxdiff"]), 1e-6 * std::max(1.0, std::stod(py["scale"])));
     // Back: --init-from the directory starts where --init-from the .pt export does.
     double first[2];
     int i = 0;

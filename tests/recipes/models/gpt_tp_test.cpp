@@ -2,7 +2,7 @@
 // threads over Gloo) against the same GPT unsplit: the loss, and every
 // parameter's gradient gathered back into the whole, at 2 and 3 ranks, with
 // and without sequence parallelism. Uneven vocabulary (13 over 2 and 3).
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/thread_world.h"
 #include "strata/strategies/tp/tensor_parallel.h"
 

@@ -2,8 +2,8 @@
 // base weights get no gradient, no optimizer state and no communication;
 // every strategy matches one process; model state and bytes sent follow the
 // README's formulas with the trainable count; export merges the adapters.
-#include "strata/recipes/models/gpt.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/gpt/interop.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/thread_world.h"
 #include "tests/run_binary.h"

@@ -3,7 +3,7 @@
 // FSDPStrategy on thread-ranks, and return the parameters (through
 // summon_full_params: FSDP leaves the module holding shards only), the
 // per-step gradient norms and what each rank's strategy reported.
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/strategies/fsdp/fully_sharded.h"
 #include "strata/strategies/single/single_device.h"
 #include "strata/strategies/thread_world.h"

@@ -1,5 +1,5 @@
 // llama_hf_test - the Llama family against transformers, family by family
-// (recipes/models/llama, recipes/io/hf_checkpoint.h). transformers (PyPI, in
+// (recipes/models/llama, recipes/models/llama/hf_checkpoint.h). transformers (PyPI, in
 // the suite's venv) builds a small random model of each family, saves it with
 // save_pretrained, and writes its logits and, after one backward of the
 // next-token loss, every parameter's gradient. strata loads the directory
@@ -11,7 +11,7 @@
 #include "tests/run_binary.h"
 #include "tests/run_outputs.h"
 #include "tests/temp_dir.h"
-#include "strata/recipes/io/hf_checkpoint.h"
+#include "strata/recipes/models/llama/hf_checkpoint.h"
 #include "strata/recipes/io/safetensors.h"
 
 #include <gtest/gtest.h>

@@ -9,6 +9,7 @@
 // parallel off and on; dp 2 x tp 2). The control shows the tolerance sees one
 // step of the wrong size.
 #include "strata/recipes/models/llama/llama.h"
+#include "strata/recipes/models/llama/spec.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/single/single_device.h"
@@ -28,6 +29,7 @@ using namespace strata;
 struct TrainedRun {
   std::vector<torch::Tensor> params;
   std::vector<double> grad_norms;
+  int64_t largest_part = 0;  ///< tensor parallel: the most parameter elements a rank holds after the split
 };
 
 class GradNorms : public Callback {
@@ -99,6 +101,8 @@ TrainedRun train_threads(const std::string& strategy, int world, const TrainerOp
           comm, tp_group, tp::TensorParallelOptions().sequence_parallel(split.sequence_parallel));
       parallel->apply(*module);
     }
+    int64_t part = 0;
+    for (const auto& p : module->module().parameters()) part += p.numel();
     std::shared_ptr<Strategy> s = registry.create(strategy, dp_group);
     if (parallel) s->set_model_parallel(parallel);
     strata::testing::ToyData data;
@@ -108,7 +112,9 @@ TrainedRun train_threads(const std::string& strategy, int world, const TrainerOp
     auto full = s->full_params();
     std::lock_guard<std::mutex> lock(mu);
     per_rank[comm.rank()] = collect(*module, *norms);
+    per_rank[comm.rank()].largest_part = part;
   }, std::chrono::seconds(60));
+  for (const auto& r : per_rank) per_rank[0].largest_part = std::max(per_rank[0].largest_part, r.largest_part);
   return per_rank[0];
 }
 
@@ -171,6 +177,9 @@ TEST(LlamaParityTest, TensorParallelGroupedQueryAttentionMatchesSingle) {
       EXPECT_NEAR(got.grad_norms[step], ref.grad_norms[step], 1e-5 * ref.grad_norms[step]) << what << " step " << step + 1;
     }
     EXPECT_LE(max_diff(got, ref), 1e-5) << what;
+    // What the planner's memory models read of a rank's part (ModelConfig::size).
+    const auto split = make_llama(false, /*split_heads=*/true);
+    EXPECT_EQ(recipes::llama_model(split->model()->options())->size(c.tp).params, got.largest_part) << what;
   }
   const auto o = recipes::llama_preset("llama-nano");  // 3 query heads over 1 kv head
   EXPECT_EQ(recipes::tensor_parallel_problem(o, 2, false),

@@ -1,10 +1,10 @@
 // llama_test - the Llama family's options, presets, config.json and
-// directories (recipes/models/llama, recipes/io/hf_checkpoint.h), in process.
+// directories (recipes/models/llama, recipes/models/llama/hf_checkpoint.h), in process.
 // The numbers against transformers are llama_hf_test's.
 #include "tests/error_text.h"
 #include "tests/temp_dir.h"
 #include "strata/core/deferred_init.h"
-#include "strata/recipes/io/hf_checkpoint.h"
+#include "strata/recipes/models/llama/hf_checkpoint.h"
 #include "strata/recipes/models/llama/hf_config.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "strata/recipes/io/hf_checkpoint.h"
+#include "strata/recipes/models/llama/hf_checkpoint.h"
 
 #include "strata/core/atomic_file.h"
 #include "strata/recipes/io/safetensors.h"

@@ -1,4 +1,4 @@
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include "strata/core/deferred_init.h"
 #include "strata/kernels/attention.h"
@@ -95,6 +95,14 @@ GPTOptions gpt_preset(const std::string& name) {
 
 std::vector<std::string> attention_names() { return {"fused", "sdpa", "naive"}; }
 
+double gpt_init_std(int64_t n_embd) {
+  constexpr double kGpt2Std = 0.02, kGpt2Width = 768.0;
+  if (n_embd <= 0 || static_cast<double>(n_embd) >= kGpt2Width) return kGpt2Std;
+  return kGpt2Std * std::sqrt(kGpt2Width / static_cast<double>(n_embd));
+}
+
+double init_std_of(const GPTOptions& o) { return o.init_std() > 0 ? o.init_std() : gpt_init_std(o.n_embd()); }
+
 void validate(const GPTOptions& o) {
   TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.vocab_size() > 0 &&
                         o.block_size() > 0,
@@ -110,6 +118,8 @@ void validate(const GPTOptions& o) {
                     "unknown attention '", o.attention(), "'; available: ", c10::Join(", ", names));
   TORCH_CHECK_VALUE(o.activation() == "gelu" || o.activation() == "gelu_new", "unknown activation '", o.activation(),
                     "'; available: gelu, gelu_new");
+  TORCH_CHECK_VALUE(std::isfinite(o.init_std()) && o.init_std() >= 0 && o.init_std() < 1,
+                    "init_std must be in [0, 1) (0: the width rule), got ", o.init_std());
   TORCH_CHECK_VALUE(o.lora_rank() >= 0 && o.lora_rank() <= o.n_embd(), "lora_rank must be in [0, n_embd ",
                     o.n_embd(), "] (0: off), got ", o.lora_rank());
   if (o.lora_rank() > 0) {
@@ -324,9 +334,10 @@ void GPTImpl::init_parameter(const std::string& name, const torch::Tensor& p) co
   } else if (p.dim() == 1) {
     p.zero_();
   } else {
+    const double std_all = init_std_of(options_);
     const double stddev = ends_with("c_proj.weight")
-                           ? 0.02 / std::sqrt(2.0 * static_cast<double>(options_.n_layer()))
-                           : 0.02;
+                              ? std_all / std::sqrt(2.0 * static_cast<double>(options_.n_layer()))
+                              : std_all;
     normal_init(p, 0.0, stddev, parameter_generator(init_seed_, name));
   }
 }
@@ -421,8 +432,13 @@ std::string GPTModule::tensor_parallel_problem(int size, bool sequence_parallel)
 }
 
 std::string tensor_parallel_problem(const GPTOptions& o, int size, bool sequence_parallel) {
-  const std::string mesh = tp::MeshDims::of(size, size).gpt_problem(o.n_head(), o.n_embd());
-  if (!mesh.empty()) return mesh;
+  if (size <= 1) return "";
+  if (o.n_head() % size != 0) {
+    return c10::str("tensor-parallel size ", size, " must divide n_head ", o.n_head(), ": each rank computes whole heads");
+  }
+  if ((4 * o.n_embd()) % size != 0) {
+    return c10::str("tensor-parallel size ", size, " must divide the MLP's width 4 x n_embd = ", 4 * o.n_embd());
+  }
   if (o.vocab_size() < size) {
     return c10::str("tensor-parallel size ", size, " exceeds the vocabulary ", o.vocab_size(),
                     ": each rank holds at least one of its rows");
@@ -440,9 +456,10 @@ std::vector<std::shared_ptr<torch::nn::Module>> GPTModule::wrap_units() {
   return units;
 }
 
-double GPTModule::flops_per_token() const {
-  const auto& o = model_->options();
-  const double n = static_cast<double>(model_->num_params(/*non_embedding=*/true));
+double GPTModule::flops_per_token() const { return gpt_flops_per_token(model_->options()); }
+
+double gpt_flops_per_token(const GPTOptions& o) {
+  const double n = static_cast<double>(count_parameters(o) - o.block_size() * o.n_embd());
   const double l = o.n_layer(), h = o.n_head(), q = o.n_embd() / o.n_head(), t = o.block_size();
   // LoRA: frozen weights take no weight-gradient product, 4 FLOPs per
   // parameter and token (forward, input gradient) instead of 6.

@@ -40,6 +40,10 @@ struct GPTOptions {
   /// The MLP's GELU: "gelu" (exact, erf; nanoGPT's) or "gelu_new" (the tanh
   /// approximation OpenAI's GPT-2 and transformers' "gelu_new" compute).
   TORCH_ARG(std::string, activation) = "gelu";
+  /// The weight matrices' init std (the residual projections' c_proj is
+  /// divided by sqrt(2 n_layer), as GPT-2's). 0: gpt_init_std(n_embd), GPT-2's
+  /// 0.02 scaled to the width; 0.02 gives nanoGPT's init at every width.
+  TORCH_ARG(double, init_std) = 0.0;
   /// LoRA adapters (recipes/models/lora.h): rank 0 = off. With rank r > 0 the
   /// targeted Linears gain (alpha / r) · B A and every other parameter is
   /// frozen. alpha 8 and targets attn are PEFT LoraConfig's defaults for GPT-2.
@@ -47,6 +51,14 @@ struct GPTOptions {
   TORCH_ARG(double, lora_alpha) = 8.0;
   TORCH_ARG(std::string, lora_targets) = "attn";
 };
+
+/// GPT-2's init std 0.02 belongs to its width 768 (about 0.55 / sqrt(768),
+/// the fan-in rule): below that width 0.02 · sqrt(768 / n_embd), at 768 and
+/// wider 0.02. At gpt-micro's 128 it is 0.049: with 0.02 there the addition
+/// task sat on a plateau at some seeds (docs/default-job.md).
+double gpt_init_std(int64_t n_embd);
+/// options.init_std(), or gpt_init_std(n_embd) when it is 0.
+double init_std_of(const GPTOptions& options);
 
 /// The values GPTOptions::attention accepts: fused, sdpa, naive.
 std::vector<std::string> attention_names();
@@ -92,6 +104,11 @@ int64_t count_tensor_parallel_block_parameters(const GPTOptions& options, int si
 int64_t count_parameters(const GPTOptions& options);
 /// The parameters training updates: all of them, or the adapters under LoRA.
 int64_t count_trainable_parameters(const GPTOptions& options);
+
+/// nanoGPT's estimate of a training step's FLOPs per token, 6N + 12·L·H·Q·T
+/// (N without the position embeddings; under LoRA frozen weights take no
+/// weight-gradient product: 4 per parameter and token, 6 for the adapters).
+double gpt_flops_per_token(const GPTOptions& options);
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -150,8 +167,9 @@ class GPTImpl : public torch::nn::Module {
   /// between units' runs, but the model keeps its size.
   int64_t num_params(bool non_embedding = false) const;
   /// GPT-2 initialisation of parameter `name` (as in named_parameters()),
-  /// in place: N(0, 0.02), zero biases, LayerNorm 1 / 0, residual
-  /// projections (c_proj.weight) N(0, 0.02 / sqrt(2 * n_layer)). Each
+  /// in place: N(0, s) with s = init_std_of(options) (0.02 at GPT-2's
+  /// widths), zero biases, LayerNorm 1 / 0, residual projections
+  /// (c_proj.weight) N(0, s / sqrt(2 * n_layer)). Each
   /// parameter draws from its own generator seeded from (init_seed(), name):
   /// the values depend on neither the order nor the place of initialisation.
   void init_parameter(const std::string& name, const torch::Tensor& param) const;

@@ -21,7 +21,7 @@
 // Note: strata's LayerNorms always carry a bias; with bias=false the file has
 // `ln_*.bias` entries that nanoGPT's bias=False model lacks (load it with
 // strict=False there).
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include <torch/torch.h>
 

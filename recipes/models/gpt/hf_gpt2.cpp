@@ -1,7 +1,7 @@
-#include "strata/recipes/io/hf_gpt2.h"
+#include "strata/recipes/models/gpt/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/interop.h"
 #include "strata/recipes/io/safetensors.h"
 
 #include <nlohmann/json.hpp>

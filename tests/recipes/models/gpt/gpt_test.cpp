@@ -1,5 +1,5 @@
 // gpt_test - Unit tests for recipes/models/gpt.cpp
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include "strata/strategies/single/single_device.h"
 #include "tests/toy_data.h"

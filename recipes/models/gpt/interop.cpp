@@ -1,6 +1,6 @@
-#include "strata/recipes/io/interop.h"
+#include "strata/recipes/models/gpt/interop.h"
 
-#include "strata/recipes/io/hf_gpt2.h"
+#include "strata/recipes/models/gpt/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
 #include "strata/recipes/io/plain_pickle.h"
@@ -145,7 +145,7 @@ void write_weights(const std::string& path, const NamedTensors& by_strata_name, 
 }
 
 NamedTensors read_weights(const std::string& path) {
-  if (is_hf_gpt2(path)) return read_hf_gpt2(path);  // transformers' safetensors (recipes/io/hf_gpt2.h)
+  if (is_hf_gpt2(path)) return read_hf_gpt2(path);  // transformers' safetensors (recipes/models/gpt/hf_gpt2.h)
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot read weights file '", path, "': ", std::strerror(errno));
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

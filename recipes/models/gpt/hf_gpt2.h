@@ -8,7 +8,7 @@
 // them. config.json's activation_function is the GPT's activation: "gelu"
 // (exact, strata's and nanoGPT's default) or "gelu_new" (the tanh
 // approximation OpenAI's GPT-2 checkpoints use; GPTOptions::activation).
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include <map>
 #include <optional>

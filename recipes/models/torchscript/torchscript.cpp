@@ -1,7 +1,7 @@
-#include "strata/recipes/io/torchscript.h"
+#include "strata/recipes/models/torchscript/torchscript.h"
 
 #include "strata/core/atomic_file.h"
-#include "strata/recipes/models/gpt.h"
+#include "strata/recipes/models/gpt/gpt.h"
 
 #include <unordered_set>
 #include <utility>

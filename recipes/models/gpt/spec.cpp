@@ -1,0 +1,165 @@
+#include "strata/recipes/models/gpt/spec.h"
+
+#include "strata/recipes/models/gpt/hf_gpt2.h"
+#include "strata/recipes/models/gpt/interop.h"
+#include "strata/recipes/models/lora.h"
+
+#include <map>
+#include <tuple>
+
+namespace strata::recipes {
+namespace {
+
+// The activation formula's constants, fitted to the probe on
+// gpt-nano/micro/mini (fp32, fused attention, no dropout): a block keeps
+// ~kBlockFloats x B·T·C floats for backward (ln outputs, qkv and its head
+// copies, attention output and logsumexp, the MLP's 4C input/GELU/output,
+// residuals); the head keeps the logits, their log-softmax and, in
+// backward, their gradient (~kLogitFloats x B·T·V) plus embeddings and ln_f
+// (~kBaseEmbdFloats x B·T·C).
+constexpr double kBlockFloats = 16.0;
+constexpr double kLogitFloats = 3.0;
+constexpr double kBaseEmbdFloats = 4.0;
+
+/// Parameters of one block (all blocks have the same shape).
+int64_t gpt_block_parameters(const GPTOptions& model) {
+  auto one = model;
+  auto two = model;
+  return count_parameters(two.n_layer(2)) - count_parameters(one.n_layer(1));
+}
+
+}  // namespace
+
+GPTConfig::GPTConfig(GPTOptions options) : options_(std::move(options)) { validate(options_); }
+
+ModelShape GPTConfig::shape() const {
+  const auto& o = options_;
+  return {o.n_layer(), o.n_head(), o.n_head(), o.n_embd(), o.vocab_size(), o.block_size()};
+}
+
+ModelPtr GPTConfig::with_layers(int64_t n_layer) const {
+  auto o = options_;
+  return std::make_shared<GPTConfig>(o.n_layer(n_layer));
+}
+
+std::unique_ptr<TrainingModule> GPTConfig::build(bool deferred, ParameterSource source) const {
+  if (!source) return std::make_unique<GPTModule>(options_, deferred);
+  return std::make_unique<SourcedModule<GPTModule>>(std::move(source), options_, deferred);
+}
+
+ModelSize GPTConfig::size(int tp_size) const {
+  const auto& model = options_;
+  ModelSize m;
+  m.units = model.n_layer();
+  if (tp_size > 1) {
+    // The largest tensor-parallel part; under LoRA its adapters train.
+    const int64_t lora = count_lora_parameters(model, tp_size);
+    m.params = count_tensor_parallel_parameters(model, tp_size);
+    m.trainable = lora > 0 ? lora : m.params;
+    m.unit_params = count_tensor_parallel_block_parameters(model, tp_size) + lora / model.n_layer();
+    m.unit_trainable = lora > 0 ? lora / model.n_layer() : m.unit_params;
+    return m;
+  }
+  m.params = count_parameters(model);
+  m.trainable = count_trainable_parameters(model);
+  m.unit_params = gpt_block_parameters(model);
+  // LoRA: a block's trainable parameters are its adapters (the root has none).
+  m.unit_trainable = model.lora_rank() > 0 ? count_lora_parameters(model) / model.n_layer() : m.unit_params;
+  return m;
+}
+
+std::vector<GemmShape> GPTConfig::step_gemms(int64_t tokens) const {
+  const int64_t c = options_.n_embd(), l = options_.n_layer();
+  // (in, out, how many) of every Linear a step runs; the head: the tied
+  // embedding's [V, C] as a Linear [C -> V].
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> linears = {
+      {c, 3 * c, l}, {c, c, l}, {c, 4 * c, l}, {4 * c, c, l}, {c, options_.vocab_size(), 1}};
+  return linear_step_gemms(linears, tokens);
+}
+
+ActivationProfile GPTConfig::activation_formula(int64_t micro_batch, Precision precision,
+                                                const std::string& ac_policy) const {
+  const auto& model = options_;
+  const double bt = double(micro_batch) * double(model.block_size());
+  const double c = double(model.n_embd()), v = double(model.vocab_size());
+  const double half = compute_dtype(precision) ? 0.5 : 1.0;  // bf16 and fp16: 2 bytes
+  double block = kBlockFloats * bt * c * 4.0 * half;
+  if (model.attention() == "naive") {
+    block += 3.0 * double(micro_batch) * double(model.n_head()) * double(model.block_size()) *
+             double(model.block_size()) * 4.0 * half;
+  }
+  ActivationProfile a;
+  a.per_block = static_cast<int64_t>(block);
+  a.base = static_cast<int64_t>(kLogitFloats * bt * v * 4.0 + kBaseEmbdFloats * bt * c * 4.0);
+  // Checkpointed: each block keeps its input; the peak is the head's or one
+  // block recomputed plus its backward (~2 blocks' activations), the larger.
+  // Selective policies keep, in the compute dtype: attention's output (and
+  // under bf16 its fp32 copy, 2 half-words) plus, under "op", the c_attn and
+  // c_fc outputs (3C + 4C).
+  double kept = 0.0;
+  if (ac_policy != "full") kept += (1.0 + (half < 1.0 ? 2.0 : 0.0)) * half;
+  if (ac_policy == "op") kept += 7.0 * half;
+  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0 * (1.0 + kept));
+  a.checkpointed_base = std::max(a.base, 2 * a.per_block);
+  a.measured = false;
+  return a;
+}
+
+std::string GPTConfig::tensor_parallel_problem(int size, bool sequence_parallel) const {
+  return recipes::tensor_parallel_problem(options_, size, sequence_parallel);
+}
+
+tp::Boundaries GPTConfig::tensor_parallel_boundaries(int64_t micro_batch, int64_t sequence,
+                                                     int64_t checkpoint_every) const {
+  return recipes::tensor_parallel_boundaries(options_, micro_batch, sequence, checkpoint_every);
+}
+
+NamedTensors GPTConfig::read_weights(const std::string& path) const {
+  GPTModule shape_only(options_, /*deferred=*/true);  // names and shapes, no memory
+  // Shapes cannot tell a head count apart: a transformers config.json can.
+  const std::string mismatch = hf_config_mismatch(path, options_);
+  TORCH_CHECK_VALUE(mismatch.empty(), "--init-from '", path, "': its config.json does not describe this model (",
+                    mismatch, ")");
+  return from_nanogpt(recipes::read_weights(path), shape_only.module(), options_, path);
+}
+
+void GPTConfig::write_weights(const std::string& path, const NamedTensors& params) const {
+  // LoRA: the adapters merged into their Linears, so the file is a plain GPT.
+  recipes::write_weights(path, merge_lora(params, options_), options_);
+}
+
+std::string GPTConfig::export_problem(const std::string& path) const {
+  // The file is torch.save's: under a .safetensors name --init-from would
+  // read it as safetensors and refuse it.
+  if (!path.ends_with(".safetensors")) return "";
+  return "--export-weights '" + path +
+         "' names a safetensors file, but it writes torch.save's format (nanoGPT's names); give a .pt name, or "
+         "write safetensors with strata-export --format safetensors CHECKPOINT DIR";
+}
+
+std::map<std::string, double> GPTConfig::resolved_numbers() const {
+  return {{"dropout", options_.dropout()}, {"init-std", init_std_of(options_)}};
+}
+
+ModelPtr gpt_model(const GPTOptions& options) { return std::make_shared<GPTConfig>(options); }
+
+ModelSpec gpt_model_spec() {
+  ModelSpec spec("gpt", "nanoGPT's GPT-2: learned positions, LayerNorm, GELU MLP, multi-head attention");
+  spec.presets(gpt_preset_names())
+      .keys({"n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "activation", "init-std", "lora-rank",
+             "lora-alpha", "lora-targets"})
+      .factory([](const ModelRequest& r) -> ModelPtr {
+        GPTOptions o = gpt_preset(r.preset);
+        o.n_layer(r.integer("n-layer", o.n_layer())).n_head(r.integer("n-head", o.n_head()));
+        o.n_embd(r.integer("n-embd", o.n_embd())).dropout(r.real("dropout", o.dropout()));
+        o.bias(r.boolean("bias", o.bias())).attention(r.text("attention", o.attention()));
+        o.activation(r.text("activation", o.activation())).init_std(r.real("init-std", o.init_std()));
+        o.lora_rank(r.integer("lora-rank", o.lora_rank())).lora_alpha(r.real("lora-alpha", o.lora_alpha()));
+        o.lora_targets(r.text("lora-targets", o.lora_targets()));
+        o.vocab_size(r.vocab_size).block_size(r.block_size);
+        return gpt_model(o);
+      });
+  return spec;
+}
+
+}  // namespace strata::recipes

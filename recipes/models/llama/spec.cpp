@@ -1,0 +1,190 @@
+#include "strata/recipes/models/llama/spec.h"
+
+#include "strata/recipes/models/llama/hf_checkpoint.h"
+
+#include <filesystem>
+#include <set>
+
+namespace strata::recipes {
+namespace {
+
+// The formula's base, as the GPT's: logits, their log-softmax and gradient
+// (~3 x B·T·V) plus the embedding's output and the final norm (~4 x B·T·C).
+constexpr double kLlamaLogitFloats = 3.0;
+constexpr double kLlamaBaseEmbdFloats = 4.0;
+
+/// Parameters of one block on the largest of `size` tensor-parallel ranks.
+int64_t llama_block_parameters(const LlamaOptions& o, int size) {
+  const int64_t c = o.n_embd(), d = o.head_size(), q = o.n_head() * d, kv = o.kv_heads() * d;
+  const int64_t f = o.intermediate_size(), s = size;
+  const int64_t split = (c * q + 2 * c * kv + q * c + (o.qkv_bias() ? q + 2 * kv : 0) + 3 * c * f +
+                         (o.mlp_bias() ? 2 * f : 0)) / s;
+  const int64_t whole = 2 * c + (o.o_bias() ? c : 0) + (o.mlp_bias() ? c : 0) + (o.qk_norm() ? 2 * d : 0);
+  return split + whole;
+}
+
+}  // namespace
+
+LlamaConfig::LlamaConfig(LlamaOptions options) : options_(std::move(options)) { validate(options_); }
+
+ModelShape LlamaConfig::shape() const {
+  const auto& o = options_;
+  return {o.n_layer(), o.n_head(), o.kv_heads(), o.n_embd(), o.vocab_size(), o.block_size()};
+}
+
+ModelPtr LlamaConfig::with_layers(int64_t n_layer) const {
+  auto o = options_;
+  return std::make_shared<LlamaConfig>(o.n_layer(n_layer));
+}
+
+std::unique_ptr<TrainingModule> LlamaConfig::build(bool deferred, ParameterSource source) const {
+  if (!source) return std::make_unique<LlamaModule>(options_, deferred);
+  return std::make_unique<SourcedModule<LlamaModule>>(std::move(source), options_, deferred);
+}
+
+ModelSize LlamaConfig::size(int tp_size) const {
+  const auto& o = options_;
+  const int size = std::max(1, tp_size);
+  ModelSize m;
+  m.units = o.n_layer();
+  m.unit_params = llama_block_parameters(o, size);
+  // The vocabulary's uneven split rounds up; the final norm is whole.
+  const int64_t rows = ceil_div(o.vocab_size(), size);
+  const int64_t root = rows * o.n_embd() * (o.tie_weights() ? 1 : 2) + o.n_embd();
+  m.params = size == 1 ? count_parameters(o) : root + m.units * m.unit_params;
+  m.trainable = m.params;
+  m.unit_trainable = m.unit_params;
+  return m;
+}
+
+std::vector<GemmShape> LlamaConfig::step_gemms(int64_t tokens) const {
+  const auto& o = options_;
+  const int64_t c = o.n_embd(), q = o.n_head() * o.head_size(), kv = o.kv_heads() * o.head_size();
+  const int64_t f = o.intermediate_size(), l = o.n_layer();
+  return linear_step_gemms({{c, q, l}, {c, kv, 2 * l}, {q, c, l}, {c, f, 2 * l}, {f, c, l}, {c, o.vocab_size(), 1}},
+                           tokens);
+}
+
+ActivationProfile LlamaConfig::activation_formula(int64_t micro_batch, Precision precision,
+                                                  const std::string& ac_policy) const {
+  const auto& o = options_;
+  const double bt = double(micro_batch) * double(o.block_size());
+  const double c = double(o.n_embd()), v = double(o.vocab_size()), d = double(o.head_size());
+  const double q = double(o.n_head()) * d, kv = double(o.kv_heads()) * d, f = double(o.intermediate_size());
+  const double half = compute_dtype(precision) ? 0.5 : 1.0;
+  double block = (6.0 * c + 3.0 * q + 3.0 * kv + 4.0 * f) * bt * 4.0 * half;
+  if (o.attention() == "naive") {
+    block += 3.0 * double(micro_batch) * double(o.n_head()) * double(o.block_size()) * double(o.block_size()) *
+             4.0 * half;
+  }
+  ActivationProfile a;
+  a.per_block = static_cast<int64_t>(block);
+  a.base = static_cast<int64_t>(kLlamaLogitFloats * bt * v * 4.0 + kLlamaBaseEmbdFloats * bt * c * 4.0);
+  // Checkpointed: each block keeps its input (and under a selective policy
+  // what it saves: the attention output, under "op" q/k/v and gate/up too).
+  double kept = 0.0;
+  if (ac_policy != "full") kept += q / c * half;
+  if (ac_policy == "op") kept += (q + 2.0 * kv + 2.0 * f) / c * half;
+  a.checkpointed_per_block = static_cast<int64_t>(bt * c * 4.0 * (1.0 + kept));
+  a.checkpointed_base = std::max(a.base, 2 * a.per_block);
+  return a;
+}
+
+std::string LlamaConfig::tensor_parallel_problem(int size, bool sequence_parallel) const {
+  return recipes::tensor_parallel_problem(options_, size, sequence_parallel);
+}
+
+tp::Boundaries LlamaConfig::tensor_parallel_boundaries(int64_t micro_batch, int64_t sequence,
+                                                       int64_t checkpoint_every) const {
+  tp::Boundaries b;
+  const int64_t layers = options_.n_layer();
+  b.activation = micro_batch * sequence * options_.n_embd();
+  b.forward_sums = 2 * layers + 1;   // o_proj, down_proj per block; the embedding
+  b.fp32_forward_sums = 1;           // the embedding's lookup
+  b.backward_sums = 2 * layers + 1;  // q/k/v's and gate/up's inputs per block; the head's
+  b.recomputed_sums = checkpoint_every > 0 ? 2 * ((layers + checkpoint_every - 1) / checkpoint_every) : 0;
+  b.loss_positions = micro_batch * sequence;
+  // Replicated parameters whose gradient sequence parallelism sums: the norms.
+  b.sequence_parallel_params = (2 * layers + 1) * options_.n_embd();
+  return b;
+}
+
+NamedTensors LlamaConfig::read_weights(const std::string& path) const {
+  TORCH_CHECK_VALUE(is_hf_llama_dir(path), "--init-from '", path,
+                    "': not a transformers directory of a Llama-family model (config.json with model_type llama, "
+                    "mistral, qwen2 or qwen3, and its safetensors)");
+  const auto tensors = read_hf_tensors(path);
+  LlamaModule shape_only(options_, /*deferred=*/true);  // names and shapes, no memory
+  NamedTensors out;
+  for (auto& item : shape_only.module().named_parameters()) {
+    const auto it = tensors.find(item.key());
+    TORCH_CHECK_VALUE(it != tensors.end(), "--init-from '", path, "': lacks '", item.key(), "' ", item.value().sizes());
+    TORCH_CHECK_VALUE(it->second.sizes() == item.value().sizes(), "--init-from '", path, "': '", item.key(),
+                      "' has shape ", it->second.sizes(), ", the model ", item.value().sizes());
+    out[item.key()] = it->second;
+  }
+  for (const auto& [name, tensor] : tensors) {
+    if (out.count(name) || (options_.tie_weights() && name == "lm_head.weight") ||
+        name.find("rotary_emb.inv_freq") != std::string::npos) {
+      continue;
+    }
+    TORCH_CHECK_VALUE(false, "--init-from '", path, "': holds '", name, "', which this ", options_.model_type(),
+                      " model has not");
+  }
+  return out;
+}
+
+void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params) const {
+  write_hf_llama(path, params, options_);
+}
+
+std::string LlamaConfig::export_problem(const std::string& path) const {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
+    return "--export-weights '" + path + "' is a file, but a " + options_.model_type() +
+           " model is written as a transformers directory (config.json, model.safetensors); give a directory";
+  }
+  return "";
+}
+
+ModelPtr llama_model(const LlamaOptions& options) { return std::make_shared<LlamaConfig>(options); }
+
+namespace {
+
+/// The model of an --init-from directory: its config, the data's block size.
+ModelPtr llama_from_directory(const ModelRequest& r) {
+  for (const char* key : {"n-layer", "n-head", "n-embd"}) {
+    TORCH_CHECK_VALUE(!r.has(key), "--", key, " ", r.text(key, ""), " does not apply with --init-from '", r.init_from,
+                      "': its config.json gives the model's shape");
+  }
+  LlamaOptions o = read_hf_llama_options(r.init_from);
+  TORCH_CHECK_VALUE(r.vocab_size <= o.vocab_size(), "--init-from '", r.init_from, "': its vocabulary of ",
+                    o.vocab_size(), " tokens is smaller than the data's ", r.vocab_size);
+  TORCH_CHECK_VALUE(r.block_size <= o.max_position_embeddings(), "--init-from '", r.init_from,
+                    "': block size ", r.block_size, " exceeds its max_position_embeddings ",
+                    o.max_position_embeddings());
+  o.block_size(r.block_size).attention(r.text("attention", o.attention()));
+  return llama_model(o);
+}
+
+}  // namespace
+
+ModelSpec llama_model_spec() {
+  ModelSpec spec("llama", "the Llama family (Llama 2/3, Mistral, Qwen2/2.5/3, SmolLM2, TinyLlama): RoPE, "
+                          "RMSNorm, SwiGLU, grouped-query attention");
+  spec.presets(llama_preset_names())
+      .keys({"n-layer", "n-head", "n-embd", "attention"})
+      .recognizes([](const std::string& path) { return is_hf_llama_dir(path); })
+      .factory([](const ModelRequest& r) -> ModelPtr {
+        if (r.preset.empty()) return llama_from_directory(r);
+        LlamaOptions o = llama_preset(r.preset);
+        o.n_layer(r.integer("n-layer", o.n_layer())).n_head(r.integer("n-head", o.n_head()));
+        o.n_embd(r.integer("n-embd", o.n_embd())).attention(r.text("attention", o.attention()));
+        o.vocab_size(r.vocab_size).block_size(r.block_size);
+        o.max_position_embeddings(std::max(o.max_position_embeddings(), r.block_size));
+        return llama_model(o);
+      });
+  return spec;
+}
+
+}  // namespace strata::recipes

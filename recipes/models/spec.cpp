@@ -1,0 +1,158 @@
+#include "strata/recipes/models/spec.h"
+
+#include "strata/recipes/models/gpt/spec.h"
+#include "strata/recipes/models/llama/spec.h"
+
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <map>
+
+namespace strata::recipes {
+
+int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) const {
+  if (checkpoint_every <= 0) return base + n_layer * per_block;
+  // Checkpointed blocks keep their input; one of them at a time recomputes
+  // its forward in backward (in checkpointed_base). Blocks left whole keep
+  // their activations.
+  const int64_t checkpointed = ceil_div(n_layer, checkpoint_every);
+  return checkpointed_base + checkpointed * checkpointed_per_block + (n_layer - checkpointed) * per_block;
+}
+
+namespace {
+
+const std::string* find_option(const ModelRequest& r, const std::string& key) {
+  const auto it = r.options.find(key);
+  return it == r.options.end() ? nullptr : &it->second;
+}
+
+[[noreturn]] void bad_option(const std::string& key, const std::string& text, const std::string& expected) {
+  TORCH_CHECK_VALUE(false, "invalid value '", text, "' for --", key, ": expected ", expected);
+}
+
+}  // namespace
+
+int64_t ModelRequest::integer(const std::string& key, int64_t fallback) const {
+  const std::string* text = find_option(*this, key);
+  if (text == nullptr) return fallback;
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(*text, &used);
+  } catch (const std::exception&) {
+    bad_option(key, *text, "an integer");
+  }
+  if (used != text->size()) bad_option(key, *text, "an integer");
+  return value;
+}
+
+double ModelRequest::real(const std::string& key, double fallback) const {
+  const std::string* text = find_option(*this, key);
+  if (text == nullptr) return fallback;
+  double value = 0.0;
+  if (!parse_real_text(*text, value).empty()) bad_option(key, *text, "a finite number");
+  return value;
+}
+
+bool ModelRequest::boolean(const std::string& key, bool fallback) const {
+  const std::string* text = find_option(*this, key);
+  if (text == nullptr) return fallback;
+  bool value = false;
+  if (!parse_bool_text(*text, value).empty()) bad_option(key, *text, "true or false");
+  return value;
+}
+
+std::string ModelRequest::text(const std::string& key, const std::string& fallback) const {
+  const std::string* text = find_option(*this, key);
+  return text == nullptr ? fallback : *text;
+}
+
+void ModelRegistry::add(ModelSpec spec) {
+  TORCH_CHECK_VALUE(!spec.name().empty(), "a model spec needs a name");
+  for (const auto& s : specs_) {
+    TORCH_CHECK_VALUE(s.name() != spec.name(), "model family '", spec.name(), "' is already registered");
+  }
+  TORCH_CHECK_VALUE(spec.factory() != nullptr, "model family '", spec.name(), "' has no factory");
+  TORCH_CHECK_VALUE(!spec.presets().empty(), "model family '", spec.name(), "' has no presets");
+  for (const auto& preset : spec.presets()) {
+    const auto it = presets_.find(preset);
+    TORCH_CHECK_VALUE(it == presets_.end(), "preset '", preset, "' of model family '", spec.name(),
+                      "' is already family '", it == presets_.end() ? "" : specs_[it->second].name(), "''s");
+  }
+  for (const auto& preset : spec.presets()) presets_[preset] = specs_.size();
+  specs_.push_back(std::move(spec));
+}
+
+const ModelSpec& ModelRegistry::spec_of_preset(const std::string& preset) const {
+  const auto it = presets_.find(preset);
+  TORCH_CHECK_VALUE(it != presets_.end(), "unknown preset '", preset, "'; available: ",
+                    c10::Join(", ", preset_names()));
+  return specs_[it->second];
+}
+
+ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
+  const ModelSpec* recognized = nullptr;
+  if (!request.init_from.empty()) {
+    for (const auto& spec : specs_) {
+      if (spec.recognizes() && spec.recognizes()(request.init_from)) {
+        recognized = &spec;
+        break;
+      }
+    }
+  }
+  if (recognized == nullptr && request.preset.empty() && !request.default_preset.empty()) {
+    ModelRequest with_default = request;
+    with_default.preset = request.default_preset;
+    return resolve(with_default);
+  }
+  TORCH_CHECK_VALUE(recognized != nullptr || !request.preset.empty(), "no --preset given; available: ",
+                    c10::Join(", ", preset_names()));
+  // Why not both: the preset's shapes would be silently replaced by the directory's.
+  TORCH_CHECK_VALUE(recognized == nullptr || request.preset.empty(), "--preset ", request.preset,
+                    " and --init-from '", request.init_from, "' (a ", recognized ? recognized->name() : "",
+                    " checkpoint directory) both give the model; drop --preset: the directory's config.json gives it");
+  const ModelSpec& spec = recognized != nullptr ? *recognized : spec_of_preset(request.preset);
+  for (const auto& [key, text] : request.options) {
+    const auto& keys = spec.keys();
+    TORCH_CHECK_VALUE(std::find(keys.begin(), keys.end(), key) != keys.end(), "--", key, " ", text,
+                      " does not apply to the ", spec.name(), " family (--preset ", request.preset,
+                      "); its options: ", keys.empty() ? std::string("none") : "--" + c10::Join(", --", keys));
+  }
+  ModelPtr model = spec.factory()(request);
+  TORCH_CHECK(model != nullptr, "model family '", spec.name(), "' built no model for preset ", request.preset);
+  return model;
+}
+
+std::vector<std::string> ModelRegistry::preset_names() const {
+  std::vector<std::string> names;
+  for (const auto& spec : specs_) names.insert(names.end(), spec.presets().begin(), spec.presets().end());
+  return names;
+}
+
+std::vector<GemmShape> linear_step_gemms(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& linears,
+                                         int64_t tokens) {
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> count;
+  for (const auto& [in, out, times] : linears) {
+    count[{tokens, in, out}] += times;   // forward
+    count[{tokens, out, in}] += times;   // the input's gradient
+    count[{out, tokens, in}] += times;   // the weight's gradient
+  }
+  std::vector<GemmShape> shapes;
+  for (const auto& [shape, times] : count) {
+    shapes.push_back({std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), times});
+  }
+  return shapes;
+}
+
+std::vector<const ModelSpec*> ModelRegistry::specs() const {
+  std::vector<const ModelSpec*> out;
+  for (const auto& spec : specs_) out.push_back(&spec);
+  return out;
+}
+
+void register_builtin_models(ModelRegistry& registry) {
+  registry.add(gpt_model_spec());
+  registry.add(llama_model_spec());
+}
+
+}  // namespace strata::recipes

@@ -1,0 +1,235 @@
+#pragma once
+// ModelSpec: everything strata knows about a model family, in one place, as
+// StrategySpec (strategies/spec.h) is for strategies.
+//
+// A family registers a spec with a ModelRegistry: its name, its presets and
+// a factory that resolves a preset and the run's model options (ModelRequest)
+// into a ModelConfig. A ModelConfig is one model, resolved: it builds its
+// TrainingModule (eager, deferred, or with its weights from a file), counts
+// its parameters (total, trainable, per wrap unit, per tensor-parallel rank),
+// says its FLOPs per token, the matrix products of one step (the GEMM
+// ceiling's shapes), its activation formula, its tensor-parallel limits and
+// crossings, and reads and writes its weights in its family's exchange
+// format. strata-gpt's checks, the planner, the dry run and the GEMM ceiling
+// ask it and keep no model names of their own. The built-in families
+// register exactly as a user's does (examples/own_model).
+//
+// Example (a user's family):
+//   strata::recipes::ModelSpec spec("tiny-mlp", "an MLP language model");
+//   spec.presets({"tiny-mlp"}).factory([](const strata::recipes::ModelRequest& r) {
+//     return std::make_shared<TinyMlpConfig>(r.integer("n-layer", 2), r.vocab_size, r.block_size);
+//   });
+//   registry.add(spec);
+#include "strata/core/precision.h"
+#include "strata/core/training_module.h"
+#include "strata/strategies/spec.h"
+#include "strata/strategies/tp/plan.h"
+#include "strata/strategies/tp/spec.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace strata::recipes {
+
+/// Tensors by name (as recipes/models/gpt/interop.h).
+using NamedTensors = std::map<std::string, torch::Tensor>;
+
+/// `count` matrix products [m, k] x [k, n].
+struct GemmShape {
+  int64_t m = 0, k = 0, n = 0, count = 1;
+  double flops() const { return 2.0 * double(m) * double(k) * double(n) * double(count); }
+};
+
+/// Activation bytes of one micro-step of a model of identical blocks, per rank.
+struct ActivationProfile {
+  int64_t per_block = 0;   ///< kept for backward by one block (its output included)
+  int64_t base = 0;        ///< everything else at the backward peak: embeddings, head, logits, loss, transients
+  /// The same with every block checkpointed: what one block adds (its input,
+  /// kept for the recomputation) and the rest (the head's peak, or one
+  /// block's recomputed activations and its backward, whichever is larger).
+  int64_t checkpointed_per_block = 0;
+  int64_t checkpointed_base = 0;
+  bool measured = false;   ///< false: the formula (the probe would have been too large)
+  /// Activations of the whole model with every `checkpoint_every`-th block
+  /// checkpointed (0: none).
+  int64_t total(int64_t n_layer, int64_t checkpoint_every) const;
+};
+
+/// Asked for each parameter when a strategy's setup materialises it, before
+/// the family's own initialisation: true when it gave the parameter its
+/// value (weights from a file) or the parameter is to keep none (the dry
+/// run's meta tensors); false: the family initialises it.
+using ParameterSource = std::function<bool(const std::string& name, const torch::Tensor& param)>;
+
+/// A family's module whose init_parameter() asks `source` first.
+template <class Module>
+class SourcedModule : public Module {
+ public:
+  template <class... Args>
+  explicit SourcedModule(ParameterSource source, Args&&... args)
+      : Module(std::forward<Args>(args)...), source_(std::move(source)) {}
+  void init_parameter(const std::string& name, const torch::Tensor& param) override {
+    if (source_ && source_(name, param)) return;
+    Module::init_parameter(name, param);
+  }
+
+ private:
+  ParameterSource source_;
+};
+
+/// The widths every decoder has, for what reads them without knowing the
+/// family (config.ini, the summary, the dry run's header).
+struct ModelShape {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_head = 0;  ///< key/value heads (= n_head without grouped queries)
+  int64_t n_embd = 0;
+  int64_t vocab_size = 0;
+  int64_t block_size = 0;
+};
+
+/// One model, resolved (a family's options with the data's vocabulary and
+/// block size).
+class ModelConfig {
+ public:
+  virtual ~ModelConfig() = default;
+  /// The registered family's name (gpt, llama).
+  virtual std::string family() const = 0;
+  virtual ModelShape shape() const = 0;
+  /// The same model with `n_layer` blocks: the activation probe's.
+  virtual std::shared_ptr<const ModelConfig> with_layers(int64_t n_layer) const = 0;
+  /// Its TrainingModule: eager, or `deferred` (parameters on the meta device
+  /// until a strategy's setup materialises them), its init asking `source`
+  /// first. The module's units are its blocks.
+  virtual std::unique_ptr<TrainingModule> build(bool deferred, ParameterSource source = nullptr) const = 0;
+
+  virtual int64_t parameters() const = 0;
+  /// Those training updates (all of them, or LoRA's adapters).
+  virtual int64_t trainable_parameters() const { return parameters(); }
+  /// As memory models see it (parameters split into the blocks); with
+  /// `tp_size` > 1 the largest tensor-parallel rank's part.
+  virtual ModelSize size(int tp_size = 1) const = 0;
+  /// FLOPs per token of a training step (forward + backward).
+  virtual double flops_per_token() const = 0;
+  /// The matrix products of one training micro-step on `tokens` positions,
+  /// as autograd runs them (forward, input and weight gradients).
+  virtual std::vector<GemmShape> step_gemms(int64_t tokens) const = 0;
+  /// The activation formula the probe stands in for when it would be too
+  /// large (per block, base, and checkpointed under `ac_policy`).
+  virtual ActivationProfile activation_formula(int64_t micro_batch, Precision precision,
+                                               const std::string& ac_policy) const = 0;
+
+  /// "" when the model splits over `size` tensor-parallel ranks, else why
+  /// not, naming the values.
+  virtual std::string tensor_parallel_problem(int size, bool sequence_parallel) const = 0;
+  /// Its tensor-parallel forward's crossings per micro-batch.
+  virtual tp::Boundaries tensor_parallel_boundaries(int64_t micro_batch, int64_t sequence,
+                                                    int64_t checkpoint_every) const = 0;
+
+  /// --init-from: the weights at `path` (a file or a directory, in the
+  /// family's formats) under the module's parameter names, checked against
+  /// this model: names and shapes, and a config.json beside them. Throws a
+  /// one-line c10::ValueError naming `path`.
+  virtual NamedTensors read_weights(const std::string& path) const = 0;
+  /// --export-weights: `params` (the trained module's, full) written to
+  /// `path` in the family's exchange format.
+  virtual void write_weights(const std::string& path, const NamedTensors& params) const = 0;
+  /// What --export-weights writes at `path` ("" when it can), else why not.
+  virtual std::string export_problem(const std::string& path) const = 0;
+  /// Options config.ini records beside the shape, resolved ("dropout",
+  /// "init-std"): key -> value.
+  virtual std::map<std::string, double> resolved_numbers() const { return {}; }
+};
+
+using ModelPtr = std::shared_ptr<const ModelConfig>;
+
+/// What a run asks a family for: a preset, the options given for it
+/// (strata-gpt's keys, as text: "n-layer" -> "6", "attention" -> "sdpa"; only
+/// those given or not at their defaults) and the data's vocabulary and
+/// sequence length.
+struct ModelRequest {
+  /// "": not given (an --init-from directory a family recognizes names the model).
+  std::string preset;
+  /// The preset when neither `preset` nor such a directory names the model.
+  std::string default_preset;
+  std::map<std::string, std::string> options;
+  /// --init-from's path ("": none): a family may take the model from it (a
+  /// transformers directory's config.json).
+  std::string init_from;
+  int64_t vocab_size = 0;
+  int64_t block_size = 0;
+
+  bool has(const std::string& key) const { return options.count(key) != 0; }
+  /// The option as a number or a bool, `fallback` when not given; a
+  /// one-line c10::ValueError naming the key and text when it does not parse.
+  int64_t integer(const std::string& key, int64_t fallback) const;
+  double real(const std::string& key, double fallback) const;
+  bool boolean(const std::string& key, bool fallback) const;
+  std::string text(const std::string& key, const std::string& fallback) const;
+};
+
+class ModelSpec {
+ public:
+  using Factory = std::function<ModelPtr(const ModelRequest& request)>;
+  using Recognize = std::function<bool(const std::string& path)>;
+
+  ModelSpec(std::string name, std::string description)
+      : name_(std::move(name)), description_(std::move(description)) {}
+
+  /// The family's name (ModelConfig::family), in --help and errors.
+  TORCH_ARG(std::string, name);
+  TORCH_ARG(std::string, description);
+  /// --preset's values for this family; each names one family only.
+  TORCH_ARG(std::vector<std::string>, presets) = {};
+  /// strata-gpt's model keys the family reads (n-layer, attention, ...);
+  /// given any other, a run is refused naming the key and the family.
+  TORCH_ARG(std::vector<std::string>, keys) = {};
+  TORCH_ARG(Factory, factory) = nullptr;
+  /// Whether --init-from's `path` is a checkpoint directory of this family
+  /// that describes its model (then no --preset is needed); null: none is.
+  TORCH_ARG(Recognize, recognizes) = nullptr;
+};
+
+/// The registered ModelSpecs, by family and by preset.
+class ModelRegistry {
+ public:
+  /// Errors (naming them) for a family already registered, a spec without a
+  /// factory or presets, or a preset another family has.
+  void add(ModelSpec spec);
+  /// The family of `preset`; throws c10::ValueError "unknown preset 'x';
+  /// available: ..." when none has it.
+  const ModelSpec& spec_of_preset(const std::string& preset) const;
+  /// The model a request resolves to: the family of its --init-from
+  /// directory when one recognizes it (a --preset of another family is then
+  /// refused), else of its preset; its factory, after refusing a given key
+  /// the family does not read.
+  ModelPtr resolve(const ModelRequest& request) const;
+  /// Every preset, family by family in registration order.
+  std::vector<std::string> preset_names() const;
+  std::vector<const ModelSpec*> specs() const;
+
+ private:
+  std::deque<ModelSpec> specs_;
+  std::map<std::string, size_t> presets_;  ///< preset -> specs_ index
+};
+
+/// The matrix products of one training micro-step through `linears` (in,
+/// out, how many of them) on `tokens` positions: per Linear forward [t, in] x
+/// [in, out], input gradient [t, out] x [out, in], weight gradient [out, t] x
+/// [t, in]; one entry per shape with how many a step runs.
+std::vector<GemmShape> linear_step_gemms(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& linears,
+                                         int64_t tokens);
+
+/// The built-in families, each from its own folder: gpt (models/gpt), llama
+/// (models/llama).
+void register_builtin_models(ModelRegistry& registry);
+
+}  // namespace strata::recipes
