@@ -188,7 +188,8 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
     // parameters for as long as `full` lives; rank 0 writes (atomically).
     const auto full = strategy.full_params();
     if (is_zero && !c.export_weights.empty()) {
-      run.model->write_weights(c.export_weights, named_parameters_of(built.module->module()));
+      run.model->write_weights(c.export_weights, named_parameters_of(built.module->module()),
+                              run.model->weight_formats().front());
     }
     if (is_zero && built.scripted) built.scripted->save(c.export_torchscript);
   }

@@ -19,6 +19,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
@@ -208,7 +209,7 @@ void check_model_inputs(CheckedRun& run) {
 /// exports and --profile's traces (DIR is created when the trace is saved).
 void check_late_outputs(const RunConfig& c, const ModelConfig& model) {
   if (!c.export_weights.empty()) {
-    const std::string problem = model.export_problem(c.export_weights);
+    const std::string problem = model.export_problem(c.export_weights, model.weight_formats().front());
     TORCH_CHECK_VALUE(problem.empty(), problem);
     check_output_file("export-weights", c.export_weights);
   }
@@ -459,6 +460,28 @@ ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block
   return r;
 }
 
+namespace {
+/// The model keys a family may read (model_request asks for them).
+const std::vector<std::string>& model_option_keys() {
+  static const std::vector<std::string> keys = {"n-layer", "n-head",    "n-embd",     "dropout",
+                                                "bias",    "attention", "activation", "init-std",
+                                                "lora-rank", "lora-alpha", "lora-targets"};
+  return keys;
+}
+
+void record_model_keys(RunConfig& config, const ModelConfig& model, const ModelRegistry& models) {
+  config.model_family = model.family();
+  for (const ModelSpec* spec : models.specs()) {
+    if (spec->name() != model.family()) continue;
+    for (const auto& key : model_option_keys()) {
+      if (std::find(spec->keys().begin(), spec->keys().end(), key) == spec->keys().end()) {
+        config.model_unread.insert(key);
+      }
+    }
+  }
+}
+}  // namespace
+
 bool speaks_for_machine(const std::optional<DistEnv>& env) {
   return !env || (env->local_rank == 0 && std::getenv("STRATA_ERROR_FILE") == nullptr);
 }
@@ -489,6 +512,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   const ModelRequest request = model_request(config, run.data->vocab_size(), run.data->block_size());
   run.model = models.resolve(request);
   run.model_label = request.preset.empty() ? request.init_from : request.preset;
+  record_model_keys(config, *run.model, models);
   run.config = std::move(config);
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks

@@ -22,7 +22,11 @@ RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
   const auto numbers = model.resolved_numbers();
   if (const auto it = numbers.find("dropout"); it != numbers.end()) c.dropout = it->second;
   if (const auto it = numbers.find("init-std"); it != numbers.end()) c.init_std = it->second;
+  if (const auto texts = model.resolved_texts(); texts.count("attention") != 0) c.attention = texts.at("attention");
   c.threads_per_rank = threads;
+  c.model_source = model.source_directory();
+  // The record names the directory wherever it is read from.
+  if (!c.model_source.empty()) c.init_from = c.model_source;
   return c;
 }
 

@@ -352,6 +352,18 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
     return "not used by optimizer '" + config.optimizer + "'; it is for sgd";
   }
   if (key == "adamw-kernel" && !config.fused_adamw) return std::string("not used with fused-adamw = false");
+  if (config.model_unread.count(key) != 0) return "not used by the " + config.model_family + " family";
+  if (!config.model_source.empty() && (key == "preset" || key == "n-layer" || key == "n-head" || key == "n-embd")) {
+    return "given by init-from's config.json";
+  }
+  if (key == "init-std" && !config.init_from.empty()) return std::string("not used with init-from");
+  // Defaults that adapt to the run (cli_rules.cpp): written as values they
+  // would be "given" to a --config rerun, which refuses them.
+  const bool defaulted = config.given_keys.count(key) == 0;
+  if (key == "warmup-steps" && defaulted && config.warmup_steps > config.max_steps) {
+    return "default; above max-steps " + std::to_string(config.max_steps) + ", the warm-up lasts the whole run";
+  }
+  if (key == "min-lr" && defaulted && config.min_lr > config.lr) return std::string("default; capped at lr");
   if (const auto why = data_ignores(key, config.data)) return "not read: " + *why;
   if (const auto why = precision_ignores(key, config)) return "not read: " + *why;
   if ((key == "lora-alpha" || key == "lora-targets") && config.lora_rank == 0) {

@@ -129,6 +129,14 @@ struct RunConfig {
   /// Every key given on the command line or in --config (not defaulted): a
   /// model family is asked only for the options given to it (models/spec.h).
   std::set<std::string> given_keys;
+  /// Set by the run (ModelConfig::source_directory): the --init-from
+  /// directory whose config gave the model; config.ini then comments out
+  /// the preset and the shape keys, which a --config of it must not give.
+  std::string model_source;
+  /// Set by the run: the model family and the model keys it does not read
+  /// (a Llama reads no --activation); config.ini comments those out.
+  std::string model_family;
+  std::set<std::string> model_unread;
   std::vector<std::string> config_notes;  ///< what it set without effect, printed once at start
 };
 

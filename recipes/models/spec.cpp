@@ -91,15 +91,7 @@ const ModelSpec& ModelRegistry::spec_of_preset(const std::string& preset) const 
 }
 
 ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
-  const ModelSpec* recognized = nullptr;
-  if (!request.init_from.empty()) {
-    for (const auto& spec : specs_) {
-      if (spec.recognizes() && spec.recognizes()(request.init_from)) {
-        recognized = &spec;
-        break;
-      }
-    }
-  }
+  const ModelSpec* recognized = request.init_from.empty() ? nullptr : recognizing(request.init_from);
   if (recognized == nullptr && request.preset.empty() && !request.default_preset.empty()) {
     ModelRequest with_default = request;
     with_default.preset = request.default_preset;
@@ -121,6 +113,13 @@ ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
   ModelPtr model = spec.factory()(request);
   TORCH_CHECK(model != nullptr, "model family '", spec.name(), "' built no model for preset ", request.preset);
   return model;
+}
+
+const ModelSpec* ModelRegistry::recognizing(const std::string& path) const {
+  for (const auto& spec : specs_) {
+    if (spec.recognizes() && spec.recognizes()(path)) return &spec;
+  }
+  return nullptr;
 }
 
 std::vector<std::string> ModelRegistry::preset_names() const {

@@ -139,14 +139,26 @@ class ModelConfig {
   /// this model: names and shapes, and a config.json beside them. Throws a
   /// one-line c10::ValueError naming `path`.
   virtual NamedTensors read_weights(const std::string& path) const = 0;
-  /// --export-weights: `params` (the trained module's, full) written to
-  /// `path` in the family's exchange format.
-  virtual void write_weights(const std::string& path, const NamedTensors& params) const = 0;
-  /// What --export-weights writes at `path` ("" when it can), else why not.
-  virtual std::string export_problem(const std::string& path) const = 0;
+  /// The formats write_weights writes ("pt": torch.save under the family's
+  /// exchange names; "hf": a transformers directory); the first is
+  /// --export-weights'.
+  virtual std::vector<std::string> weight_formats() const = 0;
+  /// --export-weights and strata-export: `params` (the trained module's,
+  /// full; LoRA adapters merged here) written to `path` in `format`, one of
+  /// weight_formats().
+  virtual void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const = 0;
+  /// Why `format` cannot be written at `path` ("" when it can), naming both.
+  virtual std::string export_problem(const std::string& path, const std::string& format) const = 0;
+  /// The checkpoint directory whose config gave this model (--init-from a
+  /// transformers directory), "" for a preset's: config.ini then records
+  /// the directory, not a preset, and an "hf" export copies its tokenizer.
+  virtual std::string source_directory() const { return ""; }
   /// Options config.ini records beside the shape, resolved ("dropout",
   /// "init-std"): key -> value.
   virtual std::map<std::string, double> resolved_numbers() const { return {}; }
+  /// The same for options given as text ("attention"): a family whose
+  /// default differs from strata-gpt's records its own.
+  virtual std::map<std::string, std::string> resolved_texts() const { return {}; }
 };
 
 using ModelPtr = std::shared_ptr<const ModelConfig>;
@@ -212,6 +224,8 @@ class ModelRegistry {
   /// refused), else of its preset; its factory, after refusing a given key
   /// the family does not read.
   ModelPtr resolve(const ModelRequest& request) const;
+  /// The family that recognizes `path` as a directory describing its model, or null.
+  const ModelSpec* recognizing(const std::string& path) const;
   /// Every preset, family by family in registration order.
   std::vector<std::string> preset_names() const;
   std::vector<const ModelSpec*> specs() const;

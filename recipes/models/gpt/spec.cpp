@@ -123,18 +123,32 @@ NamedTensors GPTConfig::read_weights(const std::string& path) const {
   return from_nanogpt(recipes::read_weights(path), shape_only.module(), options_, path);
 }
 
-void GPTConfig::write_weights(const std::string& path, const NamedTensors& params) const {
+std::vector<std::string> GPTConfig::weight_formats() const { return {"pt", "hf"}; }
+
+void GPTConfig::write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const {
+  const std::string problem = export_problem(path, format);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
   // LoRA: the adapters merged into their Linears, so the file is a plain GPT.
-  recipes::write_weights(path, merge_lora(params, options_), options_);
+  if (format == "hf") {
+    write_hf_gpt2(path, merge_lora(params, options_), options_);
+  } else {
+    recipes::write_weights(path, merge_lora(params, options_), options_);
+  }
 }
 
-std::string GPTConfig::export_problem(const std::string& path) const {
+std::string GPTConfig::export_problem(const std::string& path, const std::string& format) const {
+  if (format == "hf") {
+    if (options_.bias()) return "";
+    return "a transformers GPT-2 has Linear and LayerNorm biases, but this GPT was built with --bias false; write "
+           "format pt for '" + path + "'";
+  }
+  if (format != "pt") return "unknown weights format '" + format + "' for a gpt model; allowed: pt, hf";
   // The file is torch.save's: under a .safetensors name --init-from would
   // read it as safetensors and refuse it.
   if (!path.ends_with(".safetensors")) return "";
   return "--export-weights '" + path +
          "' names a safetensors file, but it writes torch.save's format (nanoGPT's names); give a .pt name, or "
-         "write safetensors with strata-export --format safetensors CHECKPOINT DIR";
+         "write safetensors with strata-export --format hf CHECKPOINT DIR";
 }
 
 std::map<std::string, double> GPTConfig::resolved_numbers() const {

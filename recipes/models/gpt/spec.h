@@ -39,9 +39,11 @@ class GPTConfig : public ModelConfig {
   /// nanoGPT-named weights (torch.save or safetensors) or a transformers
   /// GPT-2 directory, whose config.json must describe this model.
   NamedTensors read_weights(const std::string& path) const override;
-  /// torch.save's format under nanoGPT's names, LoRA adapters merged.
-  void write_weights(const std::string& path, const NamedTensors& params) const override;
-  std::string export_problem(const std::string& path) const override;
+  /// "pt": torch.save's format under nanoGPT's names; "hf": a transformers
+  /// GPT2LMHeadModel directory (needs biases). LoRA adapters merged.
+  std::vector<std::string> weight_formats() const override;
+  void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
+  std::string export_problem(const std::string& path, const std::string& format) const override;
   std::map<std::string, double> resolved_numbers() const override;
 
  private:

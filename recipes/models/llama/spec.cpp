@@ -25,7 +25,10 @@ int64_t llama_block_parameters(const LlamaOptions& o, int size) {
 
 }  // namespace
 
-LlamaConfig::LlamaConfig(LlamaOptions options) : options_(std::move(options)) { validate(options_); }
+LlamaConfig::LlamaConfig(LlamaOptions options, std::string source)
+    : options_(std::move(options)), source_(std::move(source)) {
+  validate(options_);
+}
 
 ModelShape LlamaConfig::shape() const {
   const auto& o = options_;
@@ -134,11 +137,31 @@ NamedTensors LlamaConfig::read_weights(const std::string& path) const {
   return out;
 }
 
-void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params) const {
+namespace {
+
+/// The files transformers' tokenizers and generation read beside the weights.
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                           "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                                           "merges.txt", "chat_template.jinja", "generation_config.json"};
+
+}  // namespace
+
+void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const {
+  const std::string problem = export_problem(path, format);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
   write_hf_llama(path, params, options_);
+  if (source_.empty()) return;
+  namespace fs = std::filesystem;
+  for (const char* name : kTokenizerFiles) {
+    const fs::path from = fs::path(source_) / name;
+    std::error_code ec;
+    if (!fs::is_regular_file(from, ec) || fs::equivalent(from, fs::path(path) / name, ec)) continue;
+    fs::copy_file(from, fs::path(path) / name, fs::copy_options::overwrite_existing);
+  }
 }
 
-std::string LlamaConfig::export_problem(const std::string& path) const {
+std::string LlamaConfig::export_problem(const std::string& path, const std::string& format) const {
+  if (format != "hf") return "unknown weights format '" + format + "' for a llama model; allowed: hf";
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
     return "--export-weights '" + path + "' is a file, but a " + options_.model_type() +
@@ -147,7 +170,9 @@ std::string LlamaConfig::export_problem(const std::string& path) const {
   return "";
 }
 
-ModelPtr llama_model(const LlamaOptions& options) { return std::make_shared<LlamaConfig>(options); }
+ModelPtr llama_model(const LlamaOptions& options, const std::string& source) {
+  return std::make_shared<LlamaConfig>(options, source);
+}
 
 namespace {
 
@@ -164,7 +189,7 @@ ModelPtr llama_from_directory(const ModelRequest& r) {
                     "': block size ", r.block_size, " exceeds its max_position_embeddings ",
                     o.max_position_embeddings());
   o.block_size(r.block_size).attention(r.text("attention", o.attention()));
-  return llama_model(o);
+  return llama_model(o, std::filesystem::absolute(r.init_from).lexically_normal().string());
 }
 
 }  // namespace

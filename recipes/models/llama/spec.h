@@ -16,8 +16,9 @@ namespace strata::recipes {
 
 class LlamaConfig : public ModelConfig {
  public:
-  /// Throws (validate) for options that do not make a model.
-  explicit LlamaConfig(LlamaOptions options);
+  /// Throws (validate) for options that do not make a model. `source`: the
+  /// transformers directory they were read from ("" for a preset).
+  explicit LlamaConfig(LlamaOptions options, std::string source = "");
   const LlamaOptions& options() const { return options_; }
 
   std::string family() const override { return "llama"; }
@@ -45,16 +46,23 @@ class LlamaConfig : public ModelConfig {
   /// parameter present with its shape, nothing else but a tied head's copy
   /// and stored RoPE buffers.
   NamedTensors read_weights(const std::string& path) const override;
-  /// A transformers directory: config.json and model.safetensors (sharded
-  /// above 5 GiB).
-  void write_weights(const std::string& path, const NamedTensors& params) const override;
-  std::string export_problem(const std::string& path) const override;
+  /// "hf": a transformers directory, config.json in the family's own
+  /// model_type and model.safetensors (sharded above 5 GiB, with its index);
+  /// the tokenizer's files copied from source_directory() when it has them.
+  std::vector<std::string> weight_formats() const override { return {"hf"}; }
+  void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
+  std::string export_problem(const std::string& path, const std::string& format) const override;
+  std::string source_directory() const override { return source_; }
+  std::map<std::string, std::string> resolved_texts() const override { return {{"attention", options_.attention()}}; }
 
  private:
   LlamaOptions options_;
+  std::string source_;
 };
 
-ModelPtr llama_model(const LlamaOptions& options);
+/// `options` as a ModelConfig; `source`: the transformers directory they
+/// were read from ("" for a preset).
+ModelPtr llama_model(const LlamaOptions& options, const std::string& source = "");
 
 /// The llama family: llama_preset_names() or an --init-from transformers
 /// directory; the keys n-layer, n-head, n-embd (presets only) and attention.

@@ -29,12 +29,19 @@ if mode == 'make':
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                    max_position_embeddings=128, tie_word_embeddings=True)
     transformers.Qwen3ForCausalLM(cfg).save_pretrained(out)
+    # The tokenizer files a user's directory holds (a word-level one is enough).
+    import tokenizers
+    words = {'[UNK]': 0, 'the': 1, 'model': 2, 'strata': 3}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token='[UNK]'))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token='[UNK]').save_pretrained(out)
 else:  # compare: the export as transformers loads it, against the start
     trained = transformers.AutoModelForCausalLM.from_pretrained(out).state_dict()
     start = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[3]).state_dict()
     print('model_type=' + transformers.AutoConfig.from_pretrained(out).model_type)
     print('moved=%g' % max((trained[k] - start[k]).abs().max().item() for k in start))
     print('tensors=%d' % len(trained))
+    print('tokens=' + ' '.join(str(i) for i in transformers.AutoTokenizer.from_pretrained(out)('the strata model x')['input_ids']))
 )PY";
 
 std::string common(const fs::path& from, const fs::path& out, const std::string& steps_lr = "4 --lr 0.1") {
@@ -54,7 +61,7 @@ TEST(LlamaE2ETest, FineTunesATransformersDirectoryUnderFsdpWithCheckpointingAsOn
   EXPECT_NE(single.output.find("strata-gpt | " + hf.string() + " | "), std::string::npos) << single.output;
   const auto fsdp = run_gpt_binary(common(hf, dir.path() / "fsdp") + " --strategy fsdp --nproc 2 --batch-size 4 "
                                    "--activation-checkpointing 1 --dump-params " + (dir.path() / "fsdp.pt").string() +
-                                   " --export-weights " + (dir.path() / "export").string());
+                                   " --export-weights " + (dir.path() / "export").string() + " --checkpoint-every 4");
   ASSERT_EQ(fsdp.exit_code, 0) << fsdp.output;
   const auto want = strata::testing::load_archive(dir.path() / "single.pt");
   const auto got = strata::testing::load_archive(dir.path() / "fsdp.pt");
@@ -68,6 +75,16 @@ TEST(LlamaE2ETest, FineTunesATransformersDirectoryUnderFsdpWithCheckpointingAsOn
   EXPECT_GT(std::stod(seen.at("moved")), 1e-3) << "the export holds trained weights";
   // Two layers of 11 tensors, the embedding and the final norm (the tied head is the embedding).
   EXPECT_EQ(std::stoi(seen.at("tensors")), 2 * 11 + 2 + 1) << "lm_head.weight as transformers ties it";
+  EXPECT_EQ(seen.at("tokens"), "1 3 2 0") << "the directory's tokenizer, copied";
+  // strata-export of the run's sharded checkpoint: the same directory.
+  const auto cli = strata::testing::run_command(std::string(STRATA_EXPORT_BINARY) + " --format hf " +
+                                                (dir.path() / "fsdp").string() + " " + (dir.path() / "cli").string());
+  ASSERT_EQ(cli.exit_code, 0) << cli.output;
+  const auto same = strata::testing::run_python(kPython, dir.path() / "hf.py", kScript,
+                                                "compare " + (dir.path() / "cli").string() + " " +
+                                                (dir.path() / "export").string());
+  EXPECT_EQ(std::stod(same.at("moved")), 0.0) << "strata-export writes the weights the run exported";
+  EXPECT_EQ(same.at("tokens"), "1 3 2 0");
   // The run started from the directory's weights: a step too small to move
   // them exports them as they were (a model initialised afresh would not).
   const auto still = run_gpt_binary(common(hf, dir.path() / "still", "1 --lr 1e-12") +
@@ -76,6 +93,14 @@ TEST(LlamaE2ETest, FineTunesATransformersDirectoryUnderFsdpWithCheckpointingAsOn
   const auto start = strata::testing::run_python(kPython, dir.path() / "hf.py", kScript,
                                                  "compare " + (dir.path() / "still-export").string() + " " + hf.string());
   EXPECT_LE(std::stod(start.at("moved")), 1e-9);
+  // Its config.ini reruns it: the directory, not a preset, gives the model.
+  const auto again = run_gpt_binary("--config " + (dir.path() / "still" / "config.ini").string() + " --output-dir " +
+                                    (dir.path() / "again").string() + " --export-weights " +
+                                    (dir.path() / "again-export").string());
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const auto rerun = strata::testing::run_python(kPython, dir.path() / "hf.py", kScript,
+                                                 "compare " + (dir.path() / "again-export").string() + " " + hf.string());
+  EXPECT_LE(std::stod(rerun.at("moved")), 1e-9);
 }
 
 TEST(LlamaE2ETest, APresetOfAnotherFamilyOrAShapeFlagBesideTheDirectoryIsRefused) {
