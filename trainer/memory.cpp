@@ -119,6 +119,13 @@ int64_t read_status_kib(const char* key) {
 int64_t peak_rss_bytes() { return read_status_kib("VmHWM"); }
 int64_t current_rss_bytes() { return read_status_kib("VmRSS"); }
 
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return static_cast<bool>(clear);
+}
+
 std::string format_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double value = static_cast<double>(bytes);

@@ -90,6 +90,11 @@ class MemoryTracker {
 int64_t peak_rss_bytes();
 /// Current resident set size (VmRSS), bytes; 0 if unknown.
 int64_t current_rss_bytes();
+/// Resets the peak (VmHWM) to the current resident set size (Linux: "5" to
+/// /proc/self/clear_refs), so that peak_rss_bytes() then reads the peak of
+/// what follows; false where the kernel refuses (the peak stays the
+/// process's).
+bool reset_peak_rss();
 
 /// "12.3 MiB"
 std::string format_bytes(int64_t bytes);

@@ -181,10 +181,7 @@ FitResult Trainer::fit(TrainingModule& module, const DataSource& data) {
   module_ = &module;
   // Flight-recorder phases name what each collective was issued for (a hung
   // rank's dump says "step 12 backward, unit h5"); "step N ..." per step.
-  strategy_->comm().set_flight_phase("setup");
-  strategy_->setup(module);
-  optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
-                                          optimizer_factory(options_));
+  setup(module);
   strategy_->comm().set_flight_phase("resume");
   const auto resumed = load_resume_checkpoint();
   const WarmupCosineSchedule schedule = lr_schedule_of(options_, options_.max_steps());
@@ -422,23 +419,41 @@ ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& da
   return metrics;
 }
 
+void Trainer::setup(TrainingModule& module) {
+  strategy_->comm().set_flight_phase("setup");
+  peak_rss_before_setup_ = peak_rss_bytes();
+  setup_rss_ = current_rss_bytes();
+  const bool measured = reset_peak_rss();
+  strategy_->setup(module);
+  optimizer_ = strategy_->setup_optimizer(make_optimizer_groups(module.module(), options_),
+                                          optimizer_factory(options_));
+  setup_peak_rss_ = measured ? peak_rss_bytes() : -1;
+}
+
 void Trainer::gather_memory(FitResult& result) {
   // Over the whole job: beside tensor parallelism the strategy's group is
   // one tensor-parallel rank's data-parallel ranks only.
   const int n = strategy_->job_size();
+  // The process's peak: setup reset the kernel's to measure its own.
+  const int64_t peak_rss = std::max(peak_rss_before_setup_, peak_rss_bytes());
+  constexpr int kFields = 7;
   auto mine = torch::tensor({memory_ ? memory_->peak_bytes() : int64_t{0}, last_state_bytes_.params,
-                             last_state_bytes_.grads, last_state_bytes_.optimizer, peak_rss_bytes()},
+                             last_state_bytes_.grads, last_state_bytes_.optimizer, peak_rss, setup_rss_,
+                             setup_peak_rss_},
                             torch::kInt64)
                   .to(strategy_->device());
-  auto all = torch::empty({n * 5}, mine.options());
+  auto all = torch::empty({n * kFields}, mine.options());
   // Sync point: rank 0 writes summary.json with every rank's numbers.
   strategy_->job_comm().all_gather_into(all, mine);
   all = all.cpu();
   auto acc = all.accessor<int64_t, 1>();
   for (int r = 0; r < n; ++r) {
-    result.peak_tensor_bytes.push_back(acc[r * 5 + 0]);
-    result.model_state_bytes.push_back({acc[r * 5 + 1], acc[r * 5 + 2], acc[r * 5 + 3]});
-    result.peak_rss_bytes.push_back(acc[r * 5 + 4]);
+    const auto* v = &acc[r * kFields];
+    result.peak_tensor_bytes.push_back(v[0]);
+    result.model_state_bytes.push_back({v[1], v[2], v[3]});
+    result.peak_rss_bytes.push_back(v[4]);
+    result.setup_rss_bytes.push_back(v[5]);
+    result.setup_peak_rss_bytes.push_back(v[6]);
   }
 }
 

@@ -118,6 +118,11 @@ struct FitResult {
   std::vector<int64_t> peak_tensor_bytes;
   std::vector<ModelStateBytes> model_state_bytes;
   std::vector<int64_t> peak_rss_bytes;
+  /// The strategy's setup (the model materialised, --init-from's weights
+  /// read, shards cut) and the optimizer's: the resident set size before it
+  /// and its peak during it (-1: the kernel could not reset the peak).
+  std::vector<int64_t> setup_rss_bytes;
+  std::vector<int64_t> setup_peak_rss_bytes;
   CommBytes comm_bytes;  ///< this rank's counters
   /// One entry per rank (gathered onto every rank).
   std::vector<RankStepStats> per_rank;
@@ -191,6 +196,8 @@ class Trainer {
   void enter_phase(const char* phase, int64_t step);
   void emit_log(int64_t step, const LogRow& base);
   void gather_memory(FitResult& result);
+  /// The strategy's and the optimizer's setup, its resident set size measured.
+  void setup(TrainingModule& module);
   /// Collective: the trainer's part of CheckpointMeta::state (world size,
   /// data position, max_steps, every rank's generator state).
   std::map<std::string, std::string> trainer_state();
@@ -224,6 +231,9 @@ class Trainer {
   int64_t step_ = 0;
   int64_t micro_batch_ = 0;  ///< index of the next training micro-batch
   ModelStateBytes last_state_bytes_;
+  /// Resident set size before setup, the peak during it (-1: unknown), and
+  /// the process's peak before it.
+  int64_t setup_rss_ = 0, setup_peak_rss_ = -1, peak_rss_before_setup_ = 0;
   LogRow pending_log_;
   bool stop_requested_ = false;
   std::string stop_reason_;

@@ -22,7 +22,9 @@ RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
   const auto numbers = model.resolved_numbers();
   if (const auto it = numbers.find("dropout"); it != numbers.end()) c.dropout = it->second;
   if (const auto it = numbers.find("init-std"); it != numbers.end()) c.init_std = it->second;
-  if (const auto texts = model.resolved_texts(); texts.count("attention") != 0) c.attention = texts.at("attention");
+  const auto texts = model.resolved_texts();
+  if (const auto it = texts.find("attention"); it != texts.end()) c.attention = it->second;
+  if (const auto it = texts.find("lora-targets"); it != texts.end()) c.lora_targets = it->second;
   c.threads_per_rank = threads;
   c.model_source = model.source_directory();
   // The record names the directory wherever it is read from.
@@ -57,6 +59,10 @@ nlohmann::json per_rank_json(const FitResult& r) {
                      {"activations_other", r.peak_tensor_bytes[rank] - m.total()}};
     }
     if (rank < r.peak_rss_bytes.size()) e["peak_rss_bytes"] = r.peak_rss_bytes[rank];
+    if (rank < r.setup_peak_rss_bytes.size()) {
+      e["setup_rss_bytes"] = r.setup_rss_bytes[rank];
+      e["setup_peak_rss_bytes"] = r.setup_peak_rss_bytes[rank];
+    }
     nlohmann::json bytes;
     for (int k = 0; k < static_cast<int>(CollectiveKind::kCount); ++k) {
       bytes[collective_name(static_cast<CollectiveKind>(k))] = s.comm_bytes_per_step[k];

@@ -8,8 +8,10 @@
 // which nlohmann/json (already a dependency) parses.
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace strata::recipes {
 
@@ -23,5 +25,25 @@ void write_safetensors(const std::string& path, const std::map<std::string, torc
 /// range, overlapping or not covering the data, a shape that disagrees with
 /// the byte count) is one error naming the file and the entry.
 std::map<std::string, torch::Tensor> read_safetensors(const std::string& path);
+
+/// One tensor of a safetensors file as its header describes it: where its
+/// bytes are, nothing read.
+struct SafetensorsEntry {
+  std::string file;
+  torch::ScalarType dtype = torch::kFloat32;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  ///< of its first byte in the file
+  int64_t numel() const;
+};
+
+/// The entries of a file's header, checked as read_safetensors checks them
+/// (no tensor data is read).
+std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::string& path);
+
+/// Elements [begin, end) of the entry's tensor, flattened in row-major
+/// order, converted into `out` (1-D, end - begin elements, any dtype and
+/// device): read with pread through a staging buffer of at most 4 MiB, so a
+/// rank reading its shard of a tensor never holds the tensor.
+void read_safetensors_range(const SafetensorsEntry& entry, int64_t begin, int64_t end, const torch::Tensor& out);
 
 }  // namespace strata::recipes

@@ -58,15 +58,22 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   // Deferred parameters (meta) get their memory here; a unit may mix them
   // with materialised ones (tensor parallelism materialises its split
   // parameters first), which are copied in.
-  bool is_meta = false;
-  for (const auto& p : params_) is_meta = is_meta || is_deferred(p);
+  bool is_meta = false, all_meta = true;
+  for (const auto& p : params_) {
+    is_meta = is_meta || is_deferred(p);
+    all_meta = all_meta && is_deferred(p);
+  }
+  // Read in ranges: each rank writes only its shard, from the source.
+  const bool ranged = all_meta && deferred.fill_range;
   const auto first_real = std::find_if(params_.begin(), params_.end(), [](const auto& p) { return !is_deferred(p); });
   const size_t ref = first_real == params_.end() ? 0 : static_cast<size_t>(first_real - params_.begin());
-  TORCH_CHECK(!is_meta || deferred.fill, "FlatParam ", name_, ": parameter ", names_.front(),
+  TORCH_CHECK(!is_meta || deferred.fill || ranged, "FlatParam ", name_, ": parameter ", names_.front(),
               " is deferred (meta device) but no DeferredParamInit::fill was given");
   auto options = params_.front().options().requires_grad(false);
   if (is_meta) options = options.device(deferred.device);
-  full_ = torch::zeros({layout_.padded_numel()}, options);
+  // Ranged and sharded: left unwritten, so its pages are never faulted in.
+  full_ = ranged && layout_.world_size() > 1 ? torch::empty({layout_.padded_numel()}, options)
+                                              : torch::zeros({layout_.padded_numel()}, options);
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& p = params_[k];
     TORCH_CHECK(p.scalar_type() == full_.scalar_type() && (is_deferred(p) || p.device() == full_.device()),
@@ -81,13 +88,15 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
     // Materialised straight into the full buffer (set_data cannot leave the
     // meta device: replace_data), then filled in place: no second copy.
     for (size_t k = 0; k < params_.size(); ++k) replace_data(params_[k], full_view(full_, k));
-    deferred.fill(full_);
+    if (!ranged) deferred.fill(full_);
   }
   full_nbytes_ = static_cast<size_t>(tensor_bytes(full_));
   const int64_t begin = layout_.shard_begin(shard_rank_);
   if (sharded()) {
-    // A copy: the shard outlives every reshard of the full buffer.
-    shard_ = full_.narrow(0, begin, layout_.shard_numel()).clone();
+    // A copy: the shard outlives every reshard of the full buffer. Ranged:
+    // zeros (the padding), its pieces read below.
+    shard_ = ranged ? torch::zeros({layout_.shard_numel()}, options)
+                    : full_.narrow(0, begin, layout_.shard_numel()).clone();
     if (!frozen_) shard_grad_ = torch::zeros_like(shard_);
   } else {
     // One rank holds everything: the shard is the full flat parameter and its
@@ -103,6 +112,10 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   }
   point_params_at_full();
   for (const auto& piece : layout_.pieces(shard_rank_)) {
+    if (ranged) {
+      deferred.fill_range(piece.param_index, piece.param_offset, piece.param_offset + piece.numel,
+                          shard_.narrow(0, piece.flat_offset - begin, piece.numel));
+    }
     auto view = shard_.narrow(0, piece.flat_offset - begin, piece.numel);
     if (!frozen_) view.mutable_grad() = shard_grad_.narrow(0, piece.flat_offset - begin, piece.numel);
     pieces_.push_back(view);

@@ -56,6 +56,12 @@ struct DeferredParamInit {
   /// padded full buffer `full` (padding zeroed): initialises them in place
   /// (and makes the ranks agree), before the shard is cut from `full`.
   std::function<void(const torch::Tensor& full)> fill;
+  /// Instead of `fill`, when every parameter is deferred: writes elements
+  /// [begin, end) of parameter k's value (flattened) into `out` (1-D). Only
+  /// this rank's shard is then written, piece by piece; the full buffer is
+  /// never touched (its pages never become resident) before the first gather,
+  /// and the owner must reshard before anything reads the parameters.
+  std::function<void(size_t k, int64_t begin, int64_t end, const torch::Tensor& out)> fill_range;
 };
 
 class FlatParam {
@@ -63,7 +69,9 @@ class FlatParam {
   /// `params`: the unit's parameters, all trainable or all frozen (the
   /// module's leaves, with their current full values, one dtype; or all deferred, then `deferred`
   /// says where and how to materialise them); `shard_world` ranks share the
-  /// unit and this rank is `shard_rank`. The parameters are left gathered.
+  /// unit and this rank is `shard_rank`. The parameters are left gathered
+  /// (after `deferred.fill_range`, on a full buffer that holds nothing yet:
+  /// reshard before reading them).
   FlatParam(std::string name, std::vector<torch::Tensor> params, std::vector<std::string> names,
             int shard_world, int shard_rank, const DeferredParamInit& deferred = {});
   FlatParam(const FlatParam&) = delete;

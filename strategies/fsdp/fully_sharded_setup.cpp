@@ -5,6 +5,7 @@
 #include "strata/strategies/fsdp/fully_sharded.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/core/parameter_ranges.h"
 #include "strata/strategies/fsdp/hybrid.h"
 
 #include <torch/csrc/autograd/variable.h>
@@ -115,7 +116,21 @@ std::unique_ptr<FlatParam> FSDPStrategy::make_part(TrainingModule& module, const
     comm().set_flight_label("unit " + unit_name + " init");
     if (world_size() > 1) comm().broadcast(buffer, /*root=*/0);
   };
+  // A module that reads its values from files in parts (--init-from a
+  // transformers directory): each rank reads only its shard's pieces. No
+  // broadcast: every rank reads the same bytes, and every rank decides alike
+  // (the same module, the same source), so the collectives still match.
+  const auto* ranges = dynamic_cast<const ParameterRanges*>(&module);
+  bool ranged = ranges != nullptr;
+  for (size_t k = 0; k < ps.size() && ranged; ++k) ranged = was_deferred[k] && ranges->reads_ranges(names[k]);
+  if (ranged) {
+    deferred.fill_range = [&](size_t k, int64_t begin, int64_t end, const torch::Tensor& out) {
+      ranges->read_range(names[k], begin, end, out);
+    };
+  }
   auto unit = std::make_unique<FlatParam>(unit_name, ps, names, shard_world_, shard_rank_, deferred);
+  // Ranged, the full buffer holds nothing until a gather: only shapes are
+  // read (the AccumulateGrad nodes below) before the reshard.
   unit->set_buffer_pool(pool_.get());
   if (!unit->frozen()) {
     for (const auto& p : unit->params()) accumulators.push_back(torch::autograd::impl::grad_accumulator(p));
