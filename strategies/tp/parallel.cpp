@@ -54,12 +54,15 @@ int64_t Parallel::local(int64_t n) const {
 }
 
 torch::Tensor Parallel::column(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const {
-  if (!on()) return torch::linear(x, weight, bias);
+  return torch::linear(column_input(x), weight, bias);
+}
+
+torch::Tensor Parallel::column_input(const torch::Tensor& x) const {
+  if (!on()) return x;
   // Every rank needs the whole input: under SP it gathers the sequence
   // (backward: reduce-scatter of the input gradient), else copy_to_tp
   // (backward: all-reduce, each rank having the gradient of its features only).
-  const torch::Tensor whole = sequence_parallel() ? gather_from_sp(x, group_, 1) : copy_to_tp(x, group_);
-  return torch::linear(whole, weight, bias);
+  return sequence_parallel() ? gather_from_sp(x, group_, 1) : copy_to_tp(x, group_);
 }
 
 torch::Tensor Parallel::row(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const {

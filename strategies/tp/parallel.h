@@ -70,6 +70,11 @@ class Parallel {
   /// of dim 1, gathered first) times this rank's weight rows, plus its bias
   /// part: this rank's output features.
   torch::Tensor column(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) const;
+  /// The whole input column-parallel Linears read, made once for all of
+  /// those that share `x` (a Llama's q, k and v; its gate and up): one
+  /// crossing instead of one per Linear. column(x, w, b) is
+  /// torch::linear(column_input(x), w, b).
+  torch::Tensor column_input(const torch::Tensor& x) const;
 
   /// Row-parallel Linear: `x` this rank's input features times its weight
   /// columns, summed over ranks (sequence parallel: reduce-scattered along

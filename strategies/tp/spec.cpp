@@ -18,8 +18,8 @@ CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel
   const double share = double(size - 1) / double(size);
   const double micro = double(micro_batches);
   const double a = double(b.activation), cb = double(compute_bytes);
-  const double adapters = double(b.adapter_forward_sums + b.adapter_recomputed_sums + b.adapter_backward_sums) *
-                          double(b.adapter_activation) * cb;
+  const double adapter = double(b.adapter_activation) * cb;
+  const double adapters = double(b.adapter_forward_sums + b.adapter_recomputed_sums + b.adapter_backward_sums) * adapter;
   // Row-parallel products in the compute dtype (a recompute sums them again),
   // the fp32 lookups, and the column-parallel inputs' fp32 gradients.
   const int64_t fp32_rows = b.fp32_forward_sums, rows = b.forward_sums - fp32_rows;
@@ -38,7 +38,11 @@ CommEstimate communication(const Boundaries& b, int size, bool sequence_parallel
   const int64_t rows_without = b.forward_sums_without_gradient - fp32_without;
   const double gathers = double(b.backward_sums + b.recomputed_sums) * 4.0 * a +
                          (double(rows - rows_without) * cb + double(fp32_rows - fp32_without) * 4.0) * a;
-  c.bytes[CollectiveKind::kAllGather] = share * micro * (gathers + adapters);
+  // The adapters' r features: the column ones gathered forward (and in a
+  // recompute), the row ones' gradients gathered backward.
+  const double adapter_gathers =
+      double(b.adapter_backward_sums + b.adapter_recomputed_gathers + b.adapter_forward_sums) * adapter;
+  c.bytes[CollectiveKind::kAllGather] = share * micro * (gathers + adapter_gathers);
   c.bytes[CollectiveKind::kReduceScatter] = share * micro * (forward + backward + adapters);
   c.bytes[CollectiveKind::kAllReduce] =
       2.0 * share * (micro * (loss + 4.0 * double(b.sequence_parallel_params)) + norm);

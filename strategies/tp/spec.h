@@ -45,6 +45,11 @@ struct Boundaries {
   int64_t adapter_forward_sums = 0;
   int64_t adapter_backward_sums = 0;
   int64_t adapter_recomputed_sums = 0;
+  /// Under sequence parallelism a recompute also gathers the column
+  /// adapters' r features again (without it their region is a copy): as many
+  /// as adapter_recomputed_sums where each column adapter has a row partner
+  /// (the GPT's pairs), else their own count (a Llama's q, v beside down).
+  int64_t adapter_recomputed_gathers = 0;
   /// Positions of a vocabulary-parallel loss: 3 fp32 numbers each (the max,
   /// the sum of exponentials, the target logit), all-reduced.
   int64_t loss_positions = 0;
