@@ -24,8 +24,13 @@ namespace {
 constexpr int kSteps = 2;  // the second is measured: the first creates the optimizer state
 
 /// Nothing to initialise: the parameters stay on the meta device, where a
-/// strategy's setup "materialises" them.
-bool leave_on_meta(const std::string&, const torch::Tensor&) { return true; }
+/// strategy's setup "materialises" them (whole: FSDP runs its broadcasts,
+/// as a run without --init-from does).
+class LeaveOnMeta : public ParameterSource {
+ public:
+  bool has(const std::string&) const override { return true; }
+  void read(const std::string&, int64_t, int64_t, const torch::Tensor&) const override {}
+};
 
 CommBytes difference(const CommBytes& after, const CommBytes& before) {
   CommBytes d;
@@ -73,7 +78,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   // bucketing of a large model issues thousands a step).
   comm.set_flight_recorder(std::make_shared<FlightRecorder>(size_t{1} << 20));
   torch::manual_seed(c.seed);
-  const auto owned = run.model->build(/*deferred=*/true, leave_on_meta);
+  const auto owned = run.model->build(/*deferred=*/true, std::make_shared<LeaveOnMeta>());
   TrainingModule& module = *owned;
   if (c.activation_checkpointing > 0) {
     apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));

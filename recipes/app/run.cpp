@@ -23,7 +23,6 @@
 #include "strata/recipes/app/testing_aids.h"
 #include "strata/recipes/models/gpt/interop.h"
 #include "strata/recipes/models/torchscript/torchscript.h"
-#include "strata/recipes/models/lora.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/world.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -72,25 +71,6 @@ void dump_params(const std::string& path, torch::nn::Module& module) {
   archive.save_to(path);
 }
 
-/// --init-from's weights as a parameter source: a strategy's setup
-/// materialises the deferred parameters and asks for each (FSDP: unit by
-/// unit, into its flat buffers), which copies the file's value instead of
-/// drawing one and drops it (after setup no copy of the file stays in
-/// memory). The weights were checked against the model (read_weights)
-/// before; LoRA adapters, which no file holds, keep the family's init.
-ParameterSource weights_source(NamedTensors weights) {
-  auto held = std::make_shared<NamedTensors>(std::move(weights));
-  return [held](const std::string& name, const torch::Tensor& param) {
-    const auto it = held->find(name);
-    if (it == held->end() && is_lora_parameter(name)) return false;
-    TORCH_CHECK(it != held->end(), "--init-from: no value for parameter ", name);
-    torch::NoGradGuard no_grad;
-    param.copy_(it->second);
-    held->erase(it);  // asked once per parameter: the file's copy is not needed again
-    return true;
-  };
-}
-
 /// The module to train: the user's TorchScript model, or the model, deferred
 /// for every strategy (one code path): the parameters get memory in the
 /// strategy's setup, on its device, and the same values an eager build has;
@@ -111,9 +91,11 @@ BuiltModule build_module(CheckedRun& run) {
     out.n_params = loaded->num_params();
     out.module = std::move(loaded);
   } else {
-    ParameterSource source = run.init_weights ? weights_source(std::move(*run.init_weights)) : nullptr;
-    run.init_weights.reset();
-    out.module = run.model->build(/*deferred=*/true, std::move(source));
+    // --init-from's weights (checked in phase 1): a strategy's setup
+    // materialises the deferred parameters and asks for each (FSDP: unit by
+    // unit, into its flat buffers, or only its shards' parts when the source
+    // serves them); LoRA adapters, which no file holds, keep the family's init.
+    out.module = run.model->build(/*deferred=*/true, std::move(run.init_weights));
     out.n_params = run.model->parameters();
   }
   if (c.activation_checkpointing > 0) {

@@ -453,7 +453,8 @@ ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block
   add("init-std", c.init_std, defaults.init_std);
   add("lora-rank", c.lora_rank, defaults.lora_rank);
   add("lora-alpha", c.lora_alpha, defaults.lora_alpha);
-  add("lora-targets", c.lora_targets, defaults.lora_targets);
+  // Empty: the family's default (gpt attn, llama q,v).
+  if (!c.lora_targets.empty()) r.options["lora-targets"] = c.lora_targets;
   r.init_from = c.init_from;
   r.vocab_size = vocab_size;
   r.block_size = block_size;

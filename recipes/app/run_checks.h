@@ -28,7 +28,7 @@ struct CheckedRun {
   std::unique_ptr<DataSource> data;
   ModelPtr model;             ///< resolved by check_run (models/spec.h)
   std::string model_label;    ///< its preset, or the --init-from directory that gave it
-  std::optional<NamedTensors> init_weights;
+  ParameterSourcePtr init_weights;
 };
 
 /// Whether this process speaks for its machine (once per machine, before any

@@ -28,7 +28,7 @@ struct RunConfig {
   double init_std = 0.0;            ///< weight init std (0: GPT-2's 0.02 scaled to the width, gpt_init_std)
   int64_t lora_rank = 0;            ///< LoRA adapters of this rank, other weights frozen (0: off)
   double lora_alpha = 8.0;          ///< LoRA scale alpha / rank (PEFT's default alpha)
-  std::string lora_targets = "attn";  ///< attn, mlp or attn,mlp
+  std::string lora_targets;         ///< the family's names ("": its default; gpt attn, llama q,v)
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data

@@ -53,7 +53,9 @@ std::vector<Field> model_data_fields() {
        "exports merge them (0: off)"},
       {"lora-alpha", 0, &C::lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank"},
       {"lora-targets", 0, &C::lora_targets,
-       "LoRA: attn (attn.c_attn, attn.c_proj), mlp (c_fc, c_proj) or attn,mlp"},
+       "LoRA: the Linears that get adapters, in the family's names (empty: its default). gpt: attn (attn.c_attn, "
+       "attn.c_proj; default), mlp (c_fc, c_proj) or attn,mlp; llama: q, k, v, o, gate, up, down, comma-separated, "
+       "or all (default q,v: PEFT's)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };

@@ -38,7 +38,6 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"optimizer", &c.optimizer, optimizer_names()},
       {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/models/gpt.h attention_names(), tested
       {"adamw-kernel", &c.adamw_kernel, {"strata", "aten"}},    // fused_adamw_kernel_names(), tested
-      {"lora-targets", &c.lora_targets, {"attn", "mlp", "attn,mlp", "mlp,attn"}},
       {"activation", &c.activation, {"gelu", "gelu_new"}},
       {"offload", &c.offload, {"none", "cpu", "disk"}},
       {"ac-policy", &c.ac_policy, checkpoint_policy_names()},

@@ -1,18 +1,8 @@
 #include "strata/recipes/models/lora.h"
 
-#include "strata/recipes/models/gpt/gpt.h"
-
 #include <cmath>
 
 namespace strata::recipes {
-
-
-LoraTargets parse_lora_targets(const std::string& text) {
-  if (text == "attn") return {true, false};
-  if (text == "mlp") return {false, true};
-  if (text == "attn,mlp" || text == "mlp,attn") return {true, true};
-  TORCH_CHECK_VALUE(false, "unknown LoRA targets '", text, "'; allowed: attn, mlp, attn,mlp");
-}
 
 LoRAImpl::LoRAImpl(int64_t in_features, int64_t out_features, int64_t rank, double alpha)
     : scale_(alpha / static_cast<double>(rank)) {
@@ -45,18 +35,6 @@ bool is_lora_parameter(const std::string& name) {
   return name.ends_with("_lora.A") || name.ends_with("_lora.B");
 }
 
-int64_t count_lora_parameters(const GPTOptions& o, int tp_size) {
-  if (o.lora_rank() == 0) return 0;
-  const auto targets = parse_lora_targets(o.lora_targets());
-  const int64_t c = o.n_embd(), r = o.lora_rank(), t = tp_size;
-  // A [r, in] + B [out, r] per adapter: r · (in + out). Under tensor
-  // parallelism a column adapter's B and a row adapter's A split (features
-  // divide by t: the heads do), the other matrix stays whole.
-  const int64_t attn = targets.attn ? r * (c + 3 * c / t) + r * (c / t + c) : 0;
-  const int64_t mlp = targets.mlp ? r * (c + 4 * c / t) + r * (4 * c / t + c) : 0;
-  return o.n_layer() * (attn + mlp);
-}
-
 void init_lora_parameter(const std::string& name, const torch::Tensor& param, at::Generator generator) {
   torch::NoGradGuard no_grad;
   if (name.ends_with("_lora.B")) {
@@ -71,7 +49,7 @@ void init_lora_parameter(const std::string& name, const torch::Tensor& param, at
 }
 
 std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torch::Tensor>& by_strata_name,
-                                                const GPTOptions& options) {
+                                                int64_t rank, double alpha) {
   std::map<std::string, torch::Tensor> out;
   bool adapters = false;
   for (const auto& [name, tensor] : by_strata_name) {
@@ -82,9 +60,9 @@ std::map<std::string, torch::Tensor> merge_lora(const std::map<std::string, torc
     }
   }
   if (!adapters) return out;
-  TORCH_CHECK_VALUE(options.lora_rank() > 0, "the parameters hold LoRA adapters, but the options have no LoRA rank "
-                                             "(and alpha) to merge them with");
-  const double scale = options.lora_alpha() / static_cast<double>(options.lora_rank());
+  TORCH_CHECK_VALUE(rank > 0, "the parameters hold LoRA adapters, but the model has no LoRA rank "
+                               "(and alpha) to merge them with");
+  const double scale = alpha / static_cast<double>(rank);
   torch::NoGradGuard no_grad;
   for (const auto& [name, a] : by_strata_name) {
     if (!name.ends_with("_lora.A")) continue;

@@ -143,6 +143,51 @@ std::vector<GemmShape> linear_step_gemms(const std::vector<std::tuple<int64_t, i
   return shapes;
 }
 
+namespace {
+
+class InMemoryWeights : public ParameterSource {
+ public:
+  explicit InMemoryWeights(NamedTensors weights) : weights_(std::move(weights)) {}
+  bool has(const std::string& name) const override { return weights_.count(name) != 0; }
+  void read(const std::string& name, int64_t begin, int64_t end, const torch::Tensor& out) const override {
+    const auto it = weights_.find(name);
+    TORCH_CHECK(it != weights_.end(), "--init-from: no value for parameter ", name, " (or it was read already)");
+    torch::NoGradGuard no_grad;
+    out.copy_(it->second.reshape({-1}).narrow(0, begin, end - begin));
+    // Setup reads each parameter once: the file's copy is not needed again.
+    if (begin == 0 && end == it->second.numel()) weights_.erase(it);
+  }
+
+ private:
+  mutable NamedTensors weights_;
+};
+
+class SafetensorsParameters : public ParameterSource {
+ public:
+  explicit SafetensorsParameters(std::map<std::string, SafetensorsEntry> entries) : entries_(std::move(entries)) {}
+  bool has(const std::string& name) const override { return entries_.count(name) != 0; }
+  void read(const std::string& name, int64_t begin, int64_t end, const torch::Tensor& out) const override {
+    const auto it = entries_.find(name);
+    TORCH_CHECK(it != entries_.end(), "--init-from: no value for parameter ", name);
+    torch::NoGradGuard no_grad;
+    read_safetensors_range(it->second, begin, end, out);
+  }
+  bool serves_parts() const override { return true; }
+
+ private:
+  std::map<std::string, SafetensorsEntry> entries_;
+};
+
+}  // namespace
+
+ParameterSourcePtr weights_in_memory(NamedTensors weights) {
+  return std::make_shared<InMemoryWeights>(std::move(weights));
+}
+
+ParameterSourcePtr safetensors_parameters(std::map<std::string, SafetensorsEntry> entries) {
+  return std::make_shared<SafetensorsParameters>(std::move(entries));
+}
+
 std::vector<const ModelSpec*> ModelRegistry::specs() const {
   std::vector<const ModelSpec*> out;
   for (const auto& spec : specs_) out.push_back(&spec);

@@ -20,8 +20,11 @@
 //     return std::make_shared<TinyMlpConfig>(r.integer("n-layer", 2), r.vocab_size, r.block_size);
 //   });
 //   registry.add(spec);
+#include "strata/core/parameter_ranges.h"
 #include "strata/core/precision.h"
 #include "strata/core/training_module.h"
+#include "strata/recipes/io/safetensors.h"
+#include "strata/recipes/models/lora.h"
 #include "strata/strategies/spec.h"
 #include "strata/strategies/tp/plan.h"
 #include "strata/strategies/tp/spec.h"
@@ -63,26 +66,60 @@ struct ActivationProfile {
   int64_t total(int64_t n_layer, int64_t checkpoint_every) const;
 };
 
-/// Asked for each parameter when a strategy's setup materialises it, before
-/// the family's own initialisation: true when it gave the parameter its
-/// value (weights from a file) or the parameter is to keep none (the dry
-/// run's meta tensors); false: the family initialises it.
-using ParameterSource = std::function<bool(const std::string& name, const torch::Tensor& param)>;
+/// Initial values a family's module takes instead of its own init, asked for
+/// each parameter when a strategy's setup materialises it: --init-from's
+/// weights (ModelConfig::read_weights, which checked them against the
+/// model), or the dry run's "keep the meta tensors".
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  /// Whether parameter `name` takes its value from here (false: the family
+  /// initialises it, e.g. LoRA's adapters, which no file holds).
+  virtual bool has(const std::string& name) const = 0;
+  /// Elements [begin, end) of `name`'s value, flattened, into `out` (1-D).
+  virtual void read(const std::string& name, int64_t begin, int64_t end, const torch::Tensor& out) const = 0;
+  /// Whether each rank may read only its parts (files every rank can read):
+  /// FSDP then fills each rank's shards straight from here, with no unit
+  /// whole in memory and no broadcast (core/parameter_ranges.h). False: each
+  /// parameter is read whole and FSDP broadcasts rank 0's values.
+  virtual bool serves_parts() const { return false; }
+};
+using ParameterSourcePtr = std::shared_ptr<const ParameterSource>;
 
-/// A family's module whose init_parameter() asks `source` first.
+/// `weights` held in memory (a nanoGPT or torch.save file, read whole), each
+/// tensor dropped once read whole: after setup no copy of the file stays.
+ParameterSourcePtr weights_in_memory(NamedTensors weights);
+
+/// Tensors of safetensors files (by name; extra entries are ignored), read
+/// when asked and in parts: each rank reads only the bytes of its shards.
+ParameterSourcePtr safetensors_parameters(std::map<std::string, SafetensorsEntry> entries);
+
+/// A family's module whose init_parameter() asks `source` first, and which
+/// serves FSDP its parameters' parts when the source does.
 template <class Module>
-class SourcedModule : public Module {
+class SourcedModule : public Module, public ParameterRanges {
  public:
   template <class... Args>
-  explicit SourcedModule(ParameterSource source, Args&&... args)
+  explicit SourcedModule(ParameterSourcePtr source, Args&&... args)
       : Module(std::forward<Args>(args)...), source_(std::move(source)) {}
   void init_parameter(const std::string& name, const torch::Tensor& param) override {
-    if (source_ && source_(name, param)) return;
-    Module::init_parameter(name, param);
+    if (!source_ || (!source_->has(name) && is_lora_parameter(name))) return Module::init_parameter(name, param);
+    TORCH_CHECK(source_->has(name), "--init-from: no value for parameter ", name, " (or it was read already)");
+    torch::NoGradGuard no_grad;
+    if (param.is_contiguous()) return source_->read(name, 0, param.numel(), param.view({-1}));
+    auto flat = torch::empty({param.numel()}, param.options());
+    source_->read(name, 0, param.numel(), flat);
+    param.copy_(flat.view(param.sizes()));
+  }
+  bool reads_ranges(const std::string& name) const override {
+    return source_ && source_->serves_parts() && source_->has(name);
+  }
+  void read_range(const std::string& name, int64_t begin, int64_t end, const torch::Tensor& out) const override {
+    source_->read(name, begin, end, out);
   }
 
  private:
-  ParameterSource source_;
+  ParameterSourcePtr source_;
 };
 
 /// The widths every decoder has, for what reads them without knowing the
@@ -109,7 +146,7 @@ class ModelConfig {
   /// Its TrainingModule: eager, or `deferred` (parameters on the meta device
   /// until a strategy's setup materialises them), its init asking `source`
   /// first. The module's units are its blocks.
-  virtual std::unique_ptr<TrainingModule> build(bool deferred, ParameterSource source = nullptr) const = 0;
+  virtual std::unique_ptr<TrainingModule> build(bool deferred, ParameterSourcePtr source = nullptr) const = 0;
 
   virtual int64_t parameters() const = 0;
   /// Those training updates (all of them, or LoRA's adapters).
@@ -136,9 +173,10 @@ class ModelConfig {
 
   /// --init-from: the weights at `path` (a file or a directory, in the
   /// family's formats) under the module's parameter names, checked against
-  /// this model: names and shapes, and a config.json beside them. Throws a
-  /// one-line c10::ValueError naming `path`.
-  virtual NamedTensors read_weights(const std::string& path) const = 0;
+  /// this model (names and shapes, and a config.json beside them) and read
+  /// when build()'s module asks (a family may read them here whole). Throws
+  /// a one-line c10::ValueError naming `path`.
+  virtual ParameterSourcePtr read_weights(const std::string& path) const = 0;
   /// The formats write_weights writes ("pt": torch.save under the family's
   /// exchange names; "hf": a transformers directory); the first is
   /// --export-weights'.

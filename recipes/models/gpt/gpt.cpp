@@ -166,6 +166,7 @@ tp::Boundaries tensor_parallel_boundaries(const GPTOptions& o, int64_t micro_bat
   b.adapter_forward_sums = layers * adapters;
   b.adapter_backward_sums = layers * adapters;
   b.adapter_recomputed_sums = checkpoint_every > 0 ? adapters * ((layers + checkpoint_every - 1) / checkpoint_every) : 0;
+  b.adapter_recomputed_gathers = b.adapter_recomputed_sums;  // a column adapter for each row one
   // Only adapters train: the summed replicated gradients are the column
   // adapters' A and the row adapters' B, C·r each.
   b.sequence_parallel_params = layers * adapters * 2 * o.lora_rank() * o.n_embd();

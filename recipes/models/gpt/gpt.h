@@ -52,6 +52,21 @@ struct GPTOptions {
   TORCH_ARG(std::string, lora_targets) = "attn";
 };
 
+/// Which of the GPT's Linear layers get LoRA adapters: attn (attn.c_attn,
+/// attn.c_proj), mlp (c_fc, c_proj), or both.
+struct LoraTargets {
+  bool attn = false;
+  bool mlp = false;
+};
+
+/// "attn", "mlp", "attn,mlp" (either order); anything else is an error
+/// naming the value and what is allowed.
+LoraTargets parse_lora_targets(const std::string& text);
+
+/// The adapter parameters a GPT with these options has (0 without LoRA); with
+/// `tp_size` > 1, those of one tensor-parallel rank.
+int64_t count_lora_parameters(const GPTOptions& options, int tp_size = 1);
+
 /// GPT-2's init std 0.02 belongs to its width 768 (about 0.55 / sqrt(768),
 /// the fan-in rule): below that width 0.02 · sqrt(768 / n_embd), at 768 and
 /// wider 0.02. At gpt-micro's 128 it is 0.049: with 0.02 there the addition

@@ -42,7 +42,7 @@ ModelPtr GPTConfig::with_layers(int64_t n_layer) const {
   return std::make_shared<GPTConfig>(o.n_layer(n_layer));
 }
 
-std::unique_ptr<TrainingModule> GPTConfig::build(bool deferred, ParameterSource source) const {
+std::unique_ptr<TrainingModule> GPTConfig::build(bool deferred, ParameterSourcePtr source) const {
   if (!source) return std::make_unique<GPTModule>(options_, deferred);
   return std::make_unique<SourcedModule<GPTModule>>(std::move(source), options_, deferred);
 }
@@ -114,13 +114,14 @@ tp::Boundaries GPTConfig::tensor_parallel_boundaries(int64_t micro_batch, int64_
   return recipes::tensor_parallel_boundaries(options_, micro_batch, sequence, checkpoint_every);
 }
 
-NamedTensors GPTConfig::read_weights(const std::string& path) const {
+ParameterSourcePtr GPTConfig::read_weights(const std::string& path) const {
   GPTModule shape_only(options_, /*deferred=*/true);  // names and shapes, no memory
   // Shapes cannot tell a head count apart: a transformers config.json can.
   const std::string mismatch = hf_config_mismatch(path, options_);
   TORCH_CHECK_VALUE(mismatch.empty(), "--init-from '", path, "': its config.json does not describe this model (",
                     mismatch, ")");
-  return from_nanogpt(recipes::read_weights(path), shape_only.module(), options_, path);
+  // Read whole: torch.save and nanoGPT files are pickles, read in one piece.
+  return weights_in_memory(from_nanogpt(recipes::read_weights(path), shape_only.module(), options_, path));
 }
 
 std::vector<std::string> GPTConfig::weight_formats() const { return {"pt", "hf"}; }
@@ -130,9 +131,9 @@ void GPTConfig::write_weights(const std::string& path, const NamedTensors& param
   TORCH_CHECK_VALUE(problem.empty(), problem);
   // LoRA: the adapters merged into their Linears, so the file is a plain GPT.
   if (format == "hf") {
-    write_hf_gpt2(path, merge_lora(params, options_), options_);
+    write_hf_gpt2(path, merge_lora(params, options_.lora_rank(), options_.lora_alpha()), options_);
   } else {
-    recipes::write_weights(path, merge_lora(params, options_), options_);
+    recipes::write_weights(path, merge_lora(params, options_.lora_rank(), options_.lora_alpha()), options_);
   }
 }
 
@@ -153,6 +154,11 @@ std::string GPTConfig::export_problem(const std::string& path, const std::string
 
 std::map<std::string, double> GPTConfig::resolved_numbers() const {
   return {{"dropout", options_.dropout()}, {"init-std", init_std_of(options_)}};
+}
+
+std::map<std::string, std::string> GPTConfig::resolved_texts() const {
+  if (options_.lora_rank() == 0) return {};
+  return {{"lora-targets", options_.lora_targets()}};
 }
 
 ModelPtr gpt_model(const GPTOptions& options) { return std::make_shared<GPTConfig>(options); }

@@ -22,7 +22,7 @@ class GPTConfig : public ModelConfig {
   std::string family() const override { return "gpt"; }
   ModelShape shape() const override;
   ModelPtr with_layers(int64_t n_layer) const override;
-  std::unique_ptr<TrainingModule> build(bool deferred, ParameterSource source = nullptr) const override;
+  std::unique_ptr<TrainingModule> build(bool deferred, ParameterSourcePtr source = nullptr) const override;
   int64_t parameters() const override { return count_parameters(options_); }
   int64_t trainable_parameters() const override { return count_trainable_parameters(options_); }
   ModelSize size(int tp_size = 1) const override;
@@ -38,13 +38,15 @@ class GPTConfig : public ModelConfig {
                                             int64_t checkpoint_every) const override;
   /// nanoGPT-named weights (torch.save or safetensors) or a transformers
   /// GPT-2 directory, whose config.json must describe this model.
-  NamedTensors read_weights(const std::string& path) const override;
+  ParameterSourcePtr read_weights(const std::string& path) const override;
   /// "pt": torch.save's format under nanoGPT's names; "hf": a transformers
   /// GPT2LMHeadModel directory (needs biases). LoRA adapters merged.
   std::vector<std::string> weight_formats() const override;
   void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
   std::string export_problem(const std::string& path, const std::string& format) const override;
   std::map<std::string, double> resolved_numbers() const override;
+  /// lora-targets under LoRA (config.ini records what ran).
+  std::map<std::string, std::string> resolved_texts() const override;
 
  private:
   GPTOptions options_;

@@ -77,27 +77,37 @@ LlamaOptions read_hf_llama_options(const std::string& dir, int64_t block_size) {
   return llama_options_from_hf_config(read_text(config), config.string(), block_size);
 }
 
-std::map<std::string, torch::Tensor> read_hf_tensors(const std::string& dir_name) {
+std::map<std::string, SafetensorsEntry> read_hf_entries(const std::string& dir_name) {
   const fs::path dir(dir_name);
-  if (fs::is_regular_file(dir / "model.safetensors")) return read_safetensors((dir / "model.safetensors").string());
+  if (fs::is_regular_file(dir / "model.safetensors")) return read_safetensors_header((dir / "model.safetensors").string());
   TORCH_CHECK_VALUE(fs::is_regular_file(dir / "model.safetensors.index.json"), dir_name,
                     ": neither model.safetensors nor model.safetensors.index.json");
   const auto map = weight_map(dir);
   std::set<std::string> files;
   for (const auto& [name, file] : map) files.insert(file);
-  std::map<std::string, torch::Tensor> out;
+  std::map<std::string, SafetensorsEntry> out;
   for (const auto& file : files) {
     TORCH_CHECK_VALUE(fs::is_regular_file(dir / file), (dir / file).string(),
                       ": a shard model.safetensors.index.json names is missing");
-    for (auto& [name, tensor] : read_safetensors((dir / file).string())) {
+    for (auto& [name, entry] : read_safetensors_header((dir / file).string())) {
       const auto it = map.find(name);
       TORCH_CHECK_VALUE(it != map.end() && it->second == file, (dir / file).string(), ": holds '", name,
                         "', which the index ", it == map.end() ? "does not name" : "places in " + it->second);
-      out.emplace(name, std::move(tensor));
+      out.emplace(name, std::move(entry));
     }
   }
   for (const auto& [name, file] : map) {
     TORCH_CHECK_VALUE(out.count(name), (dir / file).string(), ": lacks '", name, "', which the index places there");
+  }
+  return out;
+}
+
+std::map<std::string, torch::Tensor> read_hf_tensors(const std::string& dir) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, e] : read_hf_entries(dir)) {
+    auto t = torch::empty(e.shape, torch::TensorOptions(e.dtype));
+    read_safetensors_range(e, 0, e.numel(), t.view({-1}));
+    out.emplace(name, std::move(t));
   }
   return out;
 }

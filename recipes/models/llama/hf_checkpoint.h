@@ -3,6 +3,7 @@
 // config.json and model.safetensors, or model.safetensors.index.json (its
 // weight_map names each tensor's shard) with its shards. Parameter names are
 // transformers' own (recipes/models/llama), so loading is a copy by name.
+#include "strata/recipes/io/safetensors.h"
 #include "strata/recipes/models/llama/llama.h"
 
 #include <map>
@@ -22,6 +23,10 @@ LlamaOptions read_hf_llama_options(const std::string& dir, int64_t block_size = 
 /// name. A missing shard, a name in two shards, or an index naming a file
 /// outside the directory is an error naming it.
 std::map<std::string, torch::Tensor> read_hf_tensors(const std::string& dir);
+
+/// The same tensors described, not read (their headers, checked alike):
+/// where each one's bytes are, for reading its parts (read_safetensors_range).
+std::map<std::string, SafetensorsEntry> read_hf_entries(const std::string& dir);
 
 /// Copies `tensors` into `module`'s parameters by name, converting the dtype:
 /// a missing or an unexpected name, or a shape that differs, is an error

@@ -79,12 +79,8 @@ const std::vector<LlamaPreset>& llama_presets() {
 
 /// A Linear as GPT's are applied: ATen's linear (one addmm with the bias),
 /// kept for the recompute under the "op" checkpointing policy.
-torch::Tensor project(const torch::nn::Linear& layer, const torch::Tensor& x) {
+torch::Tensor project(const Projection& layer, const torch::Tensor& x) {
   return checkpointed_linear(x, layer->weight, layer->bias);
-}
-
-torch::nn::Linear make_linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
 /// Causal attention of each kv head's query group: q [B, Hkv, G·T, D] (the G
@@ -142,6 +138,11 @@ void validate(const LlamaOptions& o) {
   TORCH_CHECK_VALUE(o.rms_norm_eps() > 0, "rms_norm_eps must be > 0, got ", o.rms_norm_eps());
   TORCH_CHECK_VALUE(o.attention() == "sdpa" || o.attention() == "naive", "unknown attention '", o.attention(),
                     "'; available: sdpa, naive");
+  TORCH_CHECK_VALUE(o.lora_rank() >= 0 && o.lora_rank() <= o.n_embd(), "lora_rank must be in [0, n_embd ",
+                    o.n_embd(), "] (0: off), got ", o.lora_rank());
+  if (o.lora_rank() == 0) return;
+  TORCH_CHECK_VALUE(o.lora_alpha() > 0, "lora_alpha must be > 0, got ", o.lora_alpha());
+  parse_llama_lora_targets(o.lora_targets());
 }
 
 int64_t count_parameters(const LlamaOptions& o) {
@@ -151,7 +152,7 @@ int64_t count_parameters(const LlamaOptions& o) {
                             (o.qk_norm() ? 2 * d : 0);
   const int64_t mlp = 3 * c * f + (o.mlp_bias() ? 2 * f + c : 0);
   const int64_t head = o.tie_weights() ? 0 : o.vocab_size() * c;
-  return o.vocab_size() * c + o.n_layer() * (attention + mlp + 2 * c) + c + head;
+  return o.vocab_size() * c + o.n_layer() * (attention + mlp + 2 * c) + c + head + count_llama_lora_parameters(o);
 }
 
 torch::Tensor rope_inverse_frequencies(const LlamaOptions& o) {
@@ -202,34 +203,55 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return weight * h.to(x.scalar_type());
 }
 
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias, bool deferred) {
+  const auto options = torch::TensorOptions().device(deferred ? torch::kMeta : torch::kCPU);
+  weight = register_parameter("weight", torch::empty({out, in}, options));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}, options));
+}
+
 RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o) : options_(o) {
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaOptions& o, bool deferred) : options_(o) {
   const int64_t c = o.n_embd(), d = o.head_size();
-  q_proj_ = register_module("q_proj", make_linear(c, o.n_head() * d, o.qkv_bias()));
-  k_proj_ = register_module("k_proj", make_linear(c, o.kv_heads() * d, o.qkv_bias()));
-  v_proj_ = register_module("v_proj", make_linear(c, o.kv_heads() * d, o.qkv_bias()));
-  o_proj_ = register_module("o_proj", make_linear(o.n_head() * d, c, o.o_bias()));
+  q_proj_ = register_module("q_proj", Projection(c, o.n_head() * d, o.qkv_bias(), deferred));
+  k_proj_ = register_module("k_proj", Projection(c, o.kv_heads() * d, o.qkv_bias(), deferred));
+  v_proj_ = register_module("v_proj", Projection(c, o.kv_heads() * d, o.qkv_bias(), deferred));
+  o_proj_ = register_module("o_proj", Projection(o.n_head() * d, c, o.o_bias(), deferred));
   if (o.qk_norm()) {
     q_norm_ = register_module("q_norm", RMSNorm(d, o.rms_norm_eps()));
     k_norm_ = register_module("k_norm", RMSNorm(d, o.rms_norm_eps()));
   }
+  if (o.lora_rank() == 0) return;
+  const auto t = parse_llama_lora_targets(o.lora_targets());
+  auto adapter = [&](bool on, const char* name, int64_t in, int64_t out) {
+    return on ? register_module(name, LoRA(in, out, o.lora_rank(), o.lora_alpha())) : LoRA(nullptr);
+  };
+  q_lora_ = adapter(t.q, "q_proj_lora", c, o.n_head() * d);
+  k_lora_ = adapter(t.k, "k_proj_lora", c, o.kv_heads() * d);
+  v_lora_ = adapter(t.v, "v_proj_lora", c, o.kv_heads() * d);
+  o_lora_ = adapter(t.o, "o_proj_lora", o.n_head() * d, c);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in) {
   // Tensor parallel: this rank's query heads and the kv heads they read (the
   // sequence is whole here even under sequence parallelism).
-  auto proj = [&](const torch::nn::Linear& l) { return tp_.on() ? tp_.column(x, l->weight, l->bias) : project(l, x); };
+  // q, k and v read one whole input: one crossing for the three.
+  const auto whole = tp_.column_input(x);
+  auto proj = [&](const Projection& l, LoRA lora) {
+    auto y = tp_.on() ? torch::linear(whole, l->weight, l->bias) : project(l, x);
+    if (lora) y = y + (tp_.on() ? lora->column_parallel(x, tp_) : lora(x));
+    return y;
+  };
   const int64_t h = tp_.on() ? tp_.local(options_.n_head()) : options_.n_head();
   const int64_t kv = tp_.on() ? tp_.local(options_.kv_heads()) : options_.kv_heads();
   const int64_t d = options_.head_size(), g = h / kv;
-  auto q = proj(q_proj_);
+  auto q = proj(q_proj_, q_lora_);
   const auto B = q.size(0), T = q.size(1);
   q = q.view({B, T, h, d});
-  auto k = proj(k_proj_).view({B, T, kv, d});
-  auto v = proj(v_proj_).view({B, T, kv, d}).transpose(1, 2);
+  auto k = proj(k_proj_, k_lora_).view({B, T, kv, d});
+  auto v = proj(v_proj_, v_lora_).view({B, T, kv, d}).transpose(1, 2);
   if (options_.qk_norm()) {
     // Tensor parallel: the norms' weights act on this rank's heads only.
     q = rms_norm(q, tp_.replicated_on_parts(q_norm_->weight), options_.rms_norm_eps());
@@ -241,17 +263,28 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
   // heads of one kv head become one sequence of g·T rows.
   auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, in.mask, options_.attention() == "naive");
   y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
-  return tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
+  auto out = tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
+  if (o_lora_) out = out + (tp_.on() ? o_lora_->row_parallel(y, tp_) : o_lora_(y));
+  return out;
 }
 
-LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o) {
+LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o, bool deferred) {
   input_layernorm_ = register_module("input_layernorm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
-  self_attn_ = register_module("self_attn", LlamaAttention(o));
+  self_attn_ = register_module("self_attn", LlamaAttention(o, deferred));
   post_attention_layernorm_ = register_module("post_attention_layernorm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
   auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  gate_proj_ = mlp->register_module("gate_proj", make_linear(o.n_embd(), o.intermediate_size(), o.mlp_bias()));
-  up_proj_ = mlp->register_module("up_proj", make_linear(o.n_embd(), o.intermediate_size(), o.mlp_bias()));
-  down_proj_ = mlp->register_module("down_proj", make_linear(o.intermediate_size(), o.n_embd(), o.mlp_bias()));
+  const int64_t c = o.n_embd(), f = o.intermediate_size();
+  gate_proj_ = mlp->register_module("gate_proj", Projection(c, f, o.mlp_bias(), deferred));
+  up_proj_ = mlp->register_module("up_proj", Projection(c, f, o.mlp_bias(), deferred));
+  down_proj_ = mlp->register_module("down_proj", Projection(f, c, o.mlp_bias(), deferred));
+  if (o.lora_rank() == 0) return;
+  const auto t = parse_llama_lora_targets(o.lora_targets());
+  auto adapter = [&](bool on, const char* name, int64_t in, int64_t out) {
+    return on ? mlp->register_module(name, LoRA(in, out, o.lora_rank(), o.lora_alpha())) : LoRA(nullptr);
+  };
+  gate_lora_ = adapter(t.gate, "gate_proj_lora", o.n_embd(), o.intermediate_size());
+  up_lora_ = adapter(t.up, "up_proj_lora", o.n_embd(), o.intermediate_size());
+  down_lora_ = adapter(t.down, "down_proj_lora", o.intermediate_size(), o.n_embd());
 }
 
 void LlamaBlockImpl::set_tensor_parallel(const tp::Parallel& tp) {
@@ -262,17 +295,27 @@ void LlamaBlockImpl::set_tensor_parallel(const tp::Parallel& tp) {
 torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const AttentionInputs& attention) {
   auto h = x + self_attn_(input_layernorm_(x, tp_), attention);
   const auto in = post_attention_layernorm_(h, tp_);
+  // LoRA: an adapter's output beside its projection's (column- or
+  // row-parallel like it under tensor parallelism).
+  auto adapted = [&](torch::Tensor y, LoRA lora, const torch::Tensor& input, bool column) {
+    if (!lora) return y;
+    if (!tp_.on()) return y + lora(input);
+    return y + (column ? lora->column_parallel(input, tp_) : lora->row_parallel(input, tp_));
+  };
   if (tp_.on()) {
-    // Megatron's MLP: gate and up column-parallel, down row-parallel (one
-    // sum over ranks forward, one backward).
-    const auto mid = torch::silu(tp_.column(in, gate_proj_->weight, gate_proj_->bias)) *
-                     tp_.column(in, up_proj_->weight, up_proj_->bias);
-    return h + tp_.row(mid, down_proj_->weight, down_proj_->bias);
+    // Megatron's MLP: gate and up column-parallel on one whole input, down
+    // row-parallel (one sum over ranks forward, one backward).
+    const auto whole = tp_.column_input(in);
+    const auto mid = torch::silu(adapted(torch::linear(whole, gate_proj_->weight, gate_proj_->bias), gate_lora_, in, true)) *
+                     adapted(torch::linear(whole, up_proj_->weight, up_proj_->bias), up_lora_, in, true);
+    return h + adapted(tp_.row(mid, down_proj_->weight, down_proj_->bias), down_lora_, mid, false);
   }
-  const auto mid = torch::silu(project(gate_proj_, in)) * project(up_proj_, in);
+  const auto mid = torch::silu(adapted(project(gate_proj_, in), gate_lora_, in, true)) *
+                   adapted(project(up_proj_, in), up_lora_, in, true);
   // The block's output reads down_proj's only through the residual add, whose
   // backward needs no values: a checkpoint's recompute skips this GEMM.
-  return h + linear_output_unread_in_recompute(mid, down_proj_->weight, down_proj_->bias);
+  return h + adapted(linear_output_unread_in_recompute(mid, down_proj_->weight, down_proj_->bias), down_lora_, mid,
+                     false);
 }
 
 LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
@@ -280,15 +323,23 @@ LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
   validate(o);
   inverse_frequencies_ = rope_inverse_frequencies(o);
   body_ = register_module("model", std::make_shared<torch::nn::Module>());
-  embed_tokens_ = body_->register_module("embed_tokens", torch::nn::Embedding(o.vocab_size(), o.n_embd()));
-  if (deferred) defer_parameters(*embed_tokens_);
+  // The matrices are made without values (Projection): a deferred build
+  // allocates nothing of them; an eager one fills them below.
+  embed_tokens_ = body_->register_module("embed_tokens", Projection(o.n_embd(), o.vocab_size(), false, deferred));
   auto layers = body_->register_module("layers", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < o.n_layer(); ++i) {
-    blocks_.push_back(layers->register_module(std::to_string(i), LlamaBlock(o)));
-    if (deferred) defer_parameters(*blocks_.back());
+    blocks_.push_back(layers->register_module(std::to_string(i), LlamaBlock(o, deferred)));
+    if (deferred) defer_parameters(*blocks_.back());  // the norms and LoRA's adapters
   }
   norm_ = body_->register_module("norm", RMSNorm(o.n_embd(), o.rms_norm_eps()));
-  if (!o.tie_weights()) lm_head_ = register_module("lm_head", make_linear(o.n_embd(), o.vocab_size(), false));
+  if (!o.tie_weights()) lm_head_ = register_module("lm_head", Projection(o.n_embd(), o.vocab_size(), false, deferred));
+  if (o.lora_rank() > 0) {
+    // Fine-tuning: only the adapters train; strategies leave frozen
+    // parameters out of gradients, optimizer state and communication.
+    for (auto& item : named_parameters()) {
+      if (!is_lora_parameter(item.key())) item.value().requires_grad_(false);
+    }
+  }
   if (deferred) {
     defer_parameters(*this);
     return;
@@ -298,7 +349,9 @@ LlamaImpl::LlamaImpl(const LlamaOptions& o, bool deferred)
 
 void LlamaImpl::init_parameter(const std::string& name, const torch::Tensor& p) const {
   torch::NoGradGuard no_grad;
-  if (name.ends_with("norm.weight")) {
+  if (is_lora_parameter(name)) {
+    init_lora_parameter(name, p, parameter_generator(init_seed_, name));
+  } else if (name.ends_with("norm.weight")) {
     p.fill_(1.0);
   } else if (p.dim() == 1) {
     p.zero_();
@@ -317,7 +370,8 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run
                     options_.block_size());
   // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
   // part of the sequence).
-  auto x = tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size()) : embed_tokens_(idx);
+  auto x = tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size())
+                     : torch::embedding(embed_tokens_->weight, idx);
   // Once per forward, for every block: the positions are the whole sequence's
   // even when sequence parallelism splits x.
   const auto in = attention_inputs(inverse_frequencies_, idx.size(1), options_.n_head() / options_.kv_heads(),
@@ -364,6 +418,20 @@ tp::Plan LlamaModule::tensor_parallel_plan() const {
   plan.push_back({"model.layers.*.mlp.up_proj", tp::Style::kColwise});
   plan.push_back({"model.layers.*.mlp.down_proj", tp::Style::kRowwise});
   if (!model_->options().tie_weights()) plan.push_back({"lm_head", tp::Style::kColwise});
+  // LoRA adapters split beside their projection: a column-parallel one's B
+  // by rows, a row-parallel one's A by columns; the other matrix stays whole.
+  const auto& o = model_->options();
+  if (o.lora_rank() > 0) {
+    const auto t = parse_llama_lora_targets(o.lora_targets());
+    const std::pair<bool, const char*> columns[] = {{t.q, "self_attn.q_proj"}, {t.k, "self_attn.k_proj"},
+                                                    {t.v, "self_attn.v_proj"}, {t.gate, "mlp.gate_proj"},
+                                                    {t.up, "mlp.up_proj"}};
+    for (const auto& [on, name] : columns) {
+      if (on) plan.push_back({std::string("model.layers.*.") + name + "_lora", tp::Style::kColwise, 1, "B"});
+    }
+    if (t.o) plan.push_back({"model.layers.*.self_attn.o_proj_lora", tp::Style::kRowwise, 1, "A"});
+    if (t.down) plan.push_back({"model.layers.*.mlp.down_proj_lora", tp::Style::kRowwise, 1, "A"});
+  }
   return plan;
 }
 
@@ -402,7 +470,10 @@ double LlamaModule::flops_per_token() const { return llama_flops_per_token(model
 double llama_flops_per_token(const LlamaOptions& o) {
   const double lookup = o.tie_weights() ? 0.0 : static_cast<double>(o.vocab_size() * o.n_embd());
   const double n = static_cast<double>(count_parameters(o)) - lookup;
-  return 6.0 * n + 12.0 * o.n_layer() * o.n_head() * o.head_size() * o.block_size();
+  // LoRA: frozen weights take no weight-gradient product, 4 FLOPs per
+  // parameter and token (forward, input gradient) instead of 6.
+  const double trainable = o.lora_rank() > 0 ? static_cast<double>(count_llama_lora_parameters(o)) : n;
+  return 4.0 * n + 2.0 * trainable + 12.0 * o.n_layer() * o.n_head() * o.head_size() * o.block_size();
 }
 
 }  // namespace strata::recipes

@@ -17,6 +17,7 @@
 //   auto options = strata::recipes::llama_preset("llama-micro").vocab_size(12).block_size(11);
 //   strata::recipes::LlamaModule module(options);
 #include "strata/core/training_module.h"
+#include "strata/recipes/models/lora.h"
 #include "strata/strategies/tp/plan.h"
 
 #include <torch/torch.h>
@@ -76,11 +77,42 @@ struct LlamaOptions {
   TORCH_ARG(std::string, attention) = "sdpa";
   /// transformers' model_type written on export: llama, mistral, qwen2, qwen3.
   TORCH_ARG(std::string, model_type) = "llama";
+  /// LoRA (models/lora.h): adapters of this rank on the lora_targets
+  /// projections, every other weight frozen; 0 = off.
+  TORCH_ARG(int64_t, lora_rank) = 0;
+  /// The adapters' output is scaled by lora_alpha / lora_rank (PEFT's default alpha 8).
+  TORCH_ARG(double, lora_alpha) = 8.0;
+  /// The projections that get adapters, comma-separated: q, k, v, o, gate,
+  /// up, down (PEFT's target_modules; "q_proj" spellings too), or "all".
+  /// PEFT's default for a Llama: q,v.
+  TORCH_ARG(std::string, lora_targets) = "q,v";
 
  public:
   int64_t kv_heads() const { return n_kv_head_ > 0 ? n_kv_head_ : n_head_; }
   int64_t head_size() const { return head_dim_ > 0 ? head_dim_ : n_embd_ / n_head_; }
 };
+
+/// Which of a block's projections get LoRA adapters.
+struct LlamaLoraTargets {
+  bool q = false, k = false, v = false, o = false, gate = false, up = false, down = false;
+  /// Adapters in the attention (q, k, v, o) or the MLP (gate, up, down).
+  bool attention() const { return q || k || v || o; }
+  bool mlp() const { return gate || up || down; }
+  /// Column-parallel (q, k, v, gate, up) and row-parallel (o, down) ones.
+  int64_t column_count() const { return q + k + v + gate + up; }
+  int64_t row_count() const { return o + down; }
+};
+
+/// lora_targets' text as a set: q, k, v, o, gate, up, down or their
+/// transformers names (q_proj, ..., down_proj), comma-separated, each once;
+/// "all" for the seven. Anything else is a one-line error naming the value
+/// and what is allowed.
+LlamaLoraTargets parse_llama_lora_targets(const std::string& text);
+
+/// The adapter parameters of a model with these options (0 without LoRA);
+/// with `tp_size` > 1, those of the largest tensor-parallel rank (a column
+/// adapter's B and a row adapter's A split, the other matrix whole).
+int64_t count_llama_lora_parameters(const LlamaOptions& options, int tp_size = 1);
 
 /// Presets with the shapes of the published config.json of each model
 /// (llama-3.2-1b, llama-3.1-8b, llama-3.1-70b, llama-3.1-405b,
@@ -100,16 +132,18 @@ std::string tensor_parallel_problem(const LlamaOptions& options, int size, bool 
 
 /// One-line errors naming the values: sizes <= 0, n_kv_head not dividing
 /// n_head, an odd head size (RoPE rotates pairs), a sliding window shorter
-/// than the block size, an unknown RoPE scaling or attention.
+/// than the block size, an unknown RoPE scaling or attention, a LoRA rank
+/// outside [0, n_embd], alpha <= 0 or unknown targets.
 void validate(const LlamaOptions& options);
 
 /// Parameters, counted from the options: per block the four attention
 /// projections (and their biases), the MLP's three, two norms (and q/k
-/// norms); the embedding, the final norm and an untied head.
+/// norms) and LoRA's adapters; the embedding, the final norm and an untied head.
 int64_t count_parameters(const LlamaOptions& options);
 
 /// 6 N + 12 L H D T FLOPs per token of a training step (N: the parameters
-/// but an untied embedding table, whose lookup is no product).
+/// but an untied embedding table, whose lookup is no product). Under LoRA
+/// frozen weights take no weight-gradient product: 4 N + 2 N_trainable.
 double llama_flops_per_token(const LlamaOptions& options);
 
 /// RoPE's inverse frequencies [head_size / 2] in fp32, as transformers
@@ -136,6 +170,20 @@ torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in);
 /// x's dtype, then times the weight.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
+/// A Linear's parameters, `weight` [out, in] and `bias` [out] (undefined
+/// without one), made without values: on the meta device when `deferred`,
+/// else uninitialised until LlamaImpl::init_parameter fills them. (torch's
+/// Linear and Embedding allocate and draw their own init in the
+/// constructor: a deferred build of llama-3.1-405b would allocate and fill
+/// 12.8 GB per layer only to drop it.) The embedding table is one too:
+/// `weight` [vocab, n_embd].
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  ProjectionImpl(int64_t in, int64_t out, bool bias, bool deferred);
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Projection);
+
 /// RMSNorm as a module (its parameter is `weight`), computed by rms_norm().
 class RMSNormImpl : public torch::nn::Module {
  public:
@@ -154,21 +202,22 @@ TORCH_MODULE(RMSNorm);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaOptions& options);
+  LlamaAttentionImpl(const LlamaOptions& options, bool deferred);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in);
   void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
   tp::Parallel tp_;
   LlamaOptions options_;
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};  // null without qk_norm
+  LoRA q_lora_{nullptr}, k_lora_{nullptr}, v_lora_{nullptr}, o_lora_{nullptr};  // null where not targeted
 };
 TORCH_MODULE(LlamaAttention);
 
 class LlamaBlockImpl : public torch::nn::Module {
  public:
-  explicit LlamaBlockImpl(const LlamaOptions& options);
+  LlamaBlockImpl(const LlamaOptions& options, bool deferred);
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in);
   void set_tensor_parallel(const tp::Parallel& tp);
 
@@ -176,7 +225,8 @@ class LlamaBlockImpl : public torch::nn::Module {
   tp::Parallel tp_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
-  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  Projection gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  LoRA gate_lora_{nullptr}, up_lora_{nullptr}, down_lora_{nullptr};  // null where not targeted
 };
 TORCH_MODULE(LlamaBlock);
 
@@ -193,7 +243,7 @@ class LlamaImpl : public torch::nn::Module {
   std::vector<LlamaBlock>& blocks() { return blocks_; }
   /// Initialisation of parameter `name`, in place, from its own generator
   /// (seed, name): matrices N(0, 0.02) (transformers' initializer_range),
-  /// norms 1, biases 0.
+  /// norms 1, biases 0, LoRA's A as a Linear's weight and B 0.
   void init_parameter(const std::string& name, const torch::Tensor& param) const;
   /// The forward calls `tp` from now on (the parameters were split by
   /// LlamaModule::tensor_parallel_plan); its logits are then this rank's part
@@ -207,10 +257,10 @@ class LlamaImpl : public torch::nn::Module {
   uint64_t init_seed_ = 0;
   torch::Tensor inverse_frequencies_;  // rope_inverse_frequencies(options_), CPU fp32
   std::shared_ptr<torch::nn::Module> body_;  // "model": embed_tokens, layers, norm
-  torch::nn::Embedding embed_tokens_{nullptr};
+  Projection embed_tokens_{nullptr};  // weight [vocab, n_embd]
   std::vector<LlamaBlock> blocks_;
   RMSNorm norm_{nullptr};
-  torch::nn::Linear lm_head_{nullptr};  // null when tied
+  Projection lm_head_{nullptr};  // null when tied
 };
 TORCH_MODULE(Llama);
 

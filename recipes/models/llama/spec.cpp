@@ -40,9 +40,13 @@ ModelPtr LlamaConfig::with_layers(int64_t n_layer) const {
   return std::make_shared<LlamaConfig>(o.n_layer(n_layer));
 }
 
-std::unique_ptr<TrainingModule> LlamaConfig::build(bool deferred, ParameterSource source) const {
+std::unique_ptr<TrainingModule> LlamaConfig::build(bool deferred, ParameterSourcePtr source) const {
   if (!source) return std::make_unique<LlamaModule>(options_, deferred);
   return std::make_unique<SourcedModule<LlamaModule>>(std::move(source), options_, deferred);
+}
+
+int64_t LlamaConfig::trainable_parameters() const {
+  return options_.lora_rank() > 0 ? count_llama_lora_parameters(options_) : parameters();
 }
 
 ModelSize LlamaConfig::size(int tp_size) const {
@@ -54,9 +58,12 @@ ModelSize LlamaConfig::size(int tp_size) const {
   // The vocabulary's uneven split rounds up; the final norm is whole.
   const int64_t rows = ceil_div(o.vocab_size(), size);
   const int64_t root = rows * o.n_embd() * (o.tie_weights() ? 1 : 2) + o.n_embd();
+  // LoRA: a block's trainable parameters are its adapters (the root has none).
+  const int64_t lora = count_llama_lora_parameters(o, size);
+  m.unit_params += lora / o.n_layer();
   m.params = size == 1 ? count_parameters(o) : root + m.units * m.unit_params;
-  m.trainable = m.params;
-  m.unit_trainable = m.unit_params;
+  m.trainable = lora > 0 ? lora : m.params;
+  m.unit_trainable = lora > 0 ? lora / o.n_layer() : m.unit_params;
   return m;
 }
 
@@ -109,24 +116,49 @@ tp::Boundaries LlamaConfig::tensor_parallel_boundaries(int64_t micro_batch, int6
   b.loss_positions = micro_batch * sequence;
   // Replicated parameters whose gradient sequence parallelism sums: the norms.
   b.sequence_parallel_params = (2 * layers + 1) * options_.n_embd();
+  if (options_.lora_rank() == 0) return b;
+  // LoRA: the base is frozen, so nothing before the first adapter needs a
+  // gradient: the embedding's sum, block 0's q/k/v input (its norm and the
+  // embedding are frozen), and without attention adapters block 0's o_proj
+  // sum and gate/up input, without any before it its down_proj sum.
+  const auto t = parse_llama_lora_targets(options_.lora_targets());
+  const bool qkv = t.q || t.k || t.v;
+  b.forward_sums_without_gradient = 1 + (qkv ? 0 : 1) + (t.attention() || t.gate || t.up ? 0 : 1);
+  b.backward_sums_without_gradient = 1 + (t.attention() ? 0 : 1);
+  // Narrow crossings: a column adapter's r features backward (its A product
+  // is whole), a row adapter's forward.
+  b.adapter_activation = micro_batch * sequence * options_.lora_rank();
+  b.adapter_forward_sums = layers * t.row_count();
+  b.adapter_backward_sums = layers * t.column_count();
+  const int64_t recomputed = checkpoint_every > 0 ? (layers + checkpoint_every - 1) / checkpoint_every : 0;
+  b.adapter_recomputed_sums = t.row_count() * recomputed;
+  b.adapter_recomputed_gathers = t.column_count() * recomputed;
+  // Only adapters train: the summed replicated gradients are the column
+  // adapters' A [r, C] and the row adapters' B [C, r].
+  b.sequence_parallel_params = layers * (t.column_count() + t.row_count()) * options_.lora_rank() * options_.n_embd();
   return b;
 }
 
-NamedTensors LlamaConfig::read_weights(const std::string& path) const {
+ParameterSourcePtr LlamaConfig::read_weights(const std::string& path) const {
   TORCH_CHECK_VALUE(is_hf_llama_dir(path), "--init-from '", path,
                     "': not a transformers directory of a Llama-family model (config.json with model_type llama, "
                     "mistral, qwen2 or qwen3, and its safetensors)");
-  const auto tensors = read_hf_tensors(path);
+  // The headers only: each rank reads its parts of the tensors when its
+  // strategy's setup asks (under FSDP only the bytes of its shards).
+  auto entries = read_hf_entries(path);
   LlamaModule shape_only(options_, /*deferred=*/true);  // names and shapes, no memory
-  NamedTensors out;
+  std::map<std::string, SafetensorsEntry> out;
   for (auto& item : shape_only.module().named_parameters()) {
-    const auto it = tensors.find(item.key());
-    TORCH_CHECK_VALUE(it != tensors.end(), "--init-from '", path, "': lacks '", item.key(), "' ", item.value().sizes());
-    TORCH_CHECK_VALUE(it->second.sizes() == item.value().sizes(), "--init-from '", path, "': '", item.key(),
-                      "' has shape ", it->second.sizes(), ", the model ", item.value().sizes());
+    if (is_lora_parameter(item.key())) continue;  // adapters start from their own init
+    const auto it = entries.find(item.key());
+    TORCH_CHECK_VALUE(it != entries.end(), "--init-from '", path, "': lacks '", item.key(), "' ", item.value().sizes());
+    TORCH_CHECK_VALUE(it->second.shape == item.value().sizes().vec(), "--init-from '", path, "': '", item.key(),
+                      "' has shape ", c10::IntArrayRef(it->second.shape), ", the model ", item.value().sizes());
+    TORCH_CHECK_VALUE(at::isFloatingType(it->second.dtype), "--init-from '", path, "': '", item.key(), "' is ",
+                      it->second.dtype, "; weights are floating point (F32, F16, BF16)");
     out[item.key()] = it->second;
   }
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name, entry] : entries) {
     if (out.count(name) || (options_.tie_weights() && name == "lm_head.weight") ||
         name.find("rotary_emb.inv_freq") != std::string::npos) {
       continue;
@@ -134,7 +166,7 @@ NamedTensors LlamaConfig::read_weights(const std::string& path) const {
     TORCH_CHECK_VALUE(false, "--init-from '", path, "': holds '", name, "', which this ", options_.model_type(),
                       " model has not");
   }
-  return out;
+  return safetensors_parameters(std::move(out));
 }
 
 namespace {
@@ -149,7 +181,8 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.j
 void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const {
   const std::string problem = export_problem(path, format);
   TORCH_CHECK_VALUE(problem.empty(), problem);
-  write_hf_llama(path, params, options_);
+  // LoRA: the adapters merged into their projections, so the directory is a plain model.
+  write_hf_llama(path, merge_lora(params, options_.lora_rank(), options_.lora_alpha()), options_);
   if (source_.empty()) return;
   namespace fs = std::filesystem;
   for (const char* name : kTokenizerFiles) {
@@ -170,11 +203,23 @@ std::string LlamaConfig::export_problem(const std::string& path, const std::stri
   return "";
 }
 
+std::map<std::string, std::string> LlamaConfig::resolved_texts() const {
+  std::map<std::string, std::string> texts{{"attention", options_.attention()}};
+  if (options_.lora_rank() > 0) texts["lora-targets"] = options_.lora_targets();
+  return texts;
+}
+
 ModelPtr llama_model(const LlamaOptions& options, const std::string& source) {
   return std::make_shared<LlamaConfig>(options, source);
 }
 
 namespace {
+
+/// LoRA's keys, when given, on `o`.
+void with_lora(LlamaOptions& o, const ModelRequest& r) {
+  o.lora_rank(r.integer("lora-rank", o.lora_rank())).lora_alpha(r.real("lora-alpha", o.lora_alpha()));
+  o.lora_targets(r.text("lora-targets", o.lora_targets()));
+}
 
 /// The model of an --init-from directory: its config, the data's block size.
 ModelPtr llama_from_directory(const ModelRequest& r) {
@@ -189,6 +234,7 @@ ModelPtr llama_from_directory(const ModelRequest& r) {
                     "': block size ", r.block_size, " exceeds its max_position_embeddings ",
                     o.max_position_embeddings());
   o.block_size(r.block_size).attention(r.text("attention", o.attention()));
+  with_lora(o, r);
   return llama_model(o, std::filesystem::absolute(r.init_from).lexically_normal().string());
 }
 
@@ -198,13 +244,14 @@ ModelSpec llama_model_spec() {
   ModelSpec spec("llama", "the Llama family (Llama 2/3, Mistral, Qwen2/2.5/3, SmolLM2, TinyLlama): RoPE, "
                           "RMSNorm, SwiGLU, grouped-query attention");
   spec.presets(llama_preset_names())
-      .keys({"n-layer", "n-head", "n-embd", "attention"})
+      .keys({"n-layer", "n-head", "n-embd", "attention", "lora-rank", "lora-alpha", "lora-targets"})
       .recognizes([](const std::string& path) { return is_hf_llama_dir(path); })
       .factory([](const ModelRequest& r) -> ModelPtr {
         if (r.preset.empty()) return llama_from_directory(r);
         LlamaOptions o = llama_preset(r.preset);
         o.n_layer(r.integer("n-layer", o.n_layer())).n_head(r.integer("n-head", o.n_head()));
         o.n_embd(r.integer("n-embd", o.n_embd())).attention(r.text("attention", o.attention()));
+        with_lora(o, r);
         o.vocab_size(r.vocab_size).block_size(r.block_size);
         o.max_position_embeddings(std::max(o.max_position_embeddings(), r.block_size));
         return llama_model(o);

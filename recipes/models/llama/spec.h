@@ -24,8 +24,10 @@ class LlamaConfig : public ModelConfig {
   std::string family() const override { return "llama"; }
   ModelShape shape() const override;
   ModelPtr with_layers(int64_t n_layer) const override;
-  std::unique_ptr<TrainingModule> build(bool deferred, ParameterSource source = nullptr) const override;
+  std::unique_ptr<TrainingModule> build(bool deferred, ParameterSourcePtr source = nullptr) const override;
   int64_t parameters() const override { return count_parameters(options_); }
+  /// Under LoRA its adapters.
+  int64_t trainable_parameters() const override;
   /// Per rank under tensor parallelism: q/k/v, gate/up and their biases,
   /// o/down's weights, the embedding and an untied head split; norms and
   /// o/down biases whole.
@@ -45,7 +47,7 @@ class LlamaConfig : public ModelConfig {
   /// A transformers directory (single or sharded safetensors): every
   /// parameter present with its shape, nothing else but a tied head's copy
   /// and stored RoPE buffers.
-  NamedTensors read_weights(const std::string& path) const override;
+  ParameterSourcePtr read_weights(const std::string& path) const override;
   /// "hf": a transformers directory, config.json in the family's own
   /// model_type and model.safetensors (sharded above 5 GiB, with its index);
   /// the tokenizer's files copied from source_directory() when it has them.
@@ -53,7 +55,8 @@ class LlamaConfig : public ModelConfig {
   void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
   std::string export_problem(const std::string& path, const std::string& format) const override;
   std::string source_directory() const override { return source_; }
-  std::map<std::string, std::string> resolved_texts() const override { return {{"attention", options_.attention()}}; }
+  /// attention, and lora-targets under LoRA (the family's default is PEFT's q,v).
+  std::map<std::string, std::string> resolved_texts() const override;
 
  private:
   LlamaOptions options_;
@@ -65,7 +68,8 @@ class LlamaConfig : public ModelConfig {
 ModelPtr llama_model(const LlamaOptions& options, const std::string& source = "");
 
 /// The llama family: llama_preset_names() or an --init-from transformers
-/// directory; the keys n-layer, n-head, n-embd (presets only) and attention.
+/// directory; the keys n-layer, n-head, n-embd (presets only), attention and
+/// LoRA's (lora-rank, lora-alpha, lora-targets: q,v unless given).
 /// From a preset the vocabulary and block size are the data's; from a
 /// directory its config's vocabulary (no smaller than the data's) and the
 /// data's block size (no longer than max_position_embeddings).

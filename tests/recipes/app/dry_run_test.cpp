@@ -3,7 +3,9 @@
 // each collective kind equal what the real run's ranks sent (summary.json),
 // its model state equals theirs byte for byte, and the planner's peak it
 // prints is within the planner's stated 10% of the real peak. Plus its
-// contract: nothing written, and no launcher.
+// contract: nothing written, and no launcher. The Llama presets up to
+// llama-3.1-405b at 1,024 ranks hold the formula's state.
+#include "strata/recipes/models/llama/spec.h"
 #include "tests/run_binary.h"
 #include "tests/temp_dir.h"
 
@@ -89,6 +91,33 @@ void expect_dry_run_matches_real_runs(int world) {
 TEST(DryRunTest, TwoRanksSendAndHoldWhatARealRunDoes) { expect_dry_run_matches_real_runs(2); }
 TEST(DryRunTest, ThreeRanksSendAndHoldWhatARealRunDoes) { expect_dry_run_matches_real_runs(3); }
 TEST(DryRunTest, FourRanksSendAndHoldWhatARealRunDoes) { expect_dry_run_matches_real_runs(4); }
+
+TEST(DryRunTest, LlamaPresetsAtAThousandRanksHoldTheFormulasState) {
+  // llama-3.1-8b, -70b and -405b under fsdp x 1024 (no layer is ever
+  // allocated: a deferred Llama's matrices are meta from the start). Each
+  // rank's state is FSDP's formula over the spec's counts: per unit, and for
+  // the root, ceil(params / N) elements of fp32 parameters and gradients,
+  // twice that of AdamW's moments.
+  const int world = 1024;
+  for (const std::string preset : {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"}) {
+    SCOPED_TRACE(preset);
+    const auto dry = run_gpt_binary("--preset " + preset + " --data " STRATA_SOURCE_DIR "/docs/design.md "
+                                    "--block-size 1024 --batch-size 1 --strategy fsdp --nproc 1024 --dry-run");
+    ASSERT_EQ(dry.exit_code, 0) << dry.output;
+    const auto model = strata::recipes::llama_model(
+        strata::recipes::llama_preset(preset).vocab_size(256).block_size(1024).max_position_embeddings(131072));
+    const auto size = model->size();
+    const int64_t root = size.params - size.units * size.unit_params;
+    const int64_t elements = size.units * ((size.unit_params + world - 1) / world) + (root + world - 1) / world;
+    for (int rank : {0, world - 1}) {
+      const auto state = numbers(dry.output, "model state bytes", rank);
+      ASSERT_FALSE(state.empty()) << dry.output;
+      EXPECT_EQ(state.at("params"), 4 * elements) << "rank " << rank;
+      EXPECT_EQ(state.at("grads"), 4 * elements) << "rank " << rank;
+      EXPECT_EQ(state.at("optimizer"), 8 * elements) << "rank " << rank;
+    }
+  }
+}
 
 TEST(DryRunTest, RefusesToRunUnderALauncher) {
   const auto run = run_gpt_binary(flags("fsdp", 2) + " --dry-run", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "

@@ -164,7 +164,7 @@ TEST(LoraTest, MergedWeightsComputeTheAdaptedModel) {
   }
   auto plain = make_module(lora_options(0));
   const auto merged = strata::recipes::merge_lora(strata::recipes::named_parameters_of(lora.module()),
-                                                  lora_options());
+                                                  lora_options().lora_rank(), lora_options().lora_alpha());
   {
     torch::NoGradGuard no_grad;
     for (auto& item : plain.module().named_parameters()) item.value().copy_(merged.at(item.key()));

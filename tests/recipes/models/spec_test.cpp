@@ -62,7 +62,7 @@ TEST(ModelSpecTest, WhatAFamilyDoesNotReadIsRefusedNamingKeyAndFamily) {
   const auto registry = builtins();
   EXPECT_EQ(what_of([&] { registry.resolve(request("llama-micro", {{"bias", "false"}})); }),
             "--bias false does not apply to the llama family (--preset llama-micro); its options: --n-layer, "
-            "--n-head, --n-embd, --attention");
+            "--n-head, --n-embd, --attention, --lora-rank, --lora-alpha, --lora-targets");
   EXPECT_NE(what_of([&] { registry.resolve(request("gpt-5")); }).find("unknown preset 'gpt-5'; available: gpt-nano"),
             std::string::npos);
   EXPECT_EQ(what_of([&] { registry.resolve(request("gpt-micro", {{"n-layer", "two"}})); }),
@@ -70,6 +70,12 @@ TEST(ModelSpecTest, WhatAFamilyDoesNotReadIsRefusedNamingKeyAndFamily) {
   // The family's own validation still runs: fused is the GPT's kernel.
   EXPECT_NE(what_of([&] { registry.resolve(request("llama-micro", {{"attention", "fused"}})); }).find("fused"),
             std::string::npos);
+  // LoRA's targets are the family's own names.
+  EXPECT_EQ(what_of([&] { registry.resolve(request("gpt-micro", {{"lora-rank", "4"}, {"lora-targets", "q,v"}})); }),
+            "unknown LoRA targets 'q,v'; allowed: attn, mlp, attn,mlp");
+  EXPECT_EQ(what_of([&] { registry.resolve(request("llama-micro", {{"lora-rank", "4"}, {"lora-targets", "attn"}})); }),
+            "unknown LoRA target 'attn' in 'attn'; allowed: q, k, v, o, gate, up, down (or q_proj, ..., down_proj), "
+            "comma-separated, or all");
   ModelRegistry twice = builtins();
   EXPECT_NE(what_of([&] { twice.add(gpt_model_spec()); }).find("'gpt' is already registered"), std::string::npos);
   ModelSpec clash("mine", "a user's family");
@@ -153,8 +159,13 @@ TEST(ModelSpecTest, ATransformersDirectoryGivesTheLlamaModelWithoutAPreset) {
   EXPECT_EQ(model->shape().vocab_size, 40) << "the checkpoint's vocabulary, not the data's 12";
   EXPECT_EQ(model->shape().block_size, 11) << "the data's block size";
   const auto weights = model->read_weights(r.init_from);
-  EXPECT_EQ(weights.size(), tensors.size());
-  for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(weights.at(name), t)) << name;
+  EXPECT_TRUE(weights->serves_parts()) << "read in parts, as each FSDP rank reads its shards";
+  for (const auto& [name, t] : tensors) {
+    ASSERT_TRUE(weights->has(name)) << name;
+    auto flat = torch::empty({t.numel()});
+    weights->read(name, 0, t.numel(), flat);
+    EXPECT_TRUE(torch::equal(flat.view(t.sizes()), t)) << name;
+  }
   r.preset = "llama-nano";
   EXPECT_NE(what_of([&] { registry.resolve(r); }).find("both give the model; drop --preset"), std::string::npos);
   r.preset = "";

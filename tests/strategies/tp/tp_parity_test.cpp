@@ -353,29 +353,9 @@ void expect_dry_run_sends_and_holds_the_same(const std::string& flags, const nlo
 /// the largest rank's peak tensor memory within the planner's stated 10% of
 /// its prediction (tp::activation_scale scales the unsplit activations),
 /// where the planner is calibrated (no checkpointing, no accumulation).
-TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction) {
-  // Vocabulary 64: every rank holds the same number of rows, so rank 0's
-  // bytes are the largest rank's, which the prediction is for.
-  const std::string common = "--preset gpt-nano --n-head 6 --data " + token_data(64).string() +
-                             " --vocab-size 64 --block-size 12 --dropout 0 --max-steps 4 --optimizer sgd --lr 0.1"
-                             " --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 0 --progress-bar false"
-                             " --comm-timeout 60 ";
-  for (const std::string how : {"--strategy single --nproc 2 --tp-size 2 --batch-size 4",
-                                "--strategy single --nproc 3 --tp-size 3 --batch-size 4 --sequence-parallel",
-                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
-                                "--activation-checkpointing 2 --accumulate-grad-batches 2",
-                                "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --sequence-parallel",
-                                "--strategy fsdp --nproc 4 --tp-size 2 --batch-size 2",
-                                // LoRA: adapters' r-wide crossings, a frozen base's missing backward halves.
-                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
-                                "--activation-checkpointing 2 --lora-rank 4 --lora-targets mlp",
-                                "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --lora-rank 4 "
-                                "--lora-targets attn,mlp",
-                                // bf16: row-parallel products in bf16, LayerNorm outputs and lookups in fp32.
-                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed",
-                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed "
-                                "--sequence-parallel --activation-checkpointing 1 --lora-rank 4 --lora-targets mlp"}) {
-    const fs::path out = scratch() / ("bytes-" + std::to_string(std::hash<std::string>{}(how)));
+void expect_bytes_and_peak_as_predicted(const std::string& common, const std::vector<std::string>& runs) {
+  for (const std::string& how : runs) {
+    const fs::path out = scratch() / ("bytes-" + std::to_string(std::hash<std::string>{}(common + how)));
     const auto run = run_gpt_binary(common + how + " --output-dir " + out.string());
     ASSERT_EQ(run.exit_code, 0) << how << "\n" << run.output;
     std::ifstream in(out / "summary.json");
@@ -401,6 +381,44 @@ TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction)
     EXPECT_GT(ratio, 0.9) << how;
     EXPECT_LT(ratio, 1.1) << how;
   }
+}
+
+TEST(TpBytesTest, EachCollectiveEqualsTheFormulaAndThePeakThePlannersPrediction) {
+  // Vocabulary 64: every rank holds the same number of rows, so rank 0's
+  // bytes are the largest rank's, which the prediction is for.
+  const std::string common = "--preset gpt-nano --n-head 6 --data " + token_data(64).string() +
+                             " --vocab-size 64 --block-size 12 --dropout 0 --max-steps 4 --optimizer sgd --lr 0.1"
+                             " --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 0 --progress-bar false"
+                             " --comm-timeout 60 ";
+  expect_bytes_and_peak_as_predicted(common, {"--strategy single --nproc 2 --tp-size 2 --batch-size 4",
+                                "--strategy single --nproc 3 --tp-size 3 --batch-size 4 --sequence-parallel",
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
+                                "--activation-checkpointing 2 --accumulate-grad-batches 2",
+                                "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --sequence-parallel",
+                                "--strategy fsdp --nproc 4 --tp-size 2 --batch-size 2",
+                                // LoRA: adapters' r-wide crossings, a frozen base's missing backward halves.
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --sequence-parallel "
+                                "--activation-checkpointing 2 --lora-rank 4 --lora-targets mlp",
+                                "--strategy ddp --nproc 4 --tp-size 2 --batch-size 2 --lora-rank 4 "
+                                "--lora-targets attn,mlp",
+                                // bf16: row-parallel products in bf16, LayerNorm outputs and lookups in fp32.
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed",
+                                "--strategy single --nproc 2 --tp-size 2 --batch-size 4 --precision bf16-mixed "
+                                "--sequence-parallel --activation-checkpointing 1 --lora-rank 4 --lora-targets mlp"});
+}
+
+TEST(TpBytesTest, LlamaEachCollectiveEqualsTheFormula) {
+  // A Llama's q, k and v (and gate and up) read one whole input: two column
+  // crossings a block, as the formula counts; LoRA on q, v and down (a frozen
+  // base's missing backward halves before the first adapter), under bf16.
+  const std::string common = "--preset llama-micro --n-embd 64 --data " + token_data(64).string() +
+                             " --vocab-size 64 --block-size 12 --max-steps 4 --optimizer sgd --lr 0.1"
+                             " --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 0 --progress-bar false"
+                             " --comm-timeout 60 ";
+  expect_bytes_and_peak_as_predicted(common, {"--strategy single --nproc 2 --tp-size 2 --batch-size 4",
+                                              "--strategy single --nproc 2 --tp-size 2 --batch-size 4 "
+                                              "--sequence-parallel --activation-checkpointing 2 --lora-rank 4 "
+                                              "--lora-targets q,v,down --precision bf16-mixed"});
 }
 
 TEST(TpDryRunTest, DropoutDrawsNothingOnTheFakeWorld) {

@@ -2,14 +2,21 @@
 // transformers checkpoint directory (a Qwen3 model transformers saved: grouped
 // queries, q/k norms, tied head) given only as --init-from, under fsdp over 2
 // ranks with every block checkpointed, as one process trains it; the export
-// is a directory transformers loads, holding the trained weights.
+// is a directory transformers loads, holding the trained weights. LoRA on
+// all seven projections under fsdp x2: the exported directory (adapters
+// merged) gives in transformers the logits PEFT computes with the trained
+// adapters beside the base model.
+#include "strata/recipes/io/safetensors.h"
 #include "tests/run_binary.h"
 #include "tests/run_outputs.h"
 #include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 
 namespace {
 namespace fs = std::filesystem;
@@ -35,6 +42,36 @@ if mode == 'make':
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token='[UNK]'))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token='[UNK]').save_pretrained(out)
+elif mode == 'large':  # 58M parameters in bf16, sharded as transformers shards (4 files of <= 40 MB)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                   num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
+                                   tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, max_shard_size='40MB')
+elif mode == 'lora':  # the merged export against PEFT with the run's adapters on the base
+    import peft
+    from safetensors.torch import load_file
+    base, adapters, alpha = sys.argv[3], load_file(sys.argv[4]), float(sys.argv[5])
+    targets = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']
+    pm = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(base),
+                             peft.LoraConfig(r=4, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets))
+    loaded = 0
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if 'lora_' not in name:
+                continue
+            ours = name.replace('base_model.model.', '')
+            ours = ours.replace('.lora_A.default.weight', '_lora.A').replace('.lora_B.default.weight', '_lora.B')
+            p.copy_(adapters[ours])
+            loaded += 1
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1))
+    merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        want, got = pm.eval()(input_ids=ids).logits, merged(input_ids=ids).logits
+        plain = transformers.AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits
+    print('loaded=%d' % loaded)
+    print('diff=%g' % (got - want).abs().max().item())
+    print('delta=%g' % (want - plain).abs().max().item())
 else:  # compare: the export as transformers loads it, against the start
     trained = transformers.AutoModelForCausalLM.from_pretrained(out).state_dict()
     start = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[3]).state_dict()
@@ -101,6 +138,58 @@ TEST(LlamaE2ETest, FineTunesATransformersDirectoryUnderFsdpWithCheckpointingAsOn
   const auto rerun = strata::testing::run_python(kPython, dir.path() / "hf.py", kScript,
                                                  "compare " + (dir.path() / "again-export").string() + " " + hf.string());
   EXPECT_LE(std::stod(rerun.at("moved")), 1e-9);
+}
+
+TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
+  strata::testing::TempDir dir;
+  const fs::path hf = dir.path() / "qwen3";
+  strata::testing::run_python(kPython, dir.path() / "hf.py", kScript, "make " + hf.string());
+  const auto run = run_gpt_binary(common(hf, dir.path() / "lora") + " --strategy fsdp --nproc 2 --batch-size 4 "
+                                  "--lora-rank 4 --lora-alpha 16 --lora-targets all --dump-params " +
+                                  (dir.path() / "lora.pt").string() + " --export-weights " +
+                                  (dir.path() / "export").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::map<std::string, torch::Tensor> adapters;
+  for (const auto& [name, t] : strata::testing::load_archive(dir.path() / "lora.pt")) {
+    if (name.find("_lora.") != std::string::npos) adapters[name] = t;
+  }
+  ASSERT_EQ(adapters.size(), 2u * 7u * 2u) << "A and B of seven projections in two blocks";
+  strata::recipes::write_safetensors((dir.path() / "adapters.safetensors").string(), adapters);
+  const auto seen = strata::testing::run_python(
+      kPython, dir.path() / "hf.py", kScript,
+      "lora " + (dir.path() / "export").string() + " " + hf.string() + " " + (dir.path() / "adapters.safetensors").string() +
+          " 16");
+  EXPECT_EQ(std::stoi(seen.at("loaded")), 28);
+  EXPECT_GT(std::stod(seen.at("delta")), 1e-3) << "the trained adapters change the logits";
+  EXPECT_LT(std::stod(seen.at("diff")), 1e-5) << "transformers on the merged export vs PEFT with the adapters";
+}
+
+TEST(LlamaE2ETest, UnderFsdpEachRankReadsOnlyItsShardsOfAShardedBf16Directory) {
+  // The load's peak on each rank (summary.json: the resident set size's rise
+  // during setup) stays below what the rank must hold anyway, its fp32
+  // parameter and gradient shards, plus the largest tensor, plus 10%. Reading
+  // the whole directory on each rank (about 116 MB of bf16 here) or
+  // materialising the root unit whole (embedding and head, 131 MB in fp32)
+  // would exceed it.
+  strata::testing::TempDir dir;
+  const fs::path hf = dir.path() / "llama";
+  strata::testing::run_python(kPython, dir.path() / "hf.py", kScript, "large " + hf.string());
+  ASSERT_TRUE(fs::exists(hf / "model.safetensors.index.json")) << "sharded";
+  const auto run = run_gpt_binary(common(hf, dir.path() / "out", "1") + " --strategy fsdp --nproc 2 --batch-size 1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(dir.path() / "out" / "summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  const int64_t largest = int64_t{32000} * 512 * 4;  // the embedding (and the head), fp32
+  for (const auto& rank : summary["per_rank"]) {
+    const int64_t before = rank["setup_rss_bytes"], peak = rank["setup_peak_rss_bytes"];
+    if (peak < 0) GTEST_SKIP() << "the kernel refused to reset the peak RSS (/proc/self/clear_refs)";
+    const int64_t shards = rank["memory"]["params"].get<int64_t>() + rank["memory"]["grads"].get<int64_t>();
+    const double bound = 1.1 * double(shards + largest);
+    std::cout << "[ llama load ] rank " << rank["rank"] << ": RSS rose " << (peak - before) / 1e6
+              << " MB during setup; its shards " << shards / 1e6 << " MB, bound " << bound / 1e6 << " MB\n";
+    EXPECT_GT(shards, 200'000'000) << "fp32 parameter and gradient shards of half of 58M parameters";
+    EXPECT_LT(double(peak - before), bound) << "rank " << rank["rank"];
+  }
 }
 
 TEST(LlamaE2ETest, APresetOfAnotherFamilyOrAShapeFlagBesideTheDirectoryIsRefused) {

@@ -6,8 +6,9 @@
 // large or small moves every parameter and the logged norm by N); AdamW the
 // recipe's optimizer. With activation checkpointing of every block under fsdp
 // too, and tensor parallelism of grouped-query attention (tp 2, sequence
-// parallel off and on; dp 2 x tp 2). The control shows the tolerance sees one
-// step of the wrong size.
+// parallel off and on; dp 2 x tp 2), with LoRA on all seven projections
+// (fsdp, tp 2 with sequence parallelism) and under bf16-mixed. The control
+// shows the tolerance sees one step of the wrong size.
 #include "strata/recipes/models/llama/llama.h"
 #include "strata/recipes/models/llama/spec.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -21,6 +22,7 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <mutex>
 
 namespace {
@@ -39,16 +41,26 @@ class GradNorms : public Callback {
   std::vector<double> norms;
 };
 
+/// How the thread-ranks split (tp 1 is data parallelism alone) and which
+/// model they train.
+struct Split {
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool checkpoint = false;
+  /// LoRA adapters of this rank on every projection (0: off).
+  int64_t lora_rank = 0;
+};
+
 /// llama-nano's 3 query heads over 1 kv head; with `split_heads` 4 over 2
 /// (whole kv heads per rank at tp 2). Either with q/k norms and q/k/v biases.
-std::unique_ptr<recipes::LlamaModule> make_llama(bool checkpoint, bool split_heads = false) {
+std::unique_ptr<recipes::LlamaModule> make_llama(bool checkpoint, bool split_heads = false, int64_t lora_rank = 0) {
   // Thread-ranks share torch's default generator, whose seed the model's
   // per-parameter init reads: seed and build under one lock.
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   torch::manual_seed(11);
   auto o = split_heads ? recipes::LlamaOptions(2, 4, 48, 128).n_kv_head(2) : recipes::llama_preset("llama-nano");
-  o.vocab_size(16).block_size(8).qk_norm(true).qkv_bias(true);
+  o.vocab_size(16).block_size(8).qk_norm(true).qkv_bias(true).lora_rank(lora_rank).lora_targets("all");
   auto m = std::make_unique<recipes::LlamaModule>(o);
   if (checkpoint) apply_activation_checkpointing(*m, ActivationCheckpointOptions().every_n(1));
   return m;
@@ -66,20 +78,14 @@ TrainedRun collect(TrainingModule& module, const GradNorms& norms) {
   return out;
 }
 
-TrainedRun train_single(const TrainerOptions& o, bool checkpoint = false, bool split_heads = false) {
-  auto module = make_llama(checkpoint, split_heads);
+TrainedRun train_single(const TrainerOptions& o, bool checkpoint = false, bool split_heads = false,
+                        int64_t lora_rank = 0) {
+  auto module = make_llama(checkpoint, split_heads, lora_rank);
   strata::testing::ToyData data;
   auto norms = std::make_shared<GradNorms>();
   Trainer(o, std::make_shared<SingleDeviceStrategy>(), {norms}).fit(*module, data);
   return collect(*module, *norms);
 }
-
-/// How the thread-ranks split: tp 1 is data parallelism alone.
-struct Split {
-  int tp = 1;
-  bool sequence_parallel = false;
-  bool checkpoint = false;
-};
 
 /// `world` thread-ranks as dp (world / tp) x tp (tp innermost); `strategy`
 /// over the data-parallel groups; rank 0's full parameters.
@@ -89,7 +95,7 @@ TrainedRun train_threads(const std::string& strategy, int world, const TrainerOp
   std::mutex mu;
   std::vector<TrainedRun> per_rank(world);
   run_thread_world(world, [&](Comm& comm) {
-    auto module = make_llama(split.checkpoint, /*split_heads=*/split.tp > 1);
+    auto module = make_llama(split.checkpoint, /*split_heads=*/split.tp > 1, split.lora_rank);
     Comm dp_group = comm;
     std::shared_ptr<tp::TensorParallel> parallel;
     if (split.tp > 1) {
@@ -185,6 +191,53 @@ TEST(LlamaParityTest, TensorParallelGroupedQueryAttentionMatchesSingle) {
   EXPECT_EQ(recipes::tensor_parallel_problem(o, 2, false),
             "tensor-parallel size 2 does not divide the 3 query heads and 1 kv heads (each rank holds whole kv heads "
             "with their query groups)");
+}
+
+void expect_same_steps(const TrainedRun& got, const TrainedRun& ref, const std::string& what) {
+  ASSERT_EQ(got.grad_norms.size(), 10u) << what;
+  for (size_t step = 0; step < got.grad_norms.size(); ++step) {
+    EXPECT_NEAR(got.grad_norms[step], ref.grad_norms[step], 1e-5 * ref.grad_norms[step]) << what << " step " << step + 1;
+  }
+  EXPECT_LE(max_diff(got, ref), 1e-5) << what;
+}
+
+TEST(LlamaParityTest, LoraOnEveryProjectionMatchesSingleUnderFsdpAndTensorParallelism) {
+  // Adapters of rank 4 on q, k, v, o, gate, up and down, the base frozen:
+  // fsdp x2 with every block checkpointed (frozen and trainable flat
+  // parameters per unit), and tp 2 with sequence parallelism (column
+  // adapters' B and row adapters' A split, their A and B gradients summed).
+  const TrainedRun ref = train_single(options("sgd", 4, kSgdLr), false, false, /*lora_rank=*/4);
+  ASSERT_GT(ref.grad_norms.front(), 0.0);
+  expect_same_steps(train_threads("fsdp", 2, options("sgd", 2, kSgdLr), {.checkpoint = true, .lora_rank = 4}), ref,
+                    "fsdp x2 + ac, lora");
+  const TrainedRun split_ref = train_single(options("sgd", 2, kSgdLr), false, /*split_heads=*/true, 4);
+  const TrainedRun tp = train_threads("single", 2, options("sgd", 2, kSgdLr),
+                                      {.tp = 2, .sequence_parallel = true, .lora_rank = 4});
+  expect_same_steps(tp, split_ref, "tp 2 + sp, lora");
+  const auto split = make_llama(false, /*split_heads=*/true, 4);
+  EXPECT_EQ(recipes::llama_model(split->model()->options())->size(2).params, tp.largest_part);
+}
+
+TEST(LlamaParityTest, FsdpUnderBf16MixedMatchesSingleBf16Mixed) {
+  // autocast rounds the products' inputs to bf16 in both runs; the sums of
+  // two ranks' gradients differ in rounding only (the GPT's tolerance,
+  // fsdp/mixed_precision_test.cpp).
+  auto bf16 = [](int64_t batch) { return options("sgd", batch, kSgdLr).precision(Precision::kBf16Mixed); };
+  const auto init = make_llama(false);
+  std::vector<torch::Tensor> start;
+  for (const auto& p : init->module().parameters()) start.push_back(p.detach().clone());
+  const TrainedRun ref = train_single(bf16(4));
+  const TrainedRun got = train_threads("fsdp", 2, bf16(2));
+  double moved = 0, off = 0;
+  for (size_t i = 0; i < start.size(); ++i) {
+    moved += (ref.params[i] - start[i]).pow(2).sum().item<double>();
+    off += (got.params[i] - ref.params[i]).pow(2).sum().item<double>();
+  }
+  ASSERT_GT(moved, 0.0);
+  std::cout << "[ llama bf16 ] fsdp x2 vs single, bf16-mixed: max |param diff| " << max_diff(got, ref)
+            << ", relative update error " << std::sqrt(off / moved) << "\n";
+  EXPECT_LE(max_diff(got, ref), 5e-3);
+  EXPECT_LE(std::sqrt(off / moved), 0.1) << "relative update error";
 }
 
 TEST(LlamaParityTest, OneStepOfTheWrongSizeIsFarOutsideTheTolerance) {

@@ -136,6 +136,16 @@ TEST(LlamaTest, ShardedDirectoryRoundTripsAndItsIndexStaysInside) {
   for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(back.at(name), t)) << name;
   auto loaded = load_hf_llama(dir.path().string());
   EXPECT_EQ(loaded->model()->named_parameters()["model.norm.weight"].scalar_type(), torch::kFloat32);
+  // A part of a tensor, read from its bytes in the file, converted to fp32:
+  // what each FSDP rank reads of its shard (odd bounds, across rows).
+  const auto entries = read_hf_entries(dir.path().string());
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  const auto whole = tensors.at(name).to(torch::kFloat32).reshape({-1});
+  auto part = torch::full({whole.numel() - 40}, -1.0f);
+  read_safetensors_range(entries.at(name), 17, whole.numel() - 23, part);
+  EXPECT_TRUE(torch::equal(part, whole.narrow(0, 17, whole.numel() - 40)));
+  EXPECT_NE(what_of([&] { read_safetensors_range(entries.at(name), 0, whole.numel() + 1, part); }).find("outside"),
+            std::string::npos);
 
   // An index that names a file outside the directory is refused by name.
   std::ifstream in(dir.path() / "model.safetensors.index.json");
