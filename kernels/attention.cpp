@@ -125,7 +125,7 @@ torch::Tensor readable(const torch::Tensor& t) {
 void forward_heads(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const TileShape& ts,
                    torch::Tensor& out, torch::Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), T = ts.T, D = ts.D;
-  const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v);
+  const HeadView qv = view_of(q), kv = view_of(k, H), vv = view_of(v, H);
   const int64_t Tp = round_up(T, kBlockCols);
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
@@ -153,7 +153,8 @@ void backward_heads(const torch::Tensor& q, const torch::Tensor& k, const torch:
                     const TileShape& ts, torch::Tensor& dq, torch::Tensor& dk, torch::Tensor& dv) {
   const int64_t B = q.size(0), H = q.size(1), T = ts.T, D = ts.D;
   // out: fp32 or q's dtype
-  const BackwardInputs in{view_of(q), view_of(k), view_of(v), view_of(grad_out), view_of(out)};
+  // dk, dv: per query head (the caller sums each kv head's group).
+  const BackwardInputs in{view_of(q), view_of(k, H), view_of(v, H), view_of(grad_out), view_of(out)};
   const int64_t Tp = round_up(T, kBlockCols), Dp = ts.Dp;
   const float* lse_data = lse.data_ptr<float>();
   const int64_t gsb = dq.stride(0), gsh = dq.stride(1), gst = dq.stride(2);
@@ -220,6 +221,8 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
   const auto lse_c = lse.to(torch::kFloat32).contiguous();
   TORCH_CHECK(lse_c.numel() == B * H * T, "causal attention backward: lse has ", lse_c.numel(),
               " elements, expected B·H·T = ", B * H * T);
+  // dk, dv per query head; with grouped queries each kv head's group is
+  // summed below (a transient [B, H, T, D] pair, in backward only).
   auto dq = empty_bthd(B, H, T, D), dk = empty_bthd(B, H, T, D), dv = empty_bthd(B, H, T, D);
   if (q.numel() > 0) {
     const TileShape ts(T, D, dropout_p, seed);
@@ -228,6 +231,10 @@ AttentionGrads causal_attention_backward(const torch::Tensor& grad_out_in, const
     } else {
       backward_heads(q, k, v, grad_out, out, lse_c, ts, dq, dk, dv);
     }
+  }
+  if (const int64_t kv_heads = k.size(1); kv_heads < H) {
+    dk = dk.view({B, kv_heads, H / kv_heads, T, D}).sum(2);
+    dv = dv.view({B, kv_heads, H / kv_heads, T, D}).sum(2);
   }
   const auto dtype = q.scalar_type();
   if (dtype == at::kFloat) return {dq, dk, dv};

@@ -6,7 +6,10 @@
 //
 // Shapes: q, k, v are [B, H, T, D] (any strides; D is made contiguous); the
 // output has the same shape, laid out as [B, T, H, D] in memory so that the
-// caller's transpose(1, 2).contiguous() is free. The forward keeps only the
+// caller's transpose(1, 2).contiguous() is free. Grouped-query attention: k
+// and v may be [B, Hkv, T, D] with Hkv dividing H, query head h reading kv
+// head h / (H / Hkv) (transformers' repeat_kv order) without k and v ever
+// being repeated; their gradients sum over each kv head's query heads. The forward keeps only the
 // per-row logsumexp [B, H, T] (fp32) besides its inputs and output: activation
 // memory is O(B·H·T) instead of the naive path's O(B·H·T²) scores.
 //

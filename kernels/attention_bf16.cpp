@@ -153,7 +153,7 @@ void transpose_pairs(const Pair* src, int64_t rows, int64_t cols, Pair* dst) {
 /// dst [T, ld] (columns past D keep their zeros).
 void raw_rows(const HeadView& view, int64_t bh, int64_t T, int64_t D, uint16_t* dst, int64_t ld) {
   const auto* data = static_cast<const uint16_t*>(view.data);
-  const int64_t b = bh / view.H, h = bh % view.H;
+  const int64_t b = bh / view.H, h = (bh % view.H) / view.group;
   for (int64_t t = 0; t < T; ++t) std::memcpy(dst + t * ld, data + b * view.sb + h * view.sh + t * view.st, D * 2);
 }
 
@@ -308,7 +308,7 @@ bool available() {
 void forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const TileShape& ts,
              torch::Tensor& out, torch::Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), T = ts.T;
-  const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v);
+  const HeadView qv = view_of(q), kv = view_of(k, H), vv = view_of(v, H);
   const int64_t Tp = round_up(T, kBlockCols);
   float* out_data = out.data_ptr<float>();
   float* lse_data = lse.data_ptr<float>();
@@ -330,7 +330,8 @@ void backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tenso
               const torch::Tensor& out, const torch::Tensor& lse, const TileShape& ts, torch::Tensor& dq,
               torch::Tensor& dk, torch::Tensor& dv) {
   const int64_t B = q.size(0), H = q.size(1), T = ts.T, D = ts.D, Dp = ts.Dp;
-  const HeadView qv = view_of(q), kv = view_of(k), vv = view_of(v), gv = view_of(grad_out), ov = view_of(out);
+  // dk, dv per query head, as the fp32 backward.
+  const HeadView qv = view_of(q), kv = view_of(k, H), vv = view_of(v, H), gv = view_of(grad_out), ov = view_of(out);
   const int64_t Tp = round_up(T, kBlockCols);
   const float* lse_data = lse.data_ptr<float>();
   const int64_t gsb = dq.stride(0), gsh = dq.stride(1), gst = dq.stride(2);

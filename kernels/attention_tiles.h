@@ -186,11 +186,13 @@ struct HeadView {
   const void* data;
   at::ScalarType dtype;
   int64_t sb, sh, st;
-  int64_t H;
+  int64_t H;          ///< the query heads bh counts
+  int64_t group = 1;  ///< query heads per head of this tensor (grouped-query k, v)
 
-  /// Copies rows [0, T) of head bh into dst [T, ld] as fp32 times `scale`.
+  /// Copies rows [0, T) of (query) head bh into dst [T, ld] as fp32 times
+  /// `scale`; of a grouped tensor, the head that query head reads.
   void rows_to(int64_t bh, int64_t T, int64_t D, float scale, float* dst, int64_t ld) const {
-    const int64_t b = bh / H, h = bh % H;
+    const int64_t b = bh / H, h = (bh % H) / group;
     for (int64_t t = 0; t < T; ++t) {
       const int64_t off = b * sb + h * sh + t * st;
       float* out = dst + t * ld;
@@ -205,8 +207,11 @@ struct HeadView {
   }
 };
 
-inline HeadView view_of(const torch::Tensor& t) {
-  return {t.data_ptr(), t.scalar_type(), t.stride(0), t.stride(1), t.stride(2), t.size(1)};
+/// `t` [B, Ht, T, D] as read for `heads` query heads (0: Ht): query head h
+/// reads head h / (heads / Ht), transformers' repeat_kv order.
+inline HeadView view_of(const torch::Tensor& t, int64_t heads = 0) {
+  const int64_t H = heads > 0 ? heads : t.size(1);
+  return {t.data_ptr(), t.scalar_type(), t.stride(0), t.stride(1), t.stride(2), H, H / t.size(1)};
 }
 
 /// D made contiguous (the kernels read rows); other strides stay as they are.
@@ -222,9 +227,11 @@ inline torch::Tensor empty_bthd(int64_t B, int64_t H, int64_t T, int64_t D) {
 inline void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                   double dropout_p) {
   TORCH_CHECK(q.dim() == 4, "causal attention: q must be [B, H, T, D] (got ", q.sizes(), ")");
-  TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(),
-              "causal attention: q, k, v must have one shape (got ", q.sizes(), ", ", k.sizes(),
-              ", ", v.sizes(), ")");
+  // k and v may have fewer heads (grouped queries), dividing q's.
+  TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+                  k.size(3) == q.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+              "causal attention: q [B, H, T, D], k and v [B, Hkv, T, D] with Hkv dividing H (got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes(), ")");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "causal attention: q, k, v must have one dtype (got ", q.scalar_type(), ", ",
               k.scalar_type(), ", ", v.scalar_type(), ")");

@@ -1,7 +1,7 @@
 // attention_test - the fused causal attention (kernels/attention.h) against the
 // naive reference: outputs and q/k/v gradients, fp32 and bf16, with and
-// without dropout (the naive run is fed the fused kernel's own mask), and the
-// GPT's --attention choice.
+// without dropout (the naive run is fed the fused kernel's own mask), grouped
+// queries against repeated keys and values, and the GPT's --attention choice.
 #include "strata/kernels/attention.h"
 
 #include "strata/core/precision.h"
@@ -189,6 +189,36 @@ TEST(AttentionTest, AutogradFunctionDrawsItsSeedFromTheDefaultGenerator) {
   EXPECT_EQ(kernels::draw_dropout_seed(), seed);
 }
 
+TEST(AttentionTest, GroupedQueriesMatchNaiveOnRepeatedKeysAndValues) {
+  // 6 query heads over 2 kv heads (query head h reads kv head h / 3), fp32
+  // and bf16, with and without dropout: against the naive reference on k and
+  // v repeated as transformers' repeat_kv does, whose gradients sum back over
+  // each kv head's group.
+  const int64_t B = 2, H = 6, Hkv = 2, D = 24;
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const int64_t T : {7, 255}) {
+      for (const double p : {0.0, 0.3}) {
+        const std::string what = std::string(dtype == torch::kFloat32 ? "fp32" : "bf16") + " T" + std::to_string(T) +
+                                 " p" + std::to_string(p);
+        torch::manual_seed(T);
+        const auto q = torch::randn({B, H, T, D}).to(dtype), k = torch::randn({B, Hkv, T, D}).to(dtype);
+        const auto v = torch::randn({B, Hkv, T, D}).to(dtype), grad_out = torch::randn({B, H, T, D}).to(dtype);
+        const auto forward = kernels::causal_attention_forward(q, k, v, p, 31);
+        const auto g = kernels::causal_attention_backward(grad_out, q, k, v, forward.out_fp32, forward.lse, p, 31);
+        EXPECT_EQ(g.dk.sizes(), k.sizes()) << what;
+        auto q32 = q.to(torch::kFloat32).requires_grad_(), k32 = k.to(torch::kFloat32).requires_grad_();
+        auto v32 = v.to(torch::kFloat32).requires_grad_();
+        const auto keep = p > 0 ? kernels::dropout_keep_mask(B * H, T, p, 31) : torch::Tensor();
+        auto out = kernels::naive_causal_attention(q32, k32.repeat_interleave(H / Hkv, 1),
+                                                   v32.repeat_interleave(H / Hkv, 1), keep, p);
+        out.backward(grad_out.to(torch::kFloat32));
+        expect_close({forward.out, g.dq, g.dk, g.dv}, {out.detach(), q32.grad(), k32.grad(), v32.grad()},
+                     dtype == torch::kFloat32 ? 1e-5 : 1e-2, what);
+      }
+    }
+  }
+}
+
 TEST(AttentionTest, RejectsBadInputs) {
   const auto in = make_inputs(1, 1, 4, 8, 0);
   EXPECT_THROW(kernels::causal_attention_forward(in.q, in.k, in.v, 1.0, 0), c10::Error);
@@ -197,6 +227,9 @@ TEST(AttentionTest, RejectsBadInputs) {
                                                  in.v.to(torch::kFloat64), 0.0, 0),
                c10::Error);
   EXPECT_THROW(kernels::causal_attention_forward(in.q[0], in.k[0], in.v[0], 0.0, 0), c10::Error);
+  // Grouped queries: the kv heads must divide the query heads.
+  const auto six = make_inputs(1, 6, 4, 8, 0), four = make_inputs(1, 4, 4, 8, 0);
+  EXPECT_THROW(kernels::causal_attention_forward(six.q, four.k, four.v, 0.0, 0), c10::Error);
 }
 
 strata::recipes::GPTOptions tiny_gpt(const std::string& attention, double dropout = 0.0) {
