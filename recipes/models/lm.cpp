@@ -1,5 +1,8 @@
 #include "strata/recipes/models/lm.h"
 
+#include "strata/kernels/attention.h"
+#include "strata/strategies/activation_checkpoint.h"
+
 namespace strata::recipes {
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target) {
@@ -29,6 +32,31 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target, 
 
 ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, const tp::Parallel& tp, int64_t vocab) {
   return tp.on() ? tp::vocab_parallel_validation(logits, batch, tp, vocab) : lm_validation(logits, batch);
+}
+
+/// strata's fused CPU attention, kept for the recompute by a selective
+/// activation-checkpointing policy (its output, fp32 output and logsumexp).
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              double dropout_p, bool training) {
+  const double p = training ? dropout_p : 0.0;
+  CheckpointedOp op;
+  op.kind = KeptOp::attention;
+  op.run = [&] { return kernels::causal_attention(q, k, v, dropout_p, training); };
+  op.save = [&] {
+    // The seed as causal_attention draws it, kept as a 0-dim tensor.
+    const uint64_t seed = p > 0.0 ? kernels::draw_dropout_seed() : 0;
+    auto f = kernels::causal_attention_forward(q, k, v, p, seed);
+    return std::vector<torch::Tensor>{f.out, f.lse, f.out_fp32,
+                                      torch::scalar_tensor(static_cast<int64_t>(seed), torch::kInt64)};
+  };
+  op.replay = [&](std::vector<torch::Tensor> kept) {
+    // Why draw: the forward drew a seed here, and the ops after this one
+    // (residual dropout) must draw what they drew in the forward.
+    if (p > 0.0) kernels::draw_dropout_seed();
+    return kernels::causal_attention_from(q, k, v, {kept[0], kept[1], kept[2]}, p,
+                                          static_cast<uint64_t>(kept[3].item<int64_t>()));
+  };
+  return checkpointed_op(op);
 }
 
 }  // namespace strata::recipes

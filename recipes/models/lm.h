@@ -1,6 +1,7 @@
 #pragma once
-// What every language model of the recipes shares: the next-token loss and
-// the validation sums over logits.
+// What every language model of the recipes shares: the next-token loss, the
+// validation sums over logits, and the fused attention under selective
+// activation checkpointing.
 #include "strata/core/training_module.h"
 #include "strata/strategies/tp/parallel.h"
 
@@ -21,5 +22,11 @@ ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch);
 /// parallel cross-entropy and validation (strategies/tp/parallel.h) run.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target, const tp::Parallel& tp, int64_t vocab);
 ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, const tp::Parallel& tp, int64_t vocab);
+
+/// strata's fused CPU causal attention (kernels/attention.h; k and v may have
+/// fewer heads, grouped queries), kept for the recompute by a selective
+/// activation-checkpointing policy (its output, fp32 output and logsumexp).
+torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              double dropout_p, bool training);
 
 }  // namespace strata::recipes

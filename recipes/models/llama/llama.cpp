@@ -6,6 +6,7 @@
 #include "strata/strategies/tp/parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -15,72 +16,16 @@
 namespace strata::recipes {
 namespace {
 
-struct LlamaPreset {
-  const char* name;
-  LlamaOptions options;
-};
-
-RopeScaling llama3_scaling(double factor) {
-  RopeScaling s;
-  s.type = "llama3";
-  s.factor = factor;
-  s.low_freq_factor = 1.0;
-  s.high_freq_factor = 4.0;
-  s.original_max_position = 8192;
-  return s;
-}
-
-/// The shapes of each model's published config.json (transformers' names in
-/// the comments: num_hidden_layers, num_attention_heads, hidden_size,
-/// intermediate_size; num_key_value_heads, head_dim, vocab_size,
-/// max_position_embeddings, rms_norm_eps, rope_theta, rope_scaling,
-/// tie_word_embeddings).
-const std::vector<LlamaPreset>& llama_presets() {
-  auto llama3 = [](int64_t l, int64_t h, int64_t c, int64_t f, double factor, bool tied) {
-    return LlamaOptions(l, h, c, f).n_kv_head(8).vocab_size(128256).max_position_embeddings(131072)
-        .block_size(131072).rope_theta(500000.0).rope_scaling(llama3_scaling(factor)).tie_weights(tied);
-  };
-  auto qwen = [](int64_t l, int64_t h, int64_t kv, int64_t c, int64_t f, int64_t vocab, int64_t positions) {
-    return LlamaOptions(l, h, c, f).n_kv_head(kv).vocab_size(vocab).max_position_embeddings(positions)
-        .block_size(positions).rms_norm_eps(1e-6).rope_theta(1e6);
-  };
-  auto smol = [](int64_t l, int64_t h, int64_t kv, int64_t c, int64_t f, double theta) {
-    return LlamaOptions(l, h, c, f).n_kv_head(kv).vocab_size(49152).max_position_embeddings(8192)
-        .block_size(8192).rope_theta(theta).tie_weights(true);
-  };
-  auto small = [](int64_t l, int64_t h, int64_t c, int64_t f) {
-    return LlamaOptions(l, h, c, f).n_kv_head(h % 2 == 0 ? 2 : 1).block_size(1024).max_position_embeddings(1024);
-  };
-  static const std::vector<LlamaPreset> table = {
-      {"llama-nano", small(3, 3, 48, 128)},
-      {"llama-micro", small(4, 4, 128, 352)},
-      {"llama-mini", small(6, 6, 192, 512)},
-      {"llama-2-7b", LlamaOptions(32, 32, 4096, 11008).vocab_size(32000).max_position_embeddings(4096).block_size(4096)},
-      {"tinyllama-1.1b",
-       LlamaOptions(22, 32, 2048, 5632).n_kv_head(4).vocab_size(32000).max_position_embeddings(2048).block_size(2048)},
-      {"llama-3.2-1b", llama3(16, 32, 2048, 8192, 32.0, true)},
-      {"llama-3.2-3b", llama3(28, 24, 3072, 8192, 32.0, true)},
-      {"llama-3.1-8b", llama3(32, 32, 4096, 14336, 8.0, false)},
-      {"llama-3.1-70b", llama3(80, 64, 8192, 28672, 8.0, false)},
-      {"llama-3.1-405b", llama3(126, 128, 16384, 53248, 8.0, false)},
-      {"smollm2-135m", smol(30, 9, 3, 576, 1536, 100000.0)},
-      {"smollm2-360m", smol(32, 15, 5, 960, 2560, 100000.0)},
-      {"smollm2-1.7b", smol(24, 32, 32, 2048, 8192, 130000.0)},
-      {"mistral-7b", LlamaOptions(32, 32, 4096, 14336).n_kv_head(8).vocab_size(32768).max_position_embeddings(32768)
-                         .block_size(32768).rope_theta(1e6).model_type("mistral")},
-      {"qwen2.5-0.5b", qwen(24, 14, 2, 896, 4864, 151936, 32768).qkv_bias(true).tie_weights(true).model_type("qwen2")},
-      {"qwen2.5-7b", qwen(28, 28, 4, 3584, 18944, 152064, 131072).qkv_bias(true).model_type("qwen2")},
-      {"qwen3-0.6b",
-       qwen(28, 16, 8, 1024, 3072, 151936, 40960).head_dim(128).qk_norm(true).tie_weights(true).model_type("qwen3")},
-      {"qwen3-8b", qwen(36, 32, 8, 4096, 12288, 151936, 40960).head_dim(128).qk_norm(true).model_type("qwen3")},
-  };
-  return table;
-}
-
 /// A Linear as GPT's are applied: ATen's linear (one addmm with the bias),
 /// kept for the recompute under the "op" checkpointing policy.
 torch::Tensor project(const Projection& layer, const torch::Tensor& x) {
   return checkpointed_linear(x, layer->weight, layer->bias);
+}
+
+/// Whether strata's fused CPU kernel runs the attention: --attention fused
+/// on a CPU (elsewhere ATen's SDPA).
+bool fused_here(const LlamaOptions& o, const torch::Device& device) {
+  return o.attention() == "fused" && device.is_cpu();
 }
 
 /// Causal attention of each kv head's query group: q [B, Hkv, G·T, D] (the G
@@ -100,19 +45,6 @@ torch::Tensor grouped_causal_attention(const torch::Tensor& q, const torch::Tens
 }
 
 }  // namespace
-
-std::vector<std::string> llama_preset_names() {
-  std::vector<std::string> names;
-  for (const auto& p : llama_presets()) names.emplace_back(p.name);
-  return names;
-}
-
-LlamaOptions llama_preset(const std::string& name) {
-  for (const auto& p : llama_presets()) {
-    if (name == p.name) return p.options;
-  }
-  TORCH_CHECK_VALUE(false, "unknown preset '", name, "'; available: ", c10::Join(", ", llama_preset_names()));
-}
 
 void validate(const LlamaOptions& o) {
   TORCH_CHECK_VALUE(o.n_layer() > 0 && o.n_head() > 0 && o.n_embd() > 0 && o.intermediate_size() > 0 &&
@@ -136,8 +68,8 @@ void validate(const LlamaOptions& o) {
                     s.high_freq_factor, ", ", s.low_freq_factor, ", ", s.original_max_position, ")");
   TORCH_CHECK_VALUE(o.rope_theta() > 0, "rope_theta must be > 0, got ", o.rope_theta());
   TORCH_CHECK_VALUE(o.rms_norm_eps() > 0, "rms_norm_eps must be > 0, got ", o.rms_norm_eps());
-  TORCH_CHECK_VALUE(o.attention() == "sdpa" || o.attention() == "naive", "unknown attention '", o.attention(),
-                    "'; available: sdpa, naive");
+  TORCH_CHECK_VALUE(o.attention() == "fused" || o.attention() == "sdpa" || o.attention() == "naive",
+                    "unknown attention '", o.attention(), "'; available: fused, sdpa, naive");
   TORCH_CHECK_VALUE(o.lora_rank() >= 0 && o.lora_rank() <= o.n_embd(), "lora_rank must be in [0, n_embd ",
                     o.n_embd(), "] (0: off), got ", o.lora_rank());
   if (o.lora_rank() == 0) return;
@@ -259,10 +191,23 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
   }
   q = apply_rope(q.transpose(1, 2), in);  // [B, H, T, D]
   k = apply_rope(k.transpose(1, 2), in);
-  // Query head j reads kv head j / g (transformers' repeat_kv order): the g
-  // heads of one kv head become one sequence of g·T rows.
-  auto y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, in.mask, options_.attention() == "naive");
-  y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
+  torch::Tensor y;
+  if (fused_here(options_, x.device())) {
+    // strata's kernel reads kv head j / g for query head j (no repeat, no
+    // mask); its output's memory is already [B, T, H, D]. One dtype, as
+    // autocast gives ATen's SDPA: q and k leave the q/k norms in the norm
+    // weight's fp32, v its product's bf16.
+    const auto dtype = at::autocast::is_autocast_enabled(at::kCPU) ? at::autocast::get_autocast_dtype(at::kCPU)
+                                                                    : v.scalar_type();
+    y = fused_attention(q.to(dtype), k.to(dtype), v.to(dtype), 0.0, is_training())
+            .transpose(1, 2)
+            .reshape({B, T, h * d});
+  } else {
+    // Query head j reads kv head j / g (transformers' repeat_kv order): the g
+    // heads of one kv head become one sequence of g·T rows.
+    y = grouped_causal_attention(q.reshape({B, kv, g * T, d}), k, v, in.mask, options_.attention() == "naive");
+    y = y.view({B, h, T, d}).transpose(1, 2).reshape({B, T, h * d});
+  }
   auto out = tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
   if (o_lora_) out = out + (tp_.on() ? o_lora_->row_parallel(y, tp_) : o_lora_(y));
   return out;
@@ -374,8 +319,9 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run
                      : torch::embedding(embed_tokens_->weight, idx);
   // Once per forward, for every block: the positions are the whole sequence's
   // even when sequence parallelism splits x.
-  const auto in = attention_inputs(inverse_frequencies_, idx.size(1), options_.n_head() / options_.kv_heads(),
-                                   idx.device());
+  // (The fused kernel groups queries itself: no mask.)
+  const int64_t group = fused_here(options_, idx.device()) ? 1 : options_.n_head() / options_.kv_heads();
+  const auto in = attention_inputs(inverse_frequencies_, idx.size(1), group, idx.device());
   for (size_t i = 0; i < blocks_.size(); ++i) {
     // By value: a runner may keep this forward and call it again in backward
     // (activation checkpointing recomputes the block).

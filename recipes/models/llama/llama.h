@@ -71,10 +71,11 @@ struct LlamaOptions {
   /// Mistral's sliding window in tokens; 0 = none. One shorter than the
   /// block size is refused (full causal attention is what runs).
   TORCH_ARG(int64_t, sliding_window) = 0;
-  /// "sdpa" (ATen's scaled_dot_product_attention; k and v never repeated:
-  /// each kv head's query group is one longer sequence) or "naive" (the
-  /// scores in memory; the reference).
-  TORCH_ARG(std::string, attention) = "sdpa";
+  /// "fused" (strata's CPU kernel, kernels/attention.h, with grouped queries;
+  /// on other devices sdpa), "sdpa" (ATen's scaled_dot_product_attention; k
+  /// and v never repeated: each kv head's query group is one longer sequence
+  /// under a mask) or "naive" (the scores in memory; the reference).
+  TORCH_ARG(std::string, attention) = "fused";
   /// transformers' model_type written on export: llama, mistral, qwen2, qwen3.
   TORCH_ARG(std::string, model_type) = "llama";
   /// LoRA (models/lora.h): adapters of this rank on the lora_targets

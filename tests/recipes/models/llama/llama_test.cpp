@@ -9,6 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <utility>
+#include <vector>
+
 #include <fstream>
 
 namespace {
@@ -53,6 +57,37 @@ TEST(LlamaTest, DeferredBuildMaterialisesToTheEagerValues) {
   }
   auto ids = torch::randint(0, 40, {2, 16});
   EXPECT_TRUE(torch::allclose(eager.model()->forward(ids), deferred.model()->forward(ids)));
+}
+
+TEST(LlamaTest, FusedAttentionEqualsSdpaAndNaiveWithGroupedQueries) {
+  // 3 query heads over 1 kv head and 4 over 2 (strata's kernel reads each kv
+  // head for its group, SDPA one longer sequence under a mask), and 4 over 4:
+  // the same logits and parameter gradients.
+  for (const auto& [heads, kv] : std::vector<std::pair<int64_t, int64_t>>{{3, 1}, {4, 2}, {4, 4}}) {
+    std::map<std::string, std::pair<torch::Tensor, std::vector<torch::Tensor>>> runs;
+    for (const std::string attention : {"naive", "sdpa", "fused"}) {
+      torch::manual_seed(3);
+      LlamaModule m(LlamaOptions(2, heads, 48, 96).n_kv_head(kv).vocab_size(40).block_size(33).attention(attention));
+      torch::manual_seed(4);
+      const auto ids = torch::randint(0, 40, {2, 33});
+      const auto logits = m.model()->forward(ids);
+      logits.square().mean().backward();
+      std::vector<torch::Tensor> grads;
+      for (const auto& p : m.module().parameters()) grads.push_back(p.grad().clone());
+      runs[attention] = {logits.detach(), grads};
+    }
+    for (const std::string attention : {"sdpa", "fused"}) {
+      const auto& [logits, grads] = runs[attention];
+      const auto& [want, want_grads] = runs["naive"];
+      const std::string what = attention + " " + std::to_string(heads) + "/" + std::to_string(kv);
+      EXPECT_LT((logits - want).abs().max().item<double>(), 1e-5) << what;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const double rel = (grads[i] - want_grads[i]).abs().max().item<double>() /
+                           want_grads[i].abs().max().item<double>();
+        EXPECT_LT(rel, 1e-4) << what << " gradient " << i;
+      }
+    }
+  }
 }
 
 const char* kConfigV4 = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
