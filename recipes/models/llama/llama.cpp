@@ -1,6 +1,7 @@
 #include "strata/recipes/models/llama/llama.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/kernels/swiglu.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/tp/parallel.h"
@@ -251,12 +252,14 @@ torch::Tensor LlamaBlockImpl::forward(const torch::Tensor& x, const AttentionInp
     // Megatron's MLP: gate and up column-parallel on one whole input, down
     // row-parallel (one sum over ranks forward, one backward).
     const auto whole = tp_.column_input(in);
-    const auto mid = torch::silu(adapted(torch::linear(whole, gate_proj_->weight, gate_proj_->bias), gate_lora_, in, true)) *
-                     adapted(torch::linear(whole, up_proj_->weight, up_proj_->bias), up_lora_, in, true);
+    const auto gate = adapted(torch::linear(whole, gate_proj_->weight, gate_proj_->bias), gate_lora_, in, true);
+    const auto up = adapted(torch::linear(whole, up_proj_->weight, up_proj_->bias), up_lora_, in, true);
+    const auto mid = kernels::swiglu(gate, up);
     return h + adapted(tp_.row(mid, down_proj_->weight, down_proj_->bias), down_lora_, mid, false);
   }
-  const auto mid = torch::silu(adapted(project(gate_proj_, in), gate_lora_, in, true)) *
-                   adapted(project(up_proj_, in), up_lora_, in, true);
+  // SwiGLU fused (kernels/swiglu.h): backward keeps gate and up, not silu(gate) too.
+  const auto mid = kernels::swiglu(adapted(project(gate_proj_, in), gate_lora_, in, true),
+                                   adapted(project(up_proj_, in), up_lora_, in, true));
   // The block's output reads down_proj's only through the residual add, whose
   // backward needs no values: a checkpoint's recompute skips this GEMM.
   return h + adapted(linear_output_unread_in_recompute(mid, down_proj_->weight, down_proj_->bias), down_lora_, mid,
