@@ -1,6 +1,7 @@
 #include "strata/recipes/models/llama/llama.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/kernels/rms_norm.h"
 #include "strata/kernels/swiglu.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -131,6 +132,17 @@ torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in) {
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // On a CPU the fused kernel (kernels/rms_norm.h): one pass each way, and
+  // backward keeps x and one number per row instead of the normalised x too.
+  const auto t = x.scalar_type();
+  const bool kernel_dtype = t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
+  if (x.device().is_cpu() && weight.device().is_cpu() && kernel_dtype && x.numel() > 0) {
+    return kernels::rms_norm(x, weight, eps);
+  }
+  return rms_norm_composite(x, weight, eps);
+}
+
+torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   auto h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * h.to(x.scalar_type());

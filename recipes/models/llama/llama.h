@@ -168,8 +168,11 @@ AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64
 torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in);
 
 /// transformers' RMSNorm: in fp32, x · rsqrt(mean(x²) + eps), cast back to
-/// x's dtype, then times the weight.
+/// x's dtype, then times the weight. On a CPU strata's fused kernel
+/// (kernels/rms_norm.h), elsewhere rms_norm_composite, ATen's ops as
+/// transformers runs them.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor rms_norm_composite(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 /// A Linear's parameters, `weight` [out, in] and `bias` [out] (undefined
 /// without one), made without values: on the meta device when `deferred`,
