@@ -2,6 +2,7 @@
 
 #include "strata/core/deferred_init.h"
 #include "strata/kernels/rms_norm.h"
+#include "strata/kernels/rope.h"
 #include "strata/kernels/swiglu.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -126,6 +127,12 @@ AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64
 }
 
 torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in) {
+  // On a CPU the fused kernel (kernels/rope.h): one pass each way, no rotated copy.
+  const auto t = x.scalar_type();
+  if (x.device().is_cpu() && (t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16) &&
+      x.stride(3) == 1) {
+    return kernels::rope(x, in.cos, in.sin);
+  }
   const auto half = x.size(3) / 2;
   auto rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * in.cos.to(x.scalar_type()) + rotated * in.sin.to(x.scalar_type());

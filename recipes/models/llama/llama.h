@@ -164,7 +164,8 @@ AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64
 
 /// x [B, H, T, D] rotated in transformers' layout: x · cos + rotate_half(x) ·
 /// sin, rotate_half(x) = (-x[D/2:], x[:D/2]); cos and sin from
-/// attention_inputs, cast to x's dtype.
+/// attention_inputs, cast to x's dtype. On a CPU strata's fused kernel
+/// (kernels/rope.h, computed in fp32 and rounded once).
 torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in);
 
 /// transformers' RMSNorm: in fp32, x · rsqrt(mean(x²) + eps), cast back to
