@@ -148,6 +148,7 @@ void check_inputs(const ExportArgs& args, const StrategyRegistry& strategies, co
   const fs::path ini = args.config.empty() ? config_beside(checkpoint) : fs::path(args.config);
   model = model_of_run(ini, strategies, models);
   const auto formats = model->weight_formats();
+  TORCH_CHECK_VALUE(!formats.empty(), model->export_problem(args.out, args.format));
   format = args.format.empty() ? formats.front() : args.format;
   TORCH_CHECK_VALUE(std::find(formats.begin(), formats.end(), format) != formats.end(), "unknown --format '",
                     args.format, "' for a ", model->family(), " model; allowed: ", c10::Join(", ", formats));

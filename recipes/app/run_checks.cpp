@@ -209,7 +209,8 @@ void check_model_inputs(CheckedRun& run) {
 /// exports and --profile's traces (DIR is created when the trace is saved).
 void check_late_outputs(const RunConfig& c, const ModelConfig& model) {
   if (!c.export_weights.empty()) {
-    const std::string problem = model.export_problem(c.export_weights, model.weight_formats().front());
+    const auto formats = model.weight_formats();
+    const std::string problem = model.export_problem(c.export_weights, formats.empty() ? "" : formats.front());
     TORCH_CHECK_VALUE(problem.empty(), problem);
     check_output_file("export-weights", c.export_weights);
   }

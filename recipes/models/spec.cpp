@@ -10,6 +10,25 @@
 
 namespace strata::recipes {
 
+std::string ModelConfig::tensor_parallel_problem(int size, bool) const {
+  if (size <= 1) return "";
+  return "tensor-parallel size " + std::to_string(size) + ": the " + family() +
+         " family has no tensor-parallel plan (it runs on one rank of a group)";
+}
+
+ParameterSourcePtr ModelConfig::read_weights(const std::string& path) const {
+  TORCH_CHECK_VALUE(false, "--init-from '", path, "': the ", family(), " family reads no weights");
+}
+
+void ModelConfig::write_weights(const std::string& path, const NamedTensors&, const std::string& format) const {
+  TORCH_CHECK_VALUE(false, export_problem(path, format));
+}
+
+std::string ModelConfig::export_problem(const std::string& path, const std::string& format) const {
+  return "the " + family() + " family writes no weights (asked for format '" + format + "' at '" + path +
+         "'); its checkpoints hold them";
+}
+
 int64_t ActivationProfile::total(int64_t n_layer, int64_t checkpoint_every) const {
   if (checkpoint_every <= 0) return base + n_layer * per_block;
   // Checkpointed blocks keep their input; one of them at a time recomputes

@@ -12,7 +12,7 @@
 // crossings, and reads and writes its weights in its family's exchange
 // format. strata-gpt's checks, the planner, the dry run and the GEMM ceiling
 // ask it and keep no model names of their own. The built-in families
-// register exactly as a user's does (examples/own_model).
+// register exactly as a user's does (examples/own_model: a bigram MLP LM).
 //
 // Example (a user's family):
 //   strata::recipes::ModelSpec spec("tiny-mlp", "an MLP language model");
@@ -165,28 +165,35 @@ class ModelConfig {
                                                const std::string& ac_policy) const = 0;
 
   /// "" when the model splits over `size` tensor-parallel ranks, else why
-  /// not, naming the values.
-  virtual std::string tensor_parallel_problem(int size, bool sequence_parallel) const = 0;
-  /// Its tensor-parallel forward's crossings per micro-batch.
+  /// not, naming the values. The default: a family without a tensor-parallel
+  /// plan splits over no more than one rank.
+  virtual std::string tensor_parallel_problem(int size, bool sequence_parallel) const;
+  /// Its tensor-parallel forward's crossings per micro-batch (the default:
+  /// none, for a family that does not split).
   virtual tp::Boundaries tensor_parallel_boundaries(int64_t micro_batch, int64_t sequence,
-                                                    int64_t checkpoint_every) const = 0;
+                                                    int64_t checkpoint_every) const {
+    return {};
+  }
 
   /// --init-from: the weights at `path` (a file or a directory, in the
   /// family's formats) under the module's parameter names, checked against
   /// this model (names and shapes, and a config.json beside them) and read
   /// when build()'s module asks (a family may read them here whole). Throws
-  /// a one-line c10::ValueError naming `path`.
-  virtual ParameterSourcePtr read_weights(const std::string& path) const = 0;
+  /// a one-line c10::ValueError naming `path`. The default: a family that
+  /// reads no weights refuses, naming itself.
+  virtual ParameterSourcePtr read_weights(const std::string& path) const;
   /// The formats write_weights writes ("pt": torch.save under the family's
   /// exchange names; "hf": a transformers directory); the first is
-  /// --export-weights'.
-  virtual std::vector<std::string> weight_formats() const = 0;
+  /// --export-weights'. The default: none (the family writes no weights:
+  /// --export-weights and strata-export refuse; checkpoints still hold them).
+  virtual std::vector<std::string> weight_formats() const { return {}; }
   /// --export-weights and strata-export: `params` (the trained module's,
   /// full; LoRA adapters merged here) written to `path` in `format`, one of
   /// weight_formats().
-  virtual void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const = 0;
+  virtual void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const;
   /// Why `format` cannot be written at `path` ("" when it can), naming both.
-  virtual std::string export_problem(const std::string& path, const std::string& format) const = 0;
+  /// The default: every format is a problem (weight_formats() is empty).
+  virtual std::string export_problem(const std::string& path, const std::string& format) const;
   /// The checkpoint directory whose config gave this model (--init-from a
   /// transformers directory), "" for a preset's: config.ini then records
   /// the directory, not a preset, and an "hf" export copies its tokenizer.
