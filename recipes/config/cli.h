@@ -152,7 +152,7 @@ struct ParseResult {
 /// exit_code 2 and a one-line message naming the value and what is allowed.
 /// Validates what does not need the data: positive steps/batch/lr, a known
 /// preset, strategy (one of `strategies`, or auto), optimizer and precision,
-/// nproc >= 1, n_embd % n_head == 0 when both are given, the chosen
+/// nproc >= 1 (the model's own rules are its family's, at resolution), the chosen
 /// strategy's own options (its spec's rules), and that no strategy option
 /// (given on the command line or in --config) is given to a strategy that
 /// would ignore it. --help lists the main options and every registered

@@ -160,9 +160,8 @@ std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
     return "--warmup-steps " + format(c.warmup_steps) + " is above --max-steps " + format(c.max_steps) +
            " (the warmup would never end); give at most " + format(c.max_steps);
   }
-  if (c.n_embd > 0 && c.n_head > 0 && c.n_embd % c.n_head != 0) {
-    return "n_embd " + format(c.n_embd) + " is not divisible by n_head " + format(c.n_head);
-  }
+  // The model's own rules (n_embd and n_head, ...) are its family's: checked
+  // when the registry resolves it, in phase 1 (recipes/models/spec.h).
   return "";
 }
 

@@ -3,6 +3,7 @@
 #include "strata/recipes/app/run.h"
 #include "strata/strategies/single/single_device.h"
 #include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/kernels/fused_adamw_optimizer.h"
 
 #include <gtest/gtest.h>
@@ -459,10 +460,26 @@ TEST(CliTest, UnknownChoicesListTheAlternatives) {
   expect_error({"--precision", "16"}, {"'16'", "32-true", "bf16-mixed"});
 }
 
-TEST(CliTest, HeadsMustDivideWidthWhenBothGiven) {
-  expect_error({"--n-embd", "100", "--n-head", "3"}, {"n_embd 100", "n_head 3"});
-  EXPECT_TRUE(parse({"--n-embd", "96", "--n-head", "3"}).config.has_value());
-  EXPECT_TRUE(parse({"--n-embd", "100"}).config.has_value());  // the preset's n_head: later
+TEST(CliTest, TheModelsOwnRulesAreItsFamilys) {
+  // The CLI knows no model's rules: a width the heads do not divide parses,
+  // and the GPT family refuses it when the registry resolves the model (phase
+  // 1: one line, exit 2, BadInputTest).
+  const auto parsed = parse({"--n-embd", "100", "--n-head", "3"});
+  ASSERT_TRUE(parsed.config.has_value()) << parsed.message;
+  strata::recipes::ModelRegistry models;
+  strata::recipes::register_builtin_models(models);
+  strata::recipes::ModelRequest r;
+  r.preset = "gpt-micro";
+  r.options = {{"n-embd", "100"}, {"n-head", "3"}};
+  r.vocab_size = 12;
+  r.block_size = 11;
+  try {
+    models.resolve(r);
+    ADD_FAILURE() << "n_embd 100 over 3 heads was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("n_embd 100 is not divisible by n_head 3"),
+              std::string::npos);
+  }
 }
 
 TEST(CliTest, UnknownOptionAndStrayArguments) {
