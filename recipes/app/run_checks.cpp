@@ -513,7 +513,10 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
   const ModelRequest request = model_request(config, run.data->vocab_size(), run.data->block_size());
   run.model = models.resolve(request);
-  run.model_label = request.preset.empty() ? request.init_from : request.preset;
+  // The directory that gave the model, or the preset (given, or the default one).
+  run.model_label = !run.model->source_directory().empty() ? request.init_from
+                    : request.preset.empty()                ? request.default_preset
+                                                            : request.preset;
   record_model_keys(config, *run.model, models);
   run.config = std::move(config);
   run.args = std::move(args);

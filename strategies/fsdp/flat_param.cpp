@@ -91,12 +91,16 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
     if (!ranged) deferred.fill(full_);
   }
   full_nbytes_ = static_cast<size_t>(tensor_bytes(full_));
+  cut_shard(ranged ? &deferred : nullptr);
+}
+
+void FlatParam::cut_shard(const DeferredParamInit* ranged) {
   const int64_t begin = layout_.shard_begin(shard_rank_);
   if (sharded()) {
     // A copy: the shard outlives every reshard of the full buffer. Ranged:
     // zeros (the padding), its pieces read below.
-    shard_ = ranged ? torch::zeros({layout_.shard_numel()}, options)
-                    : full_.narrow(0, begin, layout_.shard_numel()).clone();
+    shard_ = ranged != nullptr ? torch::zeros({layout_.shard_numel()}, full_.options())
+                               : full_.narrow(0, begin, layout_.shard_numel()).clone();
     if (!frozen_) shard_grad_ = torch::zeros_like(shard_);
   } else {
     // One rank holds everything: the shard is the full flat parameter and its
@@ -112,9 +116,9 @@ FlatParam::FlatParam(std::string name, std::vector<torch::Tensor> params,
   }
   point_params_at_full();
   for (const auto& piece : layout_.pieces(shard_rank_)) {
-    if (ranged) {
-      deferred.fill_range(piece.param_index, piece.param_offset, piece.param_offset + piece.numel,
-                          shard_.narrow(0, piece.flat_offset - begin, piece.numel));
+    if (ranged != nullptr) {
+      ranged->fill_range(piece.param_index, piece.param_offset, piece.param_offset + piece.numel,
+                         shard_.narrow(0, piece.flat_offset - begin, piece.numel));
     }
     auto view = shard_.narrow(0, piece.flat_offset - begin, piece.numel);
     if (!frozen_) view.mutable_grad() = shard_grad_.narrow(0, piece.flat_offset - begin, piece.numel);

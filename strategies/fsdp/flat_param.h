@@ -189,6 +189,10 @@ class FlatParam {
  private:
   enum class State { kSharded, kGathering, kGathered };
   void point_params_at_full();
+  /// The constructor's end: this rank's shard (cut from the full buffer, or
+  /// read piece by piece through `ranged`'s fill_range), its gradient, and
+  /// the per-parameter piece views.
+  void cut_shard(const DeferredParamInit* ranged);
   /// Parameter k's view (its shape) of a padded flat buffer.
   torch::Tensor full_view(const torch::Tensor& flat, size_t k) const;
 

@@ -119,6 +119,13 @@ TEST(DryRunTest, LlamaPresetsAtAThousandRanksHoldTheFormulasState) {
   }
 }
 
+TEST(DryRunTest, TheHeaderNamesTheModelWithoutAPresetGiven) {
+  // The default preset when none is given (the header once said "| |").
+  const auto dry = run_gpt_binary("--data addition:2 --strategy fsdp --nproc 2 --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("strata-gpt --dry-run | gpt-micro | "), std::string::npos) << dry.output;
+}
+
 TEST(DryRunTest, RefusesToRunUnderALauncher) {
   const auto run = run_gpt_binary(flags("fsdp", 2) + " --dry-run", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "
                                   "LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500");
