@@ -1,6 +1,7 @@
 #include "strata/kernels/rms_norm.h"
 
 #include "strata/kernels/attention_tiles.h"  // v8f: this file has attention.cpp's flags
+#include "strata/kernels/float_dispatch.h"
 
 #include <ATen/Parallel.h>
 
@@ -82,15 +83,6 @@ void backward_rows(const G* dy, const T* x, const float* w, const float* rstd, T
   });
 }
 
-/// Calls `fn` with a null pointer of the C++ type of dtype `t` (fp32, bf16, fp16).
-template <class Fn>
-void with_type(at::ScalarType t, const Fn& fn) {
-  if (t == at::kFloat) return fn(static_cast<float*>(nullptr));
-  if (t == at::kBFloat16) return fn(static_cast<c10::BFloat16*>(nullptr));
-  TORCH_CHECK(t == at::kHalf, "rms_norm: dtype must be float32, bfloat16 or float16 (got ", t, ")");
-  fn(static_cast<c10::Half*>(nullptr));
-}
-
 void check(const torch::Tensor& x, const torch::Tensor& weight) {
   TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1), "rms_norm: weight ", weight.sizes(),
               " must be [C] for x ", x.sizes(), " normalised over its last dim");
@@ -124,10 +116,10 @@ std::tuple<torch::Tensor, torch::Tensor> rms_norm_forward(const torch::Tensor& x
   const int64_t C = x.size(-1), rows = C > 0 ? x.numel() / C : 0;
   auto y = torch::empty(x.sizes(), x.options().dtype(at::promote_types(x.scalar_type(), weight.scalar_type())));
   auto rstd = torch::empty({rows}, x.options().dtype(torch::kFloat32));
-  with_type(x.scalar_type(), [&](auto* xt) {
-    using T = std::remove_pointer_t<decltype(xt)>;
-    with_type(y.scalar_type(), [&](auto* yt) {
-      using O = std::remove_pointer_t<decltype(yt)>;
+  STRATA_DISPATCH_FLOAT_TYPES(x.scalar_type(), "rms_norm", [&] {
+    using T = scalar_t;
+    STRATA_DISPATCH_FLOAT_TYPES(y.scalar_type(), "rms_norm", [&] {
+      using O = scalar_t;
       forward_rows(x.data_ptr<T>(), w.data_ptr<float>(), y.data_ptr<O>(), rstd.data_ptr<float>(), rows, C,
                    static_cast<float>(eps));
     });
@@ -147,10 +139,10 @@ std::tuple<torch::Tensor, torch::Tensor> rms_norm_backward(const torch::Tensor& 
   auto dx = torch::empty_like(x);
   // One row of partial sums per thread for the weight's gradient.
   torch::Tensor parts = weight_grad ? torch::zeros({at::get_num_threads(), C}, torch::kFloat32) : torch::Tensor();
-  with_type(x.scalar_type(), [&](auto* xt) {
-    using T = std::remove_pointer_t<decltype(xt)>;
-    with_type(grad.scalar_type(), [&](auto* gt) {
-      using G = std::remove_pointer_t<decltype(gt)>;
+  STRATA_DISPATCH_FLOAT_TYPES(x.scalar_type(), "rms_norm_backward", [&] {
+    using T = scalar_t;
+    STRATA_DISPATCH_FLOAT_TYPES(grad.scalar_type(), "rms_norm_backward", [&] {
+      using G = scalar_t;
       backward_rows(grad.data_ptr<G>(), x.data_ptr<T>(), w.data_ptr<float>(), rstd.data_ptr<float>(),
                     dx.data_ptr<T>(), weight_grad ? parts.data_ptr<float>() : nullptr, rows, C);
     });

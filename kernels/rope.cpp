@@ -1,5 +1,7 @@
 #include "strata/kernels/rope.h"
 
+#include "strata/kernels/float_dispatch.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -81,15 +83,7 @@ torch::Tensor rope_apply(const torch::Tensor& x_in, const torch::Tensor& cos_in,
   const auto cos = cos_in.to(torch::kFloat32).contiguous(), sin = sin_in.to(torch::kFloat32).contiguous();
   auto out = torch::empty_like(x);  // x's layout (dense: empty_like keeps permuted strides)
   TORCH_CHECK(out.stride(3) == 1, "rope: the output's last dim must be contiguous");
-  const auto t = x.scalar_type();
-  if (t == at::kFloat) {
-    rotate_all<float>(x, cos, sin, out, inverse);
-  } else if (t == at::kBFloat16) {
-    rotate_all<c10::BFloat16>(x, cos, sin, out, inverse);
-  } else {
-    TORCH_CHECK(t == at::kHalf, "rope: dtype must be float32, bfloat16 or float16 (got ", t, ")");
-    rotate_all<c10::Half>(x, cos, sin, out, inverse);
-  }
+  STRATA_DISPATCH_FLOAT_TYPES(x.scalar_type(), "rope", [&] { rotate_all<scalar_t>(x, cos, sin, out, inverse); });
   return out;
 }
 

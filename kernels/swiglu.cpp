@@ -1,6 +1,7 @@
 #include "strata/kernels/swiglu.h"
 
 #include "strata/kernels/attention_tiles.h"  // v8f and vexp: this file has attention.cpp's flags
+#include "strata/kernels/float_dispatch.h"
 
 #include <ATen/Parallel.h>
 
@@ -88,17 +89,6 @@ void check(const torch::Tensor& gate, const torch::Tensor& up) {
               up.sizes(), " ", up.scalar_type(), ")");
   TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), "swiglu: the fused kernel is CPU-only (got ",
               gate.device(), ")");
-  const auto t = gate.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
-              "swiglu: dtype must be float32, bfloat16 or float16 (got ", t, ")");
-}
-
-/// Calls `fn` with a null pointer of the C++ type of `t`'s dtype.
-template <class Fn>
-void with_type(at::ScalarType t, const Fn& fn) {
-  if (t == at::kFloat) return fn(static_cast<float*>(nullptr));
-  if (t == at::kBFloat16) return fn(static_cast<c10::BFloat16*>(nullptr));
-  fn(static_cast<c10::Half*>(nullptr));
 }
 
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
@@ -122,9 +112,8 @@ torch::Tensor swiglu_forward(const torch::Tensor& gate_in, const torch::Tensor& 
   check(gate_in, up_in);
   const auto gate = gate_in.contiguous(), up = up_in.contiguous();
   auto out = torch::empty_like(gate);
-  with_type(gate.scalar_type(), [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    forward_loop(gate.data_ptr<T>(), up.data_ptr<T>(), out.data_ptr<T>(), gate.numel());
+  STRATA_DISPATCH_FLOAT_TYPES(gate.scalar_type(), "swiglu", [&] {
+    forward_loop(gate.data_ptr<scalar_t>(), up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), gate.numel());
   });
   return out;
 }
@@ -138,8 +127,8 @@ std::pair<torch::Tensor, torch::Tensor> swiglu_backward(const torch::Tensor& gra
   // The incoming gradient in fp32 or the inputs' dtype, as it comes.
   const auto grad = (grad_in.scalar_type() == at::kFloat ? grad_in : grad_in.to(gate.scalar_type())).contiguous();
   auto dg = torch::empty_like(gate), du = torch::empty_like(up);
-  with_type(gate.scalar_type(), [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
+  STRATA_DISPATCH_FLOAT_TYPES(gate.scalar_type(), "swiglu_backward", [&] {
+    using T = scalar_t;
     if (grad.scalar_type() == at::kFloat) {
       backward_loop(grad.data_ptr<float>(), gate.data_ptr<T>(), up.data_ptr<T>(), dg.data_ptr<T>(), du.data_ptr<T>(),
                     gate.numel());

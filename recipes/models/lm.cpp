@@ -3,6 +3,8 @@
 #include "strata/kernels/attention.h"
 #include "strata/strategies/activation_checkpoint.h"
 
+#include <ATen/autocast_mode.h>
+
 namespace strata::recipes {
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& target) {
@@ -36,8 +38,14 @@ ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, co
 
 /// strata's fused CPU attention, kept for the recompute by a selective
 /// activation-checkpointing policy (its output, fp32 output and logsumexp).
-torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+torch::Tensor fused_attention(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                               double dropout_p, bool training) {
+  // The kernel takes one dtype, as autocast gives ATen's SDPA: under bf16
+  // autocast q and k may leave a norm in its weight's fp32 (Llama's q/k norms)
+  // while v leaves its projection in bf16.
+  const auto dtype =
+      at::autocast::is_autocast_enabled(at::kCPU) ? at::autocast::get_autocast_dtype(at::kCPU) : v_in.scalar_type();
+  const auto q = q_in.to(dtype), k = k_in.to(dtype), v = v_in.to(dtype);
   const double p = training ? dropout_p : 0.0;
   CheckpointedOp op;
   op.kind = KeptOp::attention;

@@ -9,7 +9,6 @@
 #include "strata/strategies/tp/parallel.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -214,12 +213,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
   torch::Tensor y;
   if (fused_here(options_, x.device())) {
     // strata's kernel reads kv head j / g for query head j (no repeat, no
-    // mask); its output's memory is already [B, T, H, D]. One dtype, as
-    // autocast gives ATen's SDPA: q and k leave the q/k norms in the norm
-    // weight's fp32, v its product's bf16.
-    const auto dtype = at::autocast::is_autocast_enabled(at::kCPU) ? at::autocast::get_autocast_dtype(at::kCPU)
-                                                                    : v.scalar_type();
-    y = fused_attention(q.to(dtype), k.to(dtype), v.to(dtype), 0.0, is_training())
+    // mask); its output's memory is already [B, T, H, D].
+    y = fused_attention(q, k, v, 0.0, is_training())
             .transpose(1, 2)
             .reshape({B, T, h * d});
   } else {
