@@ -121,9 +121,18 @@ StrategyOption& StrategyOption::above(double min) {
   return *this;
 }
 
+StrategyOption& StrategyOption::below(double max) {
+  TORCH_CHECK(kind_ == OptionKind::kInt || kind_ == OptionKind::kReal, "strategy option '", key_,
+              "': an upper bound needs a number");
+  max_ = max;
+  return *this;
+}
+
 std::string StrategyOption::rule() const {
   if (!choices_.empty()) return "one of " + join(choices_);
+  if (min_ && max_) return std::string(min_exclusive_ ? "in (" : "in [") + shortest(*min_) + ", " + shortest(*max_) + ")";
   if (min_) return std::string(min_exclusive_ ? "> " : ">= ") + shortest(*min_);
+  if (max_) return "< " + shortest(*max_);
   return "";
 }
 
@@ -166,6 +175,12 @@ std::string StrategyOption::check(const OptionValue& value) const {
                      : std::holds_alternative<double>(value) ? std::get<double>(value)
                                                              : std::numeric_limits<double>::quiet_NaN();
     if (!(min_exclusive_ ? v > *min_ : v >= *min_)) return "must be " + rule();
+  }
+  if (max_) {
+    const double v = std::holds_alternative<int64_t>(value)  ? static_cast<double>(std::get<int64_t>(value))
+                     : std::holds_alternative<double>(value) ? std::get<double>(value)
+                                                             : std::numeric_limits<double>::quiet_NaN();
+    if (!(v < *max_)) return "must be " + rule();
   }
   return "";
 }

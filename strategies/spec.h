@@ -74,6 +74,8 @@ class StrategyOption {
   /// Numbers: the value must be >= `min` (at_least) or > `min` (above).
   StrategyOption& at_least(double min);
   StrategyOption& above(double min);
+  /// Numbers: the value must be < `max` (a probability, a fraction).
+  StrategyOption& below(double max);
 
   const std::string& key() const { return key_; }
   OptionKind kind() const { return kind_; }
@@ -81,7 +83,7 @@ class StrategyOption {
   const std::vector<std::string>& choices() const { return choices_; }
   const std::string& help() const { return help_; }
   bool bare() const { return bare_; }
-  /// The value's rule for messages: "> 0", ">= 1", "one of a, b" ("" when any value of the kind goes).
+  /// The value's rule for messages: "> 0", ">= 1", "in [0, 1)", "one of a, b" ("" when any value of the kind goes).
   std::string rule() const;
 
   /// Parses `text` as this option's kind: "" on success, else what was
@@ -101,6 +103,7 @@ class StrategyOption {
   bool bare_ = false;
   std::optional<double> min_;
   bool min_exclusive_ = false;
+  std::optional<double> max_;  ///< exclusive
 };
 
 /// A strategy's options as one run resolved them: every option its spec

@@ -132,7 +132,12 @@ strata::recipes::ActivationProfile BigramMlpConfig::activation_formula(int64_t m
 strata::recipes::ModelSpec bigram_mlp_spec() {
   strata::recipes::ModelSpec spec("bigram-mlp", "a bigram MLP language model (examples/own_model)");
   spec.presets({"bigram-mlp-small", "bigram-mlp-wide"})
-      .keys({"n-layer", "n-embd"})
+      // Its own keys on strata-gpt's command line, --config and config.ini
+      // (0: the preset's). n-layer is also the GPT's and the Llama's: one
+      // key, one kind (an integer), each family's help.
+      .options({strata::recipes::ModelOption::integer("n-layer", 0, "hidden layers of the MLP (0: the preset's)")
+                    .at_least(0),
+                strata::recipes::ModelOption::integer("n-embd", 0, "the MLP's width (0: the preset's)").at_least(0)})
       .factory([](const strata::recipes::ModelRequest& r) -> strata::recipes::ModelPtr {
         auto o = BigramMlpOptions().n_embd(r.preset == "bigram-mlp-wide" ? 256 : 64);
         o.n_layer(r.integer("n-layer", o.n_layer())).n_embd(r.integer("n-embd", o.n_embd()));

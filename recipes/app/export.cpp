@@ -106,7 +106,7 @@ ModelPtr model_of_run(const fs::path& ini, const StrategyRegistry& strategies, c
   TORCH_CHECK_VALUE(in.good(), "no config.ini at '", ini.string(),
                     "' (strata-gpt writes one into its output directory); name the run's with --config INI");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto parsed = parse_run_config({"strata-export", "--config", ini.string()}, models.preset_names(), strategies);
+  const auto parsed = parse_run_config({"strata-export", "--config", ini.string()}, cli_keys(models), strategies);
   TORCH_CHECK_VALUE(parsed.config.has_value(), parsed.message);
   const RunConfig& config = *parsed.config;
   // The run records the vocabulary and sequence length the data gave the

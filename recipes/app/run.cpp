@@ -184,7 +184,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   const torch::Device device = comm.device();
   const bool is_zero = comm.rank() == 0;
   const fs::path out_dir(c.output_dir);
-  const std::string ini = to_ini(resolved_config(c, *run.model, at::get_num_threads()), registry);
+  const std::string ini = to_ini(resolved_config(c, *run.model, at::get_num_threads()), run.model_keys, registry);
   if (is_zero) {
     const auto blas = check_blas_speed();
     if (blas.slow) std::cerr << blas.message << std::endl;
@@ -383,7 +383,7 @@ int run_gpt(int argc, char** argv, const StrategyRegistry& registry, const Model
   std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
 
   std::vector<std::string> args(argv, argv + argc);
-  ParseResult parsed = parse_run_config(args, models.preset_names(), registry);
+  ParseResult parsed = parse_run_config(args, cli_keys(models), registry);
   if (!parsed.config) {
     (parsed.exit_code == 0 ? std::cout : std::cerr) << parsed.message << std::endl;
     return parsed.exit_code;

@@ -433,29 +433,35 @@ std::string offload_dir_of(const RunConfig& config) {
   return config.offload_dir.empty() ? config.output_dir : config.offload_dir;
 }
 
+ModelKeys cli_keys(const ModelRegistry& models) {
+  ModelKeys keys;
+  keys.presets = models.preset_names();
+  keys.default_preset = models.default_preset();
+  for (const ModelSpec* spec : models.specs()) {
+    for (const auto& option : spec->options()) {
+      auto it = std::find_if(keys.options.begin(), keys.options.end(),
+                             [&](const ModelKey& k) { return k.option.key() == option.key(); });
+      if (it == keys.options.end()) {
+        keys.options.push_back({option, {spec->name()}, {option}, option.help()});
+        continue;
+      }
+      // Families that word the key alike share its help; others each say theirs.
+      if (option.help() != it->option.help()) {
+        if (it->help == it->option.help()) it->help = c10::Join(", ", it->families) + ": " + it->help;
+        it->help += "; " + spec->name() + ": " + option.help();
+      }
+      it->families.push_back(spec->name());
+      it->declared.push_back(option);
+    }
+  }
+  return keys;
+}
+
 ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block_size) {
-  const RunConfig defaults;
   ModelRequest r;
-  auto given = [&c](const char* key) { return c.given_keys.count(key) != 0; };
-  r.preset = given("preset") || c.preset != defaults.preset ? c.preset : "";
+  r.preset = c.given_keys.count("preset") != 0 ? c.preset : "";
   r.default_preset = c.preset;
-  // Sizes of 0 and a negative dropout mean "the preset's": only others are asked for.
-  if (c.n_layer > 0) r.options["n-layer"] = std::to_string(c.n_layer);
-  if (c.n_head > 0) r.options["n-head"] = std::to_string(c.n_head);
-  if (c.n_embd > 0) r.options["n-embd"] = std::to_string(c.n_embd);
-  if (c.dropout >= 0) r.options["dropout"] = format(c.dropout);
-  // The rest when given, or when set away from the default in code.
-  auto add = [&](const char* key, const auto& value, const auto& default_value) {
-    if (given(key) || value != default_value) r.options[key] = format(value);
-  };
-  add("bias", c.bias, defaults.bias);
-  add("attention", c.attention, defaults.attention);
-  add("activation", c.activation, defaults.activation);
-  add("init-std", c.init_std, defaults.init_std);
-  add("lora-rank", c.lora_rank, defaults.lora_rank);
-  add("lora-alpha", c.lora_alpha, defaults.lora_alpha);
-  // Empty: the family's default (gpt attn, llama q,v).
-  if (!c.lora_targets.empty()) r.options["lora-targets"] = c.lora_targets;
+  r.options = c.model_options;
   r.init_from = c.init_from;
   r.vocab_size = vocab_size;
   r.block_size = block_size;
@@ -463,21 +469,16 @@ ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block
 }
 
 namespace {
-/// The model keys a family may read (model_request asks for them).
-const std::vector<std::string>& model_option_keys() {
-  static const std::vector<std::string> keys = {"n-layer", "n-head",    "n-embd",     "dropout",
-                                                "bias",    "attention", "activation", "init-std",
-                                                "lora-rank", "lora-alpha", "lora-targets"};
-  return keys;
-}
-
+/// Records the family and the registered model keys it does not read
+/// (config.ini comments those out).
 void record_model_keys(RunConfig& config, const ModelConfig& model, const ModelRegistry& models) {
   config.model_family = model.family();
   for (const ModelSpec* spec : models.specs()) {
     if (spec->name() != model.family()) continue;
-    for (const auto& key : model_option_keys()) {
-      if (std::find(spec->keys().begin(), spec->keys().end(), key) == spec->keys().end()) {
-        config.model_unread.insert(key);
+    for (const ModelKey& key : cli_keys(models).options) {
+      const auto& read = spec->options();
+      if (std::none_of(read.begin(), read.end(), [&](const ModelOption& o) { return o.key() == key.option.key(); })) {
+        config.model_unread.insert(key.option.key());
       }
     }
   }
@@ -518,6 +519,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
                     : request.preset.empty()                ? request.default_preset
                                                             : request.preset;
   record_model_keys(config, *run.model, models);
+  run.model_keys = cli_keys(models);
   run.config = std::move(config);
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks

@@ -28,6 +28,7 @@ struct CheckedRun {
   std::unique_ptr<DataSource> data;
   ModelPtr model;             ///< resolved by check_run (models/spec.h)
   std::string model_label;    ///< its preset, or the --init-from directory that gave it
+  ModelKeys model_keys;       ///< the registered families' keys: config.ini lists them
   ParameterSourcePtr init_weights;
 };
 
@@ -42,10 +43,14 @@ bool speaks_for_machine(const std::optional<DistEnv>& env);
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
                      const StrategyRegistry& registry, const ModelRegistry& models);
 
+/// The presets and every registered family's options, for strata-gpt's
+/// command line (recipes/config/model_keys.h).
+ModelKeys cli_keys(const ModelRegistry& models);
+
 /// What `config` asks the model registry for, given the data's vocabulary
-/// and sequence length: its preset ("" when neither given nor set away from
-/// the default: an --init-from directory may then give the model) and the
-/// model keys given (or set away from their defaults).
+/// and sequence length: its preset ("" when not given: an --init-from
+/// directory may then give the model, else config.preset is the default)
+/// and the model options given.
 ModelRequest model_request(const RunConfig& config, int64_t vocab_size, int64_t block_size);
 
 /// The planner's request for `config`'s run of `model` under its strategy

@@ -14,17 +14,16 @@ namespace strata::recipes {
 
 RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
   const ModelShape shape = model.shape();
-  c.n_layer = shape.n_layer;
-  c.n_head = shape.n_head;
-  c.n_embd = shape.n_embd;
+  // The shape every decoder has under the keys the built-in families
+  // declare (a family that does not read one has it commented out), then
+  // what the family resolved.
+  c.model_options["n-layer"] = std::to_string(shape.n_layer);
+  c.model_options["n-head"] = std::to_string(shape.n_head);
+  c.model_options["n-embd"] = std::to_string(shape.n_embd);
   c.block_size = shape.block_size;
   c.vocab_size = shape.vocab_size;
-  const auto numbers = model.resolved_numbers();
-  if (const auto it = numbers.find("dropout"); it != numbers.end()) c.dropout = it->second;
-  if (const auto it = numbers.find("init-std"); it != numbers.end()) c.init_std = it->second;
-  const auto texts = model.resolved_texts();
-  if (const auto it = texts.find("attention"); it != texts.end()) c.attention = it->second;
-  if (const auto it = texts.find("lora-targets"); it != texts.end()) c.lora_targets = it->second;
+  for (const auto& [key, value] : model.resolved_numbers()) c.model_options[key] = option_text(value);
+  for (const auto& [key, value] : model.resolved_texts()) c.model_options[key] = value;
   c.threads_per_rank = threads;
   c.model_source = model.source_directory();
   // The record names the directory wherever it is read from.

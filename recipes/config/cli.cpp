@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,22 +56,25 @@ const char* value_name(const Member& m) {
   return names[m.index()];
 }
 
-/// One key of the command line and the INI file: a RunConfig field, or a
-/// registered strategy's option (stored in RunConfig::strategy_options).
+/// One key of the command line and the INI file: a RunConfig field, a
+/// registered strategy's option (stored in RunConfig::strategy_options) or a
+/// model family's (RunConfig::model_options).
 struct Entry {
   std::string key;
   int group = 0;
   std::string help;
   bool flag = false;
   std::optional<Field> field;               ///< a RunConfig member
-  const StrategyOption* option = nullptr;   ///< a strategy option (its first declaration)
+  const StrategyOption* option = nullptr;   ///< a strategy or model option (its first declaration)
+  const ModelKey* model = nullptr;          ///< a model family's option: every declaration of it
 };
 
 
-/// "" or why `strategies` cannot be strata-gpt's: a strategy named auto (the
-/// planner's), or an option key strata-gpt has itself (--lr, --momentum: one
-/// of the two would never get its value).
-std::string registry_conflict(const StrategyRegistry& strategies) {
+/// "" or why `models` and `strategies` cannot be strata-gpt's: a strategy
+/// named auto (the planner's), or an option key strata-gpt has itself (--lr,
+/// --momentum) or both a strategy and a model family declare: one of the two
+/// would never get its value.
+std::string registry_conflict(const ModelKeys& models, const StrategyRegistry& strategies) {
   if (strategies.contains("auto")) {
     return "strategy '" + strategies.resolve("auto") + "' is registered as 'auto', which is --strategy auto (the "
            "memory planner's choice); rename it";
@@ -82,14 +86,32 @@ std::string registry_conflict(const StrategyRegistry& strategies) {
              ") is one of strata-gpt's own options; give the strategy's option another key";
     }
   }
+  const std::vector<Field> own_fields = fields();
+  for (const ModelKey& m : models.options) {
+    const std::string& key = m.option.key();
+    const bool own = std::any_of(own_fields.begin(), own_fields.end(), [&](const Field& f) { return key == f.key; });
+    const std::string strategy = strategies.declared_by(key);
+    if (own || !strategy.empty()) {
+      return "model option '--" + key + "' (declared by " + join(m.families) + ") is " +
+             (own ? "one of strata-gpt's own options" : "strategy " + strategy + "'s option") +
+             "; give the model's option another key";
+    }
+  }
   return "";
 }
 
-/// Every key, in --help and to_ini() order: the strategy options after kStrategyOptionsAfter.
-std::vector<Entry> entries(const StrategyRegistry& strategies) {
+/// Every key, in --help and to_ini() order: the model families' options
+/// after kModelOptionsAfter, the strategies' after kStrategyOptionsAfter.
+std::vector<Entry> entries(const ModelKeys& models, const StrategyRegistry& strategies) {
   std::vector<Entry> out;
   for (Field& f : fields()) {
     out.push_back({f.key, f.group, f.help, f.flag, f, nullptr});
+    if (std::string(f.key) == kModelOptionsAfter) {
+      for (const ModelKey& m : models.options) {
+        out.push_back({m.option.key(), f.group, "[" + join(m.families) + "] " + m.help, m.option.bare(),
+                       std::nullopt, &m.option, &m});
+      }
+    }
     if (std::string(f.key) != kStrategyOptionsAfter) continue;
     for (const StrategyOption* o : strategies.all_options()) {
       out.push_back({o->key(), f.group, c10::str("[", strategies.declared_by(o->key()), "] ", o->help()), o->bare(), std::nullopt, o});
@@ -101,8 +123,9 @@ std::vector<Entry> entries(const StrategyRegistry& strategies) {
 /// The entry's value in `config` as command-line / INI text.
 std::string text_of(const RunConfig& config, const Entry& e) {
   if (e.field) return std::visit([&](auto member) { return format(config.*member); }, e.field->member);
-  const auto it = config.strategy_options.find(e.key);
-  return it != config.strategy_options.end() ? it->second : option_text(e.option->default_value());
+  const auto& given = e.model ? config.model_options : config.strategy_options;
+  const auto it = given.find(e.key);
+  return it != given.end() ? it->second : option_text(e.option->default_value());
 }
 
 /// Sets `key` from `text`; returns "" or the one-line error (`where` prefixes it).
@@ -116,7 +139,14 @@ std::string apply(RunConfig& config, const std::vector<Entry>& all, const std::s
     } else {
       OptionValue value;
       expected = e.option->parse(text, value);
-      if (expected.empty()) config.strategy_options[key] = option_text(value);
+      // A model value no declaring family accepts is refused here; the
+      // family that resolves the model checks its own rule (models/spec.cpp).
+      if (expected.empty() && e.model != nullptr &&
+          std::none_of(e.model->declared.begin(), e.model->declared.end(),
+                       [&](const StrategyOption& o) { return o.check(value).empty(); })) {
+        expected = e.option->check(value);
+      }
+      if (expected.empty()) (e.model ? config.model_options : config.strategy_options)[key] = option_text(value);
     }
     if (expected.empty()) return "";
     return where + "invalid value '" + text + "' for " + (where.empty() ? "--" : "") + key + ": " + expected;
@@ -125,8 +155,8 @@ std::string apply(RunConfig& config, const std::vector<Entry>& all, const std::s
 }
 
 /// The option groups (testing aids last); defaults and choices appear in --help.
-std::vector<po::options_description> option_groups(const std::vector<std::string>& presets,
-                                                   const std::vector<Entry>& all, const StrategyRegistry& strategies) {
+std::vector<po::options_description> option_groups(const ModelKeys& models, const std::vector<Entry>& all,
+                                                   const StrategyRegistry& strategies) {
   const RunConfig defaults;  // shown in --help only: values are applied by apply()
   std::vector<po::options_description> groups;
   for (const auto& title : group_titles()) {
@@ -137,10 +167,11 @@ std::vector<po::options_description> option_groups(const std::vector<std::string
   for (const Entry& e : all) {
     auto* value = po::value<std::string>()->value_name(e.field ? value_name(e.field->member)
                                                                : option_kind_name(e.option->kind()));
-    if (const std::string text = text_of(defaults, e); !text.empty()) value->default_value(text);
+    const std::string text = e.key == "preset" ? models.default_preset : text_of(defaults, e);
+    if (!text.empty()) value->default_value(text);
     if (e.flag) value->implicit_value("true");
     std::string help = e.help;
-    if (e.key == "preset" && !presets.empty()) help += ": " + join(presets);
+    if (e.key == "preset" && !models.presets.empty()) help += ": " + join(models.presets);
     if (e.key == "strategy") help += ": " + strategies.available() + ", auto (the memory planner picks)";
     groups[e.group].add_options()(e.key.c_str(), value, help.c_str());
   }
@@ -258,11 +289,11 @@ std::string usage_text(const po::options_description& general, const std::vector
   return text;
 }
 
-ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::string>& presets,
+ParseResult parse(const std::vector<std::string>& argv, const ModelKeys& models,
                   const StrategyRegistry& strategies) {
-  if (std::string conflict = registry_conflict(strategies); !conflict.empty()) return failure(conflict);
-  const auto all = entries(strategies);
-  const auto groups = option_groups(presets, all, strategies);
+  if (std::string conflict = registry_conflict(models, strategies); !conflict.empty()) return failure(conflict);
+  const auto all = entries(models, strategies);
+  const auto groups = option_groups(models, all, strategies);
   po::options_description general("General options");
   general.add_options()("help,h", "print this help and exit")(
       "help-all", "print every option, testing aids included, and exit")(
@@ -299,6 +330,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   }
 
   RunConfig config;
+  config.preset = models.default_preset;
   GivenKeys given;
   if (config_path) {
     const std::string error = apply_config_file(*config_path, file, all, strategies, config, given);
@@ -317,7 +349,7 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
   config.batch_size_given = given.count("batch-size") != 0;
   config.accumulate_given = given.count("accumulate-grad-batches") != 0;
   for (const auto& item : given) config.given_keys.insert(item.first);
-  if (std::string error = validate(config, presets, strategies, given); !error.empty()) {
+  if (std::string error = validate(config, models, strategies, given); !error.empty()) {
     return failure(error);
   }
   return {config, 0, ""};
@@ -325,11 +357,10 @@ ParseResult parse(const std::vector<std::string>& argv, const std::vector<std::s
 
 }  // namespace
 
-ParseResult parse_run_config(const std::vector<std::string>& argv,
-                             const std::vector<std::string>& preset_names,
+ParseResult parse_run_config(const std::vector<std::string>& argv, const ModelKeys& models,
                              const StrategyRegistry& strategies) {
   try {
-    return parse(argv, preset_names, strategies);
+    return parse(argv, models, strategies);
   } catch (const std::exception& e) {  // never throw: report whatever slipped through
     return failure(std::string("invalid arguments: ") + e.what());
   }
@@ -366,7 +397,7 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
   if (key == "min-lr" && defaulted && config.min_lr > config.lr) return std::string("default; capped at lr");
   if (const auto why = data_ignores(key, config.data)) return "not read: " + *why;
   if (const auto why = precision_ignores(key, config)) return "not read: " + *why;
-  if ((key == "lora-alpha" || key == "lora-targets") && config.lora_rank == 0) {
+  if ((key == "lora-alpha" || key == "lora-targets") && lora_off(config)) {
     return std::string("not used without lora-rank");
   }
   if ((key == "checkpoint-mode" || key == "checkpoint-keep-best") && config.checkpoint_monitor.empty()) {
@@ -377,16 +408,17 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
 
 }  // namespace
 
-std::string to_ini(const RunConfig& config, const StrategyRegistry& strategies) {
+std::string to_ini(const RunConfig& config, const ModelKeys& models, const StrategyRegistry& strategies) {
   const auto titles = group_titles();
   std::ostringstream out;
   int group = -1;
-  for (const Entry& e : entries(strategies)) {
+  for (const Entry& e : entries(models, strategies)) {
     if (e.group != group) {
       out << (group < 0 ? "" : "\n") << "# " << titles[e.group] << '\n';
       group = e.group;
     }
-    const std::string value = text_of(config, e);
+    // A config made in code has no preset until parse_run_config sets the default.
+    const std::string value = e.key == "preset" && config.preset.empty() ? models.default_preset : text_of(config, e);
     if (const auto why = unread_because(e.key, config, strategies)) {
       out << "# " << e.key << " = " << value << "  (" << *why << ")\n";
     } else {

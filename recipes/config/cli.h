@@ -2,6 +2,7 @@
 // Command line and config file for the recipe binaries (Boost.Program_options).
 // Every option has the same key on the command line (--max-steps 10) and in an
 // INI config file (max-steps = 10); the command line wins over the file.
+#include "strata/recipes/config/model_keys.h"
 #include "strata/strategies/registry.h"
 
 #include <cstdint>
@@ -16,19 +17,16 @@ namespace strata::recipes {
 /// Everything a recipe run needs, resolved from defaults, --config and argv.
 struct RunConfig {
   // model
-  std::string preset = "gpt-micro";
-  int64_t n_layer = 0;       ///< 0: the preset's value
-  int64_t n_head = 0;
-  int64_t n_embd = 0;
+  /// parse_run_config starts it at the registered families' default
+  /// (ModelKeys::default_preset).
+  std::string preset;
   int64_t block_size = 0;    ///< 0: the data's natural length
-  double dropout = -1.0;     ///< < 0: the preset's value
-  bool bias = true;          ///< biases in Linear layers
-  std::string attention = "fused";  ///< attention core: fused (kernels/), sdpa or naive
-  std::string activation = "gelu";  ///< gelu (exact) or gelu_new (tanh approximation, GPT-2's)
-  double init_std = 0.0;            ///< weight init std (0: GPT-2's 0.02 scaled to the width, gpt_init_std)
-  int64_t lora_rank = 0;            ///< LoRA adapters of this rank, other weights frozen (0: off)
-  double lora_alpha = 8.0;          ///< LoRA scale alpha / rank (PEFT's default alpha)
-  std::string lora_targets;         ///< the family's names ("": its default; gpt attn, llama q,v)
+  /// The model family's options given on the command line or in --config
+  /// (n-layer, attention, lora-rank, ...): key -> value as canonical text.
+  /// Each is declared by the registered families that read it
+  /// (recipes/models/spec.h, ModelSpec::options); the family that resolves
+  /// the model checks its rules and takes its own defaults for the rest.
+  std::map<std::string, std::string> model_options;
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data
@@ -157,14 +155,13 @@ struct ParseResult {
 /// (given on the command line or in --config) is given to a strategy that
 /// would ignore it. --help lists the main options and every registered
 /// strategy's; --help-all adds the testing aids.
-ParseResult parse_run_config(const std::vector<std::string>& argv,
-                             const std::vector<std::string>& preset_names,
+ParseResult parse_run_config(const std::vector<std::string>& argv, const ModelKeys& models,
                              const StrategyRegistry& strategies);
 
 /// The resolved config as INI text (same keys), for printing and config.ini.
 /// Strategy options config.strategy does not read are written as comments,
 /// so the text is valid as --config for the same strategy.
-std::string to_ini(const RunConfig& config, const StrategyRegistry& strategies);
+std::string to_ini(const RunConfig& config, const ModelKeys& models, const StrategyRegistry& strategies);
 
 /// The options of `config.strategy` (resolved through `strategies`) from
 /// config.strategy_options and the defaults; throws c10::ValueError (one

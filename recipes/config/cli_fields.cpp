@@ -27,35 +27,13 @@ const char* const kTestingEnvironment =
 
 namespace {
 
-/// Model and data options (groups 0, 1).
+/// Model and data options (groups 0, 1). The model families' own options
+/// (recipes/models/spec.h) follow preset (cli.cpp inserts them).
 std::vector<Field> model_data_fields() {
   using C = RunConfig;
   return {
       {"preset", 0, &C::preset, "model preset"},
-      {"n-layer", 0, &C::n_layer, "transformer blocks (0: the preset's)"},
-      {"n-head", 0, &C::n_head, "attention heads (0: the preset's)"},
-      {"n-embd", 0, &C::n_embd, "embedding width (0: the preset's)"},
       {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
-      {"dropout", 0, &C::dropout, "dropout probability (< 0: the preset's)"},
-      {"bias", 0, &C::bias, "biases in Linear layers (nanoGPT's default: true)"},
-      {"attention", 0, &C::attention,
-       "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
-       "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
-       "(the reference: B×H×T×T scores)"},
-      {"activation", 0, &C::activation,
-       "the MLP's GELU: gelu (exact, nanoGPT's) or gelu_new (the tanh approximation of OpenAI's GPT-2 and "
-       "transformers' gelu_new)"},
-      {"init-std", 0, &C::init_std,
-       "the weight matrices' init std (c_proj's over sqrt(2 n_layer)); 0: GPT-2's 0.02 scaled to the width, "
-       "0.02 sqrt(768 / n_embd) below 768 wide; 0.02: nanoGPT's at every width"},
-      {"lora-rank", 0, &C::lora_rank,
-       "LoRA fine-tuning: adapters of this rank on the --lora-targets Linears, every other weight frozen; "
-       "exports merge them (0: off)"},
-      {"lora-alpha", 0, &C::lora_alpha, "LoRA: the adapters' output is scaled by alpha / rank"},
-      {"lora-targets", 0, &C::lora_targets,
-       "LoRA: the Linears that get adapters, in the family's names (empty: its default). gpt: attn (attn.c_attn, "
-       "attn.c_proj; default), mlp (c_fc, c_proj) or attn,mlp; llama: q, k, v, o, gate, up, down, comma-separated, "
-       "or all (default q,v: PEFT's)"},
       {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };

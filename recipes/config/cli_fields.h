@@ -3,7 +3,8 @@
 // option's key, --help group, RunConfig member and help text. One table
 // serves the command line, the INI config file, --help and to_ini(); the
 // registered strategies' options (strategies/spec.h) join it after
-// kStrategyOptionsAfter.
+// kStrategyOptionsAfter, the model families' (recipes/models/spec.h) after
+// kModelOptionsAfter.
 #include "strata/recipes/config/cli.h"
 
 #include <string>
@@ -37,6 +38,8 @@ extern const char* const kTestingEnvironment;
 /// Every RunConfig field, in to_ini() and --help order (strategy options not included).
 std::vector<Field> fields();
 
+/// The model families' options are listed right after this key.
+constexpr const char* kModelOptionsAfter = "preset";
 /// The strategy options are listed right after this key.
 constexpr const char* kStrategyOptionsAfter = "comm-timeout";
 

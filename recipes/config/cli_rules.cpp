@@ -36,9 +36,7 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
       {"precision", &c.precision, precision_names()},
       {"device", &c.device, {"auto", "cpu", "cuda"}},
       {"optimizer", &c.optimizer, optimizer_names()},
-      {"attention", &c.attention, {"fused", "sdpa", "naive"}},  // recipes/models/gpt.h attention_names(), tested
       {"adamw-kernel", &c.adamw_kernel, {"strata", "aten"}},    // fused_adamw_kernel_names(), tested
-      {"activation", &c.activation, {"gelu", "gelu_new"}},
       {"offload", &c.offload, {"none", "cpu", "disk"}},
       {"ac-policy", &c.ac_policy, checkpoint_policy_names()},
       {"checkpoint-format", &c.checkpoint_format, {"auto", "full", "sharded"}},
@@ -52,7 +50,8 @@ std::string check_choices(const RunConfig& c, const std::vector<std::string>& pr
 }
 
 /// Options given where nothing reads them (they would be silently ignored).
-std::string check_ignored(const RunConfig& c, const GivenKeys& given, const StrategyRegistry& strategies) {
+std::string check_ignored(const RunConfig& c, const ModelKeys& models, const GivenKeys& given,
+                          const StrategyRegistry& strategies) {
   if (!c.memory_budget.empty() && c.strategy != "auto") {
     return "--memory-budget applies only with --strategy auto (got --strategy " + c.strategy + ")";
   }
@@ -104,14 +103,15 @@ std::string check_ignored(const RunConfig& c, const GivenKeys& given, const Stra
     return named(it->second, "adamw-kernel") + " does not apply with --fused-adamw false (it would be ignored)";
   }
   for (const char* key : {"lora-alpha", "lora-targets"}) {
-    if (const auto it = given.find(key); it != given.end() && c.lora_rank == 0) {
+    if (const auto it = given.find(key); it != given.end() && lora_off(c)) {
       return named(it->second, key) + " applies only with --lora-rank > 0 (it would be ignored)";
     }
   }
   if (!c.torchscript.empty()) {
     // The scripted model brings its own architecture and weights.
-    for (const char* key : {"preset", "n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "init-from",
-                            "export-weights", "lora-rank", "lora-alpha", "lora-targets", "activation", "init-std"}) {
+    std::vector<std::string> keys = {"preset", "init-from", "export-weights"};
+    for (const ModelKey& m : models.options) keys.push_back(m.option.key());
+    for (const std::string& key : keys) {
       if (const auto it = given.find(key); it != given.end()) {
         return named(it->second, key) +
                " does not apply with --torchscript (the scripted model defines the model and its weights)";
@@ -171,12 +171,7 @@ std::string check_ranges(const RunConfig& c) {
   auto need = [&error](bool ok, const char* key, auto value, const std::string& rule) {
     if (!ok && error.empty()) error = "invalid value '" + format(value) + "' for --" + key + ": must be " + rule;
   };
-  need(c.n_layer >= 0, "n-layer", c.n_layer, ">= 0 (0: the preset's)");
-  need(c.n_head >= 0, "n-head", c.n_head, ">= 0 (0: the preset's)");
-  need(c.n_embd >= 0, "n-embd", c.n_embd, ">= 0 (0: the preset's)");
   need(c.block_size >= 0, "block-size", c.block_size, ">= 0 (0: the data's)");
-  need(c.dropout < 1.0, "dropout", c.dropout, "< 1 (< 0: the preset's)");
-  need(c.init_std >= 0 && c.init_std < 1, "init-std", c.init_std, "in [0, 1) (0: the width rule)");
   need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
   need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
   need(c.tp_size >= 1, "tp-size", c.tp_size, ">= 1 (1: no tensor parallelism)");
@@ -226,8 +221,6 @@ std::string check_ranges(const RunConfig& c) {
             std::ldexp(1.0, static_cast<int>(std::clamp<int64_t>(c.initial_scale_power, 0, 63))) >= c.min_loss_scale),
        "min-loss-scale", c.min_loss_scale,
        "> 0 and at most the initial scale 2^" + format(c.initial_scale_power));
-  need(c.lora_rank >= 0, "lora-rank", c.lora_rank, ">= 0 (0: off)");
-  need(c.lora_alpha > 0, "lora-alpha", c.lora_alpha, "> 0");
   need(c.debug_overflow_step >= 0 && c.debug_overflow_step <= c.max_steps, "debug-overflow-step",
        c.debug_overflow_step, "in [0, max-steps " + format(c.max_steps) + "] (0: never)");
   return error;
@@ -289,14 +282,19 @@ std::string check_strategy_options(const RunConfig& c, const StrategyRegistry& s
   return "";
 }
 
-std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const StrategyRegistry& strategies, const GivenKeys& given) {
-  std::string error = check_choices(c, presets, strategies);
+std::string validate(const RunConfig& c, const ModelKeys& models, const StrategyRegistry& strategies,
+                     const GivenKeys& given) {
+  std::string error = check_choices(c, models.presets, strategies);
   if (error.empty()) error = check_ranges(c);
-  if (error.empty()) error = check_ignored(c, given, strategies);
+  if (error.empty()) error = check_ignored(c, models, given, strategies);
   if (error.empty()) error = check_strategy_options(c, strategies);
   if (error.empty()) error = check_conflicts(c, given);
   return error;
+}
+
+bool lora_off(const RunConfig& c) {
+  const auto it = c.model_options.find("lora-rank");
+  return it == c.model_options.end() || it->second == "0";
 }
 
 std::string join(const std::vector<std::string>& items) {

@@ -39,8 +39,12 @@ std::optional<std::string> precision_ignores(const std::string& key, const RunCo
 using GivenKeys = std::map<std::string, std::string>;
 
 /// "" or the first rule `c` breaks.
-std::string validate(const RunConfig& c, const std::vector<std::string>& presets,
-                     const StrategyRegistry& strategies, const GivenKeys& given);
+std::string validate(const RunConfig& c, const ModelKeys& models, const StrategyRegistry& strategies,
+                     const GivenKeys& given);
+
+/// Whether the run trains no LoRA adapters (no --lora-rank, or 0): the
+/// families' LoRA options (recipes/models/spec.h lora_options) then go unread.
+bool lora_off(const RunConfig& c);
 
 std::string join(const std::vector<std::string>& items);
 

@@ -98,6 +98,21 @@ void ModelRegistry::add(ModelSpec spec) {
     TORCH_CHECK_VALUE(it == presets_.end(), "preset '", preset, "' of model family '", spec.name(),
                       "' is already family '", it == presets_.end() ? "" : specs_[it->second].name(), "''s");
   }
+  TORCH_CHECK_VALUE(spec.default_preset().empty() ||
+                        std::find(spec.presets().begin(), spec.presets().end(), spec.default_preset()) !=
+                            spec.presets().end(),
+                    "model family '", spec.name(), "': default preset '", spec.default_preset(),
+                    "' is not one of its presets");
+  for (const auto& option : spec.options()) {
+    // One key, one kind: the command line parses it once for every family.
+    for (const auto& s : specs_) {
+      for (const auto& theirs : s.options()) {
+        TORCH_CHECK_VALUE(theirs.key() != option.key() || theirs.kind() == option.kind(), "model family '",
+                          spec.name(), "' declares --", option.key(), " as ", option_kind_name(option.kind()),
+                          "; family '", s.name(), "' declares it as ", option_kind_name(theirs.kind()));
+      }
+    }
+  }
   for (const auto& preset : spec.presets()) presets_[preset] = specs_.size();
   specs_.push_back(std::move(spec));
 }
@@ -107,6 +122,65 @@ const ModelSpec& ModelRegistry::spec_of_preset(const std::string& preset) const 
   TORCH_CHECK_VALUE(it != presets_.end(), "unknown preset '", preset, "'; available: ",
                     c10::Join(", ", preset_names()));
   return specs_[it->second];
+}
+
+namespace {
+
+/// `request` with its options checked against `spec`'s declarations (each
+/// key declared, each value of its kind and within its rule) and those given
+/// at their declared default left out: the default means "the preset's own"
+/// (a size of 0) or the family's choice, which the factory keeps.
+ModelRequest declared_options(const ModelSpec& spec, const ModelRequest& request) {
+  ModelRequest out = request;
+  out.options.clear();
+  std::vector<std::string> keys;
+  for (const auto& option : spec.options()) keys.push_back(option.key());
+  for (const auto& [key, text] : request.options) {
+    const auto it = std::find_if(spec.options().begin(), spec.options().end(),
+                                 [&key = key](const ModelOption& o) { return o.key() == key; });
+    TORCH_CHECK_VALUE(it != spec.options().end(), "--", key, " ", text, " does not apply to the ", spec.name(),
+                      " family (--preset ", request.preset,
+                      "); its options: ", keys.empty() ? std::string("none") : "--" + c10::Join(", --", keys));
+    OptionValue value;
+    std::string broken = it->parse(text, value);
+    if (broken.empty()) broken = it->check(value);
+    TORCH_CHECK_VALUE(broken.empty(), "invalid value '", text, "' for --", key, ": ", broken, " (the ",
+                      spec.name(), " family)");
+    if (value != it->default_value()) out.options[key] = option_text(value);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<ModelOption> decoder_options() {
+  return {
+      ModelOption::integer("n-layer", 0, "transformer blocks (0: the preset's)").at_least(0),
+      ModelOption::integer("n-head", 0, "attention heads (0: the preset's)").at_least(0),
+      ModelOption::integer("n-embd", 0, "embedding width (0: the preset's)").at_least(0),
+      ModelOption::choice("attention", "fused", {"fused", "sdpa", "naive"},
+                          "attention core: fused (strata's tiled CPU kernel, O(B·H·T) kept for backward; on CUDA "
+                          "LibTorch's SDPA), sdpa (LibTorch's scaled_dot_product_attention on any device) or naive "
+                          "(the reference: B×H×T×T scores)"),
+  };
+}
+
+std::vector<ModelOption> lora_options(const std::string& targets_help) {
+  return {
+      ModelOption::integer("lora-rank", 0,
+                           "LoRA fine-tuning: adapters of this rank on the --lora-targets Linears, every other "
+                           "weight frozen; exports merge them (0: off)")
+          .at_least(0),
+      ModelOption::real("lora-alpha", 8.0, "LoRA: the adapters' output is scaled by alpha / rank").above(0),
+      ModelOption::text("lora-targets", "", targets_help),
+  };
+}
+
+std::string ModelRegistry::default_preset() const {
+  for (const auto& spec : specs_) {
+    if (!spec.default_preset().empty()) return spec.default_preset();
+  }
+  return specs_.empty() ? "" : specs_.front().presets().front();
 }
 
 ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
@@ -123,13 +197,7 @@ ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
                     " and --init-from '", request.init_from, "' (a ", recognized ? recognized->name() : "",
                     " checkpoint directory) both give the model; drop --preset: the directory's config.json gives it");
   const ModelSpec& spec = recognized != nullptr ? *recognized : spec_of_preset(request.preset);
-  for (const auto& [key, text] : request.options) {
-    const auto& keys = spec.keys();
-    TORCH_CHECK_VALUE(std::find(keys.begin(), keys.end(), key) != keys.end(), "--", key, " ", text,
-                      " does not apply to the ", spec.name(), " family (--preset ", request.preset,
-                      "); its options: ", keys.empty() ? std::string("none") : "--" + c10::Join(", --", keys));
-  }
-  ModelPtr model = spec.factory()(request);
+  ModelPtr model = spec.factory()(declared_options(spec, request));
   TORCH_CHECK(model != nullptr, "model family '", spec.name(), "' built no model for preset ", request.preset);
   return model;
 }

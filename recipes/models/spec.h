@@ -16,7 +16,9 @@
 //
 // Example (a user's family):
 //   strata::recipes::ModelSpec spec("tiny-mlp", "an MLP language model");
-//   spec.presets({"tiny-mlp"}).factory([](const strata::recipes::ModelRequest& r) {
+//   spec.presets({"tiny-mlp"})
+//       .options({strata::recipes::ModelOption::integer("n-layer", 0, "MLP layers (0: the preset's)").at_least(0)})
+//       .factory([](const strata::recipes::ModelRequest& r) {
 //     return std::make_shared<TinyMlpConfig>(r.integer("n-layer", 2), r.vocab_size, r.block_size);
 //   });
 //   registry.add(spec);
@@ -41,6 +43,11 @@
 #include <vector>
 
 namespace strata::recipes {
+
+/// A model option: a key, its kind, its default and its rule, declared as a
+/// strategy declares its options (strategies/spec.h). Its default means
+/// "the preset's own" (0 sizes) or the family's choice.
+using ModelOption = StrategyOption;
 
 /// Tensors by name (as recipes/models/gpt/interop.h).
 using NamedTensors = std::map<std::string, torch::Tensor>;
@@ -208,10 +215,10 @@ class ModelConfig {
 
 using ModelPtr = std::shared_ptr<const ModelConfig>;
 
-/// What a run asks a family for: a preset, the options given for it
-/// (strata-gpt's keys, as text: "n-layer" -> "6", "attention" -> "sdpa"; only
-/// those given or not at their defaults) and the data's vocabulary and
-/// sequence length.
+/// What a run asks a family for: a preset, the options given for it (its
+/// declared keys, as text: "n-layer" -> "6", "attention" -> "sdpa"; the
+/// factory sees only those given away from their declared defaults) and the
+/// data's vocabulary and sequence length.
 struct ModelRequest {
   /// "": not given (an --init-from directory a family recognizes names the model).
   std::string preset;
@@ -246,9 +253,15 @@ class ModelSpec {
   TORCH_ARG(std::string, description);
   /// --preset's values for this family; each names one family only.
   TORCH_ARG(std::vector<std::string>, presets) = {};
-  /// strata-gpt's model keys the family reads (n-layer, attention, ...);
-  /// given any other, a run is refused naming the key and the family.
-  TORCH_ARG(std::vector<std::string>, keys) = {};
+  /// strata-gpt's --preset when none is given, when this family is the
+  /// first registered to name one ("": none).
+  TORCH_ARG(std::string, default_preset) = "";
+  /// The options the family reads (n-layer, attention, ...), typed, with
+  /// their help and rules: strata-gpt's command line, --config and
+  /// config.ini gain each key (one key may be declared by several families,
+  /// with one kind). A run given a key its family does not declare, or a
+  /// value against the declaration's rule, is refused naming both.
+  TORCH_ARG(std::vector<ModelOption>, options) = {};
   TORCH_ARG(Factory, factory) = nullptr;
   /// Whether --init-from's `path` is a checkpoint directory of this family
   /// that describes its model (then no --preset is needed); null: none is.
@@ -259,7 +272,8 @@ class ModelSpec {
 class ModelRegistry {
  public:
   /// Errors (naming them) for a family already registered, a spec without a
-  /// factory or presets, or a preset another family has.
+  /// factory or presets, a preset another family has, or an option key
+  /// another family declares with another kind.
   void add(ModelSpec spec);
   /// The family of `preset`; throws c10::ValueError "unknown preset 'x';
   /// available: ..." when none has it.
@@ -273,6 +287,8 @@ class ModelRegistry {
   const ModelSpec* recognizing(const std::string& path) const;
   /// Every preset, family by family in registration order.
   std::vector<std::string> preset_names() const;
+  /// The first family's default_preset that one names, else the first preset.
+  std::string default_preset() const;
   std::vector<const ModelSpec*> specs() const;
 
  private:
@@ -286,6 +302,14 @@ class ModelRegistry {
 /// [t, in]; one entry per shape with how many a step runs.
 std::vector<GemmShape> linear_step_gemms(const std::vector<std::tuple<int64_t, int64_t, int64_t>>& linears,
                                          int64_t tokens);
+
+/// The options every decoder family here declares alike: n-layer, n-head,
+/// n-embd (0: the preset's), and attention (fused, sdpa or naive).
+std::vector<ModelOption> decoder_options();
+/// LoRA's options (models/lora.h): lora-rank (0: off), lora-alpha, and
+/// lora-targets, whose help is the family's (`targets_help`: its names and
+/// default).
+std::vector<ModelOption> lora_options(const std::string& targets_help);
 
 /// The built-in families, each from its own folder: gpt (models/gpt), llama
 /// (models/llama).

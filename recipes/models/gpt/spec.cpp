@@ -163,15 +163,40 @@ std::map<std::string, std::string> GPTConfig::resolved_texts() const {
 
 ModelPtr gpt_model(const GPTOptions& options) { return std::make_shared<GPTConfig>(options); }
 
+namespace {
+
+/// The decoder's options, then the GPT's own, then LoRA's.
+std::vector<ModelOption> gpt_options() {
+  auto options = decoder_options();
+  options.push_back(ModelOption::real("dropout", -1.0, "dropout probability (-1: the preset's)").at_least(-1.0).below(1.0));
+  options.push_back(ModelOption::boolean("bias", true, "biases in Linear layers (nanoGPT's default: true)"));
+  options.push_back(ModelOption::choice("activation", "gelu", {"gelu", "gelu_new"},
+                                        "the MLP's GELU: gelu (exact, nanoGPT's) or gelu_new (the tanh "
+                                        "approximation of OpenAI's GPT-2 and transformers' gelu_new)"));
+  options.push_back(ModelOption::real("init-std", 0.0,
+                                      "the weight matrices' init std (c_proj's over sqrt(2 n_layer)); 0: GPT-2's "
+                                      "0.02 scaled to the width, 0.02 sqrt(768 / n_embd) below 768 wide; 0.02: "
+                                      "nanoGPT's at every width")
+                        .at_least(0.0)
+                        .below(1.0));
+  for (auto& o : lora_options("LoRA's Linears: attn (attn.c_attn, attn.c_proj; default), mlp (c_fc, c_proj) or attn,mlp")) {
+    options.push_back(std::move(o));
+  }
+  return options;
+}
+
+}  // namespace
+
 ModelSpec gpt_model_spec() {
   ModelSpec spec("gpt", "nanoGPT's GPT-2: learned positions, LayerNorm, GELU MLP, multi-head attention");
   spec.presets(gpt_preset_names())
-      .keys({"n-layer", "n-head", "n-embd", "dropout", "bias", "attention", "activation", "init-std", "lora-rank",
-             "lora-alpha", "lora-targets"})
+      .default_preset("gpt-micro")  // strata-gpt's first run: seconds per step on 2 cores
+      .options(gpt_options())
       .factory([](const ModelRequest& r) -> ModelPtr {
         GPTOptions o = gpt_preset(r.preset);
         o.n_layer(r.integer("n-layer", o.n_layer())).n_head(r.integer("n-head", o.n_head()));
-        o.n_embd(r.integer("n-embd", o.n_embd())).dropout(r.real("dropout", o.dropout()));
+        o.n_embd(r.integer("n-embd", o.n_embd()));
+        if (const double p = r.real("dropout", -1.0); p >= 0) o.dropout(p);  // < 0: the preset's
         o.bias(r.boolean("bias", o.bias())).attention(r.text("attention", o.attention()));
         o.activation(r.text("activation", o.activation())).init_std(r.real("init-std", o.init_std()));
         o.lora_rank(r.integer("lora-rank", o.lora_rank())).lora_alpha(r.real("lora-alpha", o.lora_alpha()));

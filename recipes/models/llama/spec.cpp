@@ -240,11 +240,24 @@ ModelPtr llama_from_directory(const ModelRequest& r) {
 
 }  // namespace
 
+namespace {
+
+std::vector<ModelOption> llama_options() {
+  auto options = decoder_options();
+  for (auto& o : lora_options("LoRA's Linears: q, k, v, o, gate, up, down (or PEFT's q_proj ... down_proj), comma-separated, or "
+                              "all (default q,v: PEFT's)")) {
+    options.push_back(std::move(o));
+  }
+  return options;
+}
+
+}  // namespace
+
 ModelSpec llama_model_spec() {
   ModelSpec spec("llama", "the Llama family (Llama 2/3, Mistral, Qwen2/2.5/3, SmolLM2, TinyLlama): RoPE, "
                           "RMSNorm, SwiGLU, grouped-query attention");
   spec.presets(llama_preset_names())
-      .keys({"n-layer", "n-head", "n-embd", "attention", "lora-rank", "lora-alpha", "lora-targets"})
+      .options(llama_options())
       .recognizes([](const std::string& path) { return is_hf_llama_dir(path); })
       .factory([](const ModelRequest& r) -> ModelPtr {
         if (r.preset.empty()) return llama_from_directory(r);

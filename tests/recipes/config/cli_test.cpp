@@ -1,3 +1,4 @@
+#include "tests/builtin_models.h"
 #include "tests/builtin_strategies.h"
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/app/run.h"
@@ -23,7 +24,9 @@ namespace fs = std::filesystem;
 
 const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
 
-std::string to_ini(const RunConfig& c) { return strata::recipes::to_ini(c, builtins()); }
+const strata::recipes::ModelKeys& model_keys() { return strata::testing::builtin_model_keys(); }
+
+std::string to_ini(const RunConfig& c) { return strata::recipes::to_ini(c, model_keys(), builtins()); }
 
 /// A strategy for registries of the tests' own: one process.
 std::unique_ptr<strata::Strategy> registry_builtin_single(strata::Comm comm) {
@@ -35,7 +38,7 @@ strata::StrategyArgs args_of(const RunConfig& c) { return strata::recipes::strat
 
 ParseResult parse(std::vector<std::string> args) {
   args.insert(args.begin(), "strata-gpt");
-  return parse_run_config(args, {"gpt-nano", "gpt-micro", "gpt-small"}, builtins());
+  return parse_run_config(args, model_keys(), builtins());
 }
 
 /// A file in a fresh temp directory, removed with it.
@@ -97,10 +100,10 @@ TEST(CliTest, OverridesEveryKind) {
   ASSERT_TRUE(result.config.has_value()) << result.message;
   const RunConfig& c = *result.config;
   EXPECT_EQ(c.preset, "gpt-nano");
-  EXPECT_EQ(c.n_layer, 2);
-  EXPECT_EQ(c.n_head, 4);
-  EXPECT_EQ(c.n_embd, 64);
-  EXPECT_EQ(c.dropout, -1.0);  // negative values may follow the key as a separate token
+  EXPECT_EQ(c.model_options.at("n-layer"), "2");
+  EXPECT_EQ(c.model_options.at("n-head"), "4");
+  EXPECT_EQ(c.model_options.at("n-embd"), "64");
+  EXPECT_EQ(c.model_options.at("dropout"), "-1");  // negative values may follow the key as a separate token
   EXPECT_EQ(c.strategy, "fsdp");
   EXPECT_EQ(c.nproc, 4);
   EXPECT_EQ(c.master_port, 29500);
@@ -292,12 +295,12 @@ TEST(CliTest, AUsersStrategyGetsItsOptionsHelpAndConfigIni) {
                    }));
   auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "strata-gpt");
-    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, registry);
+    return parse_run_config(args, model_keys(), registry);
   };
   const auto toy = run({"--strategy", "toy", "--sync-every", "3"});
   ASSERT_TRUE(toy.config.has_value()) << toy.message;
   EXPECT_EQ(strata::recipes::strategy_args(*toy.config, registry).integer("sync-every"), 3);
-  const std::string ini = strata::recipes::to_ini(*toy.config, registry);
+  const std::string ini = strata::recipes::to_ini(*toy.config, model_keys(), registry);
   EXPECT_NE(ini.find("\nsync-every = 3\n"), std::string::npos) << ini;
   EXPECT_NE(ini.find("# bucket-cap-mb = 25  (not used by strategy 'toy'"), std::string::npos) << ini;
   const auto elsewhere = run({"--strategy", "ddp", "--sync-every", "3"});
@@ -315,11 +318,61 @@ TEST(CliTest, AUsersStrategyGetsItsOptionsHelpAndConfigIni) {
   EXPECT_NE(help.message.find("[toy only] steps between averages"), std::string::npos) << help.message;
 }
 
+TEST(CliTest, AUsersModelFamilyBringsItsOwnKeys) {
+  // A family's declared options become strata-gpt keys like the built-ins':
+  // parsed by kind, refused by the declared rule, listed in --help with the
+  // families that read them, written to config.ini.
+  strata::recipes::ModelRegistry models;
+  strata::recipes::register_builtin_models(models);
+  models.add(strata::recipes::ModelSpec("toy-lm", "a user's model")
+                 .presets({"toy-lm-small"})
+                 .options({strata::recipes::ModelOption::integer("hidden", 16, "hidden width").at_least(1),
+                           strata::recipes::ModelOption::integer("n-layer", 0, "toy layers (0: the preset's)")})
+                 .factory([](const strata::recipes::ModelRequest&) -> strata::recipes::ModelPtr { return nullptr; }));
+  const auto keys = strata::recipes::cli_keys(models);
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "strata-gpt");
+    return parse_run_config(args, keys, builtins());
+  };
+  const auto toy = run({"--preset", "toy-lm-small", "--hidden", "32"});
+  ASSERT_TRUE(toy.config.has_value()) << toy.message;
+  EXPECT_EQ(toy.config->model_options.at("hidden"), "32");
+  EXPECT_NE(strata::recipes::to_ini(*toy.config, keys, builtins()).find("\nhidden = 32\n"), std::string::npos);
+  const auto bad = run({"--preset", "toy-lm-small", "--hidden", "0"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.message, "invalid value '0' for --hidden: must be >= 1") << bad.message;
+  const auto help = run({"--help"});
+  EXPECT_NE(help.message.find("[toy-lm] hidden width"), std::string::npos) << help.message;
+  // --help wraps its lines: the families' tag, then each family's own words.
+  EXPECT_NE(help.message.find("[gpt, llama, toy-lm] gpt, llama: transformer blocks"), std::string::npos) << help.message;
+  EXPECT_NE(help.message.find("toy-lm: toy layers"), std::string::npos) << help.message;
+  // The family that resolves the model refuses a key it does not declare.
+  EXPECT_THROW(models.resolve({.preset = "gpt-micro", .options = {{"hidden", "32"}}, .vocab_size = 16, .block_size = 8}),
+               c10::ValueError);
+  // One key, one kind; and no model key may shadow strata-gpt's own or a strategy's.
+  strata::recipes::ModelRegistry clash;
+  strata::recipes::register_builtin_models(clash);
+  EXPECT_THROW(clash.add(strata::recipes::ModelSpec("real-layers", "")
+                             .presets({"real-layers-1"})
+                             .options({strata::recipes::ModelOption::real("n-layer", 1.5, "")})
+                             .factory([](const strata::recipes::ModelRequest&) { return nullptr; })),
+               c10::ValueError);
+  clash.add(strata::recipes::ModelSpec("own-lr", "")
+                .presets({"own-lr-1"})
+                .options({strata::recipes::ModelOption::real("lr", 0.1, "")})
+                .factory([](const strata::recipes::ModelRequest&) { return nullptr; }));
+  const auto shadow = parse_run_config({"strata-gpt"}, strata::recipes::cli_keys(clash), builtins());
+  EXPECT_EQ(shadow.exit_code, 2);
+  EXPECT_NE(shadow.message.find("model option '--lr' (declared by own-lr) is one of strata-gpt's own options"),
+            std::string::npos)
+      << shadow.message;
+}
+
 TEST(CliTest, AStrategyMayNotTakeStrataGptsOwnKeysOrAuto) {
   // One key, one meaning: a strategy option named like one of strata-gpt's
   // (or a strategy named auto) would leave one of the two without its value.
   const auto parse_with = [](const strata::StrategyRegistry& registry) {
-    return parse_run_config({"strata-gpt", "--max-steps", "3"}, {"gpt-micro"}, registry);
+    return parse_run_config({"strata-gpt", "--max-steps", "3"}, model_keys(), registry);
   };
   const auto factory = [](strata::Comm comm, const strata::StrategyArgs&, const strata::StrategyContext&) {
     return registry_builtin_single(std::move(comm));
@@ -429,20 +482,21 @@ TEST(CliTest, FsdpOptions) {
 }
 
 TEST(CliTest, AttentionChoice) {
-  EXPECT_EQ(parse({}).config->attention, "fused");
+  EXPECT_EQ(parse({}).config->model_options.count("attention"), 0u);
+  EXPECT_NE(to_ini(*parse({}).config).find("\nattention = fused\n"), std::string::npos);  // the families' default
   auto naive = parse({"--attention", "naive"});
   ASSERT_TRUE(naive.config.has_value()) << naive.message;
-  EXPECT_EQ(naive.config->attention, "naive");
+  EXPECT_EQ(naive.config->model_options.at("attention"), "naive");
   EXPECT_NE(to_ini(*naive.config).find("attention = naive"), std::string::npos) << to_ini(*naive.config);
-  expect_error({"--attention", "flash"}, {"unknown attention 'flash'", "fused, sdpa, naive"});
+  expect_error({"--attention", "flash"}, {"invalid value 'flash' for --attention", "one of fused, sdpa, naive"});
   TempFile file("attention = flash\n");
-  expect_error({"--config", file.path()}, {"unknown attention 'flash'", "fused, sdpa, naive"});
+  expect_error({"--config", file.path()}, {"invalid value 'flash' for attention", "one of fused, sdpa, naive"});
   // Every attention the GPT implements is selectable from the command line
   // (the parser's list once missed sdpa).
   for (const auto& name : strata::recipes::attention_names()) {
     auto chosen = parse({"--attention", name});
     ASSERT_TRUE(chosen.config.has_value()) << name << ": " << chosen.message;
-    EXPECT_EQ(chosen.config->attention, name);
+    EXPECT_EQ(chosen.config->model_options.at("attention"), name);
   }
 }
 
@@ -562,11 +616,8 @@ TEST(CliTest, BoolForms) {
 TEST(CliTest, IniRoundTrips) {
   RunConfig c;
   c.preset = "gpt-nano";
-  c.n_layer = 3;
-  c.n_head = 2;
-  c.n_embd = 48;
+  c.model_options = {{"n-layer", "3"}, {"n-head", "2"}, {"n-embd", "48"}, {"dropout", "0.125"}};
   c.block_size = 17;
-  c.dropout = 0.125;
   c.data = std::filesystem::temp_directory_path().string();  // a directory: token data reads both sizes
   c.vocab_size = 1024;
   c.strategy = "ddp";  // reads every strategy-specific key below
@@ -716,7 +767,7 @@ TEST(CliTest, AdamWKernelFlagPicksStrataOrAtenAndNeedsTheFusedAdamW) {
 TEST(CliTest, MemoryBudgetAndNoMemoryCheck) {
   const auto with_auto = [&](std::vector<std::string> args) {
     args.insert(args.begin(), "strata-gpt");
-    return parse_run_config(args, {"gpt-nano", "gpt-micro"}, builtins());
+    return parse_run_config(args, model_keys(), builtins());
   };
   const auto ok = with_auto({"--strategy", "auto", "--memory-budget", "4GiB", "--no-memory-check"});
   ASSERT_TRUE(ok.config.has_value()) << ok.message;
@@ -777,15 +828,15 @@ namespace {
 TEST(CliTest, LoraOptions) {
   auto lora = parse({"--lora-rank", "8", "--lora-alpha", "16", "--lora-targets", "attn,mlp"});
   ASSERT_TRUE(lora.config.has_value()) << lora.message;
-  EXPECT_EQ(lora.config->lora_rank, 8);
-  EXPECT_EQ(lora.config->lora_alpha, 16.0);
-  EXPECT_EQ(lora.config->lora_targets, "attn,mlp");
+  EXPECT_EQ(lora.config->model_options.at("lora-rank"), "8");
+  EXPECT_EQ(lora.config->model_options.at("lora-alpha"), "16");
+  EXPECT_EQ(lora.config->model_options.at("lora-targets"), "attn,mlp");
   EXPECT_NE(to_ini(*lora.config).find("\nlora-targets = attn,mlp\n"), std::string::npos);
   expect_error({"--lora-rank", "-1"}, {"'-1' for --lora-rank", ">= 0"});
-  expect_error({"--activation", "relu"}, {"unknown activation 'relu'", "gelu, gelu_new"});
+  expect_error({"--activation", "relu"}, {"invalid value 'relu' for --activation", "one of gelu, gelu_new"});
   auto tanh = parse({"--activation", "gelu_new"});
   ASSERT_TRUE(tanh.config.has_value()) << tanh.message;
-  EXPECT_EQ(tanh.config->activation, "gelu_new");
+  EXPECT_EQ(tanh.config->model_options.at("activation"), "gelu_new");
   expect_error({"--lora-rank", "4", "--lora-alpha", "0"}, {"'0' for --lora-alpha", "> 0"});
   // The targets are the family's names, checked by the family (spec_test).
   // Without a rank they would be ignored.

@@ -3,6 +3,7 @@
 // documentation (tests/fixtures/configs, SOURCES.md says where each is from)
 // translate to the strata-gpt keys they mean; what strata does not support
 // is one error naming the key; "auto" leaves a key to strata.
+#include "tests/builtin_models.h"
 #include "tests/builtin_strategies.h"
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/config/foreign_config.h"
@@ -15,6 +16,8 @@
 #include <map>
 
 namespace {
+
+const strata::recipes::ModelKeys& keys() { return strata::testing::builtin_model_keys(); }
 namespace fs = std::filesystem;
 using strata::recipes::ForeignConfig;
 
@@ -233,11 +236,11 @@ TEST(ForeignConfigTest, DeepSpeedsOwnTestConfigTrainsWithItsBetas) {
   EXPECT_EQ(k.at("precision"), "bf16-mixed");
   EXPECT_NE(joined(c.ignored).find("bf16.loss_scale_window (bf16 needs no loss scaling)"), std::string::npos);
   EXPECT_NE(joined(c.ignored).find("prescale_gradients"), std::string::npos);
-  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, {"gpt-micro"}, builtins());
+  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, keys(), builtins());
   ASSERT_TRUE(parsed.config) << parsed.message;
   EXPECT_EQ(parsed.config->adam_beta1, 0.8);
   EXPECT_EQ(parsed.config->adam_beta2, 0.999);
-  const std::string ini = strata::recipes::to_ini(*parsed.config, builtins());
+  const std::string ini = strata::recipes::to_ini(*parsed.config, keys(), builtins());
   EXPECT_NE(ini.find("\nadam-beta1 = 0.8\nadam-beta2 = 0.999\n"), std::string::npos) << ini;
   // SGD's momentum and Nesterov come through too; "auto" leaves them to strata.
   EXPECT_EQ(error_for("ds.json", R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9, "nesterov": true}}})"),
@@ -259,21 +262,21 @@ TEST(ForeignConfigTest, DeepSpeedsOwnTestConfigTrainsWithItsBetas) {
 
 TEST(ForeignConfigTest, ParsedThroughTheCliTheCommandLineStillWins) {
   const std::string path = (kConfigs / "accelerate_fsdp.yaml").string();
-  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, {"gpt-micro"}, builtins());
+  auto parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path}, keys(), builtins());
   ASSERT_TRUE(parsed.config) << parsed.message;
   EXPECT_EQ(parsed.config->strategy, "fsdp");
   EXPECT_EQ(parsed.config->nproc, 2);
   EXPECT_EQ(parsed.config->precision, "bf16-mixed");
   EXPECT_EQ(parsed.config->checkpoint_format, "sharded");
   parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", path, "--nproc", "3", "--precision", "32"},
-                                             {"gpt-micro"}, builtins());
+                                             keys(), builtins());
   ASSERT_TRUE(parsed.config) << parsed.message;
   EXPECT_EQ(parsed.config->nproc, 3);
   EXPECT_EQ(parsed.config->precision, "32");
   // An unsupported key through the CLI: exit 2 and the key named.
   strata::testing::TempDir dir("strata-foreign-cli");
   std::ofstream(dir.file("ds.json")) << R"({"zero_optimization": {"stage": 3, "mics_shard_size": 8}})";
-  parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", dir.file("ds.json")}, {"gpt-micro"}, builtins());
+  parsed = strata::recipes::parse_run_config({"strata-gpt", "--config", dir.file("ds.json")}, keys(), builtins());
   EXPECT_FALSE(parsed.config);
   EXPECT_EQ(parsed.exit_code, 2);
   EXPECT_NE(parsed.message.find("zero_optimization.mics_shard_size"), std::string::npos) << parsed.message;

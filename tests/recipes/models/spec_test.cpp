@@ -66,10 +66,12 @@ TEST(ModelSpecTest, WhatAFamilyDoesNotReadIsRefusedNamingKeyAndFamily) {
   EXPECT_NE(what_of([&] { registry.resolve(request("gpt-5")); }).find("unknown preset 'gpt-5'; available: gpt-nano"),
             std::string::npos);
   EXPECT_EQ(what_of([&] { registry.resolve(request("gpt-micro", {{"n-layer", "two"}})); }),
-            "invalid value 'two' for --n-layer: expected an integer");
-  // The family's own validation still runs.
+            "invalid value 'two' for --n-layer: expected an integer (the gpt family)");
+  // The family's declared rule.
   EXPECT_EQ(what_of([&] { registry.resolve(request("llama-micro", {{"attention", "flash"}})); }),
-            "unknown attention 'flash'; available: fused, sdpa, naive");
+            "invalid value 'flash' for --attention: one of fused, sdpa, naive (the llama family)");
+  EXPECT_EQ(what_of([&] { registry.resolve(request("gpt-micro", {{"dropout", "1"}})); }),
+            "invalid value '1' for --dropout: must be in [-1, 1) (the gpt family)");
   // LoRA's targets are the family's own names.
   EXPECT_EQ(what_of([&] { registry.resolve(request("gpt-micro", {{"lora-rank", "4"}, {"lora-targets", "q,v"}})); }),
             "unknown LoRA targets 'q,v'; allowed: attn, mlp, attn,mlp");
