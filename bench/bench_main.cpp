@@ -59,12 +59,13 @@ struct CliOptions {
   std::string inject_regression;
   bool keep_work_dir = false;
   bool list = false;
+  std::string only;  ///< run only the cases whose name contains this ("": all)
   double case_timeout_s = 600;
   GateOptions gate;
   // sweep
   bool sweep = false;
   std::string sweep_config;
-  std::string presets = "gpt-micro", strategies = "", ac = "0", offload = "none", precision = "fp32",
+  std::string presets, strategies = "", ac = "0", offload = "none", precision = "fp32",
               nproc = "2", batch_size = "8", block_size = "64", device = "cpu";
   int64_t steps = 20;
   int threads_per_rank = 1;
@@ -183,11 +184,12 @@ std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions o
   return runs;
 }
 
-Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategies) {
+Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategies,
+                 const strata::recipes::ModelRegistry& models) {
   std::vector<int> nproc;
   for (auto n : split_int_list(cli.nproc, "nproc")) nproc.push_back(static_cast<int>(n));
   return make_sweep(SweepOptions()
-                        .presets(split_list(cli.presets, "presets"))
+                        .presets(cli.presets.empty() ? std::vector<std::string>{} : split_list(cli.presets, "presets"))
                         .strategies(cli.strategies.empty() ? std::vector<std::string>{}
                                                            : split_list(cli.strategies, "strategies"))
                         .ac(split_int_list(cli.ac, "ac"))
@@ -199,7 +201,7 @@ Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategi
                         .steps(cli.steps)
                         .threads_per_rank(cli.threads_per_rank)
                         .device(cli.device),
-                    strategies);
+                    strategies, models);
 }
 
 /// The run's options from the command line; exit-2 errors for bad values.
@@ -238,7 +240,7 @@ void list_cases(const std::vector<BenchCase>& cases, const RunOptions& options) 
                           ? peer_command(c, options.python, options.peer_script, "<generated-text>", "<out>")
                           : gpt_command(c, options.gpt_binary, "<generated-text>", "<out>");
     for (const auto& arg : argv) std::cout << " " << arg;
-    if (c.shared_init) std::cout << " --init-from <init-" << c.preset << ".pt>";
+    if (c.shared_init) std::cout << " --init-from <init-" << c.preset << (c.shared_init_format == "hf" ? "/>" : ".pt>");
     std::cout << "\n";
   }
 }
@@ -307,13 +309,20 @@ int gate(const CliOptions& cli, const std::vector<CaseResult>& results,
   return failed > 0 ? 1 : 0;
 }
 
-int run(const CliOptions& cli, const strata::StrategyRegistry& strategies) {
+int run(const CliOptions& cli, const strata::StrategyRegistry& strategies,
+        const strata::recipes::ModelRegistry& models) {
   // ---- Everything that can be wrong with the input, before any case runs (exit 2). ----
   SuiteRegistry registry;
   register_builtin_suites(registry, strategies);
   const std::vector<Suite> suites =
-      cli.sweep ? std::vector<Suite>{sweep_from(cli, strategies)} : registry.select(cli.suites);
-  const std::vector<BenchCase> cases = all_cases(suites);
+      cli.sweep ? std::vector<Suite>{sweep_from(cli, strategies, models)} : registry.select(cli.suites);
+  std::vector<BenchCase> cases = all_cases(suites);
+  if (!cli.only.empty()) {
+    const size_t before = cases.size();
+    std::erase_if(cases, [&](const BenchCase& c) { return c.name.find(cli.only) == std::string::npos; });
+    TORCH_CHECK_VALUE(!cases.empty(), "--only '", cli.only, "' matches none of the ", before,
+                      " cases of the suites chosen; --list prints their names");
+  }
   const RunOptions run_options = run_options_of(cli, suites, cases);
   if (cli.list) {
     list_cases(cases, run_options);
@@ -397,19 +406,20 @@ po::options_description main_options(CliOptions& cli, int& repeats, const strata
       ("work-dir", po::value(&cli.work_dir), "keep outputs here (default: a temp dir, removed afterwards)")
       ("keep-work-dir", po::bool_switch(&cli.keep_work_dir), "do not remove the temp work dir")
       ("list", po::bool_switch(&cli.list), "print the cases and their strata-gpt commands, run nothing")
+      ("only", po::value(&cli.only), "run only the cases whose name contains TEXT (e.g. peer/llama-mini)")
       ("from-json", po::value(&cli.from_json),
        "run nothing: report (and gate) the runs in FILE, a --json output, for the cases of --suite");
   return desc;
 }
 
 /// The sweep's axes, bound to `cli` (also read from --sweep-config).
-po::options_description sweep_options(CliOptions& cli, const std::string& strategies_text,
-                                      const std::string& offload_text) {
+po::options_description sweep_options(CliOptions& cli, const std::string& presets_text,
+                                      const std::string& strategies_text, const std::string& offload_text) {
   po::options_description sweep("Sweep options (instead of --suite; also as key = value lines in --sweep-config)");
   sweep.add_options()
       ("sweep", po::bool_switch(&cli.sweep), "run the cross product of the axes below")
       ("sweep-config", po::value(&cli.sweep_config), "INI file with the sweep keys below (implies --sweep)")
-      ("presets", po::value(&cli.presets)->default_value(cli.presets), "comma-separated presets")
+      ("presets", po::value(&cli.presets), presets_text.c_str())
       ("strategies", po::value(&cli.strategies), strategies_text.c_str())
       ("ac", po::value(&cli.ac)->default_value(cli.ac), "activation checkpointing values (0 off, n every n-th block)")
       ("offload", po::value(&cli.offload)->default_value(cli.offload), offload_text.c_str())
@@ -424,11 +434,14 @@ po::options_description sweep_options(CliOptions& cli, const std::string& strate
   return sweep;
 }
 
-std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli, const strata::StrategyRegistry& strategies) {
+std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli, const strata::StrategyRegistry& strategies,
+                             const strata::recipes::ModelRegistry& models) {
   int repeats = 0;
   const auto desc = main_options(cli, repeats, strategies);
   const std::string reference = strategies.reference() ? strategies.reference()->name() : "none";
   const auto sweep = sweep_options(cli,
+                                   "comma-separated presets: " + c10::Join(", ", models.preset_names()) +
+                                       " (default: " + models.default_preset() + ")",
                                    "comma-separated strategies: " + strategies.available() +
                                        " (default: the reference strategy, " + reference + ")",
                                    "none, cpu, disk (what moves is each strategy's choice)");
@@ -474,6 +487,12 @@ std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli, const strat
 namespace strata::bench {
 
 int bench_main(int argc, char** argv, const StrategyRegistry& strategies) {
+  recipes::ModelRegistry models;
+  recipes::register_builtin_models(models);
+  return bench_main(argc, argv, strategies, models);
+}
+
+int bench_main(int argc, char** argv, const StrategyRegistry& strategies, const recipes::ModelRegistry& models) {
   // The checkpoint suite runs in-process on its own ranks (checkpoint_bench.h).
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -482,8 +501,8 @@ int bench_main(int argc, char** argv, const StrategyRegistry& strategies) {
     }
   }
   CliOptions cli;
-  if (const auto code = parse_cli(argc, argv, cli, strategies)) return *code;
-  return exit_code_of([&] { return run(cli, strategies); });
+  if (const auto code = parse_cli(argc, argv, cli, strategies, models)) return *code;
+  return exit_code_of([&] { return run(cli, strategies, models); });
 }
 
 }  // namespace strata::bench

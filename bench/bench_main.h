@@ -11,6 +11,7 @@
 //     strategies.add(my_strategy_spec());
 //     return strata::bench::bench_main(argc, argv, strategies);
 //   }
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/registry.h"
 
 namespace strata::bench {
@@ -19,5 +20,8 @@ namespace strata::bench {
 /// strata-gpt beside this binary), report and gate. Exit codes: 0 ok, 1 a
 /// case failed or regressed, 2 bad input.
 int bench_main(int argc, char** argv, const StrategyRegistry& strategies);
+/// The same over a registry of model families too: --sweep --presets takes
+/// theirs (a project's own strata-gpt registers the same families).
+int bench_main(int argc, char** argv, const StrategyRegistry& strategies, const recipes::ModelRegistry& models);
 
 }  // namespace strata::bench

@@ -1,5 +1,5 @@
 // strata-bench --suite checkpoint: save and load time, bytes written per rank
-// and peak tensor memory per rank for GPT presets under FSDP on 4 processes,
+// and peak tensor memory per rank for model presets (any built-in family) under FSDP on 4 processes,
 // in both checkpoint formats, next to the disk's own sequential write speed
 // (write + fsync of 256 MiB in the same directory, median of 3). A checkpoint
 // holds 12 bytes per parameter with fp32 AdamW (values, exp_avg,
@@ -20,7 +20,7 @@
 #include "strata/core/training_module.h"
 #include "strata/launch/environment.h"
 #include "strata/launch/launcher.h"
-#include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/fsdp/fully_sharded.h"
 #include "strata/strategies/process_group.h"
 #include "strata/trainer/checkpoint.h"
@@ -78,6 +78,26 @@ double disk_write_mb_per_s(const fs::path& dir, int64_t bytes) {
   return static_cast<double>(bytes) / 1e6 / s;
 }
 
+/// The built-in model families, whose presets the suite takes.
+const recipes::ModelRegistry& builtin_models() {
+  static const recipes::ModelRegistry models = [] {
+    recipes::ModelRegistry r;
+    recipes::register_builtin_models(r);
+    return r;
+  }();
+  return models;
+}
+
+/// `preset` as the suite measures every family: GPT-2's vocabulary of 50304
+/// (padded) and a context of 1024.
+recipes::ModelPtr suite_model(const std::string& preset) {
+  recipes::ModelRequest request;
+  request.preset = preset;
+  request.vocab_size = 50304;
+  request.block_size = 1024;
+  return builtin_models().resolve(request);
+}
+
 /// One rank's work (run under the launcher): writes rank-<r>.json into dir.
 int run_worker(const DistEnv& env, const std::string& preset, const fs::path& dir) {
   MemoryTracker memory;
@@ -88,14 +108,16 @@ int run_worker(const DistEnv& env, const std::string& preset, const fs::path& di
                                     .timeout(std::chrono::minutes(10)),
                                 torch::kCPU);
   torch::manual_seed(1337);
-  recipes::GPTModule module(recipes::gpt_preset(preset), /*deferred=*/true);
+  const recipes::ModelPtr model = suite_model(preset);
+  const auto built = model->build(/*deferred=*/true);
+  TrainingModule& module = *built;
   FSDPStrategy strategy(comm);
   strategy.setup(module);
   const TrainerOptions options;
   auto optimizer = strategy.setup_optimizer(make_optimizer_groups(module.module(), options), optimizer_factory(options));
   Strategy::create_optimizer_state(*optimizer);
   const auto state = strategy.model_state_bytes(*optimizer);
-  json out{{"rank", env.rank}, {"preset", preset}, {"params", module.model()->num_params()},
+  json out{{"rank", env.rank}, {"preset", preset}, {"params", model->parameters()},
            {"state_bytes", state.params + state.optimizer}};
   for (const std::string format : {"sharded", "full"}) {
     const auto ckpt = dir / (preset + "-" + format);
@@ -133,7 +155,7 @@ std::string mib(double bytes) {
 /// is not a new or empty directory (the suite writes and deletes checkpoints
 /// there), a --json file that cannot be written.
 void check_suite_input(const std::vector<std::string>& presets, const std::string& dir, const std::string& json_path) {
-  const auto known = recipes::gpt_preset_names();
+  const auto known = builtin_models().preset_names();
   for (const auto& p : presets) {
     std::string list;
     for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;

@@ -59,6 +59,9 @@ struct BenchCase {
   /// block size and the --n-layer/--n-head/--n-embd/--bias in `extra`),
   /// passed as --init-from.
   bool shared_init = false;
+  /// Their format: "pt" (a torch.save file, beside --preset) or "hf" (a
+  /// transformers directory, which names the model: strata-gpt gets no --preset).
+  std::string shared_init_format = "pt";
   std::string skip_reason;       ///< non-empty: not run (an invalid sweep combination), reported as skipped
   /// After the timed repeats, run once more with --profile (a few steps, not
   /// timed: the profiler slows what it records); rank 0's trace gives

@@ -18,7 +18,8 @@ constexpr int64_t kSteps = 15;  ///< the first (compilation, warm-up) is not tim
 
 /// One job: what strata and the peer both run.
 struct PeerJob {
-  std::string shape;     ///< "gpt-mini" or "gpt-mini-384"
+  std::string shape;     ///< "gpt-mini", "gpt-mini-384" or "llama-mini"
+  std::string preset;    ///< its preset
   std::string strategy;  ///< strata's name
   std::string peer_mode; ///< gpt_peer.py's --mode (StrategySpec::pytorch_peer)
   int nproc, threads;
@@ -27,6 +28,9 @@ struct PeerJob {
   int64_t batch, block;
   std::vector<std::string> model;  ///< shape flags for both programs
   std::string ac_policy = "full";  ///< with ac: --ac-policy of both programs
+  /// The shared initial weights: "pt" (gpt_peer.py's torch.save file under
+  /// nanoGPT's names) or "hf" (a transformers directory both programs load).
+  std::string init_format = "pt";
   std::string label() const {
     return strategy + "-" + std::to_string(nproc) + "x" + std::to_string(threads) + "-" +
            (precision == "32" ? "fp32" : "bf16") + (ac ? "-ac" : "") + (ac && ac_policy != "full" ? "-" + ac_policy : "");
@@ -37,7 +41,7 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   BenchCase c;
   c.suite = kSuite;
   c.name = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/" + system;
-  c.preset = "gpt-mini";
+  c.preset = job.preset;
   c.strategy = job.strategy;
   c.nproc = job.nproc;
   c.threads_per_rank = job.threads;
@@ -46,6 +50,7 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   c.batch_size = job.batch;
   c.block_size = job.block;
   c.shared_init = true;
+  c.shared_init_format = job.init_format;
   c.phase_split = true;  // issue 35: where each program's step goes
   c.extra = job.model;
   if (job.ac) c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
@@ -64,7 +69,9 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
 /// one process x 2 threads where it runs one, else 2 ranks x 1 thread; fp32,
 /// bf16-mixed and fp32 with activation checkpointing; the single-process one
 /// with op-level selective checkpointing too (torchtitan's policy in both);
-/// and the single-process one on a 384-wide gpt-mini at block 256.
+/// and the single-process one on a 384-wide gpt-mini at block 256. Then the
+/// Llama family against transformers' own LlamaForCausalLM (SDPA): the
+/// single-process, DDP and FSDP2 jobs on llama-mini, fp32 and bf16-mixed.
 std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
   std::vector<PeerJob> out;
   std::vector<std::tuple<std::string, std::string, int, int>> strategies;
@@ -75,16 +82,21 @@ std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
   }
   for (const std::string precision : {"32", "bf16-mixed"})
     for (const auto& [strategy, mode, nproc, threads] : strategies)
-      out.push_back({"gpt-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {}});
+      out.push_back({"gpt-mini", "gpt-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {}});
   for (const auto& [strategy, mode, nproc, threads] : strategies)
-    out.push_back({"gpt-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}});
+    out.push_back({"gpt-mini", "gpt-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}});
   const StrategySpec* single = registry.single_process();
   if (single && !single->pytorch_peer().empty()) {
-    out.push_back({"gpt-mini", single->name(), single->pytorch_peer(), 1, 2, "32", true, 8, 128, {}, "op"});
+    out.push_back({"gpt-mini", "gpt-mini", single->name(), single->pytorch_peer(), 1, 2, "32", true, 8, 128, {}, "op"});
     for (const std::string precision : {"32", "bf16-mixed"})
-      out.push_back({"gpt-mini-384", single->name(), single->pytorch_peer(), 1, 2, precision, false, 4, 256,
+      out.push_back({"gpt-mini-384", "gpt-mini", single->name(), single->pytorch_peer(), 1, 2, precision, false, 4, 256,
                      {"--n-embd", "384"}});
   }
+  for (const std::string precision : {"32", "bf16-mixed"})
+    for (const auto& [strategy, mode, nproc, threads] : strategies)
+      if (mode != "ZeroRedundancyOptimizer")  // transformers' users run DDP and FSDP2
+        out.push_back({"llama-mini", "llama-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {},
+                       "full", "hf"});
   return out;
 }
 
@@ -93,11 +105,11 @@ std::string mib(double bytes) { return fixed(bytes / (1024.0 * 1024.0), 0); }
 /// The chart panel a job belongs to, and its row there.
 std::pair<std::string, std::string> panel_and_row(const PeerJob& job) {
   const std::string precision = job.precision == "32" ? "fp32" : "bf16-mixed";
-  if (job.shape != "gpt-mini") return {job.shape + ", block 256, single 1x2", precision};
+  if (job.block != 128) return {job.shape + ", block " + std::to_string(job.block) + ", single 1x2", precision};
   std::string row = job.nproc == 1 ? job.strategy + " 1x2" : job.strategy + " x2";
   // Short: the panel's bars are narrow ("single 1x2" with --ac-policy op).
   if (job.ac && job.ac_policy != "full") row = job.ac_policy + " SAC";
-  return {"gpt-mini, " + precision + (job.ac ? " + AC" : ""), row};
+  return {job.shape + ", " + precision + (job.ac ? " + AC" : ""), row};
 }
 
 /// The results of one job by system ("strata", "pytorch-eager", "pytorch-compile").
@@ -127,7 +139,8 @@ Suite peer_suite(const StrategyRegistry& registry) {
   Suite s{kSuite,
           "strata against the PyTorch 2.x program for the same job (bench/peers/gpt_peer.py: "
           "DistributedDataParallel, ZeroRedundancyOptimizer, FSDP2 fully_shard, SDPA, fused AdamW; eager "
-          "and torch.compile), same GPT, data, global batch, initial weights and threads, " +
+          "and torch.compile; the Llama jobs with transformers' LlamaForCausalLM), same model, data, global "
+          "batch, initial weights and threads, " +
               std::to_string(kSteps) +
               " steps (the first untimed). vs ref: strata ÷ PyTorch eager; the peer table divides by the "
               "faster of eager and compiled.",

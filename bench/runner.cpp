@@ -178,7 +178,8 @@ std::string shared_init_file(const BenchCase& c, const RunOptions& options, cons
   const auto flags = model_shape_flags(c);
   std::string slug = "init";
   for (const auto& f : flags) slug += f.rfind("--", 0) == 0 ? "_" + f.substr(2) : "-" + f;  // init_preset-gpt-mini_...
-  const fs::path path = work / (slug + ".pt");
+  // A transformers directory (gpt_peer.py writes one for a Llama preset) or a torch.save file.
+  const fs::path path = work / (c.shared_init_format == "hf" ? slug : slug + ".pt");
   if (fs::exists(path)) return path.string();
   TORCH_CHECK_VALUE(!options.python.empty() && !options.peer_script.empty(),
                     "case ", c.name, " needs shared initial weights: give strata-bench --python");
@@ -213,7 +214,6 @@ int exit_code_of(const std::function<int()>& body) {
 std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_binary, const std::string& data_path,
                                      const std::string& output_dir) {
   std::vector<std::string> cmd = {gpt_binary,
-                                  "--preset", c.preset,
                                   "--strategy", c.strategy,
                                   "--nproc", std::to_string(c.nproc),
                                   "--threads-per-rank", std::to_string(c.threads_per_rank),
@@ -228,6 +228,8 @@ std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_
                                   "--log-every-n-steps", "1",
                                   "--output-dir", output_dir};
   if (c.block_size > 0) cmd.insert(cmd.end(), {"--block-size", std::to_string(c.block_size)});
+  // A shared transformers directory gives the model (strata-gpt refuses a --preset beside it).
+  if (!(c.shared_init && c.shared_init_format == "hf")) cmd.insert(cmd.begin() + 1, {"--preset", c.preset});
   cmd.insert(cmd.end(), c.extra.begin(), c.extra.end());
   return cmd;
 }

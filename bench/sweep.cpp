@@ -10,9 +10,6 @@
 
 namespace strata::bench {
 
-std::vector<std::string> sweep_presets() {
-  return {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"};
-}
 std::vector<std::string> sweep_precisions() { return {"fp32", "bf16-mixed"}; }
 
 std::vector<std::string> split_list(const std::string& csv, const std::string& what) {
@@ -58,8 +55,8 @@ void check_axis(const std::vector<T>& values, const std::string& what, const std
 
 }  // namespace
 
-void validate(const SweepOptions& o, const StrategyRegistry& strategies) {
-  check_axis(o.presets(), "presets", sweep_presets());
+void validate(const SweepOptions& o, const StrategyRegistry& strategies, const recipes::ModelRegistry& models) {
+  if (!o.presets().empty()) check_axis(o.presets(), "presets", models.preset_names());
   if (!o.strategies().empty()) check_axis(o.strategies(), "strategies", strategies.names());
   check_axis(o.precision(), "precision", sweep_precisions());
   check_axis(o.offload(), "offload", {"none", "cpu", "disk"});
@@ -77,8 +74,10 @@ void validate(const SweepOptions& o, const StrategyRegistry& strategies) {
                     "'");
 }
 
-Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies) {
-  validate(o, strategies);
+Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies, const recipes::ModelRegistry& models) {
+  validate(o, strategies, models);
+  const std::vector<std::string> presets =
+      o.presets().empty() ? std::vector<std::string>{models.default_preset()} : o.presets();
   const std::string reference = strategies.reference() ? strategies.reference()->name() : "";
   std::vector<std::string> names = o.strategies();
   if (names.empty()) {
@@ -90,7 +89,7 @@ Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies) {
           "fp32 " + reference + " case of the same preset, world size and shape. Skipped rows are combinations "
           "strata-gpt refuses.",
           {}};
-  for (const auto& preset : o.presets())
+  for (const auto& preset : presets)
     for (int n : o.nproc())
       for (int64_t batch : o.batch_size())
         for (int64_t block : o.block_size()) {

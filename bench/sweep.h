@@ -6,9 +6,10 @@
 // report shows what was not run and why.
 //
 //   SweepOptions o;
-//   o.presets({"gpt-micro", "gpt-mini"}).strategies({name_a, name_b}).ac({0, 1});
-//   Suite s = make_sweep(o, strategies);   // s.cases: sweep/gpt-micro/<strategy>-2x1-b8-t64, ...
+//   o.presets({preset_a, preset_b}).strategies({name_a, name_b}).ac({0, 1});
+//   Suite s = make_sweep(o, strategies, models);   // s.cases: sweep/<preset_a>/<name_a>-2x1-b8-t64, ...
 #include "strata/bench/harness.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/registry.h"
 
 #include <torch/arg.h>
@@ -21,7 +22,8 @@ namespace strata::bench {
 
 /// Every axis of a sweep (each a list; the cases are their product).
 struct SweepOptions {
-  TORCH_ARG(std::vector<std::string>, presets) = {"gpt-micro"};
+  /// The registered families' presets; empty: their default (ModelRegistry::default_preset).
+  TORCH_ARG(std::vector<std::string>, presets) = {};
   /// Registered strategy names; empty: the reference strategy alone.
   TORCH_ARG(std::vector<std::string>, strategies) = {};
   TORCH_ARG(std::vector<int64_t>, ac) = {0};  ///< --activation-checkpointing values (0 off, n every n-th)
@@ -35,15 +37,13 @@ struct SweepOptions {
   TORCH_ARG(std::string, device) = "cpu";
 };
 
-/// Presets and precisions a sweep accepts (strata-gpt's; a unit test keeps
-/// them equal to recipes'); its strategies are the registry's.
-std::vector<std::string> sweep_presets();
+/// Precisions a sweep accepts; its strategies and presets are the registries'.
 std::vector<std::string> sweep_precisions();
 
 /// Throws c10::ValueError naming the axis, the bad value and what is allowed
-/// for an empty axis, an unknown name (a strategy `strategies` does not
-/// know), a non-positive size or a repeated value.
-void validate(const SweepOptions& options, const StrategyRegistry& strategies);
+/// for an empty axis, an unknown name (a strategy `strategies` or a preset
+/// `models` does not know), a non-positive size or a repeated value.
+void validate(const SweepOptions& options, const StrategyRegistry& strategies, const recipes::ModelRegistry& models);
 
 /// The sweep as a Suite named "sweep" (validates first). Case names are
 /// "sweep/<preset>/<strategy>[-ac<n>][-offload-<where>][-bf16]-<N>x<threads>-b<batch>-t<block>";
@@ -51,7 +51,7 @@ void validate(const SweepOptions& options, const StrategyRegistry& strategies);
 /// preset, world size and shape (else the first case run of that group). A
 /// strategy given more ranks than it runs on (StrategySpec::max_world_size)
 /// is a skipped case.
-Suite make_sweep(const SweepOptions& options, const StrategyRegistry& strategies);
+Suite make_sweep(const SweepOptions& options, const StrategyRegistry& strategies, const recipes::ModelRegistry& models);
 
 /// "a,b,c" -> {"a", "b", "c"}; throws c10::ValueError naming `what` for an
 /// empty item.

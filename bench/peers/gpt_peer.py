@@ -64,6 +64,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_peer import LLAMA_PRESETS, HFLlama, write_llama_init  # noqa: E402  (strata's Llama presets)
+
 PRESETS = {"gpt-nano": (3, 3, 48), "gpt-micro": (4, 4, 128), "gpt-mini": (6, 6, 192), "gpt2": (12, 12, 768)}
 VOCAB = 256  # byte-level text
 PROFILED_STEPS = (2, 4)  # 0-based: steps 3 to 5
@@ -212,8 +215,11 @@ def peak_rss_bytes():
 # ---------------------------------------------------------------- one rank
 def build(a, world):
     """The model to call, the module whose parameters to clip, and the optimizer."""
-    model = GPT(a)
-    model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
+    if a.llama:
+        model = HFLlama(a.init_from, a)  # transformers' LlamaForCausalLM from the shared directory
+    else:
+        model = GPT(a)
+        model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
     model.to(a.device)
     a.parameters = sum(p.numel() for p in model.parameters())  # tied wte/lm_head once, as strata counts
     bf16 = a.precision == "bf16-mixed"
@@ -223,7 +229,7 @@ def build(a, world):
         mesh = init_device_mesh(a.device, (world,))
         mp_policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
                      else MixedPrecisionPolicy())
-        for block in model.transformer.h:
+        for block in (model.blocks() if a.llama else model.transformer.h):
             if a.compile:
                 block.compile(fullgraph=True)  # in place, before sharding (torchtitan)
             fully_shard(block, mesh=mesh, mp_policy=mp_policy)
@@ -370,7 +376,9 @@ def parse_args(argv=None):
     p.add_argument("--ac-policy", choices=["full", "op"], default="full",
                    help="op: torchtitan's op-level selective checkpointing (strata-gpt --ac-policy op)")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="gpt-micro")
+    p.add_argument("--preset", choices=sorted(PRESETS) + sorted(LLAMA_PRESETS), default="gpt-micro",
+                   help="a Llama preset runs transformers' LlamaForCausalLM (llama_peer.py); --init-from and "
+                        "--write-init are then transformers directories")
     for flag in ("--n-layer", "--n-head", "--n-embd"):
         p.add_argument(flag, type=int, help="overrides --preset")
     p.add_argument("--bias", type=int, choices=[0, 1], default=1)
@@ -395,7 +403,10 @@ def parse_args(argv=None):
     p.add_argument("--output-dir", metavar="DIR",
                    help="also write DIR/summary.json and DIR/metrics.csv in strata-gpt's layout (strata-bench)")
     a = p.parse_args(argv)
-    for key, value in zip(("n_layer", "n_head", "n_embd"), PRESETS[a.preset]):
+    a.llama = a.preset in LLAMA_PRESETS
+    if a.llama and (a.n_layer or a.n_head or a.n_embd):
+        p.error("a Llama preset takes no --n-layer/--n-head/--n-embd (its shape is the preset's)")
+    for key, value in zip(("n_layer", "n_head", "n_embd"), (LLAMA_PRESETS if a.llama else PRESETS)[a.preset]):
         setattr(a, key, getattr(a, key) or value)
     a.threads_per_rank = a.threads_per_rank or max(1, (os.cpu_count() or 1) // a.nproc)
     if a.mode == "local" and a.nproc != 1:
@@ -407,6 +418,9 @@ def parse_args(argv=None):
 
 def main():
     a = parse_args()
+    if a.write_init and a.llama:
+        write_llama_init(a, VOCAB)
+        return
     if a.write_init:
         torch.manual_seed(a.seed)
         torch.save(GPT(a).state_dict(), a.write_init)

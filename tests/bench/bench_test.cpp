@@ -1,5 +1,6 @@
 // bench_test - Unit tests for bench/harness.cpp and bench/report.cpp (the pure
 // logic; strata-gpt subprocesses run only in the bench_smoke_gate ctest).
+#include "tests/builtin_models.h"
 #include "tests/builtin_strategies.h"
 #include "strata/bench/charts.h"
 #include "strata/bench/gate.h"
@@ -27,6 +28,7 @@ using namespace strata::bench;
 namespace fs = std::filesystem;
 
 const strata::StrategyRegistry& builtins() { return strata::testing::builtin_strategies(); }
+const strata::recipes::ModelRegistry& models() { return strata::testing::builtin_models(); }
 
 /// A summary.json as strata-gpt writes it, with 2 ranks.
 nlohmann::json fake_summary(double tokens_per_s, int64_t peak0, int64_t peak1, int64_t parameters = 1000,
@@ -192,6 +194,13 @@ TEST(BenchTest, GptCommandCarriesTheCase) {
   EXPECT_EQ(value_of("--block-size"), "128");
   EXPECT_EQ(value_of("--output-dir"), "/tmp/w/out");
   EXPECT_EQ(value_of("--overlap-comm"), "false");
+  EXPECT_EQ(value_of("--preset"), c.preset);
+  // Shared weights in a transformers directory name the model themselves.
+  c.shared_init = true;
+  c.shared_init_format = "hf";
+  const auto from_dir = gpt_command(c, "g", "generated.txt", "o");
+  EXPECT_EQ(std::find(from_dir.begin(), from_dir.end(), "--preset"), from_dir.end());
+  c.shared_init = false;
   c.data = "addition";  // anything but the generated text is passed through
   const auto addition = gpt_command(c, "g", "generated.txt", "o");
   EXPECT_NE(std::find(addition.begin(), addition.end(), "addition"), addition.end());
@@ -230,6 +239,16 @@ TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
   // The initial weights depend on the model's shape only.
   EXPECT_EQ(model_shape_flags(c),
             (std::vector<std::string>{"--preset", "gpt-nano", "--block-size", "256", "--n-embd", "384"}));
+  // The Llama jobs run transformers' LlamaForCausalLM from one transformers
+  // directory (DDP and FSDP2, as its users do; no ZeRO-1 job).
+  std::map<std::string, std::string> llama;
+  for (const auto& pc : peer_suite(builtins()).cases) {
+    if (pc.preset != "llama-mini") continue;
+    EXPECT_EQ(pc.shared_init_format, "hf") << pc.name;
+    if (pc.program == "peer") llama[pc.strategy] = pc.peer_mode;
+  }
+  EXPECT_EQ(llama, (std::map<std::string, std::string>{
+                       {"ddp", "DistributedDataParallel"}, {"fsdp", "fully_shard"}, {"single", "local"}}));
 }
 
 TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) {
@@ -617,7 +636,7 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
                                  .offload({"none", "disk"})
                                  .precision({"fp32", "bf16-mixed"})
                                  .nproc({2}),
-                             builtins());
+                             builtins(), models());
   ASSERT_EQ(s.cases.size(), 2u * 5 * 2 * 2 * 2);
   int skipped = 0;
   for (const auto& c : s.cases) {
@@ -637,14 +656,14 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
   });
   EXPECT_EQ(fsdp.precision, "bf16-mixed");
   EXPECT_EQ(fsdp.extra, (std::vector<std::string>{"--activation-checkpointing", "1", "--offload", "disk"}));
-  EXPECT_THROW(make_sweep(SweepOptions().presets({"gpt-huge"}), builtins()), c10::ValueError);
-  EXPECT_THROW(make_sweep(SweepOptions().nproc({0}), builtins()), c10::ValueError);
-  EXPECT_THROW(make_sweep(SweepOptions().strategies({"ddp", "ddp"}), builtins()), c10::ValueError);
-  EXPECT_THROW(make_sweep(SweepOptions().strategies({"pipeline"}), builtins()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().presets({"gpt-huge"}), builtins(), models()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().nproc({0}), builtins(), models()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().strategies({"ddp", "ddp"}), builtins(), models()), c10::ValueError);
+  EXPECT_THROW(make_sweep(SweepOptions().strategies({"pipeline"}), builtins(), models()), c10::ValueError);
   // No strategies given: the reference strategy alone.
-  EXPECT_EQ(make_sweep(SweepOptions(), builtins()).cases.at(0).strategy, "ddp");
+  EXPECT_EQ(make_sweep(SweepOptions(), builtins(), models()).cases.at(0).strategy, "ddp");
   // The reference is the reference strategy's case wherever it comes in the list.
-  const Suite later = make_sweep(SweepOptions().strategies({"fsdp", "oss", "ddp"}), builtins());
+  const Suite later = make_sweep(SweepOptions().strategies({"fsdp", "oss", "ddp"}), builtins(), models());
   for (const auto& c : later.cases) {
     EXPECT_EQ(c.reference, c.strategy == "ddp" ? "" : "sweep/gpt-micro/ddp-2x1-b8-t64") << c.name;
   }
@@ -681,7 +700,17 @@ TEST(BenchTest, SuitesTakeAUsersStrategyFromItsSpec) {
   }
 }
 
-TEST(BenchTest, SweepNamesMatchStrataGpt) { EXPECT_EQ(sweep_presets(), strata::recipes::gpt_preset_names()); }
+TEST(BenchTest, ASweepTakesEveryRegisteredFamilysPresets) {
+  // The presets are the model registry's, not a list of the bench's own.
+  EXPECT_EQ(make_sweep(SweepOptions().presets({"llama-micro"}), builtins(), models()).cases.at(0).name,
+            "sweep/llama-micro/ddp-2x1-b8-t64");
+  try {
+    make_sweep(SweepOptions().presets({"llama-huge"}), builtins(), models());
+    ADD_FAILURE() << "an unknown preset was accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("qwen3-0.6b"), std::string::npos) << e.what();
+  }
+}
 
 TEST(BenchTest, ChartDataAndScripts) {
   // gpt-mini: ddp, fsdp, and fsdp + bf16 (a second panel, whose row has no

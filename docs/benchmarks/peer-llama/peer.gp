@@ -1,0 +1,21 @@
+set terminal pngcairo size 760,430 font ',10'
+set output 'peer.png'
+set datafile missing '?'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set yrange [0:*]
+set grid ytics
+set xtics scale 0 font ',9'
+set ylabel 'tokens/s ÷ the faster PyTorch'
+colors = '#4477aa #ee6677 #228833 #ccbb44 #66ccee #aa3377 #bbbbbb'
+set arrow 1 from graph 0, first 1 to graph 1, first 1 nohead dt 2 lc rgb '#555555'
+set multiplot layout 1,2 title 'strata and PyTorch 2.x on the same job: tokens/s ÷ the faster PyTorch (eager or compiled), higher is faster' margins 0.07,0.98,0.07,0.76 spacing 0.07,0.14
+set title 'llama-mini, fp32'
+set key at screen 0.5, screen 0.935 center top horizontal maxrows 1 font ',9'
+plot for [i=2:4] 'peer.dat' index 0 using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)
+set title 'llama-mini, bf16-mixed'
+unset key
+plot for [i=2:4] 'peer.dat' index 1 using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)
+unset multiplot
