@@ -1,7 +1,7 @@
 #pragma once
 // The built-in model families' registry (gpt, llama) and its command-line
 // keys, built once per test binary: what strata-gpt's parser reads.
-#include "strata/recipes/app/run_checks.h"
+#include "strata/recipes/app/model_keys.h"
 #include "strata/recipes/models/spec.h"
 
 namespace strata::testing {

@@ -6,6 +6,7 @@
 // as they were.
 #include "strata/launch/environment.h"
 #include "strata/recipes/config/cli.h"
+#include "strata/recipes/app/model_keys.h"
 #include "strata/recipes/models/spec.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/strategies/registry.h"
@@ -42,10 +43,6 @@ bool speaks_for_machine(const std::optional<DistEnv>& env);
 /// world a launcher set up (none when strata-gpt launches its own ranks).
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
                      const StrategyRegistry& registry, const ModelRegistry& models);
-
-/// The presets and every registered family's options, for strata-gpt's
-/// command line (recipes/config/model_keys.h).
-ModelKeys cli_keys(const ModelRegistry& models);
 
 /// What `config` asks the model registry for, given the data's vocabulary
 /// and sequence length: its preset ("" when not given: an --init-from
