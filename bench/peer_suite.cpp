@@ -71,7 +71,8 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
 /// with op-level selective checkpointing too (torchtitan's policy in both);
 /// and the single-process one on a 384-wide gpt-mini at block 256. Then the
 /// Llama family against transformers' own LlamaForCausalLM (SDPA): the
-/// single-process, DDP and FSDP2 jobs on llama-mini, fp32 and bf16-mixed.
+/// single-process, DDP and FSDP2 jobs on llama-mini, fp32 and bf16-mixed, and
+/// FSDP2 with activation checkpointing.
 std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
   std::vector<PeerJob> out;
   std::vector<std::tuple<std::string, std::string, int, int>> strategies;
@@ -97,6 +98,10 @@ std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
       if (mode != "ZeroRedundancyOptimizer")  // transformers' users run DDP and FSDP2
         out.push_back({"llama-mini", "llama-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {},
                        "full", "hf"});
+  // lit-gpt's recipe: FSDP with every decoder layer checkpointed.
+  for (const auto& [strategy, mode, nproc, threads] : strategies)
+    if (mode == "fully_shard")
+      out.push_back({"llama-mini", "llama-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}, "full", "hf"});
   return out;
 }
 
