@@ -55,6 +55,12 @@ void add_held_out_cases(Suite& s, const std::vector<PlannerVariant>& variants) {
       {"gpt-mini", 3, 4, 128, 4, {}},  // fsdp where N does not divide evenly: padding
       {"gpt-nano", 4, 3, 256, 4, {}},
       {"gpt-micro", 0, 4, 64, 8, {}},
+      // Another family: RMSNorm, SwiGLU, RoPE and grouped queries, which the
+      // constants never saw (the activations are its own probe's).
+      {"llama-mini", 0, 2, 128, 8, {}},
+      {"llama-mini", 3, 2, 128, 8, {}},
+      {"llama-micro", 2, 3, 128, 8, {}},
+      {"llama-mini", 4, 2, 256, 4, {}},
   };
   for (const HeldOut& h : held_out) {
     if (h.variant >= variants.size()) continue;  // fewer strategies registered
