@@ -88,7 +88,7 @@ void add_held_out_cases(Suite& s, const std::vector<PlannerVariant>& variants) {
 Suite planner_suite(const StrategyRegistry& strategies) {
   Suite s{"planner",
           "Memory planner: strata-gpt's predicted per-rank peak (model state by each strategy's memory model + "
-          "activations probed on a 1- and a 2-block GPT + what the strategy gathers + overhead) against "
+          "activations probed on a 1- and a 2-block model of the family + what the strategy gathers + overhead) against "
           "the measured peak tensor bytes, 2 ranks x 1 thread, block 128, batch 8: every multi-rank strategy "
           "with a memory model, and the variants its spec puts here. Target: within 10%.",
           {}};
