@@ -497,7 +497,7 @@ int bench_main(int argc, char** argv, const StrategyRegistry& strategies, const 
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--suite=checkpoint" || (a == "--suite" && i + 1 < argc && std::string(argv[i + 1]) == "checkpoint")) {
-      return run_checkpoint_suite(argc, argv);
+      return run_checkpoint_suite(argc, argv, models);
     }
   }
   CliOptions cli;

@@ -78,28 +78,19 @@ double disk_write_mb_per_s(const fs::path& dir, int64_t bytes) {
   return static_cast<double>(bytes) / 1e6 / s;
 }
 
-/// The built-in model families, whose presets the suite takes.
-const recipes::ModelRegistry& builtin_models() {
-  static const recipes::ModelRegistry models = [] {
-    recipes::ModelRegistry r;
-    recipes::register_builtin_models(r);
-    return r;
-  }();
-  return models;
-}
-
 /// `preset` as the suite measures every family: GPT-2's vocabulary of 50304
 /// (padded) and a context of 1024.
-recipes::ModelPtr suite_model(const std::string& preset) {
+recipes::ModelPtr suite_model(const recipes::ModelRegistry& models, const std::string& preset) {
   recipes::ModelRequest request;
   request.preset = preset;
   request.vocab_size = 50304;
   request.block_size = 1024;
-  return builtin_models().resolve(request);
+  return models.resolve(request);
 }
 
 /// One rank's work (run under the launcher): writes rank-<r>.json into dir.
-int run_worker(const DistEnv& env, const std::string& preset, const fs::path& dir) {
+int run_worker(const DistEnv& env, const recipes::ModelRegistry& models, const std::string& preset,
+               const fs::path& dir) {
   MemoryTracker memory;
   Comm comm = create_world_comm(ProcessGroupOptions(env.rank, env.world_size)
                                     .master_addr(env.master_addr)
@@ -108,7 +99,7 @@ int run_worker(const DistEnv& env, const std::string& preset, const fs::path& di
                                     .timeout(std::chrono::minutes(10)),
                                 torch::kCPU);
   torch::manual_seed(1337);
-  const recipes::ModelPtr model = suite_model(preset);
+  const recipes::ModelPtr model = suite_model(models, preset);
   const auto built = model->build(/*deferred=*/true);
   TrainingModule& module = *built;
   FSDPStrategy strategy(comm);
@@ -154,8 +145,9 @@ std::string mib(double bytes) {
 /// Exit-2 errors before anything is written: unknown presets, a --dir that
 /// is not a new or empty directory (the suite writes and deletes checkpoints
 /// there), a --json file that cannot be written.
-void check_suite_input(const std::vector<std::string>& presets, const std::string& dir, const std::string& json_path) {
-  const auto known = builtin_models().preset_names();
+void check_suite_input(const std::vector<std::string>& presets, const recipes::ModelRegistry& models,
+                       const std::string& dir, const std::string& json_path) {
+  const auto known = models.preset_names();
   for (const auto& p : presets) {
     std::string list;
     for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -211,7 +203,7 @@ std::string table_header(const fs::path& dir, double& disk) {
   return table.str();
 }
 
-int checkpoint_suite(int argc, char** argv) {
+int checkpoint_suite(int argc, char** argv, const recipes::ModelRegistry& models) {
   std::string presets = "gpt-mini,gpt2";
   std::string dir_arg, json_path, suite;
   po::options_description desc("strata-bench --suite checkpoint");
@@ -231,13 +223,13 @@ int checkpoint_suite(int argc, char** argv) {
     const char* dir = std::getenv("STRATA_CHECKPOINT_BENCH_DIR");
     TORCH_CHECK(preset != nullptr && dir != nullptr, "strata-bench --suite checkpoint: a rank was started without "
                 "STRATA_CHECKPOINT_BENCH_PRESET / _DIR (run it without a launcher: it launches its own ranks)");
-    return run_worker(*env, preset, dir);
+    return run_worker(*env, models, preset, dir);
   }
   std::vector<std::string> preset_names;
   std::stringstream preset_list(presets);
   for (std::string preset; std::getline(preset_list, preset, ',');) preset_names.push_back(preset);
   TORCH_CHECK_VALUE(!preset_names.empty(), "--presets is empty; name one or more presets");
-  check_suite_input(preset_names, dir_arg, json_path);
+  check_suite_input(preset_names, models, dir_arg, json_path);
   const bool temp = dir_arg.empty();
   const fs::path dir = temp ? fs::temp_directory_path() / ("strata-ckpt-bench-" + std::to_string(::getpid())) : fs::path(dir_arg);
   fs::create_directories(dir);
@@ -271,8 +263,8 @@ int checkpoint_suite(int argc, char** argv) {
   return 0;
 }
 
-int run_checkpoint_suite(int argc, char** argv) {
-  return exit_code_of([&] { return checkpoint_suite(argc, argv); });
+int run_checkpoint_suite(int argc, char** argv, const recipes::ModelRegistry& models) {
+  return exit_code_of([&] { return checkpoint_suite(argc, argv, models); });
 }
 
 }  // namespace strata::bench

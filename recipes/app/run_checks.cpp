@@ -447,15 +447,11 @@ ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block
 namespace {
 /// Records the family and the registered model keys it does not read
 /// (config.ini comments those out).
-void record_model_keys(RunConfig& config, const ModelConfig& model, const ModelRegistry& models) {
+void record_model_keys(RunConfig& config, const ModelConfig& model, const ModelKeys& keys) {
   config.model_family = model.family();
-  for (const ModelSpec* spec : models.specs()) {
-    if (spec->name() != model.family()) continue;
-    for (const ModelKey& key : cli_keys(models).options) {
-      const auto& read = spec->options();
-      if (std::none_of(read.begin(), read.end(), [&](const ModelOption& o) { return o.key() == key.option.key(); })) {
-        config.model_unread.insert(key.option.key());
-      }
+  for (const ModelKey& key : keys.options) {
+    if (std::find(key.families.begin(), key.families.end(), model.family()) == key.families.end()) {
+      config.model_unread.insert(key.option.key());
     }
   }
 }
@@ -494,8 +490,8 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   run.model_label = !run.model->source_directory().empty() ? request.init_from
                     : request.preset.empty()                ? request.default_preset
                                                             : request.preset;
-  record_model_keys(config, *run.model, models);
   run.model_keys = cli_keys(models);
+  record_model_keys(config, *run.model, run.model_keys);
   run.config = std::move(config);
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks

@@ -157,7 +157,8 @@ std::string apply(RunConfig& config, const std::vector<Entry>& all, const std::s
 /// The option groups (testing aids last); defaults and choices appear in --help.
 std::vector<po::options_description> option_groups(const ModelKeys& models, const std::vector<Entry>& all,
                                                    const StrategyRegistry& strategies) {
-  const RunConfig defaults;  // shown in --help only: values are applied by apply()
+  RunConfig defaults;  // shown in --help only: values are applied by apply()
+  defaults.preset = models.default_preset;
   std::vector<po::options_description> groups;
   for (const auto& title : group_titles()) {
     groups.emplace_back(static_cast<int>(groups.size()) == kTestingGroup
@@ -167,8 +168,7 @@ std::vector<po::options_description> option_groups(const ModelKeys& models, cons
   for (const Entry& e : all) {
     auto* value = po::value<std::string>()->value_name(e.field ? value_name(e.field->member)
                                                                : option_kind_name(e.option->kind()));
-    const std::string text = e.key == "preset" ? models.default_preset : text_of(defaults, e);
-    if (!text.empty()) value->default_value(text);
+    if (const std::string text = text_of(defaults, e); !text.empty()) value->default_value(text);
     if (e.flag) value->implicit_value("true");
     std::string help = e.help;
     if (e.key == "preset" && !models.presets.empty()) help += ": " + join(models.presets);

@@ -1,6 +1,7 @@
 #include "strata/recipes/models/llama/llama.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/kernels/float_dispatch.h"
 #include "strata/kernels/rms_norm.h"
 #include "strata/kernels/rope.h"
 #include "strata/kernels/swiglu.h"
@@ -127,9 +128,7 @@ AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64
 
 torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in) {
   // On a CPU the fused kernel (kernels/rope.h): one pass each way, no rotated copy.
-  const auto t = x.scalar_type();
-  if (x.device().is_cpu() && (t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16) &&
-      x.stride(3) == 1) {
+  if (x.device().is_cpu() && kernels::is_dispatched_float(x.scalar_type()) && x.stride(3) == 1) {
     return kernels::rope(x, in.cos, in.sin);
   }
   const auto half = x.size(3) / 2;
@@ -140,9 +139,8 @@ torch::Tensor apply_rope(const torch::Tensor& x, const AttentionInputs& in) {
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   // On a CPU the fused kernel (kernels/rms_norm.h): one pass each way, and
   // backward keeps x and one number per row instead of the normalised x too.
-  const auto t = x.scalar_type();
-  const bool kernel_dtype = t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16;
-  if (x.device().is_cpu() && weight.device().is_cpu() && kernel_dtype && x.numel() > 0) {
+  if (x.device().is_cpu() && weight.device().is_cpu() && kernels::is_dispatched_float(x.scalar_type()) &&
+      x.numel() > 0) {
     return kernels::rms_norm(x, weight, eps);
   }
   return rms_norm_composite(x, weight, eps);
