@@ -248,7 +248,7 @@ void list_cases(const std::vector<BenchCase>& cases, const RunOptions& options) 
 /// The report: Markdown on stdout (and --markdown), --out's files, --write-baseline.
 void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, const std::vector<CaseResult>& results,
                    const std::vector<CaseRun>& runs, const ReportHeader& header,
-                   const strata::StrategyRegistry& strategies) {
+                   const strata::StrategyRegistry& strategies, const strata::recipes::ModelRegistry& models) {
   std::string markdown = render_markdown(suites, results, header);
   markdown += "\n### per rank\n\n" + render_per_rank_markdown(suites, results);
   markdown += render_phase_markdown(suites, results);
@@ -256,7 +256,7 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
   for (const auto& s : suites) planner |= s.name == "planner";
   if (planner) markdown += planner_markdown(runs);
   for (const auto& s : suites)
-    if (s.name == "peer") markdown += peer_markdown(results, strategies);
+    if (s.name == "peer") markdown += peer_markdown(results, strategies, models);
   std::cout << markdown << std::flush;
   if (!cli.markdown_path.empty()) write_text(cli.markdown_path, markdown, "--markdown");
   if (!cli.out_dir.empty()) {
@@ -267,10 +267,10 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
     write_text((out / "results.jsonl").string(), lines, "--out");
     ChartFiles charts = write_charts(results, cli.out_dir, strategies);
     if (std::any_of(suites.begin(), suites.end(), [](const Suite& s) { return s.name == "peer"; })) {
-      const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results, strategies),
+      const ChartFiles peer = draw_charts({{"peer", peer_chart_data(results, strategies, models),
                                             "strata and PyTorch 2.x on the same job: tokens/s ÷ the faster PyTorch "
                                             "(eager or compiled), higher is faster"},
-                                           {"ceiling", peer_ceiling_chart_data(results, strategies),
+                                           {"ceiling", peer_ceiling_chart_data(results, strategies, models),
                                             "share of the job's GEMM-bound ceiling (tokens/s if every FLOP ran at "
                                             "this CPU's rate for the model's own matrix products)"}},
                                           cli.out_dir);
@@ -313,7 +313,7 @@ int run(const CliOptions& cli, const strata::StrategyRegistry& strategies,
         const strata::recipes::ModelRegistry& models) {
   // ---- Everything that can be wrong with the input, before any case runs (exit 2). ----
   SuiteRegistry registry;
-  register_builtin_suites(registry, strategies);
+  register_builtin_suites(registry, strategies, models);
   const std::vector<Suite> suites =
       cli.sweep ? std::vector<Suite>{sweep_from(cli, strategies, models)} : registry.select(cli.suites);
   std::vector<BenchCase> cases = all_cases(suites);
@@ -363,16 +363,16 @@ int run(const CliOptions& cli, const strata::StrategyRegistry& strategies,
     runs = run_cases(cases, run_options, cli.keep_work_dir, header, json);
   }
   const std::vector<CaseResult> results = aggregate_runs(cases, runs);
-  write_reports(cli, suites, results, runs, header, strategies);
+  write_reports(cli, suites, results, runs, header, strategies, models);
   return gate(cli, results, baseline);
 }
 
 /// Reads the command line (and --sweep-config) into `cli`; an exit code when
 /// strata-bench should stop here (--help: 0, bad input: 2).
 /// "comma-separated suites: a,b,...; or checkpoint alone (...)".
-std::string suites_help(const strata::StrategyRegistry& strategies) {
+std::string suites_help(const strata::StrategyRegistry& strategies, const strata::recipes::ModelRegistry& models) {
   SuiteRegistry registry;
-  register_builtin_suites(registry, strategies);
+  register_builtin_suites(registry, strategies, models);
   std::string help = "comma-separated suites: ";
   const auto names = registry.names();
   for (size_t i = 0; i < names.size(); ++i) help += (i ? "," : "") + names[i];
@@ -380,8 +380,9 @@ std::string suites_help(const strata::StrategyRegistry& strategies) {
 }
 
 /// The main options, bound to `cli` (and --repeats to `repeats`).
-po::options_description main_options(CliOptions& cli, int& repeats, const strata::StrategyRegistry& strategies) {
-  const std::string suites_text = suites_help(strategies);
+po::options_description main_options(CliOptions& cli, int& repeats, const strata::StrategyRegistry& strategies,
+                                     const strata::recipes::ModelRegistry& models) {
+  const std::string suites_text = suites_help(strategies, models);
   po::options_description desc(
       "strata-bench: run strata-gpt over strategy/recipe suites or a sweep and report throughput and memory\n"
       "Exit codes: 0 ok, 1 a case failed or regressed, 2 bad input");
@@ -437,7 +438,7 @@ po::options_description sweep_options(CliOptions& cli, const std::string& preset
 std::optional<int> parse_cli(int argc, char** argv, CliOptions& cli, const strata::StrategyRegistry& strategies,
                              const strata::recipes::ModelRegistry& models) {
   int repeats = 0;
-  const auto desc = main_options(cli, repeats, strategies);
+  const auto desc = main_options(cli, repeats, strategies, models);
   const std::string reference = strategies.reference() ? strategies.reference()->name() : "none";
   const auto sweep = sweep_options(cli,
                                    "comma-separated presets: " + c10::Join(", ", models.preset_names()) +

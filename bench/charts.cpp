@@ -57,11 +57,12 @@ std::string variant_of(const BenchCase& c) {
 }
 
 /// The rest of a case's shape, which a ratio must hold fixed: world size,
-/// threads, batch, block, and any other flag (a model override such as
-/// --n-embd 384, a kernel choice).
+/// threads, batch, block, the model's flags (a width), and any other flag (a
+/// kernel choice).
 std::string shape_of(const BenchCase& c) {
   std::string shape = std::to_string(c.nproc) + "x" + std::to_string(c.threads_per_rank) + " b" +
                       std::to_string(c.batch_size) + " t" + std::to_string(c.block_size);
+  for (const auto& f : c.model_flags) shape += " " + f;
   for (size_t i = 0; i < c.extra.size(); ++i) {
     const bool variant_flag = c.extra[i] == "--activation-checkpointing" || c.extra[i] == "--offload";
     if (variant_flag) {

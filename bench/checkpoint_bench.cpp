@@ -16,6 +16,8 @@
 #include "strata/bench/checkpoint_bench.h"
 #include "strata/bench/harness.h"
 
+#include <c10/util/StringUtil.h>
+
 #include "strata/core/atomic_file.h"
 #include "strata/core/training_module.h"
 #include "strata/launch/environment.h"
@@ -204,7 +206,8 @@ std::string table_header(const fs::path& dir, double& disk) {
 }
 
 int checkpoint_suite(int argc, char** argv, const recipes::ModelRegistry& models) {
-  std::string presets = "gpt-mini,gpt2";
+  // The bench family's checkpoint presets (BenchWorkloads::checkpoint).
+  std::string presets = c10::Join(",", models.bench_family().bench().checkpoint);
   std::string dir_arg, json_path, suite;
   po::options_description desc("strata-bench --suite checkpoint");
   desc.add_options()("suite", po::value(&suite))("presets", po::value(&presets)->default_value(presets))(

@@ -10,12 +10,15 @@
 // Example:
 //   strata::StrategyRegistry strategies;
 //   strata::register_builtin_strategies(strategies);
+//   strata::recipes::ModelRegistry models;
+//   strata::recipes::register_builtin_models(models);
 //   strata::bench::SuiteRegistry registry;
-//   strata::bench::register_builtin_suites(registry, strategies);
+//   strata::bench::register_builtin_suites(registry, strategies, models);
 //   auto suites = registry.select("smoke");
 //   strata::bench::RunOptions opts("build/bin/strata-gpt", "/tmp/work");
 //   for (const auto& run : strata::bench::run_interleaved(all_cases(suites), opts)) ...
 #include "strata/bench/phase_split.h"
+#include "strata/recipes/models/spec.h"
 #include "strata/strategies/registry.h"
 
 #include <nlohmann/json.hpp>
@@ -37,7 +40,7 @@ inline constexpr const char* kGeneratedText = "generated-text";
 struct BenchCase {
   std::string name;              ///< unique key, "<suite>/<preset>/<variant>"; baselines use it
   std::string suite;
-  std::string preset = "gpt-nano";
+  std::string preset;  ///< a registered model preset
   std::string strategy = "single";
   int nproc = 1;
   int threads_per_rank = 1;
@@ -47,6 +50,9 @@ struct BenchCase {
   int64_t block_size = 0;        ///< 0: the data's natural length
   std::string data = kGeneratedText;
   std::string device = "cpu";    ///< pinned (--device), so a CUDA build never meets CPU baselines
+  /// The model's own flags (its family's options, such as a width), part of
+  /// its shape: before `extra` on the command line.
+  std::vector<std::string> model_flags;
   std::vector<std::string> extra;  ///< further strata-gpt flags
   std::string reference;         ///< name of the case the "vs ref" columns divide by ("": none)
   /// What runs: "strata-gpt", or "peer" (bench/peers/gpt_peer.py, the PyTorch
@@ -56,8 +62,7 @@ struct BenchCase {
   std::string peer_mode;
   /// Start from the same weights as every other shared_init case of this model:
   /// a file gpt_peer.py --write-init draws once per model shape (preset,
-  /// block size and the --n-layer/--n-head/--n-embd/--bias in `extra`),
-  /// passed as --init-from.
+  /// block size and `model_flags`), passed as --init-from.
   bool shared_init = false;
   /// Their format: "pt" (a torch.save file, beside --preset) or "hf" (a
   /// transformers directory, which names the model: strata-gpt gets no --preset).
@@ -97,22 +102,27 @@ class SuiteRegistry {
 };
 
 /// The built-in suites, built from the registered strategies' specs
-/// (strategies/spec.h), which `strategies` must outlive `registry` to build:
+/// (strategies/spec.h) and model families' bench workloads
+/// (recipes/models/bench_workloads.h), which `strategies` and `models` must
+/// outlive `registry` to build. The strategy suites run
+/// ModelRegistry::bench_family()'s workloads:
 ///  - one suite per strategy, named after it: its plain case and its
-///    StrategySpec::bench variants on gpt-micro and gpt-mini, the plain case
+///    StrategySpec::bench variants on the small and medium workload, the plain case
 ///    against the reference strategy's (the reference against the
 ///    single-process strategy at the same global batch), variants against
 ///    their own plain case;
 ///  - zero (every multi-rank strategy against the reference), memory (those
 ///    whose state shrinks with N, at N = 1, 2, 4), smoke (the CI gate: every
 ///    strategy and the variants that join "smoke"), attention, kernels, scale,
-///    planner, peer (the strategies with a PyTorch counterpart).
-void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies);
+///    planner and peer (every family that gives their workloads; peer: the
+///    strategies with a PyTorch counterpart).
+void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies,
+                             const recipes::ModelRegistry& models);
 
-/// Names of the built-in suites over the built-in strategies, in report order.
+/// Names of the built-in suites over the built-in strategies and families, in report order.
 std::vector<std::string> suite_names();
 
-/// The built-in suites over the built-in strategies named in `csv`
+/// The built-in suites over the built-in strategies and families named in `csv`
 /// (SuiteRegistry::select over them).
 std::vector<Suite> select_suites(const std::string& csv);
 

@@ -18,7 +18,7 @@ constexpr int64_t kSteps = 15;  ///< the first (compilation, warm-up) is not tim
 
 /// One job: what strata and the peer both run.
 struct PeerJob {
-  std::string shape;     ///< "gpt-mini", "gpt-mini-384" or "llama-mini"
+  std::string shape;     ///< the preset, or the preset and the wide tag ("<preset>-384")
   std::string preset;    ///< its preset
   std::string strategy;  ///< strata's name
   std::string peer_mode; ///< gpt_peer.py's --mode (StrategySpec::pytorch_peer)
@@ -52,7 +52,7 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   c.shared_init = true;
   c.shared_init_format = job.init_format;
   c.phase_split = true;  // issue 35: where each program's step goes
-  c.extra = job.model;
+  c.model_flags = job.model;
   if (job.ac) c.extra.insert(c.extra.end(), {"--activation-checkpointing", "1"});
   if (job.ac && job.ac_policy != "full") c.extra.insert(c.extra.end(), {"--ac-policy", job.ac_policy});
   if (system == "strata") {
@@ -65,43 +65,61 @@ BenchCase job_case(const PeerJob& job, const std::string& system) {
   return c;
 }
 
-/// Every strategy with a PyTorch counterpart (StrategySpec::pytorch_peer):
-/// one process x 2 threads where it runs one, else 2 ranks x 1 thread; fp32,
-/// bf16-mixed and fp32 with activation checkpointing; the single-process one
-/// with op-level selective checkpointing too (torchtitan's policy in both);
-/// and the single-process one on a 384-wide gpt-mini at block 256. Then the
-/// Llama family against transformers' own LlamaForCausalLM (SDPA): the
-/// single-process, DDP and FSDP2 jobs on llama-mini, fp32 and bf16-mixed, and
-/// FSDP2 with activation checkpointing.
-std::vector<PeerJob> jobs(const StrategyRegistry& registry) {
-  std::vector<PeerJob> out;
+/// Whether `mode` is among `modes` ({}: every mode is).
+bool among(const std::vector<std::string>& modes, const std::string& mode) {
+  return modes.empty() || std::find(modes.begin(), modes.end(), mode) != modes.end();
+}
+
+/// A family's peer jobs (BenchWorkloads::peer), for every strategy with a
+/// PyTorch counterpart (StrategySpec::pytorch_peer) that the family's peer
+/// runs: one process x 2 threads where it runs one, else 2 ranks x 1 thread;
+/// fp32 and bf16-mixed; fp32 with activation checkpointing for the modes it
+/// names; the single-process one with op-level selective checkpointing
+/// (torchtitan's policy in both) and on the widened model at block 256 when
+/// it asks.
+void add_family_jobs(std::vector<PeerJob>& out, const StrategyRegistry& registry,
+                     const recipes::BenchWorkloads& bench) {
+  const recipes::PeerWorkload& peer = bench.peer;
   std::vector<std::tuple<std::string, std::string, int, int>> strategies;
   for (const auto* spec : registry.specs()) {
-    if (spec->pytorch_peer().empty()) continue;
+    if (spec->pytorch_peer().empty() || !among(peer.modes, spec->pytorch_peer())) continue;
     const bool one = spec->max_world_size() == 1;
     strategies.emplace_back(spec->name(), spec->pytorch_peer(), one ? 1 : 2, one ? 2 : 1);
   }
+  auto job = [&](const std::string& strategy, const std::string& mode, int nproc, int threads,
+                 const std::string& precision, bool ac) {
+    return PeerJob{peer.preset, peer.preset, strategy, mode, nproc, threads, precision, ac, 8, 128, {}, "full",
+                   peer.init_format};
+  };
   for (const std::string precision : {"32", "bf16-mixed"})
     for (const auto& [strategy, mode, nproc, threads] : strategies)
-      out.push_back({"gpt-mini", "gpt-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {}});
+      out.push_back(job(strategy, mode, nproc, threads, precision, false));
   for (const auto& [strategy, mode, nproc, threads] : strategies)
-    out.push_back({"gpt-mini", "gpt-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}});
+    if (among(peer.ac_modes, mode)) out.push_back(job(strategy, mode, nproc, threads, "32", true));
   const StrategySpec* single = registry.single_process();
-  if (single && !single->pytorch_peer().empty()) {
-    out.push_back({"gpt-mini", "gpt-mini", single->name(), single->pytorch_peer(), 1, 2, "32", true, 8, 128, {}, "op"});
-    for (const std::string precision : {"32", "bf16-mixed"})
-      out.push_back({"gpt-mini-384", "gpt-mini", single->name(), single->pytorch_peer(), 1, 2, precision, false, 4, 256,
-                     {"--n-embd", "384"}});
+  if (single == nullptr || single->pytorch_peer().empty() || !among(peer.modes, single->pytorch_peer())) return;
+  if (peer.op_sac) {
+    out.push_back(job(single->name(), single->pytorch_peer(), 1, 2, "32", true));
+    out.back().ac_policy = "op";
   }
-  for (const std::string precision : {"32", "bf16-mixed"})
-    for (const auto& [strategy, mode, nproc, threads] : strategies)
-      if (mode != "ZeroRedundancyOptimizer")  // transformers' users run DDP and FSDP2
-        out.push_back({"llama-mini", "llama-mini", strategy, mode, nproc, threads, precision, false, 8, 128, {},
-                       "full", "hf"});
-  // lit-gpt's recipe: FSDP with every decoder layer checkpointed.
-  for (const auto& [strategy, mode, nproc, threads] : strategies)
-    if (mode == "fully_shard")
-      out.push_back({"llama-mini", "llama-mini", strategy, mode, nproc, threads, "32", true, 8, 128, {}, "full", "hf"});
+  if (peer.wide && !bench.wide_flags.empty()) {
+    for (const std::string precision : {"32", "bf16-mixed"}) {
+      out.push_back(job(single->name(), single->pytorch_peer(), 1, 2, precision, false));
+      PeerJob& wide = out.back();
+      wide.shape = peer.preset + "-" + bench.wide_tag;
+      wide.batch = 4;
+      wide.block = 256;
+      wide.model = bench.wide_flags;
+    }
+  }
+}
+
+/// Every registered family's peer jobs, in registration order.
+std::vector<PeerJob> jobs(const StrategyRegistry& registry, const recipes::ModelRegistry& models) {
+  std::vector<PeerJob> out;
+  for (const auto* family : models.specs()) {
+    if (!family->bench().peer.preset.empty()) add_family_jobs(out, registry, family->bench());
+  }
   return out;
 }
 
@@ -140,7 +158,7 @@ std::string tps_cell(const CaseResult* r) {
 
 double peer_loss_tolerance(const std::string& precision) { return precision == "32" ? 1e-3 : 3e-2; }
 
-Suite peer_suite(const StrategyRegistry& registry) {
+Suite peer_suite(const StrategyRegistry& registry, const recipes::ModelRegistry& models) {
   Suite s{kSuite,
           "strata against the PyTorch 2.x program for the same job (bench/peers/gpt_peer.py: "
           "DistributedDataParallel, ZeroRedundancyOptimizer, FSDP2 fully_shard, SDPA, fused AdamW; eager "
@@ -150,7 +168,7 @@ Suite peer_suite(const StrategyRegistry& registry) {
               " steps (the first untimed). vs ref: strata ÷ PyTorch eager; the peer table divides by the "
               "faster of eager and compiled.",
           {}};
-  for (const PeerJob& job : jobs(registry))
+  for (const PeerJob& job : jobs(registry, models))
     for (const char* system : {"strata", "pytorch-eager", "pytorch-compile"}) s.cases.push_back(job_case(job, system));
   return s;
 }
@@ -160,7 +178,7 @@ namespace {
 /// A chart of the peer jobs: each bar the system's tokens/s (median) ÷ the
 /// job's `divisor` (0: the job is left out).
 PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyRegistry& registry,
-                       const std::string& ylabel, const std::string& what,
+                       const recipes::ModelRegistry& models, const std::string& ylabel, const std::string& what,
                        const std::function<double(const std::map<std::string, const CaseResult*>&)>& divisor) {
   std::map<std::string, const CaseResult*> by_name;
   for (const auto& r : results) by_name[r.bench_case.name] = &r;
@@ -169,7 +187,7 @@ PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyReg
   chart.ylabel = ylabel;
   std::map<std::string, std::string> blocks;  // panel -> rows
   std::map<std::string, int> rows;             // panel -> how many
-  for (const PeerJob& job : jobs(registry)) {
+  for (const PeerJob& job : jobs(registry, models)) {
     const auto found = job_results(job, by_name);
     const double unit = divisor(found);
     if (unit <= 0.0) continue;
@@ -195,8 +213,9 @@ PanelChart peer_panels(const std::vector<CaseResult>& results, const StrategyReg
 
 }  // namespace
 
-PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
-  return peer_panels(results, registry, "tokens/s ÷ the faster PyTorch", "the faster PyTorch's", [](const auto& found) {
+PanelChart peer_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry,
+                          const recipes::ModelRegistry& models) {
+  return peer_panels(results, registry, models, "tokens/s ÷ the faster PyTorch", "the faster PyTorch's", [](const auto& found) {
     double best = 0.0;
     for (const char* p : {"pytorch-eager", "pytorch-compile"})
       if (found.count(p)) best = std::max(best, found.at(p)->tokens_per_s.median);
@@ -204,8 +223,9 @@ PanelChart peer_chart_data(const std::vector<CaseResult>& results, const Strateg
   });
 }
 
-PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
-  PanelChart chart = peer_panels(results, registry, "share of the GEMM-bound ceiling", "the job's GEMM-bound ceiling",
+PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const StrategyRegistry& registry,
+                          const recipes::ModelRegistry& models) {
+  PanelChart chart = peer_panels(results, registry, models, "share of the GEMM-bound ceiling", "the job's GEMM-bound ceiling",
                                  [](const auto& found) {
                                    const auto s = found.find("strata");
                                    if (s == found.end() || s->second->ceiling_share <= 0.0) return 0.0;
@@ -215,7 +235,8 @@ PanelChart peer_ceiling_chart_data(const std::vector<CaseResult>& results, const
   return chart;
 }
 
-std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry) {
+std::string peer_markdown(const std::vector<CaseResult>& results, const StrategyRegistry& registry,
+                          const recipes::ModelRegistry& models) {
   std::map<std::string, const CaseResult*> by_name;
   for (const auto& r : results) by_name[r.bench_case.name] = &r;
   std::ostringstream out;
@@ -224,7 +245,7 @@ std::string peer_markdown(const std::vector<CaseResult>& results, const Strategy
          "| share of GEMM ceiling strata / PyTorch "
          "| peak RSS/rank MiB strata / PyTorch | loopback KiB/step strata / PyTorch "
          "| final loss strata / PyTorch (agree?) |\n|---|---|---|---|---|---|---|---|---|\n";
-  for (const PeerJob& job : jobs(registry)) {
+  for (const PeerJob& job : jobs(registry, models)) {
     const std::string stem = std::string(kSuite) + "/" + job.shape + "/" + job.label() + "/";
     auto find = [&](const std::string& system) {
       const auto it = by_name.find(stem + system);

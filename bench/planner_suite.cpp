@@ -33,59 +33,46 @@ std::vector<PlannerVariant> planner_variants(const StrategyRegistry& strategies)
   return variants;
 }
 
+/// One planner case: `variant` on `preset`, `nproc` ranks x 1 thread, a few
+/// steps (memory is exact).
+BenchCase planner_case(const std::string& name, const std::string& preset, const PlannerVariant& variant, int nproc,
+                       int64_t block, int64_t batch, std::vector<std::string> model_flags) {
+  BenchCase c;
+  c.name = name;
+  c.suite = "planner";
+  c.preset = preset;
+  c.strategy = variant.strategy;
+  c.model_flags = std::move(model_flags);
+  c.extra = variant.flags;
+  c.precision = variant.precision;
+  c.nproc = nproc;
+  c.threads_per_rank = 1;
+  c.block_size = block;
+  c.batch_size = batch;
+  c.steps = 4;
+  return c;
+}
+
 /// Held out: shapes the planner's constants were not fitted on (other
-/// widths, block sizes, batch sizes and world sizes), reported apart.
-void add_held_out_cases(Suite& s, const std::vector<PlannerVariant>& variants) {
-  // Each names the variant it runs by its position in planner_variants()
-  // (the built-ins: 0 ddp, 1 oss, 2 sdp, 3 fsdp, 4 fsdp-ac), so strategies
-  // registered after the built-ins leave these cases as they are.
-  struct HeldOut {
-    const char* preset;
-    size_t variant;
-    int nproc;
-    int64_t block, batch;
-    std::vector<std::string> extra;
-  };
-  const std::vector<HeldOut> held_out = {
-      {"gpt-micro", 0, 2, 128, 8, {"--n-embd", "192"}},
-      {"gpt-micro", 3, 2, 128, 8, {"--n-embd", "192"}},
-      {"gpt-mini", 2, 2, 64, 16, {}},
-      {"gpt-mini", 3, 2, 256, 4, {}},
-      {"gpt-mini", 1, 3, 128, 8, {}},
-      {"gpt-mini", 3, 4, 128, 4, {}},  // fsdp where N does not divide evenly: padding
-      {"gpt-nano", 4, 3, 256, 4, {}},
-      {"gpt-micro", 0, 4, 64, 8, {}},
-      // Another family: RMSNorm, SwiGLU, RoPE and grouped queries, which the
-      // constants never saw (the activations are its own probe's).
-      {"llama-mini", 0, 2, 128, 8, {}},
-      {"llama-mini", 3, 2, 128, 8, {}},
-      {"llama-micro", 2, 3, 128, 8, {}},
-      {"llama-mini", 4, 2, 256, 4, {}},
-  };
-  for (const HeldOut& h : held_out) {
-    if (h.variant >= variants.size()) continue;  // fewer strategies registered
-    const PlannerVariant& v = variants[h.variant];
-    BenchCase c;
-    const std::string width = h.extra.empty() ? "" : "-w" + h.extra[1];
-    c.name = std::string(kHeldOutPrefix) + h.preset + width + "/" + v.label + "-" + std::to_string(h.nproc) +
-             "x1-t" + std::to_string(h.block) + "-b" + std::to_string(h.batch);
-    c.suite = "planner";
-    c.preset = h.preset;
-    c.strategy = v.strategy;
-    c.extra = h.extra;
-    c.extra.insert(c.extra.end(), v.flags.begin(), v.flags.end());
-    c.precision = v.precision;
-    c.nproc = h.nproc;
-    c.threads_per_rank = 1;
-    c.block_size = h.block;
-    c.batch_size = h.batch;
-    c.steps = 4;
-    s.cases.push_back(c);
+/// widths, block sizes, batch sizes and world sizes; other families), each
+/// family's own (BenchWorkloads::planner_held_out), reported apart. Each names
+/// the variant it runs by position, so strategies registered after the
+/// built-ins leave these cases as they are.
+void add_held_out_cases(Suite& s, const std::vector<PlannerVariant>& variants, const recipes::ModelRegistry& models) {
+  for (const auto* family : models.specs()) {
+    for (const auto& h : family->bench().planner_held_out) {
+      if (h.variant >= variants.size()) continue;  // fewer strategies registered
+      const PlannerVariant& v = variants[h.variant];
+      const std::string name = std::string(kHeldOutPrefix) + h.preset + (h.tag.empty() ? "" : "-" + h.tag) + "/" +
+                               v.label + "-" + std::to_string(h.nproc) + "x1-t" + std::to_string(h.block) + "-b" +
+                               std::to_string(h.batch);
+      s.cases.push_back(planner_case(name, h.preset, v, h.nproc, h.block, h.batch, h.flags));
+    }
   }
 }
 }  // namespace
 
-Suite planner_suite(const StrategyRegistry& strategies) {
+Suite planner_suite(const StrategyRegistry& strategies, const recipes::ModelRegistry& models) {
   Suite s{"planner",
           "Memory planner: strata-gpt's predicted per-rank peak (model state by each strategy's memory model + "
           "activations probed on a 1- and a 2-block model of the family + what the strategy gathers + overhead) against "
@@ -93,24 +80,12 @@ Suite planner_suite(const StrategyRegistry& strategies) {
           "with a memory model, and the variants its spec puts here. Target: within 10%.",
           {}};
   const std::vector<PlannerVariant> variants = planner_variants(strategies);
-  for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini"}) {
+  for (const std::string& preset : models.bench_family().bench().planner) {
     for (const auto& v : variants) {
-      BenchCase c;
-      c.name = std::string("planner/") + preset + "/" + v.label + "-2x1";
-      c.suite = "planner";
-      c.preset = preset;
-      c.strategy = v.strategy;
-      c.extra = v.flags;
-      c.precision = v.precision;
-      c.nproc = 2;
-      c.threads_per_rank = 1;
-      c.block_size = 128;
-      c.batch_size = 8;
-      c.steps = 4;
-      s.cases.push_back(c);
+      s.cases.push_back(planner_case("planner/" + preset + "/" + v.label + "-2x1", preset, v, 2, 128, 8, {}));
     }
   }
-  add_held_out_cases(s, variants);
+  add_held_out_cases(s, variants, models);
   return s;
 }
 

@@ -353,6 +353,7 @@ nlohmann::json case_record(const CaseResult& r, const ReportHeader& header) {
                       {"batch_size", c.batch_size},
                       {"block_size", c.block_size},
                       {"steps", c.steps},
+                      {"model_flags", c.model_flags},
                       {"extra", c.extra},
                       {"reference", c.reference},
                       {"machine", header.machine.to_json()},

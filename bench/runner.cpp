@@ -230,6 +230,7 @@ std::vector<std::string> gpt_command(const BenchCase& c, const std::string& gpt_
   if (c.block_size > 0) cmd.insert(cmd.end(), {"--block-size", std::to_string(c.block_size)});
   // A shared transformers directory gives the model (strata-gpt refuses a --preset beside it).
   if (!(c.shared_init && c.shared_init_format == "hf")) cmd.insert(cmd.begin() + 1, {"--preset", c.preset});
+  cmd.insert(cmd.end(), c.model_flags.begin(), c.model_flags.end());
   cmd.insert(cmd.end(), c.extra.begin(), c.extra.end());
   return cmd;
 }
@@ -317,6 +318,7 @@ std::vector<std::string> peer_command(const BenchCase& c, const std::string& pyt
                                   "--max-steps", std::to_string(c.steps),
                                   "--output-dir", output_dir};
   if (c.block_size > 0) cmd.insert(cmd.end(), {"--block-size", std::to_string(c.block_size)});
+  cmd.insert(cmd.end(), c.model_flags.begin(), c.model_flags.end());
   cmd.insert(cmd.end(), c.extra.begin(), c.extra.end());
   return cmd;
 }
@@ -324,11 +326,7 @@ std::vector<std::string> peer_command(const BenchCase& c, const std::string& pyt
 std::vector<std::string> model_shape_flags(const BenchCase& c) {
   std::vector<std::string> flags = {"--preset", c.preset};
   if (c.block_size > 0) flags.insert(flags.end(), {"--block-size", std::to_string(c.block_size)});
-  for (size_t i = 0; i + 1 < c.extra.size(); ++i) {
-    const std::string& f = c.extra[i];
-    if (f == "--n-layer" || f == "--n-head" || f == "--n-embd" || f == "--bias")
-      flags.insert(flags.end(), {f, c.extra[i + 1]});
-  }
+  flags.insert(flags.end(), c.model_flags.begin(), c.model_flags.end());
   return flags;
 }
 

@@ -16,24 +16,23 @@ namespace strata::bench {
 
 namespace {
 
-// Case shapes. Batch sizes put one step at ~0.1–0.4 s on 2 idle cores, steps
-// make a case ~5–20 s; block 128 on the generated text gives realistically
-// shaped matmuls (the addition task's 11 tokens would not).
-/// Samples per rank of a suite's case on `preset` (see above).
-int64_t default_batch(const std::string& preset) { return preset == "gpt-mini" ? 8 : 16; }
+using recipes::BenchWorkload;
+using recipes::BenchWorkloads;
 
-BenchCase make_case(const std::string& suite, const std::string& preset, const std::string& variant,
+// Block 128 on the generated text gives realistically shaped matmuls (the
+// addition task's 11 tokens would not); the workload sizes batch and steps.
+BenchCase make_case(const std::string& suite, const BenchWorkload& model, const std::string& variant,
                     const std::string& strategy, int nproc, int threads) {
   BenchCase c;
-  c.name = suite + "/" + preset + "/" + variant;
+  c.name = suite + "/" + model.preset + "/" + variant;
   c.suite = suite;
-  c.preset = preset;
+  c.preset = model.preset;
   c.strategy = strategy;
   c.nproc = nproc;
   c.threads_per_rank = threads;
   c.block_size = 128;
-  c.steps = preset == "gpt-mini" ? 40 : 60;
-  c.batch_size = default_batch(preset);
+  c.steps = model.steps;
+  c.batch_size = model.batch;
   return c;
 }
 
@@ -41,10 +40,12 @@ BenchCase make_case(const std::string& suite, const std::string& preset, const s
 /// case is named "<suite>/<preset>/<variant>"; `reference` names the variant
 /// (same preset) whose case its "vs ref" columns divide by.
 struct CaseRow {
-  std::string preset, variant, strategy;
+  BenchWorkload model;
+  std::string variant, strategy;
   int nproc = 2;
   int threads = 1;
   std::string precision = "32";
+  std::vector<std::string> model_flags = {};  ///< the family's own (a width)
   std::vector<std::string> extra = {};
   std::string reference = "";
   int64_t batch = 0, block = 0, steps = 0;  ///< 0: make_case's
@@ -53,10 +54,11 @@ struct CaseRow {
 Suite table_suite(const std::string& name, const std::string& about, const std::vector<CaseRow>& rows) {
   Suite s{name, about, {}};
   for (const CaseRow& row : rows) {
-    BenchCase c = make_case(name, row.preset, row.variant, row.strategy, row.nproc, row.threads);
+    BenchCase c = make_case(name, row.model, row.variant, row.strategy, row.nproc, row.threads);
     c.precision = row.precision;
+    c.model_flags = row.model_flags;
     c.extra = row.extra;
-    if (!row.reference.empty()) c.reference = name + "/" + row.preset + "/" + row.reference;
+    if (!row.reference.empty()) c.reference = name + "/" + row.model.preset + "/" + row.reference;
     if (row.batch > 0) c.batch_size = row.batch;
     if (row.block > 0) c.block_size = row.block;
     if (row.steps > 0) c.steps = row.steps;
@@ -72,13 +74,13 @@ std::string case_label(const std::string& strategy, const std::string& tag, int 
 
 bool multi_rank(const StrategySpec& spec) { return spec.max_world_size() != 1; }
 
-/// One strategy's suite (named after it): on gpt-micro and gpt-mini, its plain
+/// One strategy's suite (named after it): on the small and medium workload, its plain
 /// case and its bench variants. A multi-rank strategy runs 2 ranks x 1 thread
 /// and is compared with the reference strategy's plain case; the reference
 /// itself with the single-process strategy as 1 rank x 2 threads at twice the
 /// batch (the same global batch); a single-process strategy runs 1 x 2.
 /// Variants are compared with their plain case (or the variant they name).
-Suite strategy_suite(const StrategyRegistry& strategies, const StrategySpec& spec) {
+Suite strategy_suite(const StrategyRegistry& strategies, const BenchWorkloads& w, const StrategySpec& spec) {
   const StrategySpec* reference = strategies.reference();
   const StrategySpec* single = strategies.single_process();
   const bool multi = multi_rank(spec);
@@ -86,22 +88,22 @@ Suite strategy_suite(const StrategyRegistry& strategies, const StrategySpec& spe
   std::string about = spec.name() + ": " + spec.description() + ". " + std::to_string(nproc) + " rank(s) x " +
                       std::to_string(threads) + " thread(s).";
   std::vector<CaseRow> rows;
-  for (const std::string preset : {"gpt-micro", "gpt-mini"}) {
+  for (const BenchWorkload& preset : {w.small, w.medium}) {
     const std::string plain = case_label(spec.name(), "", nproc, threads);
     std::string plain_ref;
     if (multi && reference && reference != &spec) {
       plain_ref = case_label(reference->name(), "", 2, 1);
-      rows.push_back({.preset = preset, .variant = plain_ref, .strategy = reference->name()});
+      rows.push_back({.model = preset, .variant = plain_ref, .strategy = reference->name()});
     } else if (multi && single) {
       // The same global batch: make_case's per-rank batch on each of 2 ranks.
       plain_ref = case_label(single->name(), "", 1, 2);
-      rows.push_back({.preset = preset, .variant = plain_ref, .strategy = single->name(), .nproc = 1, .threads = 2,
-                      .batch = 2 * default_batch(preset)});
+      rows.push_back({.model = preset, .variant = plain_ref, .strategy = single->name(), .nproc = 1, .threads = 2,
+                      .batch = 2 * preset.batch});
     }
-    rows.push_back({.preset = preset, .variant = plain, .strategy = spec.name(), .nproc = nproc, .threads = threads,
+    rows.push_back({.model = preset, .variant = plain, .strategy = spec.name(), .nproc = nproc, .threads = threads,
                     .reference = plain_ref});
     for (const BenchVariant& v : spec.bench()) {
-      rows.push_back({.preset = preset, .variant = case_label(spec.name(), v.tag, nproc, threads),
+      rows.push_back({.model = preset, .variant = case_label(spec.name(), v.tag, nproc, threads),
                       .strategy = spec.name(), .nproc = nproc, .threads = threads, .precision = v.precision,
                       .extra = v.flags,
                       .reference = v.reference.empty() ? plain : case_label(spec.name(), v.reference, nproc, threads)});
@@ -117,19 +119,19 @@ Suite strategy_suite(const StrategyRegistry& strategies, const StrategySpec& spe
   return table_suite(spec.name(), about, rows);
 }
 
-/// Every multi-rank strategy's plain case on gpt-mini x2, against the reference.
-Suite zero_suite(const StrategyRegistry& strategies) {
+/// Every multi-rank strategy's plain case on the medium workload x2, against the reference.
+Suite zero_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
   const StrategySpec* reference = strategies.reference();
   const std::string ref = reference ? case_label(reference->name(), "", 2, 1) : "";
   std::vector<CaseRow> rows;
   for (const auto* spec : strategies.specs()) {
     if (!multi_rank(*spec)) continue;
     const std::string label = case_label(spec->name(), "", 2, 1);
-    rows.push_back({.preset = "gpt-mini", .variant = label, .strategy = spec->name(),
+    rows.push_back({.model = w.medium, .variant = label, .strategy = spec->name(),
                     .reference = label == ref ? "" : ref});
   }
   return table_suite("zero",
-                     "gpt-mini, 2 ranks x 1 thread, every strategy that runs several ranks. state/model: measured "
+                     w.medium.preset + ", 2 ranks x 1 thread, every strategy that runs several ranks. state/model: measured "
                      "model-state bytes per rank ÷ the strategy's memory model (fp32 AdamW: ddp 16Ψ', oss "
                      "8Ψ'+8Ψ'/N, sdp 4Ψ'+12Ψ'/N, fsdp 16Ψ'/N); expect 1.00 within 5% plus bucket buffers. vs ref: ÷ " +
                          (reference ? reference->name() : std::string("—")) + ".",
@@ -149,18 +151,19 @@ bool shards_state(const StrategySpec& spec) {
   return one && two && two->model_state() < one->model_state();
 }
 
-Suite memory_suite(const StrategyRegistry& strategies) {
+Suite memory_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
   std::vector<CaseRow> rows;
   for (const auto* spec : strategies.specs()) {
     if (!multi_rank(*spec) || !shards_state(*spec)) continue;
     for (int n : {1, 2, 4}) {
-      rows.push_back({.preset = "gpt-mini", .variant = spec->name() + "-n" + std::to_string(n),
+      rows.push_back({.model = w.medium, .variant = spec->name() + "-n" + std::to_string(n),
                       .strategy = spec->name(), .nproc = n,
                       .reference = n == 1 ? "" : spec->name() + "-n1", .steps = 8});
     }
   }
   return table_suite("memory",
-                     "gpt-mini, N ranks x 1 thread, batch 8 per rank, a few steps, every strategy whose model state "
+                     w.medium.preset + ", N ranks x 1 thread, batch " + std::to_string(w.medium.batch) +
+                         " per rank, a few steps, every strategy whose model state "
                      "per rank shrinks with N (its memory model): memory is exact, tokens/s are incidental (N=4 "
                      "puts 4 ranks on 2 cores). peak vs ref: peak tensor bytes per rank ÷ the same strategy at N=1.",
                      rows);
@@ -175,13 +178,12 @@ std::vector<BenchVariant> variants_in(const StrategySpec& spec, const std::strin
   return out;
 }
 
-Suite smoke_suite(const StrategyRegistry& strategies) {
-  // gpt-nano, block 64, batch 8 per rank, 20 steps.
-  auto row = [](const std::string& variant, const std::string& strategy, int nproc, std::vector<std::string> extra,
-                const std::string& reference, const std::string& precision = "32") {
-    return CaseRow{.preset = "gpt-nano", .variant = variant, .strategy = strategy, .nproc = nproc,
-                   .precision = precision, .extra = std::move(extra), .reference = reference, .batch = 8,
-                   .block = 64, .steps = 20};
+Suite smoke_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
+  // The tiny workload at block 64.
+  auto row = [&](const std::string& variant, const std::string& strategy, int nproc, std::vector<std::string> extra,
+                 const std::string& reference, const std::string& precision = "32") {
+    return CaseRow{.model = w.tiny, .variant = variant, .strategy = strategy, .nproc = nproc,
+                   .precision = precision, .extra = std::move(extra), .reference = reference, .block = 64};
   };
   const StrategySpec* reference = strategies.reference();
   const StrategySpec* single = strategies.single_process();
@@ -199,18 +201,19 @@ Suite smoke_suite(const StrategyRegistry& strategies) {
   }
   return table_suite(
       "smoke",
-      "CI regression gate: every registered strategy on gpt-nano, at 2 ranks (one process where a strategy runs "
+      "CI regression gate: every registered strategy on " + w.tiny.preset + ", at 2 ranks (one process where a strategy runs "
       "only one), with the variants its spec puts in the gate; block 64, batch 8 per rank, a few steps, 1 thread "
-      "per process (gpt-nano's tiny matmuls on 2 threads slow down several-fold on a loaded machine, which would "
+      "per process (" + w.tiny.preset + "'s tiny matmuls on 2 threads slow down several-fold on a loaded machine, which would "
       "make the gate flaky). vs ref: the reference strategy ÷ the single-process one (ideal 2.0), the others ÷ "
       "the reference.",
       rows);
 }
 
-Suite scale_suite(const StrategyRegistry& strategies) {
+Suite scale_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
+  TORCH_CHECK_VALUE(!w.scale.empty(), "the scale suite's model family gives no scale presets (BenchWorkloads::scale)");
   Suite s{"scale",
-          "Slow, not in CI. The largest preset each strategy fits, per world size: every preset from gpt-nano "
-          "to gpt2-medium under every multi-rank strategy (and the variants its spec puts here, e.g. fsdp "
+          "Slow, not in CI. The largest preset each strategy fits, per world size: every preset from " +
+              w.scale.front() + " to " + w.scale.back() + " under every multi-rank strategy (and the variants its spec puts here, e.g. fsdp "
           "--offload disk) at N = 1, 2 and 4 ranks x 1 thread, batch 1 per rank, block 128, 3 steps. A case "
           "that runs out of memory (or time) is recorded as failed and the sweep goes on; the largest preset "
           "that ran per strategy and N is listed under the table. peak vs ref: ÷ the same preset under the "
@@ -218,18 +221,15 @@ Suite scale_suite(const StrategyRegistry& strategies) {
           {}};
   const StrategySpec* reference = strategies.reference();
   for (int n : {1, 2, 4}) {
-    // gpt2-large/xl (774M/1.5B parameters: 12/24 GB of fp32 AdamW state per
-    // unsharded rank) are left out: on a shared machine an OOM there hurts others.
-    for (const char* preset : {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium"}) {
-      const std::string ref =
-          reference ? "scale/" + std::string(preset) + "/" + reference->name() + "-n" + std::to_string(n) : "";
+    for (const std::string& preset : w.scale) {
+      const std::string ref = reference ? "scale/" + preset + "/" + reference->name() + "-n" + std::to_string(n) : "";
       for (const auto* spec : strategies.specs()) {
         if (!multi_rank(*spec)) continue;
         std::vector<BenchVariant> runs = {BenchVariant{}};  // the plain case, then the variants
         for (const auto& v : variants_in(*spec, "scale")) runs.push_back(v);
         for (const auto& v : runs) {
           const std::string variant = spec->name() + (v.tag.empty() ? "" : "-" + v.tag);
-          BenchCase c = make_case("scale", preset, variant + "-n" + std::to_string(n), spec->name(), n, 1);
+          BenchCase c = make_case("scale", {preset}, variant + "-n" + std::to_string(n), spec->name(), n, 1);
           c.batch_size = 1;
           c.steps = 3;
           c.extra = v.flags;
@@ -244,31 +244,31 @@ Suite scale_suite(const StrategyRegistry& strategies) {
 }
 
 /// Tensor parallelism (--tp-size 2, sequence parallel) beside each strategy
-/// that composes with it (StrategySpec::tensor_parallel), on gpt-mini: at 4
+/// that composes with it (StrategySpec::tensor_parallel), on the medium workload: at 4
 /// ranks every such multi-rank strategy plain and over 2 data-parallel
 /// groups of tp 2, at the same global batch; and pure tp 2 (the
 /// single-process strategy over 2 ranks) against the reference strategy at 2.
-Suite tp_suite(const StrategyRegistry& strategies) {
+Suite tp_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
   const StrategySpec* reference = strategies.reference();
   const StrategySpec* single = strategies.single_process();
-  const int64_t batch = default_batch("gpt-mini");
+  const int64_t batch = w.medium.batch;
   const std::vector<std::string> tp = {"--tp-size", "2", "--sequence-parallel"};
   std::vector<CaseRow> rows;
   if (reference != nullptr && single != nullptr && single->tensor_parallel()) {
     const std::string ref = case_label(reference->name(), "", 2, 1);
-    rows.push_back({.preset = "gpt-mini", .variant = ref, .strategy = reference->name()});
-    rows.push_back({.preset = "gpt-mini", .variant = case_label(single->name(), "tp2", 2, 1),
+    rows.push_back({.model = w.medium, .variant = ref, .strategy = reference->name()});
+    rows.push_back({.model = w.medium, .variant = case_label(single->name(), "tp2", 2, 1),
                     .strategy = single->name(), .extra = tp, .reference = ref, .batch = 2 * batch});
   }
   for (const auto* spec : strategies.specs()) {
     if (!multi_rank(*spec) || !spec->tensor_parallel()) continue;
     const std::string plain = case_label(spec->name(), "", 4, 1);
-    rows.push_back({.preset = "gpt-mini", .variant = plain, .strategy = spec->name(), .nproc = 4});
-    rows.push_back({.preset = "gpt-mini", .variant = case_label(spec->name(), "tp2", 4, 1), .strategy = spec->name(),
+    rows.push_back({.model = w.medium, .variant = plain, .strategy = spec->name(), .nproc = 4});
+    rows.push_back({.model = w.medium, .variant = case_label(spec->name(), "tp2", 4, 1), .strategy = spec->name(),
                     .nproc = 4, .extra = tp, .reference = plain, .batch = 2 * batch});
   }
   return table_suite("tp",
-                     "Tensor parallelism (--tp-size 2 --sequence-parallel) on gpt-mini, 1 thread per rank, at the "
+                     "Tensor parallelism (--tp-size 2 --sequence-parallel) on " + w.medium.preset + ", 1 thread per rank, at the "
                      "same global batch (" + std::to_string(batch) + " per data-parallel rank without tp, " +
                          std::to_string(2 * batch) + " with): pure tp over 2 ranks against the reference "
                          "strategy, and at 4 ranks each strategy that composes with tp, plain and over 2 groups "
@@ -276,7 +276,7 @@ Suite tp_suite(const StrategyRegistry& strategies) {
                      rows);
 }
 
-Suite attention_suite(const StrategyRegistry& strategies) {
+Suite attention_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
   const std::string single = strategies.single_process() ? strategies.single_process()->name() : "";
   std::vector<CaseRow> rows;
   for (int64_t block : {256, 1024}) {
@@ -284,7 +284,7 @@ Suite attention_suite(const StrategyRegistry& strategies) {
       const std::string tag = std::string(precision == "32" ? "fp32" : "bf16") + "-t" + std::to_string(block);
       const int64_t batch = block == 256 ? 8 : 2;  // the same tokens per step
       for (const std::string attention : {"naive", "fused"}) {
-        rows.push_back({.preset = "gpt-mini", .variant = attention + "-" + tag, .strategy = single, .nproc = 1,
+        rows.push_back({.model = w.medium, .variant = attention + "-" + tag, .strategy = single, .nproc = 1,
                         .threads = 2, .precision = precision, .extra = {"--attention", attention},
                         .reference = attention == "fused" ? "naive-" + tag : "", .batch = batch, .block = block,
                         .steps = 20});
@@ -292,34 +292,33 @@ Suite attention_suite(const StrategyRegistry& strategies) {
     }
   }
   return table_suite("attention",
-                     "gpt-mini, one process x 2 threads, --attention naive vs fused (kernels/attention.h) at "
+                     w.medium.preset + ", one process x 2 threads, --attention naive vs fused (kernels/attention.h) at "
                      "block 256 and 1024, fp32 and bf16-mixed. vs ref: fused ÷ naive at the same block size "
                      "and precision (tokens/s; peak: tensor bytes).",
                      rows);
 }
 
-Suite kernels_suite(const StrategyRegistry& strategies) {
+Suite kernels_suite(const StrategyRegistry& strategies, const BenchWorkloads& w) {
   std::vector<CaseRow> rows;
   const std::string single = strategies.single_process() ? strategies.single_process()->name() : "";
   const std::string reference = strategies.reference() ? strategies.reference()->name() : "";
-  const std::vector<std::tuple<std::string, std::string, int, int, std::vector<std::string>>> shapes = {
-      {single + "-1x2", single, 1, 2, {}},
-      {reference + "-2x1", reference, 2, 1, {}},
-      {"384-" + single + "-1x2", single, 1, 2, {"--n-embd", "384"}}};
+  std::vector<std::tuple<std::string, std::string, int, int, std::vector<std::string>>> shapes = {
+      {single + "-1x2", single, 1, 2, {}}, {reference + "-2x1", reference, 2, 1, {}}};
+  if (!w.wide_flags.empty()) shapes.emplace_back(w.wide_tag + "-" + single + "-1x2", single, 1, 2, w.wide_flags);
   for (const auto& [tag, strategy, nproc, threads, model] : shapes) {
-    std::vector<std::string> off = model;
-    off.insert(off.end(), {"--attention", "naive", "--fused-adamw", "false"});
-    rows.push_back({.preset = "gpt-mini", .variant = "unfused-" + tag, .strategy = strategy, .nproc = nproc,
-                    .threads = threads, .extra = off, .batch = 8, .block = 256, .steps = 20});
-    rows.push_back({.preset = "gpt-mini", .variant = "fused-" + tag, .strategy = strategy, .nproc = nproc,
-                    .threads = threads, .extra = model, .reference = "unfused-" + tag, .batch = 8, .block = 256,
+    rows.push_back({.model = w.medium, .variant = "unfused-" + tag, .strategy = strategy, .nproc = nproc,
+                    .threads = threads, .model_flags = model, .extra = {"--attention", "naive", "--fused-adamw", "false"},
+                    .batch = 8, .block = 256, .steps = 20});
+    rows.push_back({.model = w.medium, .variant = "fused-" + tag, .strategy = strategy, .nproc = nproc,
+                    .threads = threads, .model_flags = model, .reference = "unfused-" + tag, .batch = 8, .block = 256,
                     .steps = 20});
   }
   return table_suite("kernels",
                      "Both fused kernels (--attention fused, --fused-adamw true: the defaults) against both "
-                     "off (--attention naive --fused-adamw false), block 256, batch 8 per rank: gpt-mini as "
-                     "one process x 2 threads and as ddp 2 ranks x 1 thread, and a 384-wide gpt-mini "
-                     "(--n-embd 384) as one process. vs ref: fused ÷ unfused.",
+                     "off (--attention naive --fused-adamw false), block 256, batch 8 per rank: " +
+                         w.medium.preset + " as one process x 2 threads and as " + reference +
+                         " 2 ranks x 1 thread, and " + w.medium.preset + " widened (" + c10::Join(" ", w.wide_flags) +
+                         ") as one process. vs ref: fused ÷ unfused.",
                      rows);
 }
 
@@ -357,37 +356,50 @@ std::vector<Suite> SuiteRegistry::select(const std::string& csv) const {
   return out;
 }
 
-void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies) {
-  // `strategies` by reference: the suites are built when selected.
+void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& strategies,
+                             const recipes::ModelRegistry& models) {
+  // Both registries by reference: the suites are built when selected, and a
+  // registry without bench workloads fails then, naming the suite.
   const StrategyRegistry* s = &strategies;
+  const recipes::ModelRegistry* m = &models;
+  auto w = [m] { return m->bench_family().bench(); };
   for (const auto* spec : strategies.specs()) {
-    registry.add(spec->name(), [s, spec] { return strategy_suite(*s, *spec); });
+    registry.add(spec->name(), [s, w, spec] { return strategy_suite(*s, w(), *spec); });
   }
-  registry.add("zero", [s] { return zero_suite(*s); });
-  registry.add("memory", [s] { return memory_suite(*s); });
-  registry.add("smoke", [s] { return smoke_suite(*s); });
-  registry.add("attention", [s] { return attention_suite(*s); });
-  registry.add("kernels", [s] { return kernels_suite(*s); });
-  registry.add("scale", [s] { return scale_suite(*s); });
-  registry.add("tp", [s] { return tp_suite(*s); });
-  registry.add("planner", [s] { return planner_suite(*s); });  // bench/planner_suite.cpp
-  registry.add("peer", [s] { return peer_suite(*s); });        // bench/peer_suite.cpp
+  registry.add("zero", [s, w] { return zero_suite(*s, w()); });
+  registry.add("memory", [s, w] { return memory_suite(*s, w()); });
+  registry.add("smoke", [s, w] { return smoke_suite(*s, w()); });
+  registry.add("attention", [s, w] { return attention_suite(*s, w()); });
+  registry.add("kernels", [s, w] { return kernels_suite(*s, w()); });
+  registry.add("scale", [s, w] { return scale_suite(*s, w()); });
+  registry.add("tp", [s, w] { return tp_suite(*s, w()); });
+  registry.add("planner", [s, m] { return planner_suite(*s, *m); });  // bench/planner_suite.cpp
+  registry.add("peer", [s, m] { return peer_suite(*s, *m); });        // bench/peer_suite.cpp
 }
+
+namespace {
+
+/// The built-in suites over the built-in strategies and model families.
+SuiteRegistry builtin_suites(StrategyRegistry& strategies, recipes::ModelRegistry& models) {
+  register_builtin_strategies(strategies);
+  recipes::register_builtin_models(models);
+  SuiteRegistry registry;
+  register_builtin_suites(registry, strategies, models);
+  return registry;
+}
+
+}  // namespace
 
 std::vector<std::string> suite_names() {
   StrategyRegistry strategies;
-  register_builtin_strategies(strategies);
-  SuiteRegistry registry;
-  register_builtin_suites(registry, strategies);
-  return registry.names();
+  recipes::ModelRegistry models;
+  return builtin_suites(strategies, models).names();
 }
 
 std::vector<Suite> select_suites(const std::string& csv) {
   StrategyRegistry strategies;
-  register_builtin_strategies(strategies);
-  SuiteRegistry registry;
-  register_builtin_suites(registry, strategies);
-  return registry.select(csv);
+  recipes::ModelRegistry models;
+  return builtin_suites(strategies, models).select(csv);
 }
 
 std::vector<BenchCase> all_cases(const std::vector<Suite>& suites) {

@@ -1,18 +1,18 @@
-// Flat-parameter micro-benchmarks, on one gpt-mini transformer block's
-// parameters (n_embd 192: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-// mlp.c_proj, weights and biases; 445k floats) and on the whole gpt-mini
+// Flat-parameter micro-benchmarks, on one block's parameters of the bench
+// family's medium preset (ModelRegistry::bench_family; the built-ins':
+// gpt-mini, width 192, weights and biases, 445k floats) and on its whole
 // parameter list for the optimizer:
 //
 //   BM_FlattenUnit/threads     copy a unit's parameters into one flat buffer (FlatParam's
 //                              layout: each parameter a contiguous range)
 //   BM_UnflattenUnit/threads   copy the flat buffer back into the parameters
-//   BM_AdamWTorchPerParam/threads  torch::optim::AdamW::step over gpt-mini's per-parameter
+//   BM_AdamWTorchPerParam/threads  torch::optim::AdamW::step over the model's per-parameter
 //                              tensors (what a non-sharded strategy steps)
 //   BM_AdamWFlatShard/threads  the fused AdamW kernel over one flat buffer of the same
 //                              element count (what OSS/SDP/FSDP step on a rank's shard);
 //                              counter vs_torch_per_param: torch's time ÷ this one's,
 //                              the two stepped alternately
-//   BM_AdamWFusedPerParam/threads/kernel  FusedAdamW over gpt-mini's per-parameter tensors
+//   BM_AdamWFusedPerParam/threads/kernel  FusedAdamW over the model's per-parameter tensors
 //                              (what single/ddp step), kernel 0: strata's, 1: ATen's
 //                              _fused_adamw_; counter vs_other: the other kernel's time
 //                              ÷ this one's, the two stepped alternately
@@ -25,6 +25,7 @@
 #include "strata/kernels/fused_adamw_optimizer.h"
 
 #include "strata/bench/micro/scoped_threads.h"
+#include "strata/recipes/models/spec.h"
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -34,23 +35,34 @@
 
 namespace {
 
-constexpr int64_t kEmbd = 192, kLayers = 6, kVocab = 65, kBlock = 256;
+constexpr int64_t kVocab = 65, kBlock = 256;
 
-/// One transformer block's parameter shapes (gpt-mini, biases on).
-std::vector<std::vector<int64_t>> block_shapes() {
-  return {{kEmbd},           {kEmbd},  // ln_1
-          {3 * kEmbd, kEmbd}, {3 * kEmbd}, {kEmbd, kEmbd}, {kEmbd},  // attn
-          {kEmbd},           {kEmbd},  // ln_2
-          {4 * kEmbd, kEmbd}, {4 * kEmbd}, {kEmbd, 4 * kEmbd}, {kEmbd}};  // mlp
+/// The bench family's medium model (the vocabulary of Shakespeare's
+/// characters, block 256), built once.
+strata::TrainingModule& bench_model() {
+  static const std::unique_ptr<strata::TrainingModule> model = [] {
+    strata::recipes::ModelRegistry models;
+    strata::recipes::register_builtin_models(models);
+    strata::recipes::ModelRequest request;
+    request.preset = models.bench_family().bench().medium.preset;
+    request.vocab_size = kVocab;
+    request.block_size = kBlock;
+    return models.resolve(request)->build(/*deferred=*/false);
+  }();
+  return *model;
 }
 
-/// All of gpt-mini's parameters: embeddings, 6 blocks, final layer norm.
+/// One block's parameter shapes (its first wrap unit's).
+std::vector<std::vector<int64_t>> block_shapes() {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& p : bench_model().wrap_units().at(0)->parameters()) out.push_back(p.sizes().vec());
+  return out;
+}
+
+/// All of the model's parameters, as fresh tensors.
 std::vector<torch::Tensor> model_params() {
-  std::vector<torch::Tensor> out = {torch::randn({kVocab, kEmbd}), torch::randn({kBlock, kEmbd})};
-  for (int64_t l = 0; l < kLayers; ++l)
-    for (const auto& shape : block_shapes()) out.push_back(torch::randn(shape));
-  out.push_back(torch::randn({kEmbd}));
-  out.push_back(torch::randn({kEmbd}));
+  std::vector<torch::Tensor> out;
+  for (const auto& p : bench_model().module().parameters()) out.push_back(torch::randn(p.sizes()));
   return out;
 }
 
@@ -108,7 +120,7 @@ torch::optim::AdamWOptions adamw_options() {
   return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
 }
 
-/// An AdamW (torch::optim::AdamW by default) over gpt-mini's per-parameter tensors.
+/// An AdamW (torch::optim::AdamW by default) over the model's per-parameter tensors.
 struct TorchPerParam {
   std::vector<torch::Tensor> params = model_params();
   std::unique_ptr<torch::optim::AdamW> opt;

@@ -77,7 +77,11 @@ BigramMlpConfig::BigramMlpConfig(BigramMlpOptions options) : options_(std::move(
 
 strata::recipes::ModelShape BigramMlpConfig::shape() const {
   const auto& o = options_;
-  return {o.n_layer(), /*n_head=*/0, /*n_kv_head=*/0, o.n_embd(), o.vocab_size(), o.block_size()};
+  return {.layers = o.n_layer(), .width = o.n_embd(), .vocab_size = o.vocab_size(), .block_size = o.block_size()};
+}
+
+std::map<std::string, double> BigramMlpConfig::resolved_numbers() const {
+  return {{"n-layer", double(options_.n_layer())}, {"n-embd", double(options_.n_embd())}};
 }
 
 strata::recipes::ModelPtr BigramMlpConfig::with_layers(int64_t n_layer) const {

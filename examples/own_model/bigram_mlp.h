@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,7 @@ class BigramMlpConfig : public strata::recipes::ModelConfig {
   explicit BigramMlpConfig(BigramMlpOptions options);
   std::string family() const override { return "bigram-mlp"; }
   strata::recipes::ModelShape shape() const override;
+  std::map<std::string, double> resolved_numbers() const override;
   strata::recipes::ModelPtr with_layers(int64_t n_layer) const override;
   std::unique_ptr<strata::TrainingModule> build(bool deferred,
                                                 strata::recipes::ParameterSourcePtr source = nullptr) const override;

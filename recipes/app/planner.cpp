@@ -148,7 +148,7 @@ MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanReques
   MemoryPrediction m;
   m.state = {estimate->params, estimate->grads, estimate->optimizer};
   m.gathered = estimate->gathered + estimate->held;
-  m.activations = static_cast<int64_t>(double(activations.total(r.model()->shape().n_layer, r.activation_checkpointing())) *
+  m.activations = static_cast<int64_t>(double(activations.total(r.model()->shape().layers, r.activation_checkpointing())) *
                                        estimate->activation_scale *
                                        tp::activation_scale(r.tp_size(), r.sequence_parallel()));
   // Staging buffers live outside the activation phase: the peak holds the

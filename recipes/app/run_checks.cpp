@@ -449,6 +449,7 @@ namespace {
 /// (config.ini comments those out).
 void record_model_keys(RunConfig& config, const ModelConfig& model, const ModelKeys& keys) {
   config.model_family = model.family();
+  for (const auto& key : model.source_keys()) config.model_source_keys.insert(key);
   for (const ModelKey& key : keys.options) {
     if (std::find(key.families.begin(), key.families.end(), model.family()) == key.families.end()) {
       config.model_unread.insert(key.option.key());

@@ -14,12 +14,8 @@ namespace strata::recipes {
 
 RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
   const ModelShape shape = model.shape();
-  // The shape every decoder has under the keys the built-in families
-  // declare (a family that does not read one has it commented out), then
-  // what the family resolved.
-  c.model_options["n-layer"] = std::to_string(shape.n_layer);
-  c.model_options["n-head"] = std::to_string(shape.n_head);
-  c.model_options["n-embd"] = std::to_string(shape.n_embd);
+  // What the family resolved, under its own keys (a key another family
+  // declares and this one does not read is commented out).
   c.block_size = shape.block_size;
   c.vocab_size = shape.vocab_size;
   for (const auto& [key, value] : model.resolved_numbers()) c.model_options[key] = option_text(value);

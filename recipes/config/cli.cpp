@@ -384,7 +384,7 @@ std::optional<std::string> unread_because(const std::string& key, const RunConfi
   }
   if (key == "adamw-kernel" && !config.fused_adamw) return std::string("not used with fused-adamw = false");
   if (config.model_unread.count(key) != 0) return "not used by the " + config.model_family + " family";
-  if (!config.model_source.empty() && (key == "preset" || key == "n-layer" || key == "n-head" || key == "n-embd")) {
+  if (!config.model_source.empty() && (key == "preset" || config.model_source_keys.count(key) != 0)) {
     return "given by init-from's config.json";
   }
   if (key == "init-std" && !config.init_from.empty()) return std::string("not used with init-from");

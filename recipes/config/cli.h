@@ -127,10 +127,12 @@ struct RunConfig {
   /// Every key given on the command line or in --config (not defaulted): a
   /// model family is asked only for the options given to it (models/spec.h).
   std::set<std::string> given_keys;
-  /// Set by the run (ModelConfig::source_directory): the --init-from
-  /// directory whose config gave the model; config.ini then comments out
-  /// the preset and the shape keys, which a --config of it must not give.
+  /// Set by the run (ModelConfig::source_directory, source_keys): the
+  /// --init-from directory whose config gave the model, and the model keys
+  /// it gave; config.ini then comments out the preset and those keys, which
+  /// a --config of it must not give.
   std::string model_source;
+  std::set<std::string> model_source_keys;
   /// Set by the run: the model family and the model keys it does not read
   /// (a Llama reads no --activation); config.ini comments those out.
   std::string model_family;

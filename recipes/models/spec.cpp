@@ -86,6 +86,21 @@ std::string ModelRequest::text(const std::string& key, const std::string& fallba
   return text == nullptr ? fallback : *text;
 }
 
+namespace {
+
+/// Every preset `bench` names ("" left out).
+std::vector<std::string> bench_presets(const BenchWorkloads& bench) {
+  std::vector<std::string> out = {bench.tiny.preset, bench.small.preset, bench.medium.preset, bench.peer.preset};
+  out.insert(out.end(), bench.scale.begin(), bench.scale.end());
+  out.insert(out.end(), bench.planner.begin(), bench.planner.end());
+  out.insert(out.end(), bench.checkpoint.begin(), bench.checkpoint.end());
+  for (const auto& c : bench.planner_held_out) out.push_back(c.preset);
+  std::erase(out, std::string());
+  return out;
+}
+
+}  // namespace
+
 void ModelRegistry::add(ModelSpec spec) {
   TORCH_CHECK_VALUE(!spec.name().empty(), "a model spec needs a name");
   for (const auto& s : specs_) {
@@ -103,6 +118,11 @@ void ModelRegistry::add(ModelSpec spec) {
                             spec.presets().end(),
                     "model family '", spec.name(), "': default preset '", spec.default_preset(),
                     "' is not one of its presets");
+  for (const auto& preset : bench_presets(spec.bench())) {
+    // A suite runs the family it was given: its own presets only.
+    TORCH_CHECK_VALUE(std::find(spec.presets().begin(), spec.presets().end(), preset) != spec.presets().end(),
+                      "model family '", spec.name(), "': bench preset '", preset, "' is not one of its presets");
+  }
   for (const auto& option : spec.options()) {
     // One key, one kind: the command line parses it once for every family.
     for (const auto& s : specs_) {
@@ -279,6 +299,16 @@ std::vector<const ModelSpec*> ModelRegistry::specs() const {
   std::vector<const ModelSpec*> out;
   for (const auto& spec : specs_) out.push_back(&spec);
   return out;
+}
+
+const ModelSpec& ModelRegistry::bench_family() const {
+  for (const auto& spec : specs_) {
+    if (!spec.bench().medium.preset.empty()) return spec;
+  }
+  std::vector<std::string> names;
+  for (const auto& spec : specs_) names.push_back(spec.name());
+  C10_THROW_ERROR(ValueError, "no registered model family gives bench workloads (ModelSpec::bench); families: " +
+                                  c10::Join(", ", names));
 }
 
 void register_builtin_models(ModelRegistry& registry) {

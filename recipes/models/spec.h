@@ -25,6 +25,7 @@
 #include "strata/core/parameter_ranges.h"
 #include "strata/core/precision.h"
 #include "strata/core/training_module.h"
+#include "strata/recipes/models/bench_workloads.h"
 #include "strata/recipes/io/safetensors.h"
 #include "strata/recipes/models/lora.h"
 #include "strata/strategies/spec.h"
@@ -132,10 +133,10 @@ class SourcedModule : public Module, public ParameterRanges {
 /// The widths every decoder has, for what reads them without knowing the
 /// family (config.ini, the summary, the dry run's header).
 struct ModelShape {
-  int64_t n_layer = 0;
-  int64_t n_head = 0;
-  int64_t n_kv_head = 0;  ///< key/value heads (= n_head without grouped queries)
-  int64_t n_embd = 0;
+  int64_t layers = 0;    ///< blocks (the units strategies wrap)
+  int64_t heads = 0;     ///< attention heads (0: none)
+  int64_t kv_heads = 0;  ///< key/value heads (= heads without grouped queries)
+  int64_t width = 0;     ///< the residual stream's
   int64_t vocab_size = 0;
   int64_t block_size = 0;
 };
@@ -205,8 +206,11 @@ class ModelConfig {
   /// transformers directory), "" for a preset's: config.ini then records
   /// the directory, not a preset, and an "hf" export copies its tokenizer.
   virtual std::string source_directory() const { return ""; }
-  /// Options config.ini records beside the shape, resolved ("dropout",
-  /// "init-std"): key -> value.
+  /// The options source_directory()'s config gave ("n-layer": the shape),
+  /// which a run must not give beside it; config.ini comments them out.
+  virtual std::vector<std::string> source_keys() const { return {}; }
+  /// Options config.ini records, resolved ("n-layer", "dropout"): key ->
+  /// value, under the keys the family declares.
   virtual std::map<std::string, double> resolved_numbers() const { return {}; }
   /// The same for options given as text ("attention"): a family whose
   /// default differs from strata-gpt's records its own.
@@ -266,6 +270,9 @@ class ModelSpec {
   /// Whether --init-from's `path` is a checkpoint directory of this family
   /// that describes its model (then no --preset is needed); null: none is.
   TORCH_ARG(Recognize, recognizes) = nullptr;
+  /// What strata-bench's suites run the family on (bench_workloads.h);
+  /// empty: the family has no bench rows but --sweep's.
+  TORCH_ARG(BenchWorkloads, bench) = {};
 };
 
 /// The registered ModelSpecs, by family and by preset.
@@ -290,6 +297,9 @@ class ModelRegistry {
   /// The first family's default_preset that one names, else the first preset.
   std::string default_preset() const;
   std::vector<const ModelSpec*> specs() const;
+  /// The first family whose bench workloads name a medium preset: the one the
+  /// strategy suites run. Throws c10::ValueError when none does.
+  const ModelSpec& bench_family() const;
 
  private:
   std::deque<ModelSpec> specs_;

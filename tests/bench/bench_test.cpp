@@ -1,6 +1,7 @@
 // bench_test - Unit tests for bench/harness.cpp and bench/report.cpp (the pure
 // logic; strata-gpt subprocesses run only in the bench_smoke_gate ctest).
 #include "tests/builtin_models.h"
+#include "tests/error_text.h"
 #include "tests/builtin_strategies.h"
 #include "strata/bench/charts.h"
 #include "strata/bench/gate.h"
@@ -9,6 +10,7 @@
 #include "strata/bench/report.h"
 #include "strata/bench/sweep.h"
 #include "strata/recipes/models/gpt/gpt.h"
+#include "strata/recipes/models/llama/spec.h"
 #include "strata/strategies/registry.h"
 
 #include <c10/util/Exception.h>
@@ -209,9 +211,11 @@ TEST(BenchTest, GptCommandCarriesTheCase) {
 
 TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
   BenchCase c = make_case("peer/gpt-mini-384/oss-2x1-fp32/pytorch-eager", "oss");
+  c.preset = "gpt-mini";
   c.program = "peer";
   c.block_size = 256;
-  c.extra = {"--n-embd", "384", "--activation-checkpointing", "1"};
+  c.model_flags = {"--n-embd", "384"};
+  c.extra = {"--activation-checkpointing", "1"};
   EXPECT_THROW(peer_command(c, "p", "s", "d", "o"), c10::ValueError);  // the case names no peer mode
   c.peer_mode = "ZeroRedundancyOptimizer";
   const auto cmd2 = peer_command(c, "/venv/bin/python", "/src/bench/peers/gpt_peer.py", "/w/text", "/w/out");
@@ -229,7 +233,7 @@ TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
   // The suite takes the mode from each spec; one without (sdp: PyTorch has no
   // ZeRO-2 of its own) is left out.
   std::map<std::string, std::string> modes;
-  for (const auto& pc : peer_suite(builtins()).cases) {
+  for (const auto& pc : peer_suite(builtins(), models()).cases) {
     if (pc.program == "peer") modes[pc.strategy] = pc.peer_mode;
   }
   EXPECT_EQ(modes, (std::map<std::string, std::string>{{"ddp", "DistributedDataParallel"},
@@ -238,11 +242,11 @@ TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
                                                        {"single", "local"}}));
   // The initial weights depend on the model's shape only.
   EXPECT_EQ(model_shape_flags(c),
-            (std::vector<std::string>{"--preset", "gpt-nano", "--block-size", "256", "--n-embd", "384"}));
+            (std::vector<std::string>{"--preset", "gpt-mini", "--block-size", "256", "--n-embd", "384"}));
   // The Llama jobs run transformers' LlamaForCausalLM from one transformers
   // directory (DDP and FSDP2, as its users do; no ZeRO-1 job).
   std::map<std::string, std::string> llama;
-  for (const auto& pc : peer_suite(builtins()).cases) {
+  for (const auto& pc : peer_suite(builtins(), models()).cases) {
     if (pc.preset != "llama-mini") continue;
     EXPECT_EQ(pc.shared_init_format, "hf") << pc.name;
     if (pc.program == "peer") llama[pc.strategy] = pc.peer_mode;
@@ -252,7 +256,7 @@ TEST(BenchTest, PeerCommandMapsStrategiesToPyTorchModes) {
 }
 
 TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) {
-  const Suite suite = peer_suite(builtins());
+  const Suite suite = peer_suite(builtins(), models());
   std::map<std::string, const BenchCase*> by_name;
   for (const auto& c : suite.cases) by_name[c.name] = &c;
   const std::string stem = "peer/gpt-mini/ddp-2x1-fp32/";
@@ -280,18 +284,18 @@ TEST(BenchTest, PeerSuiteComparesWithTheFasterPyTorchAndVoidsDisagreeingLosses) 
   };
   std::vector<CaseResult> results = {result("strata", 6000, 3.5), result("pytorch-eager", 4000, 3.5002),
                                      result("pytorch-compile", 5000, 3.5001)};
-  std::string md = peer_markdown(results, builtins());
+  std::string md = peer_markdown(results, builtins(), models());
   // 6000 ÷ the faster (compiled, 5000); range: 5400 ÷ 5500 to 6600 ÷ 4500.
   EXPECT_NE(md.find("| 1.20× (0.98–1.47) |"), std::string::npos) << md;
   EXPECT_NE(md.find("3.5000 / 3.5001 (|Δ| 0.00010 ✓)"), std::string::npos) << md;
   // A run that did not train (loss off by far more than the tolerance) voids the comparison.
   results[0].final_train_loss = 3.5 + 10 * peer_loss_tolerance("32");
-  md = peer_markdown(results, builtins());
+  md = peer_markdown(results, builtins(), models());
   EXPECT_NE(md.find("✗ void"), std::string::npos) << md;
   // The ceiling chart: each system's tokens/s over strata's ceiling (6000 at 0.75 -> 8000).
-  EXPECT_TRUE(peer_ceiling_chart_data(results, builtins()).panels.empty()) << "no ceiling known yet";
+  EXPECT_TRUE(peer_ceiling_chart_data(results, builtins(), models()).panels.empty()) << "no ceiling known yet";
   results[0].ceiling_share = 0.75;
-  const PanelChart ceiling = peer_ceiling_chart_data(results, builtins());
+  const PanelChart ceiling = peer_ceiling_chart_data(results, builtins(), models());
   EXPECT_NE(ceiling.data.find("\"ddp x2\" 0.7500 0.5000 0.6250"), std::string::npos) << ceiling.data;
   EXPECT_EQ(ceiling.ylabel, "share of the GEMM-bound ceiling");
   EXPECT_NE(panel_chart_script(ceiling, "c.dat", "c.png", "png", "t").find("set yrange [0:1]"), std::string::npos);
@@ -615,9 +619,38 @@ TEST(BenchTest, FailedAndSkippedCasesAreReportedNotDropped) {
   EXPECT_EQ(case_record(results[0], header).at("per_rank").size(), 2u);
 }
 
+TEST(BenchTest, SuitesRunTheWorkloadsTheModelFamiliesGive) {
+  // A registry whose only family with strategy-suite workloads is the Llama:
+  // the suites name its presets, not the GPT's.
+  strata::recipes::ModelRegistry llama_first;
+  strata::recipes::BenchWorkloads bench = strata::recipes::llama_model_spec().bench();
+  bench.tiny = {"llama-nano", 8, 20};
+  bench.small = {"llama-micro"};
+  bench.medium = {"llama-mini", 8, 40};
+  llama_first.add(strata::recipes::llama_model_spec().bench(bench));
+  SuiteRegistry registry;
+  register_builtin_suites(registry, builtins(), llama_first);
+  std::set<std::string> names;
+  for (const auto& c : all_cases(registry.select("smoke,ddp,planner,peer"))) {
+    names.insert(c.name);
+    EXPECT_EQ(c.name.find("gpt"), std::string::npos) << c.name;
+  }
+  EXPECT_TRUE(names.count("smoke/llama-nano/ddp-2x1"));
+  EXPECT_TRUE(names.count("ddp/llama-micro/ddp-2x1"));
+  EXPECT_TRUE(names.count("ddp/llama-mini/ddp-2x1"));
+  EXPECT_TRUE(names.count("planner/held-out/llama-micro/sdp-3x1-t128-b8")) << "the family's own held-out cases";
+  EXPECT_TRUE(names.count("peer/llama-mini/fsdp-2x1-fp32-ac/strata"));
+  EXPECT_FALSE(names.count("peer/llama-mini/oss-2x1-fp32/strata")) << "its peer runs no ZeRO-1";
+  // Without a family that gives workloads, selecting a strategy suite fails naming why.
+  strata::recipes::ModelRegistry none;
+  SuiteRegistry empty;
+  register_builtin_suites(empty, builtins(), none);
+  EXPECT_NE(strata::testing::what_of([&] { empty.select("smoke"); }).find("ModelSpec::bench"), std::string::npos);
+}
+
 TEST(BenchTest, SuiteRegistryTakesSuitesFromOtherFiles) {
   SuiteRegistry registry;
-  register_builtin_suites(registry, builtins());
+  register_builtin_suites(registry, builtins(), models());
   EXPECT_EQ(registry.names().back(), "peer");  // bench/peer_suite.cpp registers there, after planner
   registry.add("extra", [] { return Suite{"extra", "from another file", {make_case("extra/gpt-nano/x")}}; });
   const auto suites = registry.select("smoke,extra");
@@ -684,7 +717,7 @@ TEST(BenchTest, SuitesTakeAUsersStrategyFromItsSpec) {
                    .memory(strata::replicated_memory)
                    .bench({{.tag = "bf16", .precision = "bf16-mixed", .suites = {"smoke", "planner"}}}));
   SuiteRegistry suites;
-  register_builtin_suites(suites, registry);
+  register_builtin_suites(suites, registry, models());
   std::map<std::string, BenchCase> cases;
   for (const auto& c : all_cases(suites.select("mine,smoke,planner"))) cases[c.name] = c;
   ASSERT_TRUE(cases.count("mine/gpt-mini/mine-2x1")) << "its own suite";

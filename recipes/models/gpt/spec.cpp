@@ -153,7 +153,9 @@ std::string GPTConfig::export_problem(const std::string& path, const std::string
 }
 
 std::map<std::string, double> GPTConfig::resolved_numbers() const {
-  return {{"dropout", options_.dropout()}, {"init-std", init_std_of(options_)}};
+  const auto& o = options_;
+  return {{"n-layer", double(o.n_layer())}, {"n-head", double(o.n_head())}, {"n-embd", double(o.n_embd())},
+          {"dropout", o.dropout()},         {"init-std", init_std_of(o)}};
 }
 
 std::map<std::string, std::string> GPTConfig::resolved_texts() const {
@@ -187,11 +189,45 @@ std::vector<ModelOption> gpt_options() {
 
 }  // namespace
 
+namespace {
+
+/// strata-bench's workloads on the GPT: every strategy suite's (the
+/// baselines in bench/baselines/ name these cases), the planner's fitted and
+/// held-out cases, and the peer jobs against nanoGPT's model (gpt_peer.py).
+BenchWorkloads gpt_bench() {
+  BenchWorkloads b;
+  b.tiny = {"gpt-nano", 8, 20};
+  b.small = {"gpt-micro", 16, 60};
+  b.medium = {"gpt-mini", 8, 40};
+  b.wide_flags = {"--n-embd", "384"};
+  b.wide_tag = "384";
+  // gpt2-large/xl (774M/1.5B parameters: 12/24 GB of fp32 AdamW state per
+  // unsharded rank) are left out: on a shared machine an OOM there hurts others.
+  b.scale = {"gpt-nano", "gpt-micro", "gpt-mini", "gpt2", "gpt2-medium"};
+  b.planner = {"gpt-nano", "gpt-micro", "gpt-mini"};
+  b.planner_held_out = {
+      {"gpt-micro", 0, 2, 128, 8, {"--n-embd", "192"}, "w192"},
+      {"gpt-micro", 3, 2, 128, 8, {"--n-embd", "192"}, "w192"},
+      {"gpt-mini", 2, 2, 64, 16},
+      {"gpt-mini", 3, 2, 256, 4},
+      {"gpt-mini", 1, 3, 128, 8},
+      {"gpt-mini", 3, 4, 128, 4},  // fsdp where N does not divide evenly: padding
+      {"gpt-nano", 4, 3, 256, 4},
+      {"gpt-micro", 0, 4, 64, 8},
+  };
+  b.checkpoint = {"gpt-mini", "gpt2"};
+  b.peer = {.preset = "gpt-mini", .init_format = "pt", .op_sac = true, .wide = true};
+  return b;
+}
+
+}  // namespace
+
 ModelSpec gpt_model_spec() {
   ModelSpec spec("gpt", "nanoGPT's GPT-2: learned positions, LayerNorm, GELU MLP, multi-head attention");
   spec.presets(gpt_preset_names())
       .default_preset("gpt-micro")  // strata-gpt's first run: seconds per step on 2 cores
       .options(gpt_options())
+      .bench(gpt_bench())
       .factory([](const ModelRequest& r) -> ModelPtr {
         GPTOptions o = gpt_preset(r.preset);
         o.n_layer(r.integer("n-layer", o.n_layer())).n_head(r.integer("n-head", o.n_head()));

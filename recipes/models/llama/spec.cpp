@@ -8,6 +8,9 @@
 namespace strata::recipes {
 namespace {
 
+/// The keys a transformers directory's config.json gives: the shape.
+const std::vector<std::string> kShapeKeys = {"n-layer", "n-head", "n-embd"};
+
 // The formula's base, as the GPT's: logits, their log-softmax and gradient
 // (~3 x B·T·V) plus the embedding's output and the final norm (~4 x B·T·C).
 constexpr double kLlamaLogitFloats = 3.0;
@@ -203,6 +206,15 @@ std::string LlamaConfig::export_problem(const std::string& path, const std::stri
   return "";
 }
 
+std::vector<std::string> LlamaConfig::source_keys() const {
+  return source_.empty() ? std::vector<std::string>{} : kShapeKeys;
+}
+
+std::map<std::string, double> LlamaConfig::resolved_numbers() const {
+  const auto& o = options_;
+  return {{"n-layer", double(o.n_layer())}, {"n-head", double(o.n_head())}, {"n-embd", double(o.n_embd())}};
+}
+
 std::map<std::string, std::string> LlamaConfig::resolved_texts() const {
   std::map<std::string, std::string> texts{{"attention", options_.attention()}};
   if (options_.lora_rank() > 0) texts["lora-targets"] = options_.lora_targets();
@@ -223,7 +235,7 @@ void with_lora(LlamaOptions& o, const ModelRequest& r) {
 
 /// The model of an --init-from directory: its config, the data's block size.
 ModelPtr llama_from_directory(const ModelRequest& r) {
-  for (const char* key : {"n-layer", "n-head", "n-embd"}) {
+  for (const std::string& key : kShapeKeys) {
     TORCH_CHECK_VALUE(!r.has(key), "--", key, " ", r.text(key, ""), " does not apply with --init-from '", r.init_from,
                       "': its config.json gives the model's shape");
   }
@@ -253,11 +265,37 @@ std::vector<ModelOption> llama_options() {
 
 }  // namespace
 
+namespace {
+
+/// strata-bench's workloads on the Llama: planner cases held out from the
+/// constants' fit (RMSNorm, SwiGLU, RoPE and grouped queries, which the
+/// constants never saw; the activations are its own probe's), and the peer
+/// jobs against transformers' own LlamaForCausalLM (bench/peers/llama_peer.py):
+/// what its users run (single, DDP, FSDP2) and lit-gpt's recipe, FSDP with
+/// every decoder layer checkpointed.
+BenchWorkloads llama_bench() {
+  BenchWorkloads b;
+  b.planner_held_out = {
+      {"llama-mini", 0, 2, 128, 8},
+      {"llama-mini", 3, 2, 128, 8},
+      {"llama-micro", 2, 3, 128, 8},
+      {"llama-mini", 4, 2, 256, 4},
+  };
+  b.peer = {.preset = "llama-mini",
+            .init_format = "hf",
+            .modes = {"local", "DistributedDataParallel", "fully_shard"},
+            .ac_modes = {"fully_shard"}};
+  return b;
+}
+
+}  // namespace
+
 ModelSpec llama_model_spec() {
   ModelSpec spec("llama", "the Llama family (Llama 2/3, Mistral, Qwen2/2.5/3, SmolLM2, TinyLlama): RoPE, "
                           "RMSNorm, SwiGLU, grouped-query attention");
   spec.presets(llama_preset_names())
       .options(llama_options())
+      .bench(llama_bench())
       .recognizes([](const std::string& path) { return is_hf_llama_dir(path); })
       .factory([](const ModelRequest& r) -> ModelPtr {
         if (r.preset.empty()) return llama_from_directory(r);

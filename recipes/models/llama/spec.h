@@ -55,7 +55,9 @@ class LlamaConfig : public ModelConfig {
   void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
   std::string export_problem(const std::string& path, const std::string& format) const override;
   std::string source_directory() const override { return source_; }
+  std::vector<std::string> source_keys() const override;
   /// attention, and lora-targets under LoRA (the family's default is PEFT's q,v).
+  std::map<std::string, double> resolved_numbers() const override;
   std::map<std::string, std::string> resolved_texts() const override;
 
  private:

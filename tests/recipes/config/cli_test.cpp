@@ -148,6 +148,15 @@ TEST(CliTest, DataShapeKeysTheDataIgnoresAreRefusedAndWrittenAsComments) {
   const ParseResult again = parse({"--config", file.path()});
   EXPECT_TRUE(again.config.has_value()) << again.message;
   std::filesystem::remove(text);
+  // A model from a checkpoint directory: the keys its config gave
+  // (ModelConfig::source_keys) are commented out with the preset, the others kept.
+  c.model_source = c.init_from = "/ckpt/qwen3";
+  c.model_source_keys = {"n-layer", "n-embd"};
+  c.model_options = {{"n-layer", "2"}, {"n-embd", "64"}, {"lora-rank", "4"}};
+  const std::string from_dir = to_ini(c);
+  EXPECT_NE(from_dir.find("# n-layer = 2  (given by init-from's config.json)"), std::string::npos) << from_dir;
+  EXPECT_NE(from_dir.find("# n-embd = 64  (given by init-from's config.json)"), std::string::npos) << from_dir;
+  EXPECT_NE(from_dir.find("\nlora-rank = 4\n"), std::string::npos) << from_dir;
 }
 
 TEST(CliTest, ScheduleAndValidationValuesThatWouldBeIgnoredAreRefused) {

@@ -45,13 +45,13 @@ TEST(ModelSpecTest, EachPresetResolvesToItsFamilyWithTheDatasSizes) {
   const auto registry = builtins();
   const auto gpt = registry.resolve(request("gpt-micro", {{"n-layer", "2"}, {"dropout", "0.1"}}));
   EXPECT_EQ(gpt->family(), "gpt");
-  EXPECT_EQ(gpt->shape().n_layer, 2);
+  EXPECT_EQ(gpt->shape().layers, 2);
   EXPECT_EQ(gpt->shape().vocab_size, 12);
   EXPECT_EQ(gpt->shape().block_size, 11);
   EXPECT_DOUBLE_EQ(gpt->resolved_numbers().at("dropout"), 0.1);
   const auto llama = registry.resolve(request("llama-micro", {{"attention", "naive"}}));
   EXPECT_EQ(llama->family(), "llama");
-  EXPECT_EQ(llama->shape().n_kv_head, 2);
+  EXPECT_EQ(llama->shape().kv_heads, 2);
   EXPECT_EQ(dynamic_cast<const LlamaConfig&>(*llama).options().attention(), "naive");
   const auto names = registry.preset_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "qwen3-0.6b"), names.end());
@@ -83,6 +83,21 @@ TEST(ModelSpecTest, WhatAFamilyDoesNotReadIsRefusedNamingKeyAndFamily) {
   ModelSpec clash("mine", "a user's family");
   clash.presets({"gpt-micro"}).factory([](const ModelRequest&) -> ModelPtr { return nullptr; });
   EXPECT_NE(what_of([&] { twice.add(clash); }).find("preset 'gpt-micro' of model family 'mine'"), std::string::npos);
+}
+
+TEST(ModelSpecTest, BenchWorkloadsNameTheFamilysOwnPresetsAndTheFirstFamilyGivingThemRunsTheSuites) {
+  EXPECT_EQ(builtins().bench_family().name(), "gpt");
+  ModelRegistry llama_only;
+  EXPECT_NE(what_of([&] { llama_only.bench_family(); }).find("no registered model family gives bench workloads"),
+            std::string::npos);
+  ModelSpec llama = llama_model_spec();
+  BenchWorkloads bench = llama.bench();
+  bench.medium = {"gpt-mini"};
+  EXPECT_EQ(what_of([&] { llama_only.add(ModelSpec(llama).bench(bench)); }),
+            "model family 'llama': bench preset 'gpt-mini' is not one of its presets");
+  bench.medium = {"llama-mini", 8, 40};
+  llama_only.add(llama.bench(bench));
+  EXPECT_EQ(llama_only.bench_family().bench().medium.preset, "llama-mini");
 }
 
 TEST(ModelSpecTest, GptCountsFlopsAndGemmsAgreeWithTheBuiltModel) {
