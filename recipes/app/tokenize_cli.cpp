@@ -1,0 +1,158 @@
+#include "strata/recipes/app/tokenize_cli.h"
+
+#include "strata/recipes/data/tokenizer/tokenizer.h"
+
+#include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+namespace strata::recipes {
+
+namespace {
+
+namespace po = boost::program_options;
+
+struct TokenizeOptions {
+  std::string tokenizer, file = "-";
+  bool whole = false, decode = false, add_special = false, skip_special = false;
+  int threads = 0;
+};
+
+std::string read_input(const std::string& file) {
+  if (file == "-") return std::string(std::istreambuf_iterator<char>(std::cin), {});
+  std::ifstream in(file, std::ios::binary);
+  TORCH_CHECK_VALUE(in.good(), "'", file, "' cannot be read");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// The lines of `text` without their "\n" (a final "\n" ends the last line).
+std::vector<std::string_view> lines_of(const std::string& text) {
+  std::vector<std::string_view> lines;
+  size_t start = 0;
+  for (size_t at; (at = text.find('\n', start)) != std::string::npos; start = at + 1) {
+    lines.emplace_back(text.data() + start, at - start);
+  }
+  if (start < text.size()) lines.emplace_back(text.data() + start, text.size() - start);
+  return lines;
+}
+
+/// "12 7 3" -> ids; c10::ValueError naming the bad word.
+std::vector<int32_t> parse_ids(std::string_view line) {
+  std::vector<int32_t> ids;
+  std::istringstream in{std::string(line)};
+  for (std::string word; in >> word;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK_VALUE(used == word.size() && id >= 0 && id <= INT32_MAX, "'", word, "' is not a token id");
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
+/// Each line's output, on `threads` workers (each its own scratch); the
+/// first failing line's error, naming it, is rethrown after all stop.
+std::vector<std::string> per_line(const Tokenizer& tok, const TokenizeOptions& o,
+                                  const std::vector<std::string_view>& lines) {
+  std::vector<std::string> out(lines.size());
+  std::vector<std::string> errors(lines.size());
+  std::atomic<size_t> next{0};
+  constexpr size_t kChunk = 256;
+  auto work = [&] {
+    const auto scratch = tok.make_scratch();
+    for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
+      for (size_t i = begin; i < std::min(begin + kChunk, lines.size()); ++i) {
+        try {
+          out[i] = o.decode ? tok.decode(parse_ids(lines[i]), o.skip_special)
+                            : ids_text(tok.encode(lines[i], o.add_special, *scratch));
+        } catch (const c10::Error& e) {
+          errors[i] = e.what_without_backtrace();
+        }
+      }
+    }
+  };
+  const int n = std::max(1, o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (int t = 1; t < n; ++t) workers.emplace_back(work);
+  work();
+  for (auto& w : workers) w.join();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    TORCH_CHECK_VALUE(errors[i].empty(), "'", o.file, "' line ", i + 1, ": ", errors[i]);
+  }
+  return out;
+}
+
+int tokenize(const TokenizeOptions& o) {
+  const auto tok = load_tokenizer(o.tokenizer);
+  const std::string input = read_input(o.file);
+  std::string output;
+  if (o.whole) {
+    try {
+      output = o.decode ? tok->decode(parse_ids(input), o.skip_special) : ids_text(tok->encode(input, o.add_special)) + "\n";
+    } catch (const c10::Error& e) {
+      TORCH_CHECK_VALUE(false, "'", o.file, "': ", e.what_without_backtrace());
+    }
+  } else {
+    for (const auto& line : per_line(*tok, o, lines_of(input))) output.append(line).append("\n");
+  }
+  std::cout << output << std::flush;
+  return 0;
+}
+
+}  // namespace
+
+int run_tokenize(int argc, char** argv) {
+  TokenizeOptions o;
+  po::options_description desc(
+      "strata-tokenize --tokenizer PATH [FILE]: the ids of each line of FILE (stdin: - or none), space-separated, "
+      "one line per line; exit 2 on bad input");
+  desc.add_options()("help,h", "show this help")(
+      "tokenizer", po::value(&o.tokenizer)->required(), "a tokenizer.json, or a directory holding one")(
+      "file", po::value(&o.file), "the text (or, with --decode, the ids); - for stdin")(
+      "whole", po::bool_switch(&o.whole), "the whole file as one text, its ids on one line")(
+      "decode", po::bool_switch(&o.decode), "read lines of ids, print their text")(
+      "add-special-tokens", po::bool_switch(&o.add_special), "add the post-processor's tokens (BOS ...) to each text")(
+      "skip-special-tokens", po::bool_switch(&o.skip_special), "with --decode: leave special tokens out")(
+      "threads", po::value(&o.threads), "encoding threads (default: every core)");
+  po::positional_options_description positional;
+  positional.add("file", 1);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    if (vm.count("help")) {
+      std::cout << desc << std::endl;
+      return 0;
+    }
+    po::notify(vm);
+    TORCH_CHECK_VALUE(o.threads >= 0, "--threads ", o.threads, " is negative; give 0 (every core) or more");
+    return tokenize(o);
+  } catch (const po::error& e) {
+    std::cerr << "error: " << e.what() << "; see --help" << std::endl;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+  }
+  return 2;
+}
+
+}  // namespace strata::recipes

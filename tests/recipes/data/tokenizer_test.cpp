@@ -1,0 +1,189 @@
+// tokenizer_test - strata's tokenizer.json (recipes/data/tokenizer) against
+// the library users trust: the PyPI `tokenizers`, on real upstream files
+// (tests/fixtures/tokenizers/SOURCES.md) and a corpus of more than 1 MB
+// mixing scripts, code, emoji, combining marks and special tokens
+// (tokenizer_oracle.py). strata-tokenize's ids, line by line and for the whole
+// text, and its decoding must equal the library's byte for byte.
+#include "tests/run_binary.h"
+#include "tests/temp_dir.h"
+#include "strata/recipes/data/tokenizer/tokenizer.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using strata::testing::run_command;
+
+const fs::path kFixtures = fs::path(STRATA_SOURCE_DIR) / "tests" / "fixtures" / "tokenizers";
+const fs::path kOracle = fs::path(STRATA_SOURCE_DIR) / "tests" / "recipes" / "data" / "tokenizer_oracle.py";
+constexpr const char* kPython = STRATA_PYTHON;
+constexpr const char* kTokenize = STRATA_TOKENIZE_BINARY;
+
+/// The fixture directories holding a tokenizer.json, by name.
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(kFixtures, ec)) {
+    if (fs::exists(entry.path() / "tokenizer.json")) names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// The first line where `a` and `b` differ, with both ("" when equal).
+std::string first_difference(const std::string& a, const std::string& b, const std::string& what) {
+  if (a == b) return "";
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  for (size_t line = 1;; ++line) {
+    const bool ga = bool(std::getline(sa, la)), gb = bool(std::getline(sb, lb));
+    if (!ga && !gb) return what + ": differ in their final newline";
+    if (la != lb || ga != gb) {
+      return what + " line " + std::to_string(line) + ":\n  tokenizers: " + la.substr(0, 400) +
+             "\n  strata:     " + lb.substr(0, 400);
+    }
+  }
+}
+
+/// The corpus (once per process) and the oracle's files for `tokenizer`.
+class Oracle {
+ public:
+  static const fs::path& corpus() {
+    static strata::testing::TempDir dir;
+    static const fs::path path = [] {
+      const fs::path p = dir.path() / "corpus.txt";
+      const auto run = run_command(std::string(kPython) + " " + kOracle.string() + " corpus " + p.string() +
+                                   " 1100000 2026");
+      EXPECT_EQ(run.exit_code, 0) << run.output;
+      return p;
+    }();
+    return path;
+  }
+  /// Runs the library on `tokenizer` into `out`; its round-trip count.
+  static std::string encode(const fs::path& tokenizer, const fs::path& out) {
+    const auto run = run_command(std::string(kPython) + " " + kOracle.string() + " encode " + tokenizer.string() + " " +
+                                 corpus().string() + " " + out.string());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return run.output;
+  }
+};
+
+bool have_tokenizers() {
+  static const bool ok = run_command(std::string(kPython) + " -c 'import tokenizers'").exit_code == 0;
+  return ok;
+}
+
+class TokenizerParityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerParityTest, IdsAndDecodingEqualTheTokenizersLibrary) {
+  if (!have_tokenizers()) GTEST_SKIP() << "'" << kPython << "' cannot import tokenizers: run scripts/setup";
+  strata::testing::TempDir dir;
+  const fs::path tokenizer = kFixtures / GetParam() / "tokenizer.json";
+  const std::string roundtrip = Oracle::encode(tokenizer, dir.path() / "hf");
+  ASSERT_GE(fs::file_size(Oracle::corpus()), 1000000u);
+  const std::string corpus = Oracle::corpus().string();
+  const std::string tool = std::string(kTokenize) + " --tokenizer " + tokenizer.string();
+  ASSERT_EQ(run_command(tool + " " + corpus + " > " + (dir.path() / "lines.txt").string()).exit_code, 0);
+  ASSERT_EQ(run_command(tool + " --whole " + corpus + " > " + (dir.path() / "whole.txt").string()).exit_code, 0);
+  ASSERT_EQ(run_command(tool + " --decode " + (dir.path() / "hf" / "lines.txt").string() + " > " +
+                        (dir.path() / "decoded.txt").string()).exit_code, 0);
+  for (const char* file : {"lines.txt", "whole.txt", "decoded.txt"}) {
+    const std::string diff = first_difference(read_file(dir.path() / "hf" / file), read_file(dir.path() / file), file);
+    EXPECT_TRUE(diff.empty()) << GetParam() << ": " << diff;
+  }
+  std::cout << GetParam() << ": " << roundtrip;  // how many lines decode to themselves, in both
+}
+
+INSTANTIATE_TEST_SUITE_P(Upstream, TokenizerParityTest, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return name;
+                         });
+
+TEST(TokenizerFixturesTest, SixFamiliesFromUpstream) {
+  // GPT-2, Llama 3, Qwen, TinyLlama/Llama 2, Mistral, SmolLM2/Phi-3 (the six).
+  EXPECT_GE(fixture_names().size(), 6u) << "tests/fixtures/tokenizers/ lost a tokenizer";
+  EXPECT_TRUE(fs::exists(kFixtures / "SOURCES.md"));
+}
+
+/// `fixture`'s tokenizer.json with `edit` applied, written to `dir`.
+fs::path edited(const std::string& fixture, const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(read_file(kFixtures / fixture / "tokenizer.json"));
+  edit(j);
+  const fs::path out = dir / (fixture + "-edited.json");
+  std::ofstream(out) << j.dump();
+  return out;
+}
+
+TEST(TokenizerDefectTest, AWrongRegexOrNoByteFallbackGivesOtherIds) {
+  // The checks above would catch either: the same text, the real file's ids
+  // against an edited file's.
+  strata::testing::TempDir dir;
+  const std::string text = "year 2024: 中文 👍🏽 and 1234567";
+  const auto real = strata::recipes::load_tokenizer((kFixtures / "llama3").string());
+  const auto greedy_digits = strata::recipes::load_tokenizer(edited("llama3", dir.path(), [](nlohmann::json& j) {
+    auto& split = j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"];
+    const std::string pattern = split.get<std::string>();
+    const size_t at = pattern.find("\\p{N}{1,3}");
+    ASSERT_NE(at, std::string::npos) << pattern;
+    split = pattern.substr(0, at) + "\\p{N}+" + pattern.substr(at + 10);
+  }).string());
+  EXPECT_NE(real->encode(text), greedy_digits->encode(text)) << "Llama 3 splits digits in threes";
+  const auto sp = strata::recipes::load_tokenizer((kFixtures / "tinyllama").string());
+  const auto no_fallback = strata::recipes::load_tokenizer(
+      edited("tinyllama", dir.path(), [](nlohmann::json& j) { j["model"]["byte_fallback"] = false; }).string());
+  const auto with = sp->encode(text), without = no_fallback->encode(text);
+  EXPECT_NE(with, without);
+  const int32_t unk = *sp->token_to_id("<unk>");
+  EXPECT_EQ(std::count(with.begin(), with.end(), unk), 0) << "byte fallback: no unknown token";
+  EXPECT_GT(std::count(without.begin(), without.end(), unk), 0);
+}
+
+TEST(TokenizerBadFileTest, OneLineNamingTheFileExitTwoNothingOnStdout) {
+  strata::testing::TempDir dir;
+  const fs::path text = dir.path() / "text.txt";
+  std::ofstream(text) << "hello\n";
+  const fs::path stdout_file = dir.path() / "stdout.txt";
+  auto expect_refused = [&](const fs::path& tokenizer, const std::string& expected) {
+    // stdout to a file, stderr (run_command folds it in) to the output.
+    const auto run = run_command("{ " + std::string(kTokenize) + " --tokenizer " + tokenizer.string() + " " +
+                                 text.string() + " > " + stdout_file.string() + "; }");
+    EXPECT_EQ(run.exit_code, 2) << tokenizer;
+    EXPECT_EQ(fs::file_size(stdout_file), 0u) << "nothing on stdout: " << read_file(stdout_file);
+    EXPECT_NE(run.output.find(expected), std::string::npos) << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  };
+  const std::string real = read_file(kFixtures / "gpt2" / "tokenizer.json");
+  const fs::path truncated = dir.path() / "truncated.json";
+  std::ofstream(truncated) << real.substr(0, real.size() / 2);
+  expect_refused(truncated, "truncated.json' is not JSON");
+  expect_refused(edited("gpt2", dir.path(), [](nlohmann::json& j) { j["model"]["type"] = "Unigram"; }),
+                 "model type 'Unigram' is not supported; supported: BPE");
+  expect_refused(edited("gpt2", dir.path(), [](nlohmann::json& j) { j["model"]["merges"][0] = "Ġ t h"; }),
+                 "a merge is not \"a b\": 'Ġ t h'");
+  expect_refused(dir.path() / "missing", "missing': no such file");
+  // A text that is not UTF-8: its line and byte.
+  std::ofstream(text) << "fine\nbad \xff byte\n";
+  const auto bad = run_command(std::string(kTokenize) + " --tokenizer " + (kFixtures / "gpt2").string() + " " +
+                               text.string());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("line 2: text is not UTF-8: byte 4"), std::string::npos) << bad.output;
+}
+
+}  // namespace
