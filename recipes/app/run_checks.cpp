@@ -1,4 +1,5 @@
 #include "strata/recipes/app/run_checks.h"
+#include "strata/recipes/app/run_data.h"
 
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/peak_flops.h"
@@ -484,8 +485,10 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_world(config, env, registry);
   check_resume_position(config, env);
   check_foreign_config(config, env);
-  run.data = make_data(config.data, config.block_size, config.vocab_size, config.seed);
-  const ModelRequest request = model_request(config, run.data->vocab_size(), run.data->block_size());
+  // Known shapes first; the data itself (a tokenization that writes a cache)
+  // only once the checks below have passed.
+  RunData data = RunData::plan(config);
+  const ModelRequest request = model_request(config, data.vocab_size(), data.block_size());
   run.model = models.resolve(request);
   // The directory that gave the model, or the preset (given, or the default one).
   run.model_label = !run.model->source_directory().empty() ? request.init_from
@@ -496,6 +499,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   run.config = std::move(config);
   run.args = std::move(args);
   trainer_options(run.config);  // its own checks
+  if (!run.config.torchscript.empty()) run.data = data.open(env);  // its probe reads a batch
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
   check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
@@ -504,6 +508,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   if (run.config.strategy == "auto") profile = choose_strategy(run, env, registry);
   check_memory(run, registry, env, profile);
   check_strategy_options(run, registry, env);
+  if (!run.data) run.data = data.open(env);
   // Last, and only where rank 0's outputs will be written (the launcher of
   // node 0, or rank 0 itself): an output directory that cannot be created is
   // bad input, reported before any rank starts. Other nodes' launchers write

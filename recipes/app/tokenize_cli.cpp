@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -22,7 +23,7 @@ namespace po = boost::program_options;
 
 struct TokenizeOptions {
   std::string tokenizer, file = "-";
-  bool whole = false, decode = false, add_special = false, skip_special = false;
+  bool whole = false, decode = false, add_special = false, skip_special = false, report_time = false;
   int threads = 0;
 };
 
@@ -106,6 +107,7 @@ std::vector<std::string> per_line(const Tokenizer& tok, const TokenizeOptions& o
 int tokenize(const TokenizeOptions& o) {
   const auto tok = load_tokenizer(o.tokenizer);
   const std::string input = read_input(o.file);
+  const auto start = std::chrono::steady_clock::now();
   std::string output;
   if (o.whole) {
     try {
@@ -116,7 +118,12 @@ int tokenize(const TokenizeOptions& o) {
   } else {
     for (const auto& line : per_line(*tok, o, lines_of(input))) output.append(line).append("\n");
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << output << std::flush;
+  if (o.report_time) {
+    // For benchmarks: the work alone, without loading the tokenizer or reading and writing files.
+    std::cerr << (o.decode ? "decoded " : "encoded ") << input.size() << " bytes in " << seconds << " s" << std::endl;
+  }
   return 0;
 }
 
@@ -134,7 +141,8 @@ int run_tokenize(int argc, char** argv) {
       "decode", po::bool_switch(&o.decode), "read lines of ids, print their text")(
       "add-special-tokens", po::bool_switch(&o.add_special), "add the post-processor's tokens (BOS ...) to each text")(
       "skip-special-tokens", po::bool_switch(&o.skip_special), "with --decode: leave special tokens out")(
-      "threads", po::value(&o.threads), "encoding threads (default: every core)");
+      "threads", po::value(&o.threads), "encoding threads (default: every core)")(
+      "report-time", po::bool_switch(&o.report_time), "print the encoding time (without loading and I/O) on stderr");
   po::positional_options_description positional;
   positional.add("file", 1);
   try {

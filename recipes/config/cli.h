@@ -30,6 +30,10 @@ struct RunConfig {
   // data
   std::string data = "addition";
   int64_t vocab_size = 50257;  ///< only for nanoGPT .bin data
+  /// A tokenizer.json (or a directory holding one) for text and JSONL data;
+  /// "": --init-from's when it has one; "none": bytes (recipes/app/run_data.h).
+  std::string tokenizer;
+  std::string val_data;  ///< held-out text or JSONL ("": the last 10% of --data's tokens)
   // strategy and launch
   std::string strategy = "single";
   std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)

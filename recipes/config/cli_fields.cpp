@@ -34,7 +34,14 @@ std::vector<Field> model_data_fields() {
   return {
       {"preset", 0, &C::preset, "model preset"},
       {"block-size", 0, &C::block_size, "context length (0: the data's natural length)"},
-      {"data", 1, &C::data, "addition, addition:N, a text file, or a dir with train.bin/val.bin"},
+      {"data", 1, &C::data,
+       "addition, addition:N, a dir with train.bin/val.bin, or text: a text file, a .jsonl file of {\"text\": ...} "
+       "records, or a directory of them (with a tokenizer tokenized once into a cache beside it, docs/data.md; "
+       "without one, a text file is read as bytes)"},
+      {"tokenizer", 1, &C::tokenizer,
+       "a tokenizer.json, or a directory holding one, for text data (default: --init-from's, if it has one; "
+       "none: bytes)"},
+      {"val-data", 1, &C::val_data, "held-out text or JSONL, tokenized as --data (default: the last 10% of --data)"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };
 }

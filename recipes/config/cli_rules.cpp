@@ -257,15 +257,24 @@ std::optional<std::string> strategy_ignores(const std::string& key, const std::s
 }
 
 std::optional<std::string> data_ignores(const std::string& key, const std::string& data) {
+  const bool addition = data == "addition" || data.rfind("addition:", 0) == 0;
+  std::error_code ec;
+  if (key == "tokenizer" || key == "val-data") {
+    if (addition) return "addition data ('" + data + "') has its own tokens; " + key + " applies to text data";
+    if (std::filesystem::exists(std::filesystem::path(data) / "train.bin", ec)) {
+      return "data '" + data + "' is a token directory (train.bin/val.bin), tokenized already; " + key +
+             " applies to text data";
+    }
+    return std::nullopt;
+  }
   if (key != "block-size" && key != "vocab-size") return std::nullopt;
-  if (data == "addition" || data.rfind("addition:", 0) == 0) {
+  if (addition) {
     return "addition data ('" + data + "') has its own sequence length and vocabulary; " + key +
            " applies to a text file or token directory";
   }
-  std::error_code ec;
   if (key == "vocab-size" && !std::filesystem::is_directory(data, ec)) {
-    return "data '" + data + "' is not a token directory (train.bin/val.bin); a text file's vocabulary is its 256 "
-           "byte values";
+    return "data '" + data + "' is not a token directory (train.bin/val.bin); a text file's vocabulary is its "
+           "tokenizer's, or its 256 byte values";
   }
   return std::nullopt;
 }

@@ -69,7 +69,7 @@ Batch make_batch(int64_t batch_size, int64_t length, int64_t first, Fill fill) {
 
 /// Input = window[0, T), target = window[1, T+1) starting at `offset` of `data`.
 template <typename T>
-void copy_window(const std::vector<T>& data, int64_t offset, int64_t length, int64_t* in,
+void copy_window(const TokenSpan<T>& data, int64_t offset, int64_t length, int64_t* in,
                  int64_t* tgt) {
   for (int64_t t = 0; t < length; ++t) {
     in[t] = static_cast<int64_t>(data[offset + t]);
@@ -79,7 +79,7 @@ void copy_window(const std::vector<T>& data, int64_t offset, int64_t length, int
 
 /// Train window j: a uniform offset from hash(seed, j).
 template <typename T>
-Batch train_windows(const std::vector<T>& data, int64_t block_size, uint64_t seed, int64_t first,
+Batch train_windows(const TokenSpan<T>& data, int64_t block_size, uint64_t seed, int64_t first,
                     int64_t batch_size) {
   const auto offsets = static_cast<uint64_t>(data.size()) - static_cast<uint64_t>(block_size);
   return make_batch(batch_size, block_size, first, [&](int64_t j, int64_t* in, int64_t* tgt) {
@@ -99,7 +99,7 @@ int64_t held_out_sample(int64_t j, int64_t count, int64_t used) {
 /// held-out set is the same for every seed and covers the whole part; a
 /// validation using `used` windows takes every (num_val/used)-th.
 template <typename T>
-Batch val_windows(const std::vector<T>& data, int64_t block_size, int64_t num_val, int64_t used, int64_t first,
+Batch val_windows(const TokenSpan<T>& data, int64_t block_size, int64_t num_val, int64_t used, int64_t first,
                   int64_t batch_size) {
   const auto offsets = static_cast<int64_t>(data.size()) - block_size;
   return make_batch(batch_size, block_size, first, [&](int64_t j, int64_t* in, int64_t* tgt) {
@@ -256,9 +256,9 @@ TextBytesData::TextBytesData(const std::string& path, int64_t block_size, uint64
               "least block_size + 1 = ", block_size + 1, " bytes, so at least ",
               2 * (block_size + 1), " bytes in all");
   const int64_t val_len = std::max(total / 10, block_size + 1);
-  val_.assign(bytes.end() - val_len, bytes.end());
-  bytes.resize(total - val_len);
-  train_ = std::move(bytes);
+  const auto all = TokenSpan<uint8_t>::of(std::move(bytes));
+  train_ = all.slice(0, size_t(total - val_len));
+  val_ = all.slice(size_t(total - val_len), size_t(total));
 }
 
 std::string TextBytesData::name() const {
@@ -289,6 +289,7 @@ int64_t WindowData<Token>::num_val_samples() const {
 
 template class WindowData<uint8_t>;
 template class WindowData<uint16_t>;
+template class WindowData<uint32_t>;
 
 // ---------------------------------------------------------------- TokenBinData
 
@@ -298,8 +299,8 @@ TokenBinData::TokenBinData(const std::string& dir, int64_t block_size, int64_t v
   TORCH_CHECK(block_size > 0, "block size must be > 0, got ", block_size, " (for '", dir, "')");
   TORCH_CHECK(vocab_size >= 1 && vocab_size <= 65536, "vocab size ", vocab_size,
               " is not valid for uint16 tokens in '", dir, "'; allowed: 1..65536");
-  train_ = read_tokens((fs::path(dir) / "train.bin").string(), block_size, vocab_size);
-  val_ = read_tokens((fs::path(dir) / "val.bin").string(), block_size, vocab_size);
+  train_ = TokenSpan<uint16_t>::of(read_tokens((fs::path(dir) / "train.bin").string(), block_size, vocab_size));
+  val_ = TokenSpan<uint16_t>::of(read_tokens((fs::path(dir) / "val.bin").string(), block_size, vocab_size));
 }
 
 std::string TokenBinData::name() const {

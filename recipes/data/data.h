@@ -41,9 +41,28 @@ class AdditionData : public DataSource {
   uint64_t seed_;
 };
 
+/// A read-only run of tokens and what keeps it alive (a vector it owns, or a
+/// memory mapping).
+template <typename Token>
+struct TokenSpan {
+  const Token* data = nullptr;
+  size_t count = 0;
+  std::shared_ptr<const void> owner;
+  size_t size() const { return count; }
+  const Token& operator[](size_t i) const { return data[i]; }
+  /// A span owning `tokens`.
+  static TokenSpan of(std::vector<Token> tokens) {
+    auto held = std::make_shared<const std::vector<Token>>(std::move(tokens));
+    return {held->data(), held->size(), held};
+  }
+  /// Tokens [begin, end) of this span, sharing its owner.
+  TokenSpan slice(size_t begin, size_t end) const { return {data + begin, end - begin, owner}; }
+};
+
 /// Windows of block_size + 1 tokens over a token array with a held-out part:
 /// train windows start at hashed offsets, held-out windows are evenly spaced.
-/// Shared by TextBytesData (bytes) and TokenBinData (uint16 tokens).
+/// Shared by TextBytesData (bytes), TokenBinData (uint16 tokens) and
+/// TokenizedData (a tokenized corpus, uint16 or uint32, memory-mapped).
 template <typename Token>
 class WindowData : public DataSource {
  public:
@@ -56,8 +75,8 @@ class WindowData : public DataSource {
 
  protected:
   WindowData(int64_t block_size, uint64_t seed) : block_size_(block_size), seed_(seed) {}
-  std::vector<Token> train_;
-  std::vector<Token> val_;
+  TokenSpan<Token> train_;
+  TokenSpan<Token> val_;
   int64_t block_size_;
   uint64_t seed_;
 };

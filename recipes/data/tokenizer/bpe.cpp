@@ -53,6 +53,17 @@ Bpe::Bpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::
   }
 }
 
+void WordLevel::encode(std::string_view word, std::vector<int32_t>& out) const {
+  if (word.empty()) return;
+  if (const auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
+    out.push_back(it->second);
+    return;
+  }
+  TORCH_CHECK_VALUE(unk_id_.has_value(), "the tokenizer has no token for '", word,
+                    "' and no unknown token (model.unk_token) to stand in");
+  out.push_back(*unk_id_);
+}
+
 void Bpe::encode(std::string_view word, std::vector<int32_t>& out) const {
   if (word.empty()) return;
   if (options_.ignore_merges) {

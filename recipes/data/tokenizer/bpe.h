@@ -6,6 +6,8 @@
 // fuse_unk); then the pair of adjacent symbols with the lowest merge rank is
 // merged, leftmost first, until no pair has a merge. With ignore_merges a
 // pre-token that is itself in the vocabulary is that token (Llama 3).
+// WordLevel ("type": "WordLevel") maps each pre-token to its id, or the
+// unknown token.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,18 +25,37 @@ struct BpeOptions {
   std::optional<int32_t> unk_id;
 };
 
-class Bpe {
+/// A tokenizer.json "model": pre-tokens to ids.
+class TokenModel {
+ public:
+  virtual ~TokenModel() = default;
+  /// Appends the ids of one pre-token, spelled as the vocabulary spells it
+  /// (a byte-level tokenizer's pre-tokens are already mapped to its characters).
+  virtual void encode(std::string_view word, std::vector<int32_t>& out) const = 0;
+  virtual const std::unordered_map<std::string, int32_t>& vocab() const = 0;
+};
+
+class WordLevel : public TokenModel {
+ public:
+  WordLevel(std::unordered_map<std::string, int32_t> vocab, std::optional<int32_t> unk_id)
+      : vocab_(std::move(vocab)), unk_id_(unk_id) {}
+  void encode(std::string_view word, std::vector<int32_t>& out) const override;
+  const std::unordered_map<std::string, int32_t>& vocab() const override { return vocab_; }
+
+ private:
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::optional<int32_t> unk_id_;
+};
+
+class Bpe : public TokenModel {
  public:
   /// Merges by rank (first = highest priority); each pair's concatenation
   /// must be in `vocab`. c10::ValueError naming the merge otherwise.
   Bpe(std::unordered_map<std::string, int32_t> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
       BpeOptions options);
 
-  /// Appends the ids of one pre-token, spelled as the vocabulary spells it
-  /// (a byte-level tokenizer's pre-tokens are already mapped to its characters).
-  void encode(std::string_view word, std::vector<int32_t>& out) const;
-
-  const std::unordered_map<std::string, int32_t>& vocab() const { return vocab_; }
+  void encode(std::string_view word, std::vector<int32_t>& out) const override;
+  const std::unordered_map<std::string, int32_t>& vocab() const override { return vocab_; }
 
  private:
   struct Merge {

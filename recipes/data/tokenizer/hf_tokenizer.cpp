@@ -114,7 +114,7 @@ class HfTokenizer : public Tokenizer {
   void encode_text(const std::string& text, bool first, HfScratch& scratch, std::vector<int32_t>& out) const;
 
   std::string path_;
-  std::unique_ptr<Bpe> model_;
+  std::unique_ptr<tokenizer::TokenModel> model_;
   std::vector<AddedToken> added_;
   AddedMatcher raw_, normalized_;
   std::unique_ptr<tokenizer::Normalizer> normalizer_;
@@ -126,9 +126,22 @@ class HfTokenizer : public Tokenizer {
   std::set<int32_t> special_ids_;
 };
 
-std::unique_ptr<Bpe> make_model(const json& m) {
+/// model.unk_token's id, if it names one.
+std::optional<int32_t> unk_of(const json& m, const std::unordered_map<std::string, int32_t>& vocab) {
+  if (!m.contains("unk_token") || !m["unk_token"].is_string()) return std::nullopt;
+  const auto it = vocab.find(m["unk_token"].get<std::string>());
+  TORCH_CHECK_VALUE(it != vocab.end(), "model.unk_token '", m["unk_token"].get<std::string>(), "' is not in the vocabulary");
+  return it->second;
+}
+
+std::unique_ptr<tokenizer::TokenModel> make_model(const json& m) {
   const std::string type = m.value("type", std::string("BPE"));
-  TORCH_CHECK_VALUE(type == "BPE", "model type '", type, "' is not supported; supported: BPE");
+  if (type == "WordLevel") {
+    auto vocab = m.at("vocab").get<std::unordered_map<std::string, int32_t>>();
+    const auto unk = unk_of(m, vocab);
+    return std::make_unique<tokenizer::WordLevel>(std::move(vocab), unk);
+  }
+  TORCH_CHECK_VALUE(type == "BPE", "model type '", type, "' is not supported; supported: BPE, WordLevel");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     TORCH_CHECK_VALUE(!m.contains(key) || m[key].is_null() || m[key] == "", "model.", key, " '", m[key].dump(),
                       "' is not supported (a BPE of GPT-2's or SentencePiece's kind has none)");
@@ -151,11 +164,7 @@ std::unique_ptr<Bpe> make_model(const json& m) {
   options.byte_fallback = m.value("byte_fallback", false);
   options.ignore_merges = m.value("ignore_merges", false);
   options.fuse_unk = m.value("fuse_unk", false);
-  if (m.contains("unk_token") && m["unk_token"].is_string()) {
-    const auto it = vocab.find(m["unk_token"].get<std::string>());
-    TORCH_CHECK_VALUE(it != vocab.end(), "model.unk_token '", m["unk_token"].get<std::string>(), "' is not in the vocabulary");
-    options.unk_id = it->second;
-  }
+  options.unk_id = unk_of(m, vocab);
   return std::make_unique<Bpe>(std::move(vocab), merges, options);
 }
 

@@ -202,6 +202,12 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
   if (type == "Split") return std::make_unique<Split>(j);
   if (type == "Metaspace") return std::make_unique<Metaspace>(j);
   if (type == "Digits") return std::make_unique<Digits>(j);
+  // Whitespace: words and runs of punctuation, whitespace dropped; WhitespaceSplit: what whitespace separates.
+  if (type == "Whitespace" || type == "WhitespaceSplit") {
+    return std::make_unique<Split>(json{{"pattern", {{"Regex", type == "Whitespace" ? "\\w+|[^\\w\\s]+" : "\\S+"}}},
+                                        {"behavior", "Removed"},
+                                        {"invert", true}});
+  }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> parts;
     for (const auto& p : j.at("pretokenizers")) parts.push_back(make_pre_tokenizer(p));

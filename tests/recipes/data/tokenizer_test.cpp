@@ -174,7 +174,7 @@ TEST(TokenizerBadFileTest, OneLineNamingTheFileExitTwoNothingOnStdout) {
   std::ofstream(truncated) << real.substr(0, real.size() / 2);
   expect_refused(truncated, "truncated.json' is not JSON");
   expect_refused(edited("gpt2", dir.path(), [](nlohmann::json& j) { j["model"]["type"] = "Unigram"; }),
-                 "model type 'Unigram' is not supported; supported: BPE");
+                 "model type 'Unigram' is not supported; supported: BPE, WordLevel");
   expect_refused(edited("gpt2", dir.path(), [](nlohmann::json& j) { j["model"]["merges"][0] = "Ġ t h"; }),
                  "a merge is not \"a b\": 'Ġ t h'");
   expect_refused(dir.path() / "missing", "missing': no such file");
@@ -184,6 +184,27 @@ TEST(TokenizerBadFileTest, OneLineNamingTheFileExitTwoNothingOnStdout) {
                                text.string());
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("line 2: text is not UTF-8: byte 4"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TokenizedDataRunTest, ABadRecordIsOneLineExitTwoAndNothingWritten) {
+  // strata-gpt tokenizes only after every other check: a bad record stops it
+  // before an output directory or a cache exists.
+  strata::testing::TempDir dir;
+  const fs::path data = dir.path() / "records.jsonl";
+  std::ofstream(data) << "{\"text\": \"fine\"}\n{\"instruction\": \"no text\"}\n";
+  const auto run = strata::testing::run_gpt_binary("--data " + data.string() + " --tokenizer " +
+                                                   (kFixtures / "gpt2").string() + " --preset gpt-nano --output-dir " +
+                                                   (dir.path() / "out").string());
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("records.jsonl' line 2: expected an object with a \"text\" string"), std::string::npos)
+      << run.output;
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+  EXPECT_FALSE(fs::exists(dir.path() / "out"));
+  EXPECT_FALSE(fs::exists(dir.path() / "records.jsonl.strata-tokens"));
 }
 
 }  // namespace

@@ -81,8 +81,13 @@ else:  # compare: the export as transformers loads it, against the start
     print('tokens=' + ' '.join(str(i) for i in transformers.AutoTokenizer.from_pretrained(out)('the strata model x')['input_ids']))
 )PY";
 
+/// The run's flags: the directory's model, and README.md as text, copied beside
+/// the directory (its tokenizer tokenizes it into a cache beside the copy,
+/// not in the source tree).
 std::string common(const fs::path& from, const fs::path& out, const std::string& steps_lr = "4 --lr 0.1") {
-  return "--init-from " + from.string() + " --data " STRATA_SOURCE_DIR "/README.md --block-size 32 --max-steps " +
+  const fs::path text = from.parent_path() / "README.md";
+  fs::copy_file(STRATA_SOURCE_DIR "/README.md", text, fs::copy_options::skip_existing);
+  return "--init-from " + from.string() + " --data " + text.string() + " --block-size 32 --max-steps " +
          steps_lr + " --optimizer sgd --warmup-steps 0 --gradient-clip-val 0 --limit-val-batches 0 --progress-bar false "
          "--threads-per-rank 1 --output-dir " + out.string();
 }
