@@ -49,17 +49,24 @@ RunData RunData::plan(const RunConfig& c) {
     std::error_code ec;
     TORCH_CHECK_VALUE(source.empty() || fs::exists(source, ec), "data '", source, "' does not exist");
   }
+  data.vocab_size_ = load_tokenizer(tokenizer)->vocab_size();
+  data.block_size_ = c.block_size > 0 ? c.block_size : 256;
+  if (is_instruct_data(c.data)) {
+    // Instruction records: rendered and tokenized in memory when opened.
+    if (c.prompt_style != "auto") make_prompt_style(c.prompt_style);  // an unknown name is bad input now
+    data.instruct_ = InstructOptions{c.data, c.val_data, tokenizer, c.prompt_style, c.mask_prompt, data.block_size_, c.seed};
+    return data;
+  }
   TokenCacheOptions options;
   options.data = c.data;
   options.val_data = c.val_data;
   options.tokenizer = tokenizer;
-  data.vocab_size_ = load_tokenizer(tokenizer)->vocab_size();
-  data.block_size_ = c.block_size > 0 ? c.block_size : 256;
   data.tokenized_ = options;
   return data;
 }
 
 std::unique_ptr<DataSource> RunData::open(const std::optional<DistEnv>& env) {
+  if (instruct_) return make_instruct_data(*instruct_);
   if (!tokenized_) return std::move(ready_);
   // Why wait: ranks of one node share the data's directory; one of them
   // tokenizes, the others read what it wrote (each node's own, so a node

@@ -5,6 +5,7 @@
 // memory-mapped (data/token_cache.h); without one a text file is read as bytes.
 #include "strata/launch/environment.h"
 #include "strata/recipes/config/cli.h"
+#include "strata/recipes/data/instruct.h"
 #include "strata/recipes/data/token_cache.h"
 #include "strata/trainer/data_source.h"
 
@@ -38,6 +39,7 @@ class RunData {
  private:
   std::unique_ptr<DataSource> ready_;
   std::optional<TokenCacheOptions> tokenized_;
+  std::optional<InstructOptions> instruct_;
   int64_t vocab_size_ = 0, block_size_ = 0;
   uint64_t seed_ = 0;
 };

@@ -34,6 +34,8 @@ struct RunConfig {
   /// "": --init-from's when it has one; "none": bytes (recipes/app/run_data.h).
   std::string tokenizer;
   std::string val_data;  ///< held-out text or JSONL ("": the last 10% of --data's tokens)
+  std::string prompt_style = "auto";  ///< instruction data: alpaca, llama3, chatml, ... (auto: the tokenizer's)
+  bool mask_prompt = true;            ///< instruction data: the prompt's tokens out of the loss
   // strategy and launch
   std::string strategy = "single";
   std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)

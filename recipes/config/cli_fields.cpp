@@ -42,6 +42,10 @@ std::vector<Field> model_data_fields() {
        "a tokenizer.json, or a directory holding one, for text data (default: --init-from's, if it has one; "
        "none: bytes)"},
       {"val-data", 1, &C::val_data, "held-out text or JSONL, tokenized as --data (default: the last 10% of --data)"},
+      {"prompt-style", 1, &C::prompt_style,
+       "instruction data (.json, or .jsonl of {instruction, input, output} or {messages}): alpaca, llama3, chatml, "
+       "mistral, zephyr, phi3, or auto (the tokenizer's chat template's)"},
+      {"mask-prompt", 1, &C::mask_prompt, "instruction data: leave the prompt's tokens out of the loss"},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };
 }

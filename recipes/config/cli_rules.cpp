@@ -259,6 +259,13 @@ std::optional<std::string> strategy_ignores(const std::string& key, const std::s
 std::optional<std::string> data_ignores(const std::string& key, const std::string& data) {
   const bool addition = data == "addition" || data.rfind("addition:", 0) == 0;
   std::error_code ec;
+  if (key == "prompt-style" || key == "mask-prompt") {
+    const std::string ext = std::filesystem::path(data).extension().string();
+    if (ext != ".json" && ext != ".jsonl") {
+      return "data '" + data + "' is not instruction data (.json or .jsonl records); " + key + " applies to it";
+    }
+    return std::nullopt;
+  }
   if (key == "tokenizer" || key == "val-data") {
     if (addition) return "addition data ('" + data + "') has its own tokens; " + key + " applies to text data";
     if (std::filesystem::exists(std::filesystem::path(data) / "train.bin", ec)) {

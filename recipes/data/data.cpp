@@ -308,6 +308,12 @@ std::string TokenBinData::name() const {
          std::to_string(val_.size()) + " val tokens, vocab " + std::to_string(vocab_size_) + ")";
 }
 
+int64_t first_sample_of(int64_t index, int64_t batch_size, ShardInfo shard) {
+  return first_sample(index, batch_size, shard);
+}
+
+uint64_t sample_hash(uint64_t key, uint64_t counter) { return hash2(key, counter); }
+
 // ------------------------------------------------------------------- make_data
 
 /// Addition ignores a block_size larger than its natural length (samples keep

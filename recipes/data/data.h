@@ -107,6 +107,12 @@ class TokenBinData : public WindowData<uint16_t> {
   int64_t vocab_size_;
 };
 
+/// The first global sample of micro-batch `index` for `shard` (checked),
+/// and the hash the windows draw samples with: for other sources that keep
+/// the same sharding contract (data/instruct.h).
+int64_t first_sample_of(int64_t index, int64_t batch_size, ShardInfo shard);
+uint64_t sample_hash(uint64_t key, uint64_t counter);
+
 /// "addition" (default digits), "addition:N", a directory with train.bin/val.bin,
 /// or a text file. block_size <= 0 means "the data's natural length" (addition)
 /// or 256 (text/bin).

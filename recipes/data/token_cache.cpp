@@ -313,6 +313,10 @@ void write_cache(const fs::path& tmp, const TokenCacheOptions& o, const Tokenize
 
 }  // namespace
 
+int32_t tokenizer_eos_id(const Tokenizer& tok, const std::string& tokenizer_path) {
+  return eos_id(tok, tokenizer_file(tokenizer_path));
+}
+
 TokenCache prepare_token_cache(const TokenCacheOptions& o) {
   const fs::path tok_file = tokenizer_file(o.tokenizer);
   const auto tok = load_tokenizer(o.tokenizer);

@@ -44,6 +44,12 @@ struct TokenCache {
   bool prepared_now = false;                  ///< this call tokenized (else it was there)
 };
 
+class Tokenizer;
+/// The EOS token's id: tokenizer_config.json's eos_token beside the tokenizer
+/// at `tokenizer_path`, else the first of <|end_of_text|>, <|endoftext|>,
+/// </s>, <|im_end|>, <eos> that it has; -1 for none.
+int32_t tokenizer_eos_id(const Tokenizer& tok, const std::string& tokenizer_path);
+
 /// The cache for `options`, tokenizing first if it is not there. Bad input
 /// (a missing file, text that is not UTF-8, a JSONL line that is not JSON or
 /// has no "text" string): c10::ValueError,

@@ -6,6 +6,7 @@
 // text, and its decoding must equal the library's byte for byte.
 #include "tests/run_binary.h"
 #include "tests/temp_dir.h"
+#include "strata/recipes/data/prompt_style.h"
 #include "strata/recipes/data/tokenizer/tokenizer.h"
 
 #include <c10/util/Exception.h>
@@ -205,6 +206,55 @@ TEST(TokenizedDataRunTest, ABadRecordIsOneLineExitTwoAndNothingWritten) {
   EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
   EXPECT_FALSE(fs::exists(dir.path() / "out"));
   EXPECT_FALSE(fs::exists(dir.path() / "records.jsonl.strata-tokens"));
+}
+
+}  // namespace
+
+namespace {
+
+constexpr const char* kTemplateScript = R"PY(
+import json, sys, transformers
+tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+for conversation in json.load(open(sys.argv[2])):
+    print('rendered=' + json.dumps(tok.apply_chat_template(conversation, tokenize=False)))
+)PY";
+
+TEST(PromptStyleTest, RendersConversationsAsTheModelsChatTemplateDoes) {
+  // transformers' apply_chat_template on the fixture's own tokenizer_config.json
+  // is the oracle; strata picks the style from the same file.
+  if (!have_tokenizers()) GTEST_SKIP() << "'" << kPython << "' cannot import tokenizers: run scripts/setup";
+  strata::testing::TempDir dir;
+  const std::vector<std::vector<strata::recipes::ChatMessage>> conversations = {
+      {{"user", "What is 2 + 3?"}, {"assistant", "5"}},
+      {{"system", "You are terse."}, {"user", "Name a colour."}, {"assistant", "Blue."},
+       {"user", "Another?"}, {"assistant", "Red."}},
+  };
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& c : conversations) {
+    nlohmann::json turns = nlohmann::json::array();
+    for (const auto& m : c) turns.push_back({{"role", m.role}, {"content", m.content}});
+    all.push_back(turns);
+  }
+  std::ofstream(dir.path() / "conversations.json") << all.dump();
+  for (const std::string fixture : {"tinyllama", "phi3"}) {
+    const auto style = strata::recipes::make_prompt_style(strata::recipes::prompt_style_for((kFixtures / fixture).string()));
+    if (!fs::exists(dir.path() / "render.py")) std::ofstream(dir.path() / "render.py") << kTemplateScript;
+    const auto run = run_command(std::string(kPython) + " " + (dir.path() / "render.py").string() + " " +
+                                 (kFixtures / fixture).string() + " " + (dir.path() / "conversations.json").string());
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    std::istringstream lines(run.output);
+    size_t i = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("rendered=", 0) != 0) continue;
+      const std::string want = nlohmann::json::parse(line.substr(9)).get<std::string>();
+      strata::recipes::InstructRecord record;
+      record.messages = conversations.at(i++);
+      std::string got;
+      for (const auto& seg : style->render(record)) got += seg.text;
+      EXPECT_EQ(got, want) << fixture << " (" << style->name() << ") conversation " << i;
+    }
+    EXPECT_EQ(i, conversations.size()) << run.output;
+  }
 }
 
 }  // namespace
