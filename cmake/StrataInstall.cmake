@@ -29,7 +29,7 @@ set_target_properties(strata_all PROPERTIES EXPORT_NAME strata)
 install(TARGETS ${STRATA_LIBRARIES} strata_all EXPORT strataTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-set(STRATA_BINARIES strata-gpt strata-export strata-flight strata-tokenize)
+set(STRATA_BINARIES strata-gpt strata-export strata-flight strata-tokenize strata-generate)
 if(STRATA_BUILD_BENCH)
   list(APPEND STRATA_BINARIES strata-bench)
 endif()

@@ -141,6 +141,16 @@ struct ModelShape {
   int64_t block_size = 0;
 };
 
+/// Generation over a built model: the logits of new positions, keeping what
+/// it needs between calls (a KV cache).
+class IncrementalDecoder {
+ public:
+  virtual ~IncrementalDecoder() = default;
+  /// The logits [B, T, vocab] of `ids` [B, T] following everything fed so
+  /// far (the prompt first, then one token at a time).
+  virtual torch::Tensor feed(const torch::Tensor& ids) = 0;
+};
+
 /// One model, resolved (a family's options with the data's vocabulary and
 /// block size).
 class ModelConfig {
@@ -209,6 +219,12 @@ class ModelConfig {
   /// The options source_directory()'s config gave ("n-layer": the shape),
   /// which a run must not give beside it; config.ini comments them out.
   virtual std::vector<std::string> source_keys() const { return {}; }
+  /// A decoder for generation over `module` (built by this config); null:
+  /// the family does not generate (strata-generate says so).
+  virtual std::unique_ptr<IncrementalDecoder> decoder(TrainingModule& module) const {
+    (void)module;
+    return nullptr;
+  }
   /// Options config.ini records, resolved ("n-layer", "dropout"): key ->
   /// value, under the keys the family declares.
   virtual std::map<std::string, double> resolved_numbers() const { return {}; }

@@ -111,9 +111,9 @@ torch::Tensor rope_inverse_frequencies(const LlamaOptions& o) {
 }
 
 AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64_t T, int64_t group,
-                                 const torch::Device& device) {
+                                 const torch::Device& device, int64_t start) {
   AttentionInputs in;
-  auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  auto positions = torch::arange(start, start + T, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   auto freqs = torch::outer(positions, inverse_frequencies.to(device));  // [T, D/2], fp32
   auto angles = torch::cat({freqs, freqs}, -1);
   in.cos = angles.cos();
@@ -209,7 +209,9 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
   q = apply_rope(q.transpose(1, 2), in);  // [B, H, T, D]
   k = apply_rope(k.transpose(1, 2), in);
   torch::Tensor y;
-  if (fused_here(options_, x.device())) {
+  if (in.cache != nullptr) {
+    y = cached_attention(q, k, v, in).transpose(1, 2).reshape({B, T, h * d});
+  } else if (fused_here(options_, x.device())) {
     // strata's kernel reads kv head j / g for query head j (no repeat, no
     // mask); its output's memory is already [B, T, H, D].
     y = fused_attention(q, k, v, 0.0, is_training())
@@ -224,6 +226,26 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
   auto out = tp_.on() ? tp_.row(y, o_proj_->weight, o_proj_->bias) : project(o_proj_, y);
   if (o_lora_) out = out + (tp_.on() ? o_lora_->row_parallel(y, tp_) : o_lora_(y));
   return out;
+}
+
+torch::Tensor LlamaAttentionImpl::cached_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                                  const AttentionInputs& in) const {
+  KVCache& cache = *in.cache;
+  if (cache.k[in.layer].defined()) {
+    k = torch::cat({cache.k[in.layer], k}, 2);
+    v = torch::cat({cache.v[in.layer], v}, 2);
+  }
+  cache.k[in.layer] = k;
+  cache.v[in.layer] = v;
+  // Inference only: kv heads repeated for their query groups (transformers'
+  // repeat_kv). The prompt attends causally; a single new token attends to
+  // every position so far.
+  const int64_t g = q.size(1) / k.size(1);
+  if (g > 1) {
+    k = k.repeat_interleave(g, 1);
+    v = v.repeat_interleave(g, 1);
+  }
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/q.size(2) > 1);
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaOptions& o, bool deferred) {
@@ -347,6 +369,28 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run
   const auto& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
   // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
   return tp_.on() ? tp_.column(x, head, {}) : torch::nn::functional::linear(x, head);
+}
+
+torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& idx, KVCache& cache) {
+  TORCH_CHECK(!tp_.on(), "generation runs without tensor parallelism");
+  const int64_t T = idx.size(1), start = cache.length;
+  TORCH_CHECK_VALUE(start == 0 || T == 1, "a cached forward takes the prompt first, then one token at a time");
+  TORCH_CHECK_VALUE(start + T <= options_.block_size(), "position ", start + T, " exceeds the model's context of ",
+                    options_.block_size(), " tokens");
+  if (cache.k.empty()) {
+    cache.k.resize(blocks_.size());
+    cache.v.resize(blocks_.size());
+  }
+  auto x = torch::embedding(embed_tokens_->weight, idx);
+  AttentionInputs in = attention_inputs(inverse_frequencies_, T, 1, idx.device(), start);
+  in.cache = &cache;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    in.layer = i;
+    x = blocks_[i]->forward(x, in);
+  }
+  cache.length += T;
+  x = norm_(x, tp_);
+  return torch::nn::functional::linear(x, lm_head_ ? lm_head_->weight : embed_tokens_->weight);
 }
 
 LlamaModule::LlamaModule(const LlamaOptions& options, bool deferred) : model_(options, deferred) {}

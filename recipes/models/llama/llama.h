@@ -156,11 +156,22 @@ torch::Tensor rope_inverse_frequencies(const LlamaOptions& options);
 /// 0 .. T-1, and with grouped queries (G = n_head / n_kv_head > 1) the causal
 /// mask of G·T rows (row i is position i mod T) over T columns; undefined for
 /// G = 1, which runs SDPA's own causal path.
+/// Generation's keys and values of the positions so far, per layer [B, kv, L, D].
+struct KVCache {
+  std::vector<torch::Tensor> k, v;
+  int64_t length = 0;
+};
+
+/// With `cache` (generation) each attention appends its keys and values to
+/// layer `layer`'s and attends over all of them.
 struct AttentionInputs {
   torch::Tensor cos, sin, mask;
+  KVCache* cache = nullptr;
+  size_t layer = 0;
 };
+/// For positions start .. start + T - 1.
 AttentionInputs attention_inputs(const torch::Tensor& inverse_frequencies, int64_t T, int64_t group,
-                                 const torch::Device& device);
+                                 const torch::Device& device, int64_t start = 0);
 
 /// x [B, H, T, D] rotated in transformers' layout: x · cos + rotate_half(x) ·
 /// sin, rotate_half(x) = (-x[D/2:], x[:D/2]); cos and sin from
@@ -212,6 +223,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
+  /// Generation: attention over the cache's keys and values and these.
+  torch::Tensor cached_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, const AttentionInputs& in) const;
+
   tp::Parallel tp_;
   LlamaOptions options_;
   Projection q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
@@ -244,6 +258,9 @@ class LlamaImpl : public torch::nn::Module {
   /// idx: int64 [B, T], T <= block_size; logits [B, T, vocab]. Block i runs
   /// through `run_unit` (the unit seam) when given.
   torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
+  /// Generation: the logits of `idx` [B, T] after the cache's positions (the
+  /// prompt into an empty cache, then one token at a time), which it extends.
+  torch::Tensor forward_cached(const torch::Tensor& idx, KVCache& cache);
   const LlamaOptions& options() const { return options_; }
   std::vector<LlamaBlock>& blocks() { return blocks_; }
   /// Initialisation of parameter `name`, in place, from its own generator

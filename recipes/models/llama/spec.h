@@ -56,6 +56,7 @@ class LlamaConfig : public ModelConfig {
   std::string export_problem(const std::string& path, const std::string& format) const override;
   std::string source_directory() const override { return source_; }
   std::vector<std::string> source_keys() const override;
+  std::unique_ptr<IncrementalDecoder> decoder(TrainingModule& module) const override;
   /// attention, and lora-targets under LoRA (the family's default is PEFT's q,v).
   std::map<std::string, double> resolved_numbers() const override;
   std::map<std::string, std::string> resolved_texts() const override;

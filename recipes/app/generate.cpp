@@ -1,0 +1,211 @@
+#include "strata/recipes/app/generate.h"
+
+#include "strata/core/deferred_init.h"
+
+#include "strata/recipes/data/token_cache.h"
+#include "strata/recipes/data/tokenizer/tokenizer.h"
+
+#include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+
+namespace strata::recipes {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace po = boost::program_options;
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_file, prompt_ids, tokenizer, stop, device = "cpu";
+  int64_t max_new_tokens = 64, top_k = 0;
+  double temperature = 0.8, top_p = 1.0;
+  uint64_t seed = 1234;
+  bool ids = false;
+};
+
+/// config.json's (and generation_config.json's) eos_token_id, one or a list.
+std::set<int64_t> model_eos(const std::string& dir) {
+  std::set<int64_t> out;
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    std::ifstream in(fs::path(dir) / name);
+    if (!in) continue;
+    try {
+      const auto j = nlohmann::json::parse(in);
+      if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) continue;
+      if (j["eos_token_id"].is_array()) {
+        for (const auto& e : j["eos_token_id"]) out.insert(e.get<int64_t>());
+      } else {
+        out.insert(j["eos_token_id"].get<int64_t>());
+      }
+      if (!out.empty()) return out;
+    } catch (const nlohmann::json::exception&) {
+      continue;  // the family's own reader names a broken config.json
+    }
+  }
+  return out;
+}
+
+/// The next token from `logits` [vocab] (fp32): greedy, or sampled.
+int64_t next_token(torch::Tensor logits, const GenerateOptions& o, torch::Generator& gen) {
+  if (o.temperature <= 0.0) return logits.argmax().item<int64_t>();
+  logits = logits / o.temperature;
+  if (o.top_k > 0 && o.top_k < logits.size(0)) {
+    const auto kth = std::get<0>(logits.topk(o.top_k)).min();
+    logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+  }
+  auto probs = torch::softmax(logits, 0);
+  if (o.top_p < 1.0) {
+    // The smallest set of most likely tokens whose probability reaches top_p.
+    auto [sorted, order] = probs.sort(0, /*descending=*/true);
+    const auto before = sorted.cumsum(0) - sorted;
+    sorted = sorted.masked_fill(before >= o.top_p, 0.0);
+    probs = torch::zeros_like(probs).scatter(0, order, sorted);
+  }
+  return torch::multinomial(probs, 1, false, gen).item<int64_t>();
+}
+
+std::vector<int32_t> parse_prompt_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK_VALUE(used == word.size() && id >= 0 && id <= INT32_MAX, "--prompt-ids: '", word,
+                      "' is not a token id");
+    ids.push_back(int32_t(id));
+  }
+  TORCH_CHECK_VALUE(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+int generate(const GenerateOptions& o, const ModelRegistry& models) {
+  TORCH_CHECK_VALUE(int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty()) == 1,
+                    "give one of --prompt, --prompt-file, --prompt-ids");
+  TORCH_CHECK_VALUE(o.max_new_tokens > 0, "--max-new-tokens ", o.max_new_tokens, " must be > 0");
+  TORCH_CHECK_VALUE(o.top_p > 0.0 && o.top_p <= 1.0, "--top-p ", o.top_p, " must be in (0, 1]");
+  const ModelSpec* family = models.recognizing(o.model);
+  TORCH_CHECK_VALUE(family != nullptr, "model '", o.model,
+                    "' is no model directory a registered family reads (a transformers Llama, Mistral or Qwen "
+                    "directory: config.json and model.safetensors)");
+  const std::string tokenizer_path = o.tokenizer.empty() ? o.model : o.tokenizer;
+  std::unique_ptr<Tokenizer> tok;
+  std::error_code ec;
+  if (o.prompt_ids.empty() || fs::exists(tokenizer_path, ec)) {
+    if (!o.prompt_ids.empty() && !fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec) &&
+        fs::is_directory(tokenizer_path, ec)) {
+      // --prompt-ids and a directory without a tokenizer: ids only.
+    } else {
+      tok = load_tokenizer(tokenizer_path);
+    }
+  }
+  std::string prompt_text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    TORCH_CHECK_VALUE(in.good(), "--prompt-file '", o.prompt_file, "' cannot be read");
+    prompt_text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, /*add_special_tokens=*/true)
+                                                           : parse_prompt_ids(o.prompt_ids);
+  ModelRequest request;
+  request.init_from = o.model;
+  request.vocab_size = 1;
+  request.block_size = int64_t(prompt.size()) + o.max_new_tokens;
+  const ModelPtr model = family->factory()(request);
+  // Deferred, then each parameter materialised on the device from the directory's weights.
+  auto module = model->build(/*deferred=*/true, model->read_weights(o.model));
+  const torch::Device device(o.device);
+  materialize_parameters(*module, device);
+  module->module().eval();
+  auto decoder = model->decoder(*module);
+  TORCH_CHECK_VALUE(decoder != nullptr, "model family '", family->name(), "' does not generate");
+  std::set<int64_t> eos = model_eos(o.model);
+  if (eos.empty() && tok) eos.insert(tokenizer_eos_id(*tok, tokenizer_path));
+
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  torch::Generator generator(gen);
+  std::vector<int32_t> made;
+  std::string shown;
+  const auto start = std::chrono::steady_clock::now();
+  auto logits = decoder->feed(torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end())).view({1, -1}).to(device));
+  const auto first = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    const int64_t next = next_token(logits[0][-1].to(torch::kCPU, torch::kFloat32), o, generator);
+    made.push_back(int32_t(next));
+    if (eos.count(next)) break;
+    if (!o.ids && tok) {
+      // Stream what is whole: a character split over tokens waits for its rest.
+      const std::string text = tok->decode(made, /*skip_special_tokens=*/true);
+      const bool partial = text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+      if (!partial && text.size() > shown.size()) {
+        std::cout << text.substr(shown.size()) << std::flush;
+        shown = text;
+      }
+      if (!o.stop.empty() && text.find(o.stop) != std::string::npos) break;
+    }
+    if (i + 1 < o.max_new_tokens) logits = decoder->feed(torch::tensor({next}).view({1, 1}).to(device));
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double prefill = std::chrono::duration<double>(first - start).count();
+  if (o.ids) {
+    for (size_t i = 0; i < made.size(); ++i) std::cout << (i ? " " : "") << made[i];
+  }
+  std::cout << std::endl;
+  std::cerr << "prompt " << prompt.size() << " tokens in " << prefill << " s; " << made.size() << " new tokens in "
+            << total - prefill << " s: " << double(made.size()) / std::max(total - prefill, 1e-9)
+            << " tokens/s (KV cache, " << o.device << ")" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv, const ModelRegistry& models) {
+  GenerateOptions o;
+  po::options_description desc("strata-generate MODEL --prompt TEXT: text from a model directory; exit 2 on bad input");
+  desc.add_options()("help,h", "show this help")("model", po::value(&o.model)->required(),
+                                                  "a model directory (transformers' format)")(
+      "prompt", po::value(&o.prompt), "the prompt")("prompt-file", po::value(&o.prompt_file), "the prompt, from a file")(
+      "prompt-ids", po::value(&o.prompt_ids), "the prompt as token ids (\"1 2 3\")")(
+      "tokenizer", po::value(&o.tokenizer), "a tokenizer.json or directory (default: MODEL's)")(
+      "max-new-tokens", po::value(&o.max_new_tokens)->default_value(o.max_new_tokens), "tokens to make at most")(
+      "temperature", po::value(&o.temperature)->default_value(o.temperature), "0: greedy")(
+      "top-k", po::value(&o.top_k)->default_value(o.top_k), "sample from the k most likely (0: all)")(
+      "top-p", po::value(&o.top_p)->default_value(o.top_p), "sample from the most likely tokens whose probability reaches p")(
+      "seed", po::value(&o.seed)->default_value(o.seed), "the sampler's seed")(
+      "stop", po::value(&o.stop), "stop once the text contains this")(
+      "ids", po::bool_switch(&o.ids), "print the new tokens' ids on one line instead of the text")(
+      "device", po::value(&o.device)->default_value(o.device), "cpu or cuda");
+  po::positional_options_description positional;
+  positional.add("model", 1);
+  try {
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
+    if (vm.count("help")) {
+      std::cout << desc << std::endl;
+      return 0;
+    }
+    po::notify(vm);
+    return generate(o, models);
+  } catch (const po::error& e) {
+    std::cerr << "error: " << e.what() << "; see --help" << std::endl;
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
+  }
+  return 2;
+}
+
+}  // namespace strata::recipes
