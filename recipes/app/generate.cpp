@@ -1,6 +1,7 @@
 #include "strata/recipes/app/generate.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/recipes/app/small_cli.h"
 
 #include "strata/recipes/data/token_cache.h"
 #include "strata/recipes/data/tokenizer/tokenizer.h"
@@ -73,28 +74,11 @@ int64_t next_token(torch::Tensor logits, const GenerateOptions& o, torch::Genera
   return torch::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
-std::vector<int32_t> parse_prompt_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::istringstream in(text);
-  for (std::string word; in >> word;) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK_VALUE(used == word.size() && id >= 0 && id <= INT32_MAX, "--prompt-ids: '", word,
-                      "' is not a token id");
-    ids.push_back(int32_t(id));
-  }
-  TORCH_CHECK_VALUE(!ids.empty(), "--prompt-ids is empty");
-  return ids;
-}
-
 int generate(const GenerateOptions& o, const ModelRegistry& models) {
   TORCH_CHECK_VALUE(int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty()) == 1,
                     "give one of --prompt, --prompt-file, --prompt-ids");
+  TORCH_CHECK_VALUE(o.prompt_ids.empty() || !parse_token_ids(o.prompt_ids, "--prompt-ids: ").empty(),
+                    "--prompt-ids is empty");
   TORCH_CHECK_VALUE(o.max_new_tokens > 0, "--max-new-tokens ", o.max_new_tokens, " must be > 0");
   TORCH_CHECK_VALUE(o.top_p > 0.0 && o.top_p <= 1.0, "--top-p ", o.top_p, " must be in (0, 1]");
   const ModelSpec* family = models.recognizing(o.model);
@@ -119,7 +103,7 @@ int generate(const GenerateOptions& o, const ModelRegistry& models) {
     prompt_text.assign(std::istreambuf_iterator<char>(in), {});
   }
   const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, /*add_special_tokens=*/true)
-                                                           : parse_prompt_ids(o.prompt_ids);
+                                                           : parse_token_ids(o.prompt_ids, "--prompt-ids: ");
   ModelRequest request;
   request.init_from = o.model;
   request.vocab_size = 1;
@@ -189,23 +173,7 @@ int run_generate(int argc, char** argv, const ModelRegistry& models) {
       "stop", po::value(&o.stop), "stop once the text contains this")(
       "ids", po::bool_switch(&o.ids), "print the new tokens' ids on one line instead of the text")(
       "device", po::value(&o.device)->default_value(o.device), "cpu or cuda");
-  po::positional_options_description positional;
-  positional.add("model", 1);
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
-    if (vm.count("help")) {
-      std::cout << desc << std::endl;
-      return 0;
-    }
-    po::notify(vm);
-    return generate(o, models);
-  } catch (const po::error& e) {
-    std::cerr << "error: " << e.what() << "; see --help" << std::endl;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-  }
-  return 2;
+  return run_small_cli(argc, argv, desc, "model", [&] { return generate(o, models); });
 }
 
 }  // namespace strata::recipes

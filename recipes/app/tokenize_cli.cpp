@@ -1,5 +1,6 @@
 #include "strata/recipes/app/tokenize_cli.h"
 
+#include "strata/recipes/app/small_cli.h"
 #include "strata/recipes/data/tokenizer/tokenizer.h"
 
 #include <boost/program_options.hpp>
@@ -45,24 +46,6 @@ std::vector<std::string_view> lines_of(const std::string& text) {
   return lines;
 }
 
-/// "12 7 3" -> ids; c10::ValueError naming the bad word.
-std::vector<int32_t> parse_ids(std::string_view line) {
-  std::vector<int32_t> ids;
-  std::istringstream in{std::string(line)};
-  for (std::string word; in >> word;) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TORCH_CHECK_VALUE(used == word.size() && id >= 0 && id <= INT32_MAX, "'", word, "' is not a token id");
-    ids.push_back(int32_t(id));
-  }
-  return ids;
-}
-
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -85,7 +68,7 @@ std::vector<std::string> per_line(const Tokenizer& tok, const TokenizeOptions& o
     for (size_t begin; (begin = next.fetch_add(kChunk)) < lines.size();) {
       for (size_t i = begin; i < std::min(begin + kChunk, lines.size()); ++i) {
         try {
-          out[i] = o.decode ? tok.decode(parse_ids(lines[i]), o.skip_special)
+          out[i] = o.decode ? tok.decode(parse_token_ids(lines[i], ""), o.skip_special)
                             : ids_text(tok.encode(lines[i], o.add_special, *scratch));
         } catch (const c10::Error& e) {
           errors[i] = e.what_without_backtrace();
@@ -111,7 +94,7 @@ int tokenize(const TokenizeOptions& o) {
   std::string output;
   if (o.whole) {
     try {
-      output = o.decode ? tok->decode(parse_ids(input), o.skip_special) : ids_text(tok->encode(input, o.add_special)) + "\n";
+      output = o.decode ? tok->decode(parse_token_ids(input, ""), o.skip_special) : ids_text(tok->encode(input, o.add_special)) + "\n";
     } catch (const c10::Error& e) {
       TORCH_CHECK_VALUE(false, "'", o.file, "': ", e.what_without_backtrace());
     }
@@ -143,24 +126,10 @@ int run_tokenize(int argc, char** argv) {
       "skip-special-tokens", po::bool_switch(&o.skip_special), "with --decode: leave special tokens out")(
       "threads", po::value(&o.threads), "encoding threads (default: every core)")(
       "report-time", po::bool_switch(&o.report_time), "print the encoding time (without loading and I/O) on stderr");
-  po::positional_options_description positional;
-  positional.add("file", 1);
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).positional(positional).run(), vm);
-    if (vm.count("help")) {
-      std::cout << desc << std::endl;
-      return 0;
-    }
-    po::notify(vm);
+  return run_small_cli(argc, argv, desc, "file", [&] {
     TORCH_CHECK_VALUE(o.threads >= 0, "--threads ", o.threads, " is negative; give 0 (every core) or more");
     return tokenize(o);
-  } catch (const po::error& e) {
-    std::cerr << "error: " << e.what() << "; see --help" << std::endl;
-  } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << std::endl;
-  }
-  return 2;
+  });
 }
 
 }  // namespace strata::recipes
