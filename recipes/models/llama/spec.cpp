@@ -1,8 +1,12 @@
 #include "strata/recipes/models/llama/spec.h"
 
+#include "strata/recipes/io/safetensors.h"
 #include "strata/recipes/models/llama/hf_checkpoint.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 namespace strata::recipes {
@@ -181,9 +185,45 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.j
 
 }  // namespace
 
+namespace {
+
+/// A LoRA run's adapters in PEFT's format: adapter_model.safetensors under
+/// PEFT's keys (base_model.model.<module>.lora_A.weight: [r, in], lora_B: [out, r])
+/// and adapter_config.json with PEFT's scale alpha / r, as strata's LoRA.
+void write_peft_adapter(const std::string& dir, const NamedTensors& params, const LlamaOptions& o,
+                        const std::string& base) {
+  std::map<std::string, torch::Tensor> adapters;
+  for (const auto& [name, t] : params) {
+    const auto at = name.find("_lora.");
+    if (at == std::string::npos) continue;
+    adapters["base_model.model." + name.substr(0, at) + ".lora_" + name.substr(at + 6) + ".weight"] =
+        t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  }
+  TORCH_CHECK_VALUE(!adapters.empty(), "format peft: the checkpoint holds no LoRA adapters");
+  const auto t = parse_llama_lora_targets(o.lora_targets());
+  std::vector<std::string> targets;
+  for (const auto& [on, module] : std::vector<std::pair<bool, const char*>>{
+           {t.q, "q_proj"}, {t.k, "k_proj"}, {t.v, "v_proj"}, {t.o, "o_proj"},
+           {t.gate, "gate_proj"}, {t.up, "up_proj"}, {t.down, "down_proj"}}) {
+    if (on) targets.push_back(module);
+  }
+  std::filesystem::create_directories(dir);
+  write_safetensors((std::filesystem::path(dir) / "adapter_model.safetensors").string(), adapters);
+  const nlohmann::json config = {{"peft_type", "LORA"},        {"task_type", "CAUSAL_LM"},
+                                 {"r", o.lora_rank()},         {"lora_alpha", o.lora_alpha()},
+                                 {"lora_dropout", 0.0},        {"target_modules", targets},
+                                 {"bias", "none"},             {"fan_in_fan_out", false},
+                                 {"inference_mode", true},     {"use_rslora", false},
+                                 {"base_model_name_or_path", base}};
+  std::ofstream((std::filesystem::path(dir) / "adapter_config.json").string()) << config.dump(2) << "\n";
+}
+
+}  // namespace
+
 void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const {
   const std::string problem = export_problem(path, format);
   TORCH_CHECK_VALUE(problem.empty(), problem);
+  if (format == "peft") return write_peft_adapter(path, params, options_, source_);
   // LoRA: the adapters merged into their projections, so the directory is a plain model.
   write_hf_llama(path, merge_lora(params, options_.lora_rank(), options_.lora_alpha()), options_);
   if (source_.empty()) return;
@@ -197,7 +237,12 @@ void LlamaConfig::write_weights(const std::string& path, const NamedTensors& par
 }
 
 std::string LlamaConfig::export_problem(const std::string& path, const std::string& format) const {
-  if (format != "hf") return "unknown weights format '" + format + "' for a llama model; allowed: hf";
+  if (format != "hf" && format != "peft") {
+    return "unknown weights format '" + format + "' for a llama model; allowed: hf, peft";
+  }
+  if (format == "peft" && options_.lora_rank() == 0) {
+    return "format peft writes LoRA adapters, and this model has none (--lora-rank 0); use --format hf";
+  }
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec)) {
     return "--export-weights '" + path + "' is a file, but a " + options_.model_type() +

@@ -51,7 +51,9 @@ class LlamaConfig : public ModelConfig {
   /// "hf": a transformers directory, config.json in the family's own
   /// model_type and model.safetensors (sharded above 5 GiB, with its index);
   /// the tokenizer's files copied from source_directory() when it has them.
-  std::vector<std::string> weight_formats() const override { return {"hf"}; }
+  /// hf: a transformers directory, LoRA merged; peft: a LoRA run's adapters
+  /// as PEFT saves them (adapter_config.json, adapter_model.safetensors).
+  std::vector<std::string> weight_formats() const override { return {"hf", "peft"}; }
   void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
   std::string export_problem(const std::string& path, const std::string& format) const override;
   std::string source_directory() const override { return source_; }

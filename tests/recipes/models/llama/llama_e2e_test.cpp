@@ -48,6 +48,18 @@ elif mode == 'large':  # 58M parameters in bf16, sharded as transformers shards 
                                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=128,
                                    tie_word_embeddings=False)
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out, max_shard_size='40MB')
+elif mode == 'peftdir':  # the merged export against PEFT loading strata's adapter directory onto the base
+    import peft
+    merged_dir, base, adapter_dir = out, sys.argv[3], sys.argv[4]
+    pm = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(base), adapter_dir).eval()
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(2))
+    merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    with torch.no_grad():
+        want, got = pm(input_ids=ids).logits, merged(input_ids=ids).logits
+        with pm.disable_adapter():
+            bare = pm(input_ids=ids).logits
+    print('diff=%.3g' % (want - got).abs().max().item())
+    print('delta=%.3g' % (want - bare).abs().max().item())
 elif mode == 'lora':  # the merged export against PEFT with the run's adapters on the base
     import peft
     from safetensors.torch import load_file
@@ -150,7 +162,7 @@ TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
   const fs::path hf = dir.path() / "qwen3";
   strata::testing::run_python(kPython, dir.path() / "hf.py", kScript, "make " + hf.string());
   const auto run = run_gpt_binary(common(hf, dir.path() / "lora") + " --strategy fsdp --nproc 2 --batch-size 4 "
-                                  "--lora-rank 4 --lora-alpha 16 --lora-targets all --dump-params " +
+                                  "--lora-rank 4 --lora-alpha 16 --lora-targets all --checkpoint-every 4 --dump-params " +
                                   (dir.path() / "lora.pt").string() + " --export-weights " +
                                   (dir.path() / "export").string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -167,6 +179,16 @@ TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
   EXPECT_EQ(std::stoi(seen.at("loaded")), 28);
   EXPECT_GT(std::stod(seen.at("delta")), 1e-3) << "the trained adapters change the logits";
   EXPECT_LT(std::stod(seen.at("diff")), 1e-5) << "transformers on the merged export vs PEFT with the adapters";
+  // strata-export --format peft: PEFT's own loader reads the adapters onto the base directory.
+  const auto peft_export = strata::testing::run_command(std::string(STRATA_EXPORT_BINARY) + " --format peft " +
+                                                        (dir.path() / "lora" / "checkpoints" / "step-4").string() + " " +
+                                                        (dir.path() / "peft").string());
+  ASSERT_EQ(peft_export.exit_code, 0) << peft_export.output;
+  const auto peft = strata::testing::run_python(kPython, dir.path() / "hf.py", kScript,
+                                                "peftdir " + (dir.path() / "export").string() + " " + hf.string() + " " +
+                                                    (dir.path() / "peft").string());
+  EXPECT_GT(std::stod(peft.at("delta")), 1e-3) << "the loaded adapters change the logits";
+  EXPECT_LT(std::stod(peft.at("diff")), 1e-5) << "PeftModel.from_pretrained(base, strata's adapters) vs the merged export";
 }
 
 TEST(LlamaE2ETest, UnderFsdpEachRankReadsOnlyItsShardsOfAShardedBf16Directory) {
