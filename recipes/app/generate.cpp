@@ -3,6 +3,7 @@
 #include "strata/core/deferred_init.h"
 #include "strata/recipes/app/small_cli.h"
 
+#include "strata/recipes/data/prompt_style.h"
 #include "strata/recipes/data/token_cache.h"
 #include "strata/recipes/data/tokenizer/tokenizer.h"
 
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 namespace po = boost::program_options;
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_file, prompt_ids, tokenizer, stop, device = "cpu";
+  std::string model, prompt, prompt_file, prompt_ids, tokenizer, stop, device = "cpu", chat;
   int64_t max_new_tokens = 64, top_k = 0;
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 1234;
@@ -102,7 +103,15 @@ int generate(const GenerateOptions& o, const ModelRegistry& models) {
     TORCH_CHECK_VALUE(in.good(), "--prompt-file '", o.prompt_file, "' cannot be read");
     prompt_text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, /*add_special_tokens=*/true)
+  bool add_bos = true;
+  if (!o.chat.empty()) {
+    // The prompt as the user's turn under the model's chat format, the assistant's turn opened.
+    TORCH_CHECK_VALUE(o.prompt_ids.empty(), "--chat applies to --prompt or --prompt-file, not --prompt-ids");
+    const auto style = make_prompt_style(o.chat == "auto" ? prompt_style_for(tokenizer_path) : o.chat);
+    prompt_text = style->generation_prompt({{"user", prompt_text}});
+    add_bos = !style->writes_bos();
+  }
+  const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, add_bos)
                                                            : parse_token_ids(o.prompt_ids, "--prompt-ids: ");
   ModelRequest request;
   request.init_from = o.model;
@@ -172,6 +181,8 @@ int run_generate(int argc, char** argv, const ModelRegistry& models) {
       "seed", po::value(&o.seed)->default_value(o.seed), "the sampler's seed")(
       "stop", po::value(&o.stop), "stop once the text contains this")(
       "ids", po::bool_switch(&o.ids), "print the new tokens' ids on one line instead of the text")(
+      "chat", po::value(&o.chat)->implicit_value("auto"),
+      "the prompt as a user turn in a chat format: auto (the model's) or a prompt style (docs/data.md)")(
       "device", po::value(&o.device)->default_value(o.device), "cpu or cuda");
   return run_small_cli(argc, argv, desc, "model", [&] { return generate(o, models); });
 }

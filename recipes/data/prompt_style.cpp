@@ -41,6 +41,14 @@ class Alpaca : public PromptStyle {
                             instruction + "\n\n### Input:\n" + input + "\n\n### Response:\n";
     return {{prompt, false}, {output, true}};
   }
+  std::string generation_prompt(const std::vector<ChatMessage>& messages) const override {
+    InstructRecord r;
+    for (const auto& m : messages) {
+      if (m.role == "user") r.instruction = m.content;
+    }
+    TORCH_CHECK_VALUE(!r.instruction.empty(), "prompt style alpaca needs a user message");
+    return render(r).front().text;
+  }
 };
 
 /// A chat style: each message as its role's opening, the content and the
@@ -61,6 +69,16 @@ class Chat : public PromptStyle {
   };
   explicit Chat(Markers m) : m_(std::move(m)) {}
   std::string name() const override { return m_.name; }
+  bool writes_bos() const override { return !m_.begin.empty(); }
+  std::string generation_prompt(const std::vector<ChatMessage>& messages) const override {
+    InstructRecord r;
+    r.messages = messages;
+    std::string text;
+    for (const auto& seg : render(r)) text += seg.text;
+    // The conversation's closing (Phi-3's EOS) belongs to a finished one only.
+    if (!m_.finish.empty() && text.size() >= m_.finish.size()) text.resize(text.size() - m_.finish.size());
+    return text + m_.assistant.open;
+  }
   std::vector<PromptSegment> render(const InstructRecord& r) const override {
     std::vector<PromptSegment> out{{m_.begin, false}};
     std::string pending_system;

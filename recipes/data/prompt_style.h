@@ -47,6 +47,13 @@ class PromptStyle {
   virtual std::vector<PromptSegment> render(const InstructRecord& record) const = 0;
   /// Whether the tokenizer's EOS token follows the last trained segment.
   virtual bool appends_eos() const { return false; }
+  /// The text a model answers from: `messages` (system and user turns, and
+  /// earlier answers) and the opening of the assistant's turn, as
+  /// transformers' apply_chat_template(..., add_generation_prompt=True) writes it.
+  virtual std::string generation_prompt(const std::vector<ChatMessage>& messages) const = 0;
+  /// Whether that text begins with the BOS token itself (else the
+  /// tokenizer's post-processor adds it).
+  virtual bool writes_bos() const { return false; }
 };
 
 /// alpaca, llama3, chatml, mistral, zephyr or phi3; c10::ValueError naming

@@ -217,6 +217,8 @@ import json, sys, transformers
 tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
 for conversation in json.load(open(sys.argv[2])):
     print('rendered=' + json.dumps(tok.apply_chat_template(conversation, tokenize=False)))
+    asking = conversation[:-1]  # up to the last user turn, the answer to come
+    print('asking=' + json.dumps(tok.apply_chat_template(asking, tokenize=False, add_generation_prompt=True)))
 )PY";
 
 TEST(PromptStyleTest, RendersConversationsAsTheModelsChatTemplateDoes) {
@@ -245,6 +247,14 @@ TEST(PromptStyleTest, RendersConversationsAsTheModelsChatTemplateDoes) {
     std::istringstream lines(run.output);
     size_t i = 0;
     for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("asking=", 0) == 0) {
+        // strata-generate --chat: the turns so far and the assistant's opening.
+        auto asking = conversations.at(i - 1);
+        asking.pop_back();
+        EXPECT_EQ(style->generation_prompt(asking), nlohmann::json::parse(line.substr(7)).get<std::string>())
+            << fixture << " (" << style->name() << ") generation prompt " << i;
+        continue;
+      }
       if (line.rfind("rendered=", 0) != 0) continue;
       const std::string want = nlohmann::json::parse(line.substr(9)).get<std::string>();
       strata::recipes::InstructRecord record;
