@@ -87,16 +87,11 @@ int generate(const GenerateOptions& o, const ModelRegistry& models) {
                     "' is no model directory a registered family reads (a transformers Llama, Mistral or Qwen "
                     "directory: config.json and model.safetensors)");
   const std::string tokenizer_path = o.tokenizer.empty() ? o.model : o.tokenizer;
-  std::unique_ptr<Tokenizer> tok;
+  // A text prompt needs the tokenizer; ids need it only to show text (without one: ids only).
   std::error_code ec;
-  if (o.prompt_ids.empty() || fs::exists(tokenizer_path, ec)) {
-    if (!o.prompt_ids.empty() && !fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec) &&
-        fs::is_directory(tokenizer_path, ec)) {
-      // --prompt-ids and a directory without a tokenizer: ids only.
-    } else {
-      tok = load_tokenizer(tokenizer_path);
-    }
-  }
+  const bool has_tokenizer = fs::is_regular_file(tokenizer_path, ec) ||
+                             fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec);
+  const auto tok = o.prompt_ids.empty() || has_tokenizer ? load_tokenizer(tokenizer_path) : nullptr;
   std::string prompt_text = o.prompt;
   if (!o.prompt_file.empty()) {
     std::ifstream in(o.prompt_file, std::ios::binary);
