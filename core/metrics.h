@@ -50,6 +50,7 @@ struct ValidationMetrics {
   double loss = 0.0;
   std::optional<double> accuracy;  ///< exact match, when the data defines it
   int64_t samples = 0;
+  int64_t tokens = 0;  ///< scored positions
 };
 
 /// An ordered row of named values, as loggers write them.

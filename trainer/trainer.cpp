@@ -231,17 +231,22 @@ std::optional<std::map<std::string, std::string>> Trainer::load_resume_checkpoin
     micro_batch_ = step_ * options_.accumulate_grad_batches();  // step-aligned, as in every fresh fit
     return std::nullopt;
   }
-  CheckpointMeta expected;
-  expected.optimizer = options_.optimizer();
-  // Every strategy loads its own pieces (FSDP: straight into its shards).
-  const CheckpointMeta meta = load_checkpoint(options_.resume_from(), *strategy_, *optimizer_, expected);
-  step_ = meta.step;
+  const CheckpointMeta meta = load_resume_state();
   TORCH_CHECK_VALUE(step_ < options_.max_steps(), "checkpoint '", options_.resume_from(), "' is at step ", step_,
                     ", not below max_steps ", options_.max_steps(), ": nothing left to train (raise max_steps)");
   restore_trainer_state(meta.state);
   restore_loss_scaler(meta.state);
   each_callback([&](Callback& cb) { cb.on_load_checkpoint(*this, options_.resume_from()); });
   return meta.state;
+}
+
+CheckpointMeta Trainer::load_resume_state() {
+  CheckpointMeta expected;
+  expected.optimizer = options_.optimizer();
+  // Every strategy loads its own pieces (FSDP: straight into its shards).
+  CheckpointMeta meta = load_checkpoint(options_.resume_from(), *strategy_, *optimizer_, expected);
+  step_ = meta.step;
+  return meta;
 }
 
 void Trainer::restore_after_fit_start(const std::map<std::string, std::string>& state) {
@@ -379,44 +384,6 @@ void Trainer::emit_log(int64_t step, const LogRow& base) {
   LogRow row = base;
   row.insert(row.end(), pending_log_.begin(), pending_log_.end());
   each_callback([&](Callback& cb) { cb.on_log(*this, step, row); });
-}
-
-ValidationMetrics Trainer::validate(TrainingModule& module, const DataSource& data) {
-  torch::NoGradGuard no_grad;
-  module.module().eval();
-  const ShardInfo shard{strategy_->rank(), strategy_->world_size()};
-  const int64_t per_batch = options_.batch_size() * strategy_->world_size();
-  const int64_t available = (data.num_val_samples() + per_batch - 1) / per_batch;
-  const int64_t batches = std::min(options_.limit_val_batches(), available);
-  // What is used spreads over the whole held-out set (DataSource::spread_val_batch).
-  const int64_t used = batches * per_batch;
-  double loss_sum = 0.0, tokens = 0.0, correct = 0.0, samples = 0.0;
-  for (int64_t i = 0; i < batches; ++i) {
-    ValidationStep out;
-    {
-      AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      out = strategy_->validation_step(module, to_device(data.spread_val_batch(i, options_.batch_size(), shard, used), strategy_->device()));
-    }
-    loss_sum += out.loss_sum;
-    tokens += static_cast<double>(out.tokens);
-    correct += static_cast<double>(out.correct_samples);
-    samples += static_cast<double>(out.samples);
-  }
-  // On the device: the comm's collectives work there (NCCL: CUDA tensors only).
-  auto totals = torch::tensor({loss_sum, tokens, correct, samples}, torch::kFloat64).to(strategy_->device());
-  // Sync point: every rank scored a disjoint shard of the held-out set; the
-  // metrics (and decisions based on them, like early stopping) use the total.
-  strategy_->comm().all_reduce(totals);
-  totals = totals.cpu();
-  module.module().train();
-  ValidationMetrics metrics;
-  metrics.step = step_;
-  metrics.loss = totals[0].item<double>() / std::max(1.0, totals[1].item<double>());
-  metrics.samples = static_cast<int64_t>(totals[3].item<double>());
-  if (data.has_accuracy()) {
-    metrics.accuracy = totals[2].item<double>() / std::max(1.0, totals[3].item<double>());
-  }
-  return metrics;
 }
 
 void Trainer::setup(TrainingModule& module) {

@@ -151,6 +151,12 @@ class Trainer {
   /// metrics reduced over ranks.
   ValidationMetrics validate(TrainingModule& module, const DataSource& data);
 
+  /// Lightning's trainer.validate(): the strategy's setup, resume_from's
+  /// weights when set, then the whole held-out set scored once (each sample
+  /// exactly once at any batch and world size; limit_val_batches does not
+  /// apply). No step is taken. Collective.
+  ValidationMetrics evaluate(TrainingModule& module, const DataSource& data);
+
   // ---- for callbacks ----
   const TrainerOptions& options() const { return options_; }
   Strategy& strategy() { return *strategy_; }
@@ -184,11 +190,16 @@ class Trainer {
   /// With resume_from: loads the checkpoint (step, trainer state) and returns
   /// its saved state for restore_after_fit_start(); nullopt for a fresh fit.
   std::optional<std::map<std::string, std::string>> load_resume_checkpoint();
+  /// resume_from's model and optimizer state and step.
+  CheckpointMeta load_resume_state();
   /// The generators and callback states a checkpoint saved.
   void restore_after_fit_start(const std::map<std::string, std::string>& state);
   /// One optimizer step at `lr`; `steady` steps count toward the rates.
   StepMetrics train_step(TrainingModule& module, const DataSource& data, double lr, bool steady, SteadyStats& stats);
   void log_step(const StepMetrics& metrics);
+  /// `batches` global batches of the held-out set, spread over it, with
+  /// each sample scored at most once; metrics reduced over ranks.
+  ValidationMetrics score(TrainingModule& module, const DataSource& data, int64_t batches);
   /// Validates on the val_check_interval and at the last step.
   void validate_if_due(TrainingModule& module, const DataSource& data, FitResult& result);
   void run_step(TrainingModule& module, const DataSource& data, StepMetrics& metrics);

@@ -1,6 +1,8 @@
 #include "strata/recipes/app/generate.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/recipes/app/run_checkpoint.h"
+#include "strata/recipes/app/run_checks.h"
 #include "strata/recipes/app/small_cli.h"
 
 #include "strata/recipes/data/prompt_style.h"
@@ -16,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -27,7 +30,7 @@ namespace fs = std::filesystem;
 namespace po = boost::program_options;
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_file, prompt_ids, tokenizer, stop, device = "cpu", chat;
+  std::string model, adapter, prompt, prompt_file, prompt_ids, tokenizer, stop, device = "cpu", chat;
   int64_t max_new_tokens = 64, top_k = 0;
   double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 1234;
@@ -56,6 +59,54 @@ std::set<int64_t> model_eos(const std::string& dir) {
   return out;
 }
 
+/// Where the model comes from: a model directory a family reads, or a
+/// strata-gpt run's checkpoint (its config.ini gives the model).
+struct ModelSource {
+  std::optional<RunCheckpoint> run;
+  std::string directory;  ///< the model directory; a run's --init-from directory ("": a preset)
+  std::string tokenizer;  ///< --tokenizer, else the directory's, or the run's
+};
+
+ModelSource model_source(const GenerateOptions& o, const StrategyRegistry& strategies, const ModelRegistry& models) {
+  ModelSource s;
+  if (is_run_checkpoint(o.model)) {
+    TORCH_CHECK_VALUE(o.adapter.empty(), "--adapter '", o.adapter, "' applies to a model directory; '", o.model,
+                      "' is a strata-gpt run, whose checkpoint holds its adapters");
+    s.run = run_checkpoint(o.model, "", strategies, models);
+    s.directory = s.run->model->source_directory();
+    const std::string& t = s.run->config.tokenizer;
+    s.tokenizer = !t.empty() && t != "none" ? t : s.directory;
+  } else {
+    TORCH_CHECK_VALUE(models.recognizing(o.model) != nullptr, "model '", o.model,
+                      "' is no model directory a registered family reads (a transformers Llama, Mistral or Qwen "
+                      "directory: config.json and model.safetensors) and no strata-gpt run (an output directory "
+                      "with checkpoints/, or a checkpoints/step-N directory)");
+    s.directory = s.tokenizer = o.model;
+  }
+  if (!o.tokenizer.empty()) s.tokenizer = o.tokenizer;
+  return s;
+}
+
+/// The model for `length` tokens, deferred, its parameters from the
+/// directory (and --adapter) or the run's checkpoint.
+std::unique_ptr<TrainingModule> build_model(const ModelSource& s, const GenerateOptions& o, int64_t length,
+                                            const ModelRegistry& models, ModelPtr& model) {
+  if (s.run) {
+    // The run's model, its positions extended to the length asked for.
+    RunCheckpoint run = *s.run;
+    run.model = models.resolve(model_request(run.config, run.vocab_size, std::max(length, run.block_size)));
+    model = run.model;
+    return model->build(/*deferred=*/true, weights_in_memory(run_checkpoint_tensors(run)));
+  }
+  ModelRequest request;
+  request.init_from = o.model;
+  request.init_adapter = o.adapter;
+  request.vocab_size = 1;
+  request.block_size = length;
+  model = models.resolve(request);
+  return model->build(/*deferred=*/true, model->read_weights(o.model));
+}
+
 /// The next token from `logits` [vocab] (fp32): greedy, or sampled.
 int64_t next_token(torch::Tensor logits, const GenerateOptions& o, torch::Generator& gen) {
   if (o.temperature <= 0.0) return logits.argmax().item<int64_t>();
@@ -75,23 +126,22 @@ int64_t next_token(torch::Tensor logits, const GenerateOptions& o, torch::Genera
   return torch::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
-int generate(const GenerateOptions& o, const ModelRegistry& models) {
+int generate(const GenerateOptions& o, const StrategyRegistry& strategies, const ModelRegistry& models) {
   TORCH_CHECK_VALUE(int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty()) == 1,
                     "give one of --prompt, --prompt-file, --prompt-ids");
   TORCH_CHECK_VALUE(o.prompt_ids.empty() || !parse_token_ids(o.prompt_ids, "--prompt-ids: ").empty(),
                     "--prompt-ids is empty");
   TORCH_CHECK_VALUE(o.max_new_tokens > 0, "--max-new-tokens ", o.max_new_tokens, " must be > 0");
   TORCH_CHECK_VALUE(o.top_p > 0.0 && o.top_p <= 1.0, "--top-p ", o.top_p, " must be in (0, 1]");
-  const ModelSpec* family = models.recognizing(o.model);
-  TORCH_CHECK_VALUE(family != nullptr, "model '", o.model,
-                    "' is no model directory a registered family reads (a transformers Llama, Mistral or Qwen "
-                    "directory: config.json and model.safetensors)");
-  const std::string tokenizer_path = o.tokenizer.empty() ? o.model : o.tokenizer;
+  const ModelSource source = model_source(o, strategies, models);
+  const std::string& tokenizer_path = source.tokenizer;
   // A text prompt needs the tokenizer; ids need it only to show text (without one: ids only).
   std::error_code ec;
-  const bool has_tokenizer = fs::is_regular_file(tokenizer_path, ec) ||
-                             fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec);
-  const auto tok = o.prompt_ids.empty() || has_tokenizer ? load_tokenizer(tokenizer_path) : nullptr;
+  const bool has_tokenizer = !tokenizer_path.empty() && (fs::is_regular_file(tokenizer_path, ec) ||
+                                                         fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec));
+  TORCH_CHECK_VALUE(has_tokenizer || !o.prompt_ids.empty(), "model '", o.model,
+                    "' has no tokenizer.json for a text prompt; give --tokenizer PATH, or the prompt as --prompt-ids");
+  const auto tok = has_tokenizer ? load_tokenizer(tokenizer_path) : nullptr;
   std::string prompt_text = o.prompt;
   if (!o.prompt_file.empty()) {
     std::ifstream in(o.prompt_file, std::ios::binary);
@@ -108,19 +158,14 @@ int generate(const GenerateOptions& o, const ModelRegistry& models) {
   }
   const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, add_bos)
                                                            : parse_token_ids(o.prompt_ids, "--prompt-ids: ");
-  ModelRequest request;
-  request.init_from = o.model;
-  request.vocab_size = 1;
-  request.block_size = int64_t(prompt.size()) + o.max_new_tokens;
-  const ModelPtr model = family->factory()(request);
-  // Deferred, then each parameter materialised on the device from the directory's weights.
-  auto module = model->build(/*deferred=*/true, model->read_weights(o.model));
   const torch::Device device(o.device);
+  ModelPtr model;
+  auto module = build_model(source, o, int64_t(prompt.size()) + o.max_new_tokens, models, model);
   materialize_parameters(*module, device);
   module->module().eval();
   auto decoder = model->decoder(*module);
-  TORCH_CHECK_VALUE(decoder != nullptr, "model family '", family->name(), "' does not generate");
-  std::set<int64_t> eos = model_eos(o.model);
+  TORCH_CHECK_VALUE(decoder != nullptr, "model family '", model->family(), "' does not generate");
+  std::set<int64_t> eos = source.directory.empty() ? std::set<int64_t>{} : model_eos(source.directory);
   if (eos.empty() && tok) eos.insert(tokenizer_eos_id(*tok, tokenizer_path));
 
   torch::NoGradGuard no_grad;
@@ -161,11 +206,13 @@ int generate(const GenerateOptions& o, const ModelRegistry& models) {
 
 }  // namespace
 
-int run_generate(int argc, char** argv, const ModelRegistry& models) {
+int run_generate(int argc, char** argv, const StrategyRegistry& strategies, const ModelRegistry& models) {
   GenerateOptions o;
   po::options_description desc("strata-generate MODEL --prompt TEXT: text from a model directory; exit 2 on bad input");
   desc.add_options()("help,h", "show this help")("model", po::value(&o.model)->required(),
-                                                  "a model directory (transformers' format)")(
+                                                  "a model directory (transformers' format), or a strata-gpt "
+                                                  "output or checkpoint directory")(
+      "adapter", po::value(&o.adapter), "a PEFT LoRA adapter directory for MODEL")(
       "prompt", po::value(&o.prompt), "the prompt")("prompt-file", po::value(&o.prompt_file), "the prompt, from a file")(
       "prompt-ids", po::value(&o.prompt_ids), "the prompt as token ids (\"1 2 3\")")(
       "tokenizer", po::value(&o.tokenizer), "a tokenizer.json or directory (default: MODEL's)")(
@@ -179,7 +226,7 @@ int run_generate(int argc, char** argv, const ModelRegistry& models) {
       "chat", po::value(&o.chat)->implicit_value("auto"),
       "the prompt as a user turn in a chat format: auto (the model's) or a prompt style (docs/data.md)")(
       "device", po::value(&o.device)->default_value(o.device), "cpu or cuda");
-  return run_small_cli(argc, argv, desc, "model", [&] { return generate(o, models); });
+  return run_small_cli(argc, argv, desc, "model", [&] { return generate(o, strategies, models); });
 }
 
 }  // namespace strata::recipes

@@ -6,5 +6,7 @@
 int main(int argc, char** argv) {
   strata::recipes::ModelRegistry models;
   strata::recipes::register_builtin_models(models);
-  return strata::recipes::run_generate(argc, argv, models);
+  strata::StrategyRegistry strategies;
+  strata::register_builtin_strategies(strategies);
+  return strata::recipes::run_generate(argc, argv, strategies, models);
 }

@@ -77,7 +77,7 @@ std::string resolve_resume(const RunConfig& config, std::vector<std::string>* no
   // A ModelCheckpoint directory names its step: a resume with nothing left to
   // train is bad input (the Trainer checks the step inside any checkpoint too).
   const int64_t step = checkpoint_step(dir);
-  TORCH_CHECK_VALUE(step < config.max_steps, "--resume '", config.resume, "': checkpoint '", dir,
+  TORCH_CHECK_VALUE(step < config.max_steps || config.eval_only, "--resume '", config.resume, "': checkpoint '", dir,
                     "' is at step ", step, ", not below --max-steps ", config.max_steps,
                     "; nothing left to train (raise --max-steps)");
   return dir;

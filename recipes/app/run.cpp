@@ -195,9 +195,12 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
       if (!slow.empty()) std::cerr << slow << std::endl;
     }
     fs::create_directories(out_dir);
-    // A stale summary from an earlier run must not make this one look finished.
-    fs::remove(out_dir / "summary.json");
-    write_file_atomically((out_dir / "config.ini").string(), ini);
+    // A stale summary from an earlier run must not make this one look
+    // finished. --eval-only leaves a run's record alone (it writes eval.json).
+    if (!c.eval_only) {
+      fs::remove(out_dir / "summary.json");
+      write_file_atomically((out_dir / "config.ini").string(), ini);
+    }
   }
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
@@ -236,6 +239,11 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
     extra_param_copy = torch::zeros({built.n_params}, torch::TensorOptions().device(device));
   }
   Trainer trainer(trainer_options(c), strategy, callbacks, &memory);
+  if (c.eval_only) {
+    const ValidationMetrics scored = trainer.evaluate(*built.module, *run.data);
+    if (is_zero) write_eval_summary(run, scored);
+    return;
+  }
   const FitResult result = trainer.fit(*built.module, *run.data);
   write_exports(run, *strategy, built, is_zero);
   if (is_zero) {

@@ -195,7 +195,8 @@ void check_torchscript_model(TorchScriptModule& model, const DataSource& data, c
 /// --resume's checkpoint, each checked against the model (and the data).
 void check_model_inputs(CheckedRun& run) {
   const RunConfig& c = run.config;
-  if (!c.init_from.empty()) run.init_weights = run.model->read_weights(c.init_from);
+  // Resuming, --init-from's directory gives the model and the checkpoint its weights.
+  if (!c.init_from.empty() && c.resume.empty()) run.init_weights = run.model->read_weights(c.init_from);
   if (!c.torchscript.empty()) {
     TorchScriptModule probe(c.torchscript);
     check_torchscript_model(probe, *run.data, c.torchscript);
@@ -440,6 +441,7 @@ ModelRequest model_request(const RunConfig& c, int64_t vocab_size, int64_t block
   r.default_preset = c.preset;
   r.options = c.model_options;
   r.init_from = c.init_from;
+  r.init_adapter = c.init_adapter;
   r.vocab_size = vocab_size;
   r.block_size = block_size;
   return r;
@@ -503,7 +505,8 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
   check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
-  check_late_outputs(run.config, *run.model);
+  // --eval-only writes eval.json and nothing else: a recorded run's exports are not made again.
+  if (!run.config.eval_only) check_late_outputs(run.config, *run.model);
   std::optional<ActivationProfile> profile;
   if (run.config.strategy == "auto") profile = choose_strategy(run, env, registry);
   check_memory(run, registry, env, profile);

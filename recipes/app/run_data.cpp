@@ -45,7 +45,9 @@ RunData RunData::plan(const RunConfig& c) {
     data.block_size_ = data.ready_->block_size();
     return data;
   }
-  for (const std::string& source : {c.data, c.val_data}) {
+  // --eval-only scores the whole of --data unless --val-data names the set.
+  const std::string val = c.eval_only && c.val_data.empty() ? c.data : c.val_data;
+  for (const std::string& source : {c.data, val}) {
     std::error_code ec;
     TORCH_CHECK_VALUE(source.empty() || fs::exists(source, ec), "data '", source, "' does not exist");
   }
@@ -54,12 +56,12 @@ RunData RunData::plan(const RunConfig& c) {
   if (is_instruct_data(c.data)) {
     // Instruction records: rendered and tokenized in memory when opened.
     if (c.prompt_style != "auto") make_prompt_style(c.prompt_style);  // an unknown name is bad input now
-    data.instruct_ = InstructOptions{c.data, c.val_data, tokenizer, c.prompt_style, c.mask_prompt, data.block_size_, c.seed};
+    data.instruct_ = InstructOptions{c.data, val, tokenizer, c.prompt_style, c.mask_prompt, data.block_size_, c.seed};
     return data;
   }
   TokenCacheOptions options;
   options.data = c.data;
-  options.val_data = c.val_data;
+  options.val_data = val;
   options.tokenizer = tokenizer;
   data.tokenized_ = options;
   return data;

@@ -24,6 +24,7 @@ RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads) {
   c.model_source = model.source_directory();
   // The record names the directory wherever it is read from.
   if (!c.model_source.empty()) c.init_from = c.model_source;
+  if (!c.init_adapter.empty()) c.init_adapter = std::filesystem::absolute(c.init_adapter).lexically_normal().string();
   return c;
 }
 
@@ -226,6 +227,18 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
             << (ceiling > 0.0 ? " | " + percent(result.tokens_per_s / ceiling) + " of the GEMM ceiling" : "")
             << " | peak tensor memory " << format_bytes(peak_tensor) << " (max over ranks)"
             << "\n   outputs in " << out_dir.string() << "/ (config.ini, metrics.csv, summary.json)" << std::endl;
+}
+
+void write_eval_summary(const CheckedRun& run, const ValidationMetrics& metrics) {
+  const double perplexity = std::exp(metrics.loss);
+  std::cout << "== eval: loss " << metrics.loss << " | perplexity " << perplexity << " | " << metrics.samples
+            << " samples, " << metrics.tokens << " tokens scored | data " << run.data->name() << std::endl;
+  const nlohmann::json summary = {{"eval_only", true},         {"val_loss", metrics.loss},
+                                  {"perplexity", perplexity},  {"samples", metrics.samples},
+                                  {"tokens", metrics.tokens},  {"data", run.data->name()},
+                                  {"step", metrics.step}};
+  const std::filesystem::path out_dir(run.config.output_dir);
+  write_file_atomically((out_dir / "eval.json").string(), summary.dump(2) + "\n");
 }
 
 }  // namespace strata::recipes

@@ -48,6 +48,11 @@ std::string percent(double fraction);
 
 /// Rank 0: summary.json (written last: it marks a finished run) and the
 /// closing line. `ceiling`: the job's GEMM-bound tokens/s (0: none).
+/// --eval-only's report: "== eval: ..." on stdout and --output-dir's
+/// eval.json {"eval_only": true, val_loss, perplexity, samples, tokens,
+/// data, step} (a run's config.ini and summary.json stay as they were).
+void write_eval_summary(const CheckedRun& run, const ValidationMetrics& metrics);
+
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
                    Strategy& strategy, const Throughput& throughput, PeakFlops peak, int64_t n_params,
                    const torch::Device& device, const nlohmann::json& saves, int local_world, double ceiling);

@@ -36,6 +36,9 @@ struct RunConfig {
   std::string val_data;  ///< held-out text or JSONL ("": the last 10% of --data's tokens)
   std::string prompt_style = "auto";  ///< instruction data: alpaca, llama3, chatml, ... (auto: the tokenizer's)
   bool mask_prompt = true;            ///< instruction data: the prompt's tokens out of the loss
+  /// Score the model on the held-out set (--val-data, else all of text or
+  /// instruction --data) and stop: no step (Trainer::evaluate).
+  bool eval_only = false;
   // strategy and launch
   std::string strategy = "single";
   std::string device = "auto";  ///< auto, cpu, cuda (cuda:LOCAL_RANK)
@@ -112,7 +115,8 @@ struct RunConfig {
   double peak_flops = 0.0;        ///< per-rank peak FLOP/s for MFU (0: measured once, recipes/app/peak_flops.h)
   bool progress_bar = true;       ///< live bar on a TTY (plain lines otherwise)
   // Python interop (recipes/models/gpt/interop.h, recipes/models/torchscript/torchscript.h)
-  std::string init_from;          ///< nanoGPT-named weights file to start the GPT from
+  std::string init_from;          ///< the starting weights: a model directory or a nanoGPT-named file
+  std::string init_adapter;       ///< a PEFT LoRA adapter directory the adapters start from
   std::string export_weights;     ///< rank 0 writes the trained GPT's weights here (nanoGPT names)
   std::string torchscript;        ///< train this TorchScript model instead of the GPT
   std::string export_torchscript; ///< rank 0 saves the trained TorchScript model here

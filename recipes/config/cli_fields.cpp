@@ -46,6 +46,9 @@ std::vector<Field> model_data_fields() {
        "instruction data (.json, or .jsonl of {instruction, input, output} or {messages}): alpaca, llama3, chatml, "
        "mistral, zephyr, phi3, or auto (the tokenizer's chat template's)"},
       {"mask-prompt", 1, &C::mask_prompt, "instruction data: leave the prompt's tokens out of the loss"},
+      {"eval-only", 1, &C::eval_only,
+       "score the model (--init-from, --resume, or its init) on --val-data, or on all of text or instruction "
+       "--data, and stop: the loss and perplexity, each sample once; no step is taken", true},
       {"vocab-size", 1, &C::vocab_size, "vocabulary size (nanoGPT .bin data only)"},
   };
 }
@@ -190,8 +193,12 @@ std::vector<Field> interop_testing_fields() {
   using C = RunConfig;
   return {
       {"init-from", kInteropGroup, &C::init_from,
-       "start the GPT from this weights file (nanoGPT parameter names: a torch.save'd state_dict, "
-       "a nanoGPT ckpt.pt, or an --export-weights file)"},
+       "start from these weights: a model directory (transformers' or an export; it gives the model) or, for "
+       "the GPT, a file under nanoGPT's names (a torch.save'd state_dict, a nanoGPT ckpt.pt, an --export-weights "
+       "file); with --resume the checkpoint's weights replace them"},
+      {"init-adapter", kInteropGroup, &C::init_adapter,
+       "with --init-from a Llama-family directory: start LoRA from this PEFT adapter directory "
+       "(adapter_config.json gives --lora-rank, --lora-alpha and --lora-targets)"},
       {"export-weights", kInteropGroup, &C::export_weights,
        "after training, write the GPT's weights here under nanoGPT's names (Python: torch.load)"},
       {"torchscript", kInteropGroup, &C::torchscript,

@@ -140,10 +140,6 @@ std::string check_conflicts(const RunConfig& c, const GivenKeys& given) {
     return "--offload " + c.offload + " streams AdamW's state or plain SGD; SGD with --momentum " + format(c.momentum) +
            " is not supported there (use --momentum 0, or --offload none)";
   }
-  if (!c.init_from.empty() && !c.resume.empty()) {
-    return "--init-from and --resume both give the starting weights (the checkpoint would overwrite the file's); "
-           "give one";
-  }
   if (const auto it = given.find("init-std"); it != given.end() && !c.init_from.empty()) {
     return named(it->second, "init-std") + " does not apply with --init-from (the file gives every weight)";
   }

@@ -217,9 +217,22 @@ ModelPtr ModelRegistry::resolve(const ModelRequest& request) const {
                     " and --init-from '", request.init_from, "' (a ", recognized ? recognized->name() : "",
                     " checkpoint directory) both give the model; drop --preset: the directory's config.json gives it");
   const ModelSpec& spec = recognized != nullptr ? *recognized : spec_of_preset(request.preset);
+  TORCH_CHECK_VALUE(request.init_adapter.empty() || (recognized != nullptr && spec.reads_adapters()),
+                    "--init-adapter '", request.init_adapter, "' needs --init-from a model directory of a family that ",
+                    "reads PEFT adapters (", c10::Join(", ", adapter_families()), "); ",
+                    recognized == nullptr ? "no --init-from directory was given"
+                                          : "the " + spec.name() + " family does not read them");
   ModelPtr model = spec.factory()(declared_options(spec, request));
   TORCH_CHECK(model != nullptr, "model family '", spec.name(), "' built no model for preset ", request.preset);
   return model;
+}
+
+std::vector<std::string> ModelRegistry::adapter_families() const {
+  std::vector<std::string> names;
+  for (const auto& spec : specs_) {
+    if (spec.reads_adapters()) names.push_back(spec.name());
+  }
+  return names;
 }
 
 const ModelSpec* ModelRegistry::recognizing(const std::string& path) const {

@@ -248,6 +248,9 @@ struct ModelRequest {
   /// --init-from's path ("": none): a family may take the model from it (a
   /// transformers directory's config.json).
   std::string init_from;
+  /// --init-adapter's path ("": none): a PEFT adapter directory for the
+  /// --init-from model, read by a family whose spec reads_adapters.
+  std::string init_adapter;
   int64_t vocab_size = 0;
   int64_t block_size = 0;
 
@@ -286,6 +289,8 @@ class ModelSpec {
   /// Whether --init-from's `path` is a checkpoint directory of this family
   /// that describes its model (then no --preset is needed); null: none is.
   TORCH_ARG(Recognize, recognizes) = nullptr;
+  /// Whether its factory takes ModelRequest::init_adapter (PEFT adapters).
+  TORCH_ARG(bool, reads_adapters) = false;
   /// What strata-bench's suites run the family on (bench_workloads.h);
   /// empty: the family has no bench rows but --sweep's.
   TORCH_ARG(BenchWorkloads, bench) = {};
@@ -310,6 +315,8 @@ class ModelRegistry {
   const ModelSpec* recognizing(const std::string& path) const;
   /// Every preset, family by family in registration order.
   std::vector<std::string> preset_names() const;
+  /// The families whose spec reads_adapters, for errors.
+  std::vector<std::string> adapter_families() const;
   /// The first family's default_preset that one names, else the first preset.
   std::string default_preset() const;
   std::vector<const ModelSpec*> specs() const;

@@ -2,6 +2,7 @@
 
 #include "strata/recipes/io/safetensors.h"
 #include "strata/recipes/models/llama/hf_checkpoint.h"
+#include "strata/recipes/models/llama/peft.h"
 
 #include <nlohmann/json.hpp>
 
@@ -32,8 +33,8 @@ int64_t llama_block_parameters(const LlamaOptions& o, int size) {
 
 }  // namespace
 
-LlamaConfig::LlamaConfig(LlamaOptions options, std::string source)
-    : options_(std::move(options)), source_(std::move(source)) {
+LlamaConfig::LlamaConfig(LlamaOptions options, std::string source, std::string adapter)
+    : options_(std::move(options)), source_(std::move(source)), adapter_(std::move(adapter)) {
   validate(options_);
 }
 
@@ -155,8 +156,20 @@ ParameterSourcePtr LlamaConfig::read_weights(const std::string& path) const {
   auto entries = read_hf_entries(path);
   LlamaModule shape_only(options_, /*deferred=*/true);  // names and shapes, no memory
   std::map<std::string, SafetensorsEntry> out;
+  // Adapters start from LoRA's init, or from the adapter directory's weights.
+  auto adapters = adapter_.empty() ? std::map<std::string, SafetensorsEntry>{} : read_peft_lora(adapter_).weights;
   for (auto& item : shape_only.module().named_parameters()) {
-    if (is_lora_parameter(item.key())) continue;  // adapters start from their own init
+    if (is_lora_parameter(item.key())) {
+      if (adapter_.empty()) continue;
+      const auto it = adapters.find(item.key());
+      TORCH_CHECK_VALUE(it != adapters.end(), "adapter '", adapter_, "': lacks the adapter of '", item.key(), "' ",
+                        item.value().sizes());
+      TORCH_CHECK_VALUE(it->second.shape == item.value().sizes().vec(), "adapter '", adapter_, "': '", item.key(),
+                        "' has shape ", c10::IntArrayRef(it->second.shape), ", the model ", item.value().sizes());
+      out[item.key()] = it->second;
+      adapters.erase(it);
+      continue;
+    }
     const auto it = entries.find(item.key());
     TORCH_CHECK_VALUE(it != entries.end(), "--init-from '", path, "': lacks '", item.key(), "' ", item.value().sizes());
     TORCH_CHECK_VALUE(it->second.shape == item.value().sizes().vec(), "--init-from '", path, "': '", item.key(),
@@ -173,6 +186,9 @@ ParameterSourcePtr LlamaConfig::read_weights(const std::string& path) const {
     TORCH_CHECK_VALUE(false, "--init-from '", path, "': holds '", name, "', which this ", options_.model_type(),
                       " model has not");
   }
+  TORCH_CHECK_VALUE(adapters.empty(), "adapter '", adapter_, "': holds an adapter for '",
+                    adapters.empty() ? "" : adapters.begin()->first, "', which this ", options_.model_type(),
+                    " model has not");
   return safetensors_parameters(std::move(out));
 }
 
@@ -185,45 +201,10 @@ constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.j
 
 }  // namespace
 
-namespace {
-
-/// A LoRA run's adapters in PEFT's format: adapter_model.safetensors under
-/// PEFT's keys (base_model.model.<module>.lora_A.weight: [r, in], lora_B: [out, r])
-/// and adapter_config.json with PEFT's scale alpha / r, as strata's LoRA.
-void write_peft_adapter(const std::string& dir, const NamedTensors& params, const LlamaOptions& o,
-                        const std::string& base) {
-  std::map<std::string, torch::Tensor> adapters;
-  for (const auto& [name, t] : params) {
-    const auto at = name.find("_lora.");
-    if (at == std::string::npos) continue;
-    adapters["base_model.model." + name.substr(0, at) + ".lora_" + name.substr(at + 6) + ".weight"] =
-        t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-  }
-  TORCH_CHECK_VALUE(!adapters.empty(), "format peft: the checkpoint holds no LoRA adapters");
-  const auto t = parse_llama_lora_targets(o.lora_targets());
-  std::vector<std::string> targets;
-  for (const auto& [on, module] : std::vector<std::pair<bool, const char*>>{
-           {t.q, "q_proj"}, {t.k, "k_proj"}, {t.v, "v_proj"}, {t.o, "o_proj"},
-           {t.gate, "gate_proj"}, {t.up, "up_proj"}, {t.down, "down_proj"}}) {
-    if (on) targets.push_back(module);
-  }
-  std::filesystem::create_directories(dir);
-  write_safetensors((std::filesystem::path(dir) / "adapter_model.safetensors").string(), adapters);
-  const nlohmann::json config = {{"peft_type", "LORA"},        {"task_type", "CAUSAL_LM"},
-                                 {"r", o.lora_rank()},         {"lora_alpha", o.lora_alpha()},
-                                 {"lora_dropout", 0.0},        {"target_modules", targets},
-                                 {"bias", "none"},             {"fan_in_fan_out", false},
-                                 {"inference_mode", true},     {"use_rslora", false},
-                                 {"base_model_name_or_path", base}};
-  std::ofstream((std::filesystem::path(dir) / "adapter_config.json").string()) << config.dump(2) << "\n";
-}
-
-}  // namespace
-
 void LlamaConfig::write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const {
   const std::string problem = export_problem(path, format);
   TORCH_CHECK_VALUE(problem.empty(), problem);
-  if (format == "peft") return write_peft_adapter(path, params, options_, source_);
+  if (format == "peft") return write_peft_lora(path, params, options_, source_);
   // LoRA: the adapters merged into their projections, so the directory is a plain model.
   write_hf_llama(path, merge_lora(params, options_.lora_rank(), options_.lora_alpha()), options_);
   if (source_.empty()) return;
@@ -287,8 +268,8 @@ std::map<std::string, std::string> LlamaConfig::resolved_texts() const {
   return texts;
 }
 
-ModelPtr llama_model(const LlamaOptions& options, const std::string& source) {
-  return std::make_shared<LlamaConfig>(options, source);
+ModelPtr llama_model(const LlamaOptions& options, const std::string& source, const std::string& adapter) {
+  return std::make_shared<LlamaConfig>(options, source, adapter);
 }
 
 namespace {
@@ -297,6 +278,30 @@ namespace {
 void with_lora(LlamaOptions& o, const ModelRequest& r) {
   o.lora_rank(r.integer("lora-rank", o.lora_rank())).lora_alpha(r.real("lora-alpha", o.lora_alpha()));
   o.lora_targets(r.text("lora-targets", o.lora_targets()));
+}
+
+/// LoRA's options from --init-adapter's adapter_config.json; a LoRA key
+/// given as well must say the same.
+void with_adapter_lora(LlamaOptions& o, const ModelRequest& r) {
+  const PeftLora a = read_peft_lora(r.init_adapter);
+  const auto differs = [&](const char* key, const std::string& given, const std::string& adapter) {
+    TORCH_CHECK_VALUE(false, "--", key, " ", given, " differs from --init-adapter '", r.init_adapter, "': its ",
+                      adapter, "; drop --", key, " (the adapter's config gives it)");
+  };
+  if (r.has("lora-rank") && r.integer("lora-rank", 0) != a.rank) {
+    differs("lora-rank", r.text("lora-rank", ""), "r " + std::to_string(a.rank));
+  }
+  if (r.has("lora-alpha") && r.real("lora-alpha", 0) != a.alpha) {
+    differs("lora-alpha", r.text("lora-alpha", ""), "lora_alpha " + c10::str(a.alpha));
+  }
+  const auto same = [](const LlamaLoraTargets& x, const LlamaLoraTargets& y) {
+    return x.q == y.q && x.k == y.k && x.v == y.v && x.o == y.o && x.gate == y.gate && x.up == y.up && x.down == y.down;
+  };
+  if (r.has("lora-targets") &&
+      !same(parse_llama_lora_targets(r.text("lora-targets", "")), parse_llama_lora_targets(a.targets))) {
+    differs("lora-targets", r.text("lora-targets", ""), "target_modules " + a.targets);
+  }
+  o.lora_rank(a.rank).lora_alpha(a.alpha).lora_targets(a.targets);
 }
 
 /// The model of an --init-from directory: its config, the data's block size.
@@ -312,8 +317,13 @@ ModelPtr llama_from_directory(const ModelRequest& r) {
                     "': block size ", r.block_size, " exceeds its max_position_embeddings ",
                     o.max_position_embeddings());
   o.block_size(r.block_size).attention(r.text("attention", o.attention()));
-  with_lora(o, r);
-  return llama_model(o, std::filesystem::absolute(r.init_from).lexically_normal().string());
+  if (r.init_adapter.empty()) {
+    with_lora(o, r);
+  } else {
+    with_adapter_lora(o, r);
+  }
+  const auto absolute = [](const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); };
+  return llama_model(o, absolute(r.init_from), r.init_adapter.empty() ? "" : absolute(r.init_adapter));
 }
 
 }  // namespace
@@ -363,6 +373,7 @@ ModelSpec llama_model_spec() {
       .options(llama_options())
       .bench(llama_bench())
       .recognizes([](const std::string& path) { return is_hf_llama_dir(path); })
+      .reads_adapters(true)
       .factory([](const ModelRequest& r) -> ModelPtr {
         if (r.preset.empty()) return llama_from_directory(r);
         LlamaOptions o = llama_preset(r.preset);

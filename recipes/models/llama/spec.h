@@ -17,8 +17,10 @@ namespace strata::recipes {
 class LlamaConfig : public ModelConfig {
  public:
   /// Throws (validate) for options that do not make a model. `source`: the
-  /// transformers directory they were read from ("" for a preset).
-  explicit LlamaConfig(LlamaOptions options, std::string source = "");
+  /// transformers directory they were read from ("" for a preset);
+  /// `adapter`: a PEFT adapter directory whose LoRA weights read_weights
+  /// gives the adapters ("": they start from LoRA's init).
+  explicit LlamaConfig(LlamaOptions options, std::string source = "", std::string adapter = "");
   const LlamaOptions& options() const { return options_; }
 
   std::string family() const override { return "llama"; }
@@ -66,11 +68,13 @@ class LlamaConfig : public ModelConfig {
  private:
   LlamaOptions options_;
   std::string source_;
+  std::string adapter_;
 };
 
 /// `options` as a ModelConfig; `source`: the transformers directory they
-/// were read from ("" for a preset).
-ModelPtr llama_model(const LlamaOptions& options, const std::string& source = "");
+/// were read from ("" for a preset); `adapter`: a PEFT adapter directory
+/// the adapters start from.
+ModelPtr llama_model(const LlamaOptions& options, const std::string& source = "", const std::string& adapter = "");
 
 /// The llama family: llama_preset_names() or an --init-from transformers
 /// directory; the keys n-layer, n-head, n-embd (presets only), attention and

@@ -189,6 +189,32 @@ TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
                                                     (dir.path() / "peft").string());
   EXPECT_GT(std::stod(peft.at("delta")), 1e-3) << "the loaded adapters change the logits";
   EXPECT_LT(std::stod(peft.at("diff")), 1e-5) << "PeftModel.from_pretrained(base, strata's adapters) vs the merged export";
+  // The run itself as a model: strata-generate on its output directory, and
+  // --eval-only resuming its checkpoint (--init-from's directory gives the
+  // model, the checkpoint the weights), agree with the merged export.
+  const auto ids = [](const std::string& model) {
+    const auto run = strata::testing::run_command(std::string(STRATA_GENERATE_BINARY) + " " + model +
+                                                  " --prompt-ids '1 2 3' --ids --temperature 0 --max-new-tokens 8");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return run.output.substr(0, run.output.find('\n'));
+  };
+  EXPECT_EQ(ids((dir.path() / "lora").string()), ids((dir.path() / "export").string()));
+  const auto eval = [&](const std::string& args, const std::string& out) {
+    const auto run = run_gpt_binary(args + " --eval-only --output-dir " + (dir.path() / out).string());
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    std::ifstream in(dir.path() / out / "eval.json");
+    return in ? nlohmann::json::parse(in).at("val_loss").get<double>() : -1.0;
+  };
+  const double resumed = eval("--config " + (dir.path() / "lora" / "config.ini").string() + " --resume auto", "lora");
+  const double exported = eval("--init-from " + (dir.path() / "export").string() + " --data " +
+                                    (dir.path() / "README.md").string() + " --block-size 32 --batch-size 3 "
+                                    "--threads-per-rank 1 --progress-bar false",
+                                "e-export");
+  EXPECT_GT(resumed, 0.0);
+  EXPECT_NEAR(resumed, exported, 1e-5);
+  EXPECT_FALSE(fs::exists(dir.path() / "lora" / "summary.json") &&
+               nlohmann::json::parse(std::ifstream(dir.path() / "lora" / "summary.json")).contains("eval_only"))
+      << "--eval-only leaves the run's summary.json alone";
 }
 
 TEST(LlamaE2ETest, UnderFsdpEachRankReadsOnlyItsShardsOfAShardedBf16Directory) {
