@@ -137,10 +137,11 @@ int generate(const GenerateOptions& o, const StrategyRegistry& strategies, const
   const std::string& tokenizer_path = source.tokenizer;
   // A text prompt needs the tokenizer; ids need it only to show text (without one: ids only).
   std::error_code ec;
-  const bool has_tokenizer = !tokenizer_path.empty() && (fs::is_regular_file(tokenizer_path, ec) ||
-                                                         fs::exists(fs::path(tokenizer_path) / "tokenizer.json", ec));
+  const auto tokenizer = tokenizer_path.empty() ? std::nullopt : tokenizer_file(tokenizer_path);
+  const bool has_tokenizer = tokenizer && fs::is_regular_file(*tokenizer, ec);
   TORCH_CHECK_VALUE(has_tokenizer || !o.prompt_ids.empty(), "model '", o.model,
-                    "' has no tokenizer.json for a text prompt; give --tokenizer PATH, or the prompt as --prompt-ids");
+                    "' has no tokenizer.json or tokenizer.model for a text prompt; give --tokenizer PATH, or the "
+                    "prompt as --prompt-ids");
   const auto tok = has_tokenizer ? load_tokenizer(tokenizer_path) : nullptr;
   std::string prompt_text = o.prompt;
   if (!o.prompt_file.empty()) {

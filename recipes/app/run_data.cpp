@@ -28,8 +28,7 @@ constexpr double kCacheWaitSeconds = 3600;
 std::string run_tokenizer(const RunConfig& c) {
   if (c.tokenizer == "none" || !is_text_data(c.data)) return "";
   if (!c.tokenizer.empty()) return c.tokenizer;
-  std::error_code ec;
-  if (!c.init_from.empty() && fs::exists(fs::path(c.init_from) / "tokenizer.json", ec)) return c.init_from;
+  if (!c.init_from.empty() && tokenizer_file(c.init_from)) return c.init_from;
   return "";
 }
 

@@ -97,10 +97,10 @@ std::string cache_key(const fs::path& tokenizer_file, const TokenCacheOptions& o
   return hex;
 }
 
-/// The tokenizer.json a --tokenizer PATH names.
-fs::path tokenizer_file(const std::string& path) {
-  std::error_code ec;
-  return fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+/// The tokenizer file a --tokenizer PATH names (load_tokenizer has refused a
+/// directory without one).
+fs::path tokenizer_path_of(const std::string& path) {
+  return tokenizer_file(path).value_or(path);
 }
 
 /// Where caches of `data` live: beside it, or under the user's cache when
@@ -314,11 +314,11 @@ void write_cache(const fs::path& tmp, const TokenCacheOptions& o, const Tokenize
 }  // namespace
 
 int32_t tokenizer_eos_id(const Tokenizer& tok, const std::string& tokenizer_path) {
-  return eos_id(tok, tokenizer_file(tokenizer_path));
+  return eos_id(tok, tokenizer_path_of(tokenizer_path));
 }
 
 TokenCache prepare_token_cache(const TokenCacheOptions& o) {
-  const fs::path tok_file = tokenizer_file(o.tokenizer);
+  const fs::path tok_file = tokenizer_path_of(o.tokenizer);
   const auto tok = load_tokenizer(o.tokenizer);
   const std::string key = cache_key(tok_file, o);
   const fs::path root = cache_root(o.data);
@@ -349,7 +349,7 @@ TokenCache prepare_token_cache(const TokenCacheOptions& o) {
 }
 
 TokenCache wait_for_token_cache(const TokenCacheOptions& o, double timeout_s) {
-  const fs::path dir = cache_root(o.data) / cache_key(tokenizer_file(o.tokenizer), o);
+  const fs::path dir = cache_root(o.data) / cache_key(tokenizer_path_of(o.tokenizer), o);
   const auto start = std::chrono::steady_clock::now();
   std::error_code ec;
   while (!fs::exists(dir / "meta.json", ec)) {

@@ -4,6 +4,7 @@
 // the post-processor's special tokens around; decoding through the decoders.
 #include "strata/recipes/data/tokenizer/bpe.h"
 #include "strata/recipes/data/tokenizer/pipeline.h"
+#include "strata/recipes/data/tokenizer/tiktoken.h"
 #include "strata/recipes/data/tokenizer/tokenizer.h"
 
 #include <c10/util/Exception.h>
@@ -286,29 +287,56 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return encode(text, add_special_tokens, *scratch);
 }
 
+std::optional<std::string> tokenizer_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    if (fs::is_regular_file(fs::path(path) / name, ec)) return (fs::path(path) / name).string();
+  }
+  return std::nullopt;
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::error_code ec;
-  const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
-  TORCH_CHECK_VALUE(fs::is_regular_file(file, ec), "tokenizer '", path, "': ",
-                    fs::is_directory(path, ec) ? "the directory has no tokenizer.json" : "no such file");
+  const auto found = tokenizer_file(path);
+  TORCH_CHECK_VALUE(found && fs::is_regular_file(*found, ec), "tokenizer '", path, "': ",
+                    found ? "no such file" : "the directory has no tokenizer.json or tokenizer.model");
+  const std::string file = *found;
   const uintmax_t size = fs::file_size(file, ec);
-  TORCH_CHECK_VALUE(!ec && size <= kMaxTokenizerBytes, "tokenizer '", file.string(), "': ", size,
-                    " bytes is above the ", kMaxTokenizerBytes >> 20, " MiB a tokenizer.json may have");
+  TORCH_CHECK_VALUE(!ec && size <= kMaxTokenizerBytes, "tokenizer '", file, "': ", size,
+                    " bytes is above the ", kMaxTokenizerBytes >> 20, " MiB a tokenizer file may have");
   std::ifstream in(file, std::ios::binary);
-  TORCH_CHECK_VALUE(in.good(), "tokenizer '", file.string(), "' cannot be read");
+  TORCH_CHECK_VALUE(in.good(), "tokenizer '", file, "' cannot be read");
+  std::string head(256, '\0');
+  head.resize(size_t(in.read(head.data(), std::streamsize(head.size())).gcount()));
+  in.clear();
+  in.seekg(0);
   json j;
   try {
-    j = json::parse(in);
+    if (tokenizer::looks_like_tiktoken(head)) {
+      j = tokenizer::tiktoken_as_tokenizer_json(file);
+    } else {
+      // JSON text holds no NUL byte; a SentencePiece model (protobuf) starts
+      // with its first piece's field, 0x0a, and holds several.
+      const bool binary = head.find('\0') != std::string::npos;
+      TORCH_CHECK_VALUE(!binary || head[0] != '\x0a',
+                        "a SentencePiece model, which strata does not read: give the model's tokenizer.json "
+                        "(transformers writes one from it: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR))");
+      TORCH_CHECK_VALUE(!binary, "a binary file, not a tokenizer.json or a tiktoken BPE file");
+      j = json::parse(in);
+    }
   } catch (const json::exception& e) {
-    tokenizer::fail(c10::str("tokenizer '", file.string(), "' is not JSON: ", e.what()));
+    tokenizer::fail(c10::str("tokenizer '", file, "' is not JSON: ", e.what()));
+  } catch (const c10::ValueError& e) {
+    tokenizer::fail(c10::str("tokenizer '", file, "': ", e.what_without_backtrace()));
   }
   try {
     TORCH_CHECK_VALUE(j.is_object() && j.contains("model"), "no \"model\" section");
-    return std::make_unique<HfTokenizer>(j, file.string());
+    return std::make_unique<HfTokenizer>(j, file);
   } catch (const json::exception& e) {
-    tokenizer::fail(c10::str("tokenizer '", file.string(), "' is not a tokenizer.json: ", e.what()));
+    tokenizer::fail(c10::str("tokenizer '", file, "' is not a tokenizer.json: ", e.what()));
   } catch (const c10::ValueError& e) {
-    tokenizer::fail(c10::str("tokenizer '", file.string(), "': ", e.what_without_backtrace()));
+    tokenizer::fail(c10::str("tokenizer '", file, "': ", e.what_without_backtrace()));
   }
 }
 

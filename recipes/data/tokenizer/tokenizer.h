@@ -48,7 +48,13 @@ class Tokenizer {
   virtual const std::string& path() const = 0;
 };
 
-/// The tokenizer at `path`: a tokenizer.json, or a directory holding one.
+/// The file a tokenizer `path` names: the path itself, or a directory's
+/// tokenizer.json, else its tokenizer.model; nullopt when it has neither.
+std::optional<std::string> tokenizer_file(const std::string& path);
+
+/// The tokenizer at `path`: a tokenizer.json, a tiktoken BPE file (Llama 3's
+/// original tokenizer.model, read as Llama 3's; tiktoken.h), or a directory
+/// holding one.
 /// c10::ValueError, one line naming the file and what was expected, for a
 /// missing, unreadable, oversized or malformed file or a part strata does
 /// not run.

@@ -7,6 +7,10 @@ same tokenizer.json files strata reads.
       OUTDIR/whole.txt    the ids of the whole file as one text
       OUTDIR/decoded.txt  each line's ids decoded back
       prints "roundtrip=<lines whose decoded text is the line>/<lines>"
+  tokenizer_oracle.py encode-tiktoken TOKENIZER_MODEL CORPUS OUTDIR
+      the same through the PyPI tiktoken library, on a tiktoken BPE file (Llama 3's
+      original tokenizer.model) with Llama 3's split pattern and special tokens, as
+      Meta's llama3/tokenizer.py builds its tiktoken.Encoding
 """
 import os
 import random
@@ -77,8 +81,59 @@ def encode(tokenizer, path, outdir):
     print(f"roundtrip={same}/{len(lines)}")
 
 
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class TiktokenLlama3:
+    """tiktoken's Encoding with the names tokenizers' Tokenizer has here."""
+
+    def __init__(self, path):
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+
+        ranks = load_tiktoken_bpe(path)
+        names = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                 "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+                 "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
+                 "<|python_tag|>", "<|image|>"]
+        names += [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(names))]
+        self.enc = tiktoken.Encoding(name="llama3", pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
+                                     special_tokens={n: len(ranks) + i for i, n in enumerate(names)})
+
+    def ids(self, text):
+        # allowed_special="all": special tokens written in the text are matched, as tokenizers does.
+        return self.enc.encode(text, allowed_special="all")
+
+    def decode(self, ids):
+        return self.enc.decode(ids)  # invalid UTF-8 as U+FFFD, as tokenizers' ByteLevel decoder
+
+
+def encode_tiktoken(model, path, outdir):
+    tok = TiktokenLlama3(model)
+    text = open(path, encoding="utf-8", newline="").read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    encoded = [tok.ids(line) for line in lines]
+    decoded = [tok.decode(ids) for ids in encoded]
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "lines.txt"), "w", encoding="utf-8", newline="") as f:
+        f.writelines(" ".join(map(str, ids)) + "\n" for ids in encoded)
+    with open(os.path.join(outdir, "whole.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write(" ".join(map(str, tok.ids(text))) + "\n")
+    with open(os.path.join(outdir, "decoded.txt"), "w", encoding="utf-8", newline="") as f:
+        f.writelines(d + "\n" for d in decoded)
+    same = sum(d == line for d, line in zip(decoded, lines))
+    print(f"roundtrip={same}/{len(lines)}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "corpus":
+    if sys.argv[1] == "encode-tiktoken":
+        encode_tiktoken(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "corpus":
         corpus(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         encode(sys.argv[2], sys.argv[3], sys.argv[4])

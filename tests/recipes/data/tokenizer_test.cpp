@@ -74,14 +74,31 @@ class Oracle {
     }();
     return path;
   }
-  /// Runs the library on `tokenizer` into `out`; its round-trip count.
-  static std::string encode(const fs::path& tokenizer, const fs::path& out) {
-    const auto run = run_command(std::string(kPython) + " " + kOracle.string() + " encode " + tokenizer.string() + " " +
-                                 corpus().string() + " " + out.string());
+  /// Runs the library (`mode`: encode for tokenizers, encode-tiktoken) on
+  /// `tokenizer` into `out`; its round-trip count.
+  static std::string encode(const fs::path& tokenizer, const fs::path& out, const std::string& mode = "encode") {
+    const auto run = run_command(std::string(kPython) + " " + kOracle.string() + " " + mode + " " +
+                                 tokenizer.string() + " " + corpus().string() + " " + out.string());
     EXPECT_EQ(run.exit_code, 0) << run.output;
     return run.output;
   }
 };
+
+/// strata-tokenize on `tokenizer`, line by line, whole and decoding the
+/// oracle's ids, against the oracle's files in `dir`/hf.
+void expect_same_as_oracle(const fs::path& tokenizer, const fs::path& dir, const std::string& name) {
+  ASSERT_GE(fs::file_size(Oracle::corpus()), 1000000u);
+  const std::string corpus = Oracle::corpus().string();
+  const std::string tool = std::string(kTokenize) + " --tokenizer " + tokenizer.string();
+  ASSERT_EQ(run_command(tool + " " + corpus + " > " + (dir / "lines.txt").string()).exit_code, 0);
+  ASSERT_EQ(run_command(tool + " --whole " + corpus + " > " + (dir / "whole.txt").string()).exit_code, 0);
+  ASSERT_EQ(run_command(tool + " --decode " + (dir / "hf" / "lines.txt").string() + " > " +
+                        (dir / "decoded.txt").string()).exit_code, 0);
+  for (const char* file : {"lines.txt", "whole.txt", "decoded.txt"}) {
+    const std::string diff = first_difference(read_file(dir / "hf" / file), read_file(dir / file), file);
+    EXPECT_TRUE(diff.empty()) << name << ": " << diff;
+  }
+}
 
 bool have_tokenizers() {
   static const bool ok = run_command(std::string(kPython) + " -c 'import tokenizers'").exit_code == 0;
@@ -93,20 +110,29 @@ class TokenizerParityTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(TokenizerParityTest, IdsAndDecodingEqualTheTokenizersLibrary) {
   if (!have_tokenizers()) GTEST_SKIP() << "'" << kPython << "' cannot import tokenizers: run scripts/setup";
   strata::testing::TempDir dir;
-  const fs::path tokenizer = kFixtures / GetParam() / "tokenizer.json";
-  const std::string roundtrip = Oracle::encode(tokenizer, dir.path() / "hf");
-  ASSERT_GE(fs::file_size(Oracle::corpus()), 1000000u);
-  const std::string corpus = Oracle::corpus().string();
-  const std::string tool = std::string(kTokenize) + " --tokenizer " + tokenizer.string();
-  ASSERT_EQ(run_command(tool + " " + corpus + " > " + (dir.path() / "lines.txt").string()).exit_code, 0);
-  ASSERT_EQ(run_command(tool + " --whole " + corpus + " > " + (dir.path() / "whole.txt").string()).exit_code, 0);
-  ASSERT_EQ(run_command(tool + " --decode " + (dir.path() / "hf" / "lines.txt").string() + " > " +
-                        (dir.path() / "decoded.txt").string()).exit_code, 0);
-  for (const char* file : {"lines.txt", "whole.txt", "decoded.txt"}) {
-    const std::string diff = first_difference(read_file(dir.path() / "hf" / file), read_file(dir.path() / file), file);
-    EXPECT_TRUE(diff.empty()) << GetParam() << ": " << diff;
-  }
+  const std::string roundtrip = Oracle::encode(kFixtures / GetParam() / "tokenizer.json", dir.path() / "hf");
+  expect_same_as_oracle(kFixtures / GetParam() / "tokenizer.json", dir.path(), GetParam());
   std::cout << GetParam() << ": " << roundtrip;  // how many lines decode to themselves, in both
+}
+
+TEST(TiktokenParityTest, Llama3OriginalTokenizerModelGivesTiktokensIds) {
+  // Meta's original tokenizer.model (a tiktoken BPE file), read with Llama 3's
+  // pattern and special tokens; the oracle is tiktoken itself. The directory
+  // holds no tokenizer.json, so strata finds the .model in it.
+  if (run_command(std::string(kPython) + " -c 'import tiktoken'").exit_code != 0)
+    GTEST_SKIP() << "'" << kPython << "' cannot import tiktoken: run scripts/setup";
+  strata::testing::TempDir dir;
+  const fs::path model_dir = kFixtures / "llama3-tiktoken";
+  ASSERT_FALSE(fs::exists(model_dir / "tokenizer.json"));
+  const std::string roundtrip = Oracle::encode(model_dir / "tokenizer.model", dir.path() / "hf", "encode-tiktoken");
+  expect_same_as_oracle(model_dir, dir.path(), "llama3-tiktoken");
+  std::cout << "llama3-tiktoken: " << roundtrip;
+  // The same ids as Llama 3's tokenizer.json where both name the tokens alike.
+  const auto tiktoken = strata::recipes::load_tokenizer(model_dir.string());
+  const auto hf = strata::recipes::load_tokenizer((kFixtures / "llama3").string());
+  const std::string text = "<|begin_of_text|>Hello world, 12345 中文 👍🏽<|eot_id|>";
+  EXPECT_EQ(tiktoken->encode(text, true), hf->encode(text, true));
+  EXPECT_EQ(tiktoken->vocab_size(), 128256);
 }
 
 INSTANTIATE_TEST_SUITE_P(Upstream, TokenizerParityTest, ::testing::ValuesIn(fixture_names()),
@@ -179,6 +205,16 @@ TEST(TokenizerBadFileTest, OneLineNamingTheFileExitTwoNothingOnStdout) {
   expect_refused(edited("gpt2", dir.path(), [](nlohmann::json& j) { j["model"]["merges"][0] = "Ġ t h"; }),
                  "a merge is not \"a b\": 'Ġ t h'");
   expect_refused(dir.path() / "missing", "missing': no such file");
+  // A tiktoken file: its line; a SentencePiece model: what to give instead.
+  const fs::path tiktoken = dir.path() / "tokenizer.model";
+  std::ofstream(tiktoken) << "IQ== 0\nIg== 1\nnot-base64! 2\n";
+  expect_refused(tiktoken, "tokenizer.model': line 3 is not \"<base64 bytes> <rank>\": 'not-base64! 2'");
+  std::ofstream(tiktoken) << "IQ== 0\nIg== 5\n";
+  expect_refused(tiktoken, "line 2: rank 5 where 1 was expected");
+  std::ofstream(tiktoken, std::ios::binary) << std::string("\x0a\x0e\x0a\x05<unk>\x15\x00\x00\x00\x00\x18\x02", 16);
+  expect_refused(tiktoken, "a SentencePiece model, which strata does not read");
+  fs::create_directory(dir.path() / "empty");
+  expect_refused(dir.path() / "empty", "the directory has no tokenizer.json or tokenizer.model");
   // A text that is not UTF-8: its line and byte.
   std::ofstream(text) << "fine\nbad \xff byte\n";
   const auto bad = run_command(std::string(kTokenize) + " --tokenizer " + (kFixtures / "gpt2").string() + " " +
