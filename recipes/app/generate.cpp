@@ -92,9 +92,12 @@ ModelSource model_source(const GenerateOptions& o, const StrategyRegistry& strat
 std::unique_ptr<TrainingModule> build_model(const ModelSource& s, const GenerateOptions& o, int64_t length,
                                             const ModelRegistry& models, ModelPtr& model) {
   if (s.run) {
-    // The run's model, its positions extended to the length asked for.
+    // The run's model; computed positions (RoPE) extended to the length asked
+    // for, learned ones (GPT's) as trained, which then bound the length.
     RunCheckpoint run = *s.run;
-    run.model = models.resolve(model_request(run.config, run.vocab_size, std::max(length, run.block_size)));
+    run.model = models.resolve(model_request(run.config, run.vocab_size, run.block_size));
+    if (!run.model->positions_learned() && length > run.block_size)
+      run.model = models.resolve(model_request(run.config, run.vocab_size, length));
     model = run.model;
     return model->build(/*deferred=*/true, weights_in_memory(run_checkpoint_tensors(run)));
   }
@@ -126,6 +129,29 @@ int64_t next_token(torch::Tensor logits, const GenerateOptions& o, torch::Genera
   return torch::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
+/// The prompt's ids: --prompt-ids as given, or the text (--prompt,
+/// --prompt-file; with --chat as a user turn) through `tok`.
+std::vector<int32_t> prompt_ids(const GenerateOptions& o, const Tokenizer* tok, const std::string& tokenizer_path) {
+  if (!o.prompt_ids.empty()) {
+    TORCH_CHECK_VALUE(o.chat.empty(), "--chat applies to --prompt or --prompt-file, not --prompt-ids");
+    return parse_token_ids(o.prompt_ids, "--prompt-ids: ");
+  }
+  std::string text = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream in(o.prompt_file, std::ios::binary);
+    TORCH_CHECK_VALUE(in.good(), "--prompt-file '", o.prompt_file, "' cannot be read");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bool add_bos = true;
+  if (!o.chat.empty()) {
+    // The prompt as the user's turn under the model's chat format, the assistant's turn opened.
+    const auto style = make_prompt_style(o.chat == "auto" ? prompt_style_for(tokenizer_path) : o.chat);
+    text = style->generation_prompt({{"user", text}});
+    add_bos = !style->writes_bos();
+  }
+  return tok->encode(text, add_bos);
+}
+
 int generate(const GenerateOptions& o, const StrategyRegistry& strategies, const ModelRegistry& models) {
   TORCH_CHECK_VALUE(int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty()) == 1,
                     "give one of --prompt, --prompt-file, --prompt-ids");
@@ -143,25 +169,14 @@ int generate(const GenerateOptions& o, const StrategyRegistry& strategies, const
                     "' has no tokenizer.json or tokenizer.model for a text prompt; give --tokenizer PATH, or the "
                     "prompt as --prompt-ids");
   const auto tok = has_tokenizer ? load_tokenizer(tokenizer_path) : nullptr;
-  std::string prompt_text = o.prompt;
-  if (!o.prompt_file.empty()) {
-    std::ifstream in(o.prompt_file, std::ios::binary);
-    TORCH_CHECK_VALUE(in.good(), "--prompt-file '", o.prompt_file, "' cannot be read");
-    prompt_text.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  bool add_bos = true;
-  if (!o.chat.empty()) {
-    // The prompt as the user's turn under the model's chat format, the assistant's turn opened.
-    TORCH_CHECK_VALUE(o.prompt_ids.empty(), "--chat applies to --prompt or --prompt-file, not --prompt-ids");
-    const auto style = make_prompt_style(o.chat == "auto" ? prompt_style_for(tokenizer_path) : o.chat);
-    prompt_text = style->generation_prompt({{"user", prompt_text}});
-    add_bos = !style->writes_bos();
-  }
-  const std::vector<int32_t> prompt = o.prompt_ids.empty() ? tok->encode(prompt_text, add_bos)
-                                                           : parse_token_ids(o.prompt_ids, "--prompt-ids: ");
+  const std::vector<int32_t> prompt = prompt_ids(o, tok.get(), tokenizer_path);
   const torch::Device device(o.device);
   ModelPtr model;
-  auto module = build_model(source, o, int64_t(prompt.size()) + o.max_new_tokens, models, model);
+  const int64_t length = int64_t(prompt.size()) + o.max_new_tokens;
+  auto module = build_model(source, o, length, models, model);
+  TORCH_CHECK_VALUE(!model->positions_learned() || length <= model->shape().block_size, "the prompt's ",
+                    prompt.size(), " tokens and --max-new-tokens ", o.max_new_tokens, " exceed the model's context of ",
+                    model->shape().block_size, " positions (learned, so no more)");
   materialize_parameters(*module, device);
   module->module().eval();
   auto decoder = model->decoder(*module);

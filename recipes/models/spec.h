@@ -225,6 +225,10 @@ class ModelConfig {
     (void)module;
     return nullptr;
   }
+  /// True when the positions are parameters (GPT's wpe): the model then reads
+  /// no more than its block size, and generation stays within it; false when
+  /// they are computed (RoPE), so a longer block needs no other weights.
+  virtual bool positions_learned() const { return false; }
   /// Options config.ini records, resolved ("n-layer", "dropout"): key ->
   /// value, under the keys the family declares.
   virtual std::map<std::string, double> resolved_numbers() const { return {}; }

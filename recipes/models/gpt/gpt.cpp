@@ -178,7 +178,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTOptions& o)
   resid_dropout_ = register_module("resid_dropout", torch::nn::Dropout(o.dropout()));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+std::array<torch::Tensor, 3> CausalSelfAttentionImpl::heads(const torch::Tensor& x) {
   // Tensor parallel: this rank's heads (its Q, K and V rows of c_attn); the
   // sequence is whole here even under sequence parallelism.
   auto projected = tp_.on() ? tp_.column(x, c_attn_->weight, c_attn_->bias) : linear(c_attn_, x);
@@ -187,9 +187,20 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto n_head = tp_.on() ? tp_.local(n_head_) : n_head_;
   const auto hd = C / n_head;
   auto qkv = projected.split(C, /*dim=*/2);
-  auto q = qkv[0].view({B, T, n_head, hd}).transpose(1, 2);
-  auto k = qkv[1].view({B, T, n_head, hd}).transpose(1, 2);
-  auto v = qkv[2].view({B, T, n_head, hd}).transpose(1, 2);
+  return {qkv[0].view({B, T, n_head, hd}).transpose(1, 2), qkv[1].view({B, T, n_head, hd}).transpose(1, 2),
+          qkv[2].view({B, T, n_head, hd}).transpose(1, 2)};
+}
+
+torch::Tensor CausalSelfAttentionImpl::project(const torch::Tensor& attended) {
+  const auto B = attended.size(0), T = attended.size(2);
+  const auto y = attended.transpose(1, 2).contiguous().view({B, T, -1});
+  auto out = tp_.on() ? tp_.row(y, c_proj_->weight, c_proj_->bias) : linear(c_proj_, y);
+  if (c_proj_lora_) out = out + (tp_.on() ? c_proj_lora_->row_parallel(y, tp_) : c_proj_lora_(y));
+  return split_dropout(resid_dropout_, out, tp_);
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const auto [q, k, v] = heads(x);
   torch::Tensor y;
   {
     // Tensor parallel: each rank holds other heads, so their dropout masks
@@ -211,10 +222,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
       y = torch::matmul(attn_dropout_(kernels::naive_causal_probs(q, k)), v);
     }
   }
-  y = y.transpose(1, 2).contiguous().view({B, T, C});
-  auto out = tp_.on() ? tp_.row(y, c_proj_->weight, c_proj_->bias) : linear(c_proj_, y);
-  if (c_proj_lora_) out = out + (tp_.on() ? c_proj_lora_->row_parallel(y, tp_) : c_proj_lora_(y));
-  return split_dropout(resid_dropout_, out, tp_);
+  return project(y);
 }
 
 BlockImpl::BlockImpl(const GPTOptions& o) : approximate_(o.activation() == "gelu_new" ? "tanh" : "none") {
@@ -248,15 +256,18 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     if (c_proj_lora_) out = out + c_proj_lora_->row_parallel(mid, tp_);
     return h + split_dropout(dropout_, out, tp_);
   }
-  auto h = x + attn_(ln_1_(x));
-  const auto in = ln_2_(h);
+  const auto h = x + attn_(ln_1_(x));
+  return h + mlp(ln_2_(h));
+}
+
+torch::Tensor BlockImpl::mlp(const torch::Tensor& in) {
   const auto mid = torch::gelu(c_fc_lora_ ? linear(c_fc_, in) + c_fc_lora_(in) : linear(c_fc_, in), approximate_);
   // The block's output reads c_proj's only through dropout and the residual
   // add, whose backward needs no values: a checkpoint's recompute skips this
   // GEMM (strategies/activation_checkpoint.h).
   auto out = linear_output_unread_in_recompute(mid, c_proj_->weight, c_proj_->bias);
   if (c_proj_lora_) out = out + c_proj_lora_(mid);
-  return h + dropout_(out);
+  return dropout_(out);
 }
 
 GPTImpl::GPTImpl(const GPTOptions& o, bool deferred)

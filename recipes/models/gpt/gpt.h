@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -125,14 +126,28 @@ int64_t count_trainable_parameters(const GPTOptions& options);
 /// weight-gradient product: 4 per parameter and token, 6 for the adapters).
 double gpt_flops_per_token(const GPTOptions& options);
 
+/// Generation: each block's keys and values so far, and how many positions.
+struct GPTKVCache {
+  std::vector<torch::Tensor> k, v;
+  int64_t length = 0;
+};
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  /// Generation (gpt_cached.cpp): `x`'s keys and values appended to `k` and
+  /// `v` (undefined before the prompt), attending over all of them.
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v);
   /// Tensor parallelism (strategies/tp): this rank's heads.
   void set_tensor_parallel(const tp::Parallel& tp) { tp_ = tp; }
 
  private:
+  /// q, k, v [B, heads, T, head_dim] of `x`.
+  std::array<torch::Tensor, 3> heads(const torch::Tensor& x);
+  /// The attended heads [B, heads, T, head_dim] through c_proj.
+  torch::Tensor project(const torch::Tensor& attended);
+
   tp::Parallel tp_;
   int64_t n_head_;
   std::string attention_;
@@ -147,9 +162,14 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTOptions& options);
   torch::Tensor forward(const torch::Tensor& x);
+  /// Generation (gpt_cached.cpp): the attention's keys and values kept in `k`, `v`.
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v);
   void set_tensor_parallel(const tp::Parallel& tp);
 
  private:
+  /// The MLP's output (dropout applied) for its input `in`, one process.
+  torch::Tensor mlp(const torch::Tensor& in);
+
   tp::Parallel tp_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   CausalSelfAttention attn_{nullptr};
@@ -175,6 +195,10 @@ class GPTImpl : public torch::nn::Module {
   /// given (GPTModule passes TrainingModule::run_unit, the unit seam), else
   /// directly.
   torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
+  /// Generation (gpt_cached.cpp): the logits of `idx` [B, T] after the
+  /// `cache.length` positions fed before (the prompt first, then one token at
+  /// a time), in eval mode, without tensor parallelism.
+  torch::Tensor forward_cached(const torch::Tensor& idx, GPTKVCache& cache);
   const GPTOptions& options() const { return options_; }
   std::vector<Block>& blocks() { return blocks_; }
   /// Parameter count; nanoGPT excludes position embeddings for FLOP counting.

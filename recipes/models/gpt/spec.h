@@ -44,6 +44,8 @@ class GPTConfig : public ModelConfig {
   std::vector<std::string> weight_formats() const override;
   void write_weights(const std::string& path, const NamedTensors& params, const std::string& format) const override;
   std::string export_problem(const std::string& path, const std::string& format) const override;
+  std::unique_ptr<IncrementalDecoder> decoder(TrainingModule& module) const override;
+  bool positions_learned() const override { return true; }
   std::map<std::string, double> resolved_numbers() const override;
   /// lora-targets under LoRA (config.ini records what ran).
   std::map<std::string, std::string> resolved_texts() const override;
