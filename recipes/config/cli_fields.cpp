@@ -44,7 +44,7 @@ std::vector<Field> model_data_fields() {
       {"val-data", 1, &C::val_data, "held-out text or JSONL, tokenized as --data (default: the last 10% of --data)"},
       {"prompt-style", 1, &C::prompt_style,
        "instruction data (.json, or .jsonl of {instruction, input, output} or {messages}): alpaca, llama3, chatml, "
-       "mistral, zephyr, phi3, or auto (the tokenizer's chat template's)"},
+       "qwen3, mistral, zephyr, phi3, or auto (the tokenizer's chat template's)"},
       {"mask-prompt", 1, &C::mask_prompt, "instruction data: leave the prompt's tokens out of the loss"},
       {"eval-only", 1, &C::eval_only,
        "score the model (--init-from, --resume, or its init) on --val-data, or on all of text or instruction "

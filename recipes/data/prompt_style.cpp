@@ -66,6 +66,9 @@ class Chat : public PromptStyle {
     bool trim_content = false;
     bool system_into_user = false;  ///< no system role: prepended to the first user turn
     std::string finish = "";        ///< after the conversation (trained: Phi-3's EOS)
+    /// After the assistant's opening of each answer that follows the last
+    /// user turn (Qwen3's empty think block), not trained.
+    std::string answer_prefix = "";
   };
   explicit Chat(Markers m) : m_(std::move(m)) {}
   std::string name() const override { return m_.name; }
@@ -77,12 +80,17 @@ class Chat : public PromptStyle {
     for (const auto& seg : render(r)) text += seg.text;
     // The conversation's closing (Phi-3's EOS) belongs to a finished one only.
     if (!m_.finish.empty() && text.size() >= m_.finish.size()) text.resize(text.size() - m_.finish.size());
-    return text + m_.assistant.open;
+    return text + m_.assistant.open + m_.answer_prefix;
   }
   std::vector<PromptSegment> render(const InstructRecord& r) const override {
     std::vector<PromptSegment> out{{m_.begin, false}};
     std::string pending_system;
-    for (const ChatMessage& msg : r.conversation()) {
+    const auto turns = r.conversation();
+    size_t last_user = 0;
+    for (size_t i = 0; i < turns.size(); ++i)
+      if (turns[i].role == "user") last_user = i;
+    for (size_t i = 0; i < turns.size(); ++i) {
+      const ChatMessage& msg = turns[i];
       TORCH_CHECK_VALUE(msg.role == "system" || msg.role == "user" || msg.role == "assistant", "message role '",
                         msg.role, "' is not one of system, user, assistant");
       const std::string content = m_.trim_content ? trim(msg.content) : msg.content;
@@ -92,7 +100,7 @@ class Chat : public PromptStyle {
       }
       const Role& role = msg.role == "system" ? m_.system : msg.role == "user" ? m_.user : m_.assistant;
       if (msg.role == "assistant") {
-        out.push_back({role.open, false});
+        out.push_back({role.open + (i > last_user ? m_.answer_prefix : ""), false});
         out.push_back({content + role.close, true});
         out.push_back({m_.after, false});
       } else {
@@ -116,7 +124,9 @@ std::vector<ChatMessage> InstructRecord::conversation() const {
   return {{"user", input.empty() ? instruction : instruction + "\n\n" + input}, {"assistant", output}};
 }
 
-std::vector<std::string> prompt_style_names() { return {"alpaca", "llama3", "chatml", "mistral", "zephyr", "phi3"}; }
+std::vector<std::string> prompt_style_names() {
+  return {"alpaca", "llama3", "chatml", "qwen3", "mistral", "zephyr", "phi3"};
+}
 
 std::unique_ptr<PromptStyle> make_prompt_style(const std::string& name) {
   if (name == "alpaca") return std::make_unique<Alpaca>();
@@ -127,10 +137,13 @@ std::unique_ptr<PromptStyle> make_prompt_style(const std::string& name) {
                                                 R{h + "user" + e, "<|eot_id|>"}, R{h + "assistant" + e, "<|eot_id|>"},
                                                 "", true, false});
   }
-  if (name == "chatml") {
-    return std::make_unique<Chat>(Chat::Markers{"chatml", "", R{"<|im_start|>system\n", "<|im_end|>"},
+  if (name == "chatml" || name == "qwen3") {
+    // Qwen3: ChatML with an empty think block before the final answers (its
+    // template without thinking, enable_thinking=False when generating).
+    return std::make_unique<Chat>(Chat::Markers{name, "", R{"<|im_start|>system\n", "<|im_end|>"},
                                                 R{"<|im_start|>user\n", "<|im_end|>"},
-                                                R{"<|im_start|>assistant\n", "<|im_end|>"}, "\n", false, false});
+                                                R{"<|im_start|>assistant\n", "<|im_end|>"}, "\n", false, false, "",
+                                                name == "qwen3" ? "<think>\n\n</think>\n\n" : ""});
   }
   if (name == "mistral") {
     return std::make_unique<Chat>(
@@ -155,7 +168,8 @@ std::string prompt_style_for(const std::string& tokenizer_path) {
   std::string text(std::istreambuf_iterator<char>(in), {});
   // The chat template's markers, or the special tokens' (the whole config is searched).
   if (text.find("<|start_header_id|>") != std::string::npos) return "llama3";
-  if (text.find("<|im_start|>") != std::string::npos) return "chatml";
+  if (text.find("<|im_start|>") != std::string::npos)
+    return text.find("<think>") != std::string::npos ? "qwen3" : "chatml";
   if (text.find("<|assistant|>") != std::string::npos) return text.find("<|end|>") != std::string::npos ? "phi3" : "zephyr";
   if (text.find("[INST]") != std::string::npos) return "mistral";
   return "alpaca";

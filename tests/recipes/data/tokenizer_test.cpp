@@ -254,7 +254,9 @@ tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
 for conversation in json.load(open(sys.argv[2])):
     print('rendered=' + json.dumps(tok.apply_chat_template(conversation, tokenize=False)))
     asking = conversation[:-1]  # up to the last user turn, the answer to come
-    print('asking=' + json.dumps(tok.apply_chat_template(asking, tokenize=False, add_generation_prompt=True)))
+    # enable_thinking=False: Qwen3's prompt for an answer without thinking (other templates ignore it).
+    print('asking=' + json.dumps(tok.apply_chat_template(asking, tokenize=False, add_generation_prompt=True,
+                                                         enable_thinking=False)))
 )PY";
 
 TEST(PromptStyleTest, RendersConversationsAsTheModelsChatTemplateDoes) {
@@ -274,7 +276,7 @@ TEST(PromptStyleTest, RendersConversationsAsTheModelsChatTemplateDoes) {
     all.push_back(turns);
   }
   std::ofstream(dir.path() / "conversations.json") << all.dump();
-  for (const std::string fixture : {"tinyllama", "phi3"}) {
+  for (const std::string fixture : {"tinyllama", "phi3", "qwen3"}) {
     const auto style = strata::recipes::make_prompt_style(strata::recipes::prompt_style_for((kFixtures / fixture).string()));
     if (!fs::exists(dir.path() / "render.py")) std::ofstream(dir.path() / "render.py") << kTemplateScript;
     const auto run = run_command(std::string(kPython) + " " + (dir.path() / "render.py").string() + " " +
