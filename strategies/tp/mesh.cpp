@@ -1,5 +1,7 @@
 #include "strata/strategies/tp/mesh.h"
 
+#include "strata/strategies/parallel_dims.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -17,15 +19,11 @@ MeshDims MeshDims::of(int world, int tp) {
 }
 
 std::vector<std::vector<int>> MeshDims::tp_groups() const {
-  std::vector<std::vector<int>> groups(dp);
-  for (int r = 0; r < world; ++r) groups[dp_rank(r)].push_back(r);
-  return groups;
+  return ParallelDims::of(world, ParallelSizes().tp(tp)).groups({Dim::tp});
 }
 
 std::vector<std::vector<int>> MeshDims::dp_groups() const {
-  std::vector<std::vector<int>> groups(tp);
-  for (int r = 0; r < world; ++r) groups[tp_rank(r)].push_back(r);
-  return groups;
+  return ParallelDims::of(world, ParallelSizes().tp(tp)).groups({Dim::dp_replicate, Dim::dp_shard});
 }
 
 }  // namespace strata::tp

@@ -356,8 +356,12 @@ TEST(CliTest, AUsersModelFamilyBringsItsOwnKeys) {
   EXPECT_NE(help.message.find("[gpt, llama, toy-lm] gpt, llama: transformer blocks"), std::string::npos) << help.message;
   EXPECT_NE(help.message.find("toy-lm: toy layers"), std::string::npos) << help.message;
   // The family that resolves the model refuses a key it does not declare.
-  EXPECT_THROW(models.resolve({.preset = "gpt-micro", .options = {{"hidden", "32"}}, .vocab_size = 16, .block_size = 8}),
-               c10::ValueError);
+  strata::recipes::ModelRequest undeclared;
+  undeclared.preset = "gpt-micro";
+  undeclared.options = {{"hidden", "32"}};
+  undeclared.vocab_size = 16;
+  undeclared.block_size = 8;
+  EXPECT_THROW(models.resolve(undeclared), c10::ValueError);
   // One key, one kind; and no model key may shadow strata-gpt's own or a strategy's.
   strata::recipes::ModelRegistry clash;
   strata::recipes::register_builtin_models(clash);
