@@ -1,0 +1,155 @@
+// run_pipeline_step (executor.h): a schedule's actions on one rank.
+#include "strata/strategies/pp/executor.h"
+
+#include <c10/util/Exception.h>
+
+#include <torch/csrc/autograd/autograd.h>
+
+namespace strata::pp {
+
+namespace {
+
+/// What a micro-batch's forward through one stage leaves for its backward.
+struct Saved {
+  torch::Tensor input;   ///< a leaf requiring grad (not on the first stage)
+  torch::Tensor output;  ///< the activation, or the loss on the last stage
+  torch::Tensor grad;    ///< the output's gradient, once the backward has it
+};
+
+class RankStep {
+ public:
+  RankStep(const Schedule& s, const std::map<int, Stage*>& stages, const StepInputs& in, Comm& comm,
+           const ExecutorOptions& o)
+      : s_(s), stages_(stages), in_(in), comm_(comm), o_(o) {}
+
+  void run(const Action& a) {
+    switch (a.op) {
+      case Op::RecvActivation: received_[key(a)] = recv(a); break;
+      case Op::Forward: forward(a); break;
+      case Op::SendActivation: send(saved_.at(key(a)).output.detach(), a); break;
+      case Op::RecvGrad: saved_.at(key(a)).grad = recv(a); break;
+      case Op::Backward: backward(a, /*inputs=*/true, /*weights=*/true); break;
+      case Op::BackwardInput: backward(a, true, false); break;
+      case Op::BackwardWeight: backward(a, false, true); break;
+      case Op::SendGrad: send(saved_.at(key(a)).input.grad(), a); break;
+    }
+  }
+
+  /// Every send waited: a rank leaves the step only once its peers have what it sent.
+  std::vector<double> finish() {
+    for (auto& w : sends_) w.wait();
+    std::vector<double> out;
+    for (const auto& [k, loss] : losses_) out.push_back(loss);
+    return out;
+  }
+
+ private:
+  static std::pair<int, int> key(const Action& a) { return {a.stage, a.microbatch}; }
+  bool last(int stage) const { return stage + 1 == s_.stages(); }
+
+  /// A tag per (stage boundary, micro-batch, direction): messages of one pair
+  /// of ranks never match the wrong receive whatever order they are posted in.
+  int tag(const Action& a) const {
+    const bool activation = a.op == Op::SendActivation || a.op == Op::RecvActivation;
+    // The boundary between stage b and b + 1, named by b.
+    const int boundary = a.op == Op::SendActivation ? a.stage
+                         : a.op == Op::RecvActivation ? a.stage - 1
+                         : a.op == Op::SendGrad       ? a.stage - 1
+                                                      : a.stage;
+    return (boundary * s_.options().microbatches() + a.microbatch) * 2 + (activation ? 0 : 1);
+  }
+
+  torch::Tensor recv(const Action& a) {
+    auto buffer = torch::empty(o_.activation_shape(), torch::TensorOptions().dtype(o_.dtype()).device(comm_.device()));
+    // Waited here: the schedule puts the receive right before the action that needs it.
+    comm_.recv_async(buffer, a.peer, tag(a)).wait();
+    return buffer;
+  }
+
+  void send(const torch::Tensor& t, const Action& a) {
+    TORCH_CHECK(t.defined(), "pipeline: nothing to send for ", to_string(a));
+    sends_.push_back(comm_.send_async(t.contiguous(), a.peer, tag(a)));
+  }
+
+  Stage& stage(int s) const {
+    const auto it = stages_.find(s);
+    TORCH_CHECK_VALUE(it != stages_.end(), "pipeline: rank ", comm_.rank(), " runs stage ", s, " but holds no such stage");
+    return *it->second;
+  }
+
+  void forward(const Action& a) {
+    Saved saved;
+    if (a.stage == 0) {
+      saved.output = stage(0).forward(in_.inputs.at(size_t(a.microbatch)), {});
+    } else {
+      // From the rank before, or in memory from this rank's previous stage.
+      const auto it = received_.find(key(a));
+      saved.input = (it != received_.end() ? it->second : saved_.at({a.stage - 1, a.microbatch}).output.detach())
+                        .requires_grad_(true);
+      if (it != received_.end()) received_.erase(it);
+      const torch::Tensor target = last(a.stage) ? in_.targets.at(size_t(a.microbatch)) : torch::Tensor();
+      saved.output = stage(a.stage).forward(saved.input, target);
+    }
+    if (last(a.stage)) {
+      losses_[a.microbatch] = saved.output.item<double>();
+      // The step's loss is the mean over micro-batches.
+      saved.grad = torch::full_like(saved.output, 1.0 / s_.options().microbatches());
+    }
+    saved_[key(a)] = std::move(saved);
+  }
+
+  /// B: both; I: the gradient of the stage's input only (what the previous
+  /// stage waits for); W: the parameters' (accumulated). Split, each walks
+  /// the stage's graph: the graph is kept for W.
+  void backward(const Action& a, bool inputs, bool weights) {
+    Saved& saved = saved_.at(key(a));
+    TORCH_CHECK(saved.grad.defined(), "pipeline: ", to_string(a), " before its output's gradient arrived");
+    const bool has_input = saved.input.defined();
+    if (inputs && weights) {
+      torch::autograd::backward({saved.output}, {saved.grad});
+    } else if (inputs) {
+      // The graph stays for W.
+      if (has_input) {
+        auto g = torch::autograd::grad({saved.output}, {saved.input}, {saved.grad}, /*retain_graph=*/true);
+        saved.input.mutable_grad() = g[0];
+      }
+    } else {
+      const auto params = stage(a.stage).parameters();
+      torch::autograd::backward({saved.output}, {saved.grad}, /*retain_graph=*/false, /*create_graph=*/false,
+                                params);
+    }
+    // The previous stage on this same rank takes the input's gradient in memory.
+    if (inputs && has_input && s_.rank_of(a.stage - 1) == comm_.rank())
+      saved_.at({a.stage - 1, a.microbatch}).grad = saved.input.grad();
+    // A stage's last use of the micro-batch: keep only what SendGrad reads.
+    if (weights) saved.output = torch::Tensor();
+  }
+
+  const Schedule& s_;
+  const std::map<int, Stage*>& stages_;
+  const StepInputs& in_;
+  Comm& comm_;
+  const ExecutorOptions& o_;
+  std::map<std::pair<int, int>, torch::Tensor> received_;
+  std::map<std::pair<int, int>, Saved> saved_;
+  std::map<int, double> losses_;
+  std::vector<PendingWork> sends_;
+};
+
+}  // namespace
+
+std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
+                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options) {
+  TORCH_CHECK_VALUE(comm.size() == schedule.ranks(), "pipeline: a ", schedule.ranks(), "-rank schedule on ",
+                    comm.size(), " ranks");
+  for (const auto& [s, stage] : stages) {
+    TORCH_CHECK_VALUE(stage != nullptr && schedule.rank_of(s) == comm.rank(), "pipeline: rank ", comm.rank(),
+                      " was given stage ", s, ", which the schedule places on rank ", schedule.rank_of(s));
+  }
+  RankStep step(schedule, stages, in, comm, options);
+  const auto lists = with_communication(schedule);
+  for (const Action& a : lists[size_t(comm.rank())]) step.run(a);
+  return step.finish();
+}
+
+}  // namespace strata::pp

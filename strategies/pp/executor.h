@@ -1,0 +1,57 @@
+#pragma once
+// Runs one rank's share of a pipeline schedule (schedule.h) for one step:
+// its stages' forwards and backwards over the step's micro-batches, the
+// activations and input gradients sent between ranks over a Comm's
+// point-to-point ops (issue 47, step 2; the trainer does not call it yet).
+//
+// The step's loss is the mean over micro-batches, as the trainer's gradient
+// accumulation makes it: the last stage's backward starts from 1/M, so the
+// parameters' gradients equal one process's on the whole batch.
+//
+// Example (each rank of a pp world):
+//   auto schedule = strata::pp::make_schedule("1f1b", ScheduleOptions().ranks(P).microbatches(M));
+//   strata::pp::StepInputs in{inputs, targets};          // M each; used by the first and last stage
+//   auto losses = strata::pp::run_pipeline_step(*schedule, my_stages, in, comm,
+//                                               ExecutorOptions().activation_shape({mb, T, C}));
+#include "strata/strategies/comm.h"
+#include "strata/strategies/pp/schedule.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <vector>
+
+namespace strata::pp {
+
+/// One stage of a model, as the rank holding it runs it.
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  /// The stage's output for `input`: the first stage gets the micro-batch's
+  /// input, the others the previous stage's output; the last returns the
+  /// micro-batch's loss against `target` (a scalar), the others their
+  /// activation (of ExecutorOptions::activation_shape).
+  virtual torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& target) = 0;
+  /// The parameters whose gradients the stage's backward accumulates.
+  virtual std::vector<torch::Tensor> parameters() = 0;
+};
+
+struct ExecutorOptions {
+  /// The activation every stage but the last sends (and its gradient, back).
+  TORCH_ARG(std::vector<int64_t>, activation_shape);
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+};
+
+struct StepInputs {
+  std::vector<torch::Tensor> inputs, targets;  ///< per micro-batch
+};
+
+/// Runs `rank`'s actions of `schedule` (this Comm's rank) with `stages` (the
+/// global stage index -> the stage, every stage this rank holds). Gradients
+/// accumulate into the stages' parameters. Returns the losses of the
+/// micro-batches when this rank holds the last stage, else empty.
+/// c10::ValueError for a stage missing or held by another rank.
+std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
+                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options);
+
+}  // namespace strata::pp
