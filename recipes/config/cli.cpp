@@ -108,7 +108,7 @@ std::vector<Entry> entries(const ModelKeys& models, const StrategyRegistry& stra
     out.push_back({f.key, f.group, f.help, f.flag, f, nullptr});
     if (std::string(f.key) == kModelOptionsAfter) {
       for (const ModelKey& m : models.options) {
-        out.push_back({m.option.key(), f.group, "[" + join(m.families) + "] " + m.help, m.option.bare(),
+        out.push_back({m.option.key(), f.group, c10::str("[", join(m.families), "] ", m.help), m.option.bare(),
                        std::nullopt, &m.option, &m});
       }
     }

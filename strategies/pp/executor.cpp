@@ -5,6 +5,8 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include <limits>
+
 namespace strata::pp {
 
 namespace {
@@ -150,6 +152,22 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
   const auto lists = with_communication(schedule);
   for (const Action& a : lists[size_t(comm.rank())]) step.run(a);
   return step.finish();
+}
+
+void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm) {
+  const int me = comm.rank();
+  if (first_rank == last_rank || (me != first_rank && me != last_rank)) return;
+  const int peer = me == first_rank ? last_rank : first_rank;
+  // One stage may not have used the weight this step: its gradient is zero.
+  torch::Tensor mine = weight.grad().defined() ? weight.grad().contiguous() : torch::zeros_like(weight);
+  torch::Tensor theirs = torch::empty_like(mine);
+  // Both post their send before either waits: neither blocks the other.
+  // A tag no activation or gradient of a step uses.
+  constexpr int kTiedTag = std::numeric_limits<int>::max();
+  auto sent = comm.send_async(mine, peer, kTiedTag);
+  comm.recv_async(theirs, peer, kTiedTag).wait();
+  sent.wait();
+  weight.mutable_grad() = mine + theirs;
 }
 
 }  // namespace strata::pp

@@ -54,4 +54,11 @@ struct StepInputs {
 std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
                                       const StepInputs& in, Comm& comm, const ExecutorOptions& options);
 
+/// A weight two stages share (tied embeddings: the first stage's lookup, the
+/// last stage's head), one copy on each of their ranks: after the step each
+/// rank's gradient becomes the sum of both (a send and a receive between
+/// `first_rank` and `last_rank`; nothing when they are one rank or this rank
+/// is neither), so both copies take the same optimizer step.
+void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm);
+
 }  // namespace strata::pp

@@ -334,18 +334,29 @@ void GPTImpl::set_tensor_parallel(const tp::Parallel& tp) {
   for (auto& block : blocks_) block->set_tensor_parallel(tp);
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
+torch::Tensor GPTImpl::embed(const torch::Tensor& idx) {
   const auto T = idx.size(1);
   TORCH_CHECK(T <= options_.block_size(), "sequence length ", T, " exceeds block_size ",
               options_.block_size());
   auto pos = torch::arange(T, idx.options());
   // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
   // part of the sequence, as the position embeddings added to it).
-  auto x = tp_.on() ? split_dropout(drop_,
-                                    tp_.embedding(idx, wte_->weight, options_.vocab_size()) +
-                                        tp_.sequence_part(torch::embedding(tp_.replicated(wpe_->weight), pos).unsqueeze(0)),
-                                    tp_)
-                    : drop_(wte_(idx) + wpe_(pos));
+  return tp_.on() ? split_dropout(drop_,
+                                  tp_.embedding(idx, wte_->weight, options_.vocab_size()) +
+                                      tp_.sequence_part(torch::embedding(tp_.replicated(wpe_->weight), pos).unsqueeze(0)),
+                                  tp_)
+                  : drop_(wte_(idx) + wpe_(pos));
+}
+
+torch::Tensor GPTImpl::head(const torch::Tensor& x) {
+  const auto y = layer_norm(ln_f_, x, tp_);
+  // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
+  if (tp_.on()) return tp_.column(y, lm_head_ ? lm_head_->weight : wte_->weight, {});
+  return lm_head_ ? lm_head_(y) : torch::matmul(y, wte_->weight.t());
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
+  auto x = embed(idx);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     if (!run_unit) {
       x = blocks_[i](x);
@@ -356,10 +367,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const UnitRunner& run_u
     x = run_unit(static_cast<int64_t>(i), x,
                  [block = blocks_[i].ptr()](const torch::Tensor& t) { return block->forward(t); });
   }
-  x = layer_norm(ln_f_, x, tp_);
-  // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
-  if (tp_.on()) return tp_.column(x, lm_head_ ? lm_head_->weight : wte_->weight, {});
-  return lm_head_ ? lm_head_(x) : torch::matmul(x, wte_->weight.t());
+  return head(x);
 }
 
 int64_t GPTImpl::num_params(bool non_embedding) const {

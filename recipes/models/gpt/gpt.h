@@ -195,6 +195,11 @@ class GPTImpl : public torch::nn::Module {
   /// given (GPTModule passes TrainingModule::run_unit, the unit seam), else
   /// directly.
   torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
+  /// forward's parts, which pipeline stages run apart (gpt_pipeline.h): the
+  /// token and position embeddings of `idx` [B, T] (with dropout), and the
+  /// final norm and head's logits of the last block's output.
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor head(const torch::Tensor& x);
   /// Generation (gpt_cached.cpp): the logits of `idx` [B, T] after the
   /// `cache.length` positions fed before (the prompt first, then one token at
   /// a time), in eval mode, without tensor parallelism.

@@ -84,7 +84,8 @@ TEST(InstructTest, BadRecordsNameTheFileRecordAndKey) {
   const fs::path jsonl = dir.path() / "sft.jsonl";
   std::ofstream(jsonl) << "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"no output\"}\n";
   EXPECT_EQ(what_of([&] { read_instruct_records(jsonl.string()); }),
-            "'" + jsonl.string() + "' line 2: expected \"output\" (a string), as Alpaca's records have, or \"messages\"");
+            c10::str("'", jsonl.string(), "' line 2: expected \"output\" (a string), as Alpaca's records have, or ",
+                     "\"messages\""));
   std::ofstream(jsonl) << "{\"instruction\": \"a\", \"output\": \"b\"}\nnot json\n";
   EXPECT_NE(what_of([&] { read_instruct_records(jsonl.string()); }).find("line 2 is not JSON"), std::string::npos);
   const fs::path json = dir.path() / "chat.json";

@@ -378,8 +378,8 @@ const fs::path& scripted_model() {
     for (int64_t s = 0; s < kScriptSteps; ++s) {
       // Step s's global batch: the union of the ranks' micro-batches (DataSource contract).
       const Batch b = d->train_batch(s, kGlobalBatch, ShardInfo{});
-      batches["x" + std::to_string(s)] = b.input;
-      batches["y" + std::to_string(s)] = b.target;
+      batches[c10::str("x", s)] = b.input;
+      batches[c10::str("y", s)] = b.target;
     }
     const Batch val = d->val_batch(0, 16, ShardInfo{});
     batches["val_x"] = val.input;
