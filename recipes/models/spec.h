@@ -151,6 +151,19 @@ class IncrementalDecoder {
   virtual torch::Tensor feed(const torch::Tensor& ids) = 0;
 };
 
+/// The IncrementalDecoder of a model whose `forward_cached(ids, cache)` keeps
+/// what it needs in a `Cache` (the Llama's and the GPT's KV caches).
+template <typename Model, typename Cache>
+class CachedDecoder : public IncrementalDecoder {
+ public:
+  explicit CachedDecoder(Model model) : model_(std::move(model)) {}
+  torch::Tensor feed(const torch::Tensor& ids) override { return model_->forward_cached(ids, cache_); }
+
+ private:
+  Model model_;
+  Cache cache_;
+};
+
 /// One model, resolved (a family's options with the data's vocabulary and
 /// block size).
 class ModelConfig {

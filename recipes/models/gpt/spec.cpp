@@ -152,25 +152,10 @@ std::string GPTConfig::export_problem(const std::string& path, const std::string
          "write safetensors with strata-export --format hf CHECKPOINT DIR";
 }
 
-namespace {
-
-/// The GPT's KV-cached forward (GPTImpl::forward_cached).
-class GPTDecoder : public IncrementalDecoder {
- public:
-  explicit GPTDecoder(GPT model) : model_(std::move(model)) {}
-  torch::Tensor feed(const torch::Tensor& ids) override { return model_->forward_cached(ids, cache_); }
-
- private:
-  GPT model_;
-  GPTKVCache cache_;
-};
-
-}  // namespace
-
 std::unique_ptr<IncrementalDecoder> GPTConfig::decoder(TrainingModule& module) const {
   auto* gpt = dynamic_cast<GPTModule*>(&module);
   TORCH_CHECK(gpt != nullptr, "GPTConfig::decoder: the module is not a GPT");
-  return std::make_unique<GPTDecoder>(gpt->model());
+  return std::make_unique<CachedDecoder<GPT, GPTKVCache>>(gpt->model());
 }
 
 std::map<std::string, double> GPTConfig::resolved_numbers() const {

@@ -57,7 +57,8 @@ std::string read_targets(const json& c, const std::string& where) {
     TORCH_CHECK_VALUE(known, where, ": target module ", name.dump(),
                       " is not one strata adapts; allowed: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
                       "down_proj");
-    out += (out.empty() ? "" : ",") + name.get<std::string>();
+    if (!out.empty()) out += ',';
+    out += name.get<std::string>();
   }
   return out;
 }

@@ -232,25 +232,10 @@ std::string LlamaConfig::export_problem(const std::string& path, const std::stri
   return "";
 }
 
-namespace {
-
-/// The Llama's KV-cached forward (LlamaImpl::forward_cached).
-class LlamaDecoder : public IncrementalDecoder {
- public:
-  explicit LlamaDecoder(Llama model) : model_(std::move(model)) {}
-  torch::Tensor feed(const torch::Tensor& ids) override { return model_->forward_cached(ids, cache_); }
-
- private:
-  Llama model_;
-  KVCache cache_;
-};
-
-}  // namespace
-
 std::unique_ptr<IncrementalDecoder> LlamaConfig::decoder(TrainingModule& module) const {
   auto* llama = dynamic_cast<LlamaModule*>(&module);
   TORCH_CHECK(llama != nullptr, "LlamaConfig::decoder: the module is not a Llama");
-  return std::make_unique<LlamaDecoder>(llama->model());
+  return std::make_unique<CachedDecoder<Llama, KVCache>>(llama->model());
 }
 
 std::vector<std::string> LlamaConfig::source_keys() const {
