@@ -5,6 +5,7 @@
 
 #include "strata/callbacks/model_checkpoint.h"
 #include "strata/trainer/checkpoint.h"
+#include "strata/trainer/trainer.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -81,6 +82,18 @@ std::string resolve_resume(const RunConfig& config, std::vector<std::string>* no
                     "' is at step ", step, ", not below --max-steps ", config.max_steps,
                     "; nothing left to train (raise --max-steps)");
   return dir;
+}
+
+void check_resume_position(const RunConfig& config, int data_ranks) {
+  if (config.resume.empty()) return;
+  CheckpointMeta meta;
+  try {
+    meta = read_checkpoint_meta(config.resume);
+  } catch (const c10::Error&) {
+    return;  // not a checkpoint: check_model_inputs names what is wrong with it
+  }
+  const std::string problem = resume_position_problem(meta.state, config.resume, config.batch_size, data_ranks);
+  TORCH_CHECK_VALUE(problem.empty(), "--resume: ", problem);
 }
 
 }  // namespace strata::recipes

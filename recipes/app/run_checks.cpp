@@ -465,27 +465,12 @@ bool speaks_for_machine(const std::optional<DistEnv>& env) {
   return !env || (env->local_rank == 0 && std::getenv("STRATA_ERROR_FILE") == nullptr);
 }
 
-/// A resume whose data position the new world cannot continue from, before
-/// any rank starts (the ranks would each find it at load time).
-void check_resume_position(const RunConfig& config, const std::optional<DistEnv>& env) {
-  if (config.resume.empty()) return;
-  CheckpointMeta meta;
-  try {
-    meta = read_checkpoint_meta(config.resume);
-  } catch (const c10::Error&) {
-    return;  // not a checkpoint: check_model_inputs names what is wrong with it
-  }
-  const std::string problem =
-      resume_position_problem(meta.state, config.resume, config.batch_size, world_shape(config, env).data);
-  TORCH_CHECK_VALUE(problem.empty(), "--resume: ", problem);
-}
-
 CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std::optional<DistEnv>& env,
                      const StrategyRegistry& registry, const ModelRegistry& models) {
   CheckedRun run;
   config.resume = resolve_resume(config, &config.config_notes);
   check_world(config, env, registry);
-  check_resume_position(config, env);
+  check_resume_position(config, world_shape(config, env).data);
   check_foreign_config(config, env);
   // Known shapes first; the data itself (a tokenization that writes a cache)
   // only once the checks below have passed.

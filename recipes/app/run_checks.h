@@ -68,4 +68,8 @@ std::string offload_dir_of(const RunConfig& config);
 /// reads metadata.json only.
 void check_resume_matches(const std::string& dir, torch::nn::Module& model, const std::string& optimizer);
 
+/// A --resume whose data position `data_ranks` data-parallel ranks cannot
+/// continue from, before any rank starts (each would find it at load time).
+void check_resume_position(const RunConfig& config, int data_ranks);
+
 }  // namespace strata::recipes
