@@ -33,13 +33,16 @@ class RankStep {
       case Op::Backward: backward(a, /*inputs=*/true, /*weights=*/true); break;
       case Op::BackwardInput: backward(a, true, false); break;
       case Op::BackwardWeight: backward(a, false, true); break;
-      case Op::SendGrad: send(saved_.at(key(a)).input.grad(), a); break;
+      case Op::SendGrad: send_grad(a); break;
     }
   }
 
   /// Every send waited: a rank leaves the step only once its peers have what it sent.
   std::vector<double> finish() {
     for (auto& w : sends_) w.wait();
+    // Every micro-batch's state was released at its last use.
+    TORCH_CHECK(saved_.empty() && received_.empty(), "pipeline: ", saved_.size(), " stage states and ",
+                received_.size(), " received activations left after the step");
     std::vector<double> out;
     for (const auto& [k, loss] : losses_) out.push_back(loss);
     return out;
@@ -71,6 +74,24 @@ class RankStep {
   void send(const torch::Tensor& t, const Action& a) {
     TORCH_CHECK(t.defined(), "pipeline: nothing to send for ", to_string(a));
     sends_.push_back(comm_.send_async(t.contiguous(), a.peer, tag(a)));
+  }
+
+  /// The input's gradient to the previous stage's rank; the input itself is
+  /// then of no more use here (a later W needs only the graph).
+  void send_grad(const Action& a) {
+    Saved& saved = saved_.at(key(a));
+    send(saved.input.grad(), a);
+    saved.input = torch::Tensor();
+    release_if_done(a);
+  }
+
+  /// A micro-batch's state at a stage goes once its backward is whole and no
+  /// gradient is left to send: the activations a rank holds are then the
+  /// schedule's in-flight ones (in_flight()), not every micro-batch's.
+  void release_if_done(const Action& a) {
+    const Saved& saved = saved_.at(key(a));
+    const bool to_send = saved.input.defined() && s_.rank_of(a.stage - 1) != comm_.rank();
+    if (!saved.output.defined() && !to_send) saved_.erase(key(a));
   }
 
   Stage& stage(int s) const {
@@ -123,8 +144,11 @@ class RankStep {
     // The previous stage on this same rank takes the input's gradient in memory.
     if (inputs && has_input && s_.rank_of(a.stage - 1) == comm_.rank())
       saved_.at({a.stage - 1, a.microbatch}).grad = saved.input.grad();
-    // A stage's last use of the micro-batch: keep only what SendGrad reads.
-    if (weights) saved.output = torch::Tensor();
+    // The backward is whole: only a gradient to send may be left.
+    if (weights) {
+      saved.output = torch::Tensor();
+      release_if_done(a);
+    }
   }
 
   const Schedule& s_;

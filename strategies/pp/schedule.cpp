@@ -5,10 +5,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
-#include <cmath>
-#include <map>
-#include <sstream>
-#include <tuple>
+#include <cctype>
 
 namespace strata::pp {
 

@@ -21,12 +21,13 @@ class GPTStage : public pp::Stage {
   torch::Tensor forward(const torch::Tensor& input, const torch::Tensor& target) override;
   std::vector<torch::Tensor> parameters() override;
   /// The parameters' names in the GPT (named_parameters()'s keys), in parameters()' order.
-  std::vector<std::string> parameter_names() const;
+  const std::vector<std::string>& parameter_names() const { return names_; }
 
  private:
   GPT model_;
   pp::UnitRange blocks_;
   bool first_, last_;
+  std::vector<std::string> names_;  ///< fixed at construction: W asks for the parameters every micro-batch
 };
 
 }  // namespace strata::recipes
