@@ -27,6 +27,11 @@ NoSyncGuard::~NoSyncGuard() {
 
 Strategy::Strategy(Comm comm) : comm_(std::move(comm)) {}
 
+void Strategy::set_step_runner(std::shared_ptr<StepRunner> runner) {
+  TORCH_CHECK(runner != nullptr, "set_step_runner: runner is null");
+  step_runner_ = std::move(runner);
+}
+
 void Strategy::setup(TrainingModule& module) {
   // A module built deferred gets its memory here, whole, on device(), and its
   // initial values from the module itself: every strategy accepts one. (FSDP

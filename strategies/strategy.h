@@ -9,6 +9,7 @@
 #include "strata/strategies/comm.h"
 #include "strata/strategies/optimizer_factory.h"
 #include "strata/strategies/state_pieces.h"
+#include "strata/strategies/step_runner.h"
 #include "strata/core/training_module.h"
 
 #include <torch/torch.h>
@@ -119,6 +120,10 @@ class Strategy {
   /// (see ModelParallel). Before setup().
   void set_model_parallel(std::shared_ptr<ModelParallel> parallel) { model_parallel_ = std::move(parallel); }
   const ModelParallel* model_parallel() const { return model_parallel_.get(); }
+  /// How a step's micro-batches run (step_runner.h): SequentialSteps unless
+  /// set (a pipeline's schedule). Before setup().
+  void set_step_runner(std::shared_ptr<StepRunner> runner);
+  StepRunner& step_runner() const { return *step_runner_; }
   /// Every rank of the job: world_size(), times the model-parallel ranks
   /// beside it (per-rank rates such as MFU divide by this).
   int job_size() const { return model_parallel_ ? model_parallel_->world().size() : comm_.size(); }
@@ -309,6 +314,7 @@ class Strategy {
   std::vector<std::vector<int64_t>> param_shapes_;  ///< params_' shapes at attach()
   ShardedState* sharded_ = nullptr;                 ///< set_sharded_state
   std::shared_ptr<ModelParallel> model_parallel_;   ///< set_model_parallel
+  std::shared_ptr<StepRunner> step_runner_ = std::make_shared<SequentialSteps>();
   bool require_sync_ = true;
   std::shared_ptr<OffloadTier> offload_tier_;
   int64_t offload_chunk_numel_ = 0;

@@ -318,37 +318,34 @@ void Trainer::run_step(TrainingModule& module, const DataSource& data, StepMetri
   // fp16: the loss is scaled before backward, the gradients unscaled by the clip.
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   if (scaler_) metrics.loss_scale = loss_scale;
-  double loss_sum = 0.0;
-  int64_t tokens = 0;
-  int64_t samples = 0;
+  // The step's micro-batches (token ids: small), then their forwards and
+  // backwards as the strategy's runner schedules them (step_runner.h).
+  std::vector<Batch> batches;
+  int64_t tokens = 0, samples = 0;
   for (int64_t micro = 0; micro < accum; ++micro) {
-    const Batch batch = to_device(data.train_batch(micro_batch_++, options_.batch_size(), shard),
-                                  strategy_->device());
-    // Gradients of all but the last micro-batch only accumulate locally.
-    std::optional<NoSyncGuard> no_sync;
-    if (micro + 1 < accum) no_sync.emplace(strategy_->no_sync());
-    torch::Tensor loss;
-    enter_phase("forward", step_ + 1);
-    metrics.forward_seconds += seconds_outside_waits([&] {
-      AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      loss = strategy_->training_step(module, batch);
-    });
-    loss_sum += loss.item<double>();
-    tokens += batch.input.numel();
-    samples += batch.input.size(0);
-    each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
-    enter_phase("backward", step_ + 1);
-    const auto backward_start = Clock::now();
-    const double backward_wait = comm.wait_seconds();
-    strategy_->backward(loss * (loss_scale / static_cast<double>(accum)));
-    const double backward_wall = seconds_since(backward_start);
-    metrics.backward_seconds += backward_wall;
-    metrics.backward_compute_seconds += backward_wall - (comm.wait_seconds() - backward_wait);
-    each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); });
+    batches.push_back(to_device(data.train_batch(micro_batch_++, options_.batch_size(), shard), strategy_->device()));
+    tokens += batches.back().input.numel();
+    samples += batches.back().input.size(0);
   }
+  StepContext context;
+  context.loss_scale = loss_scale;
+  context.precision = options_.precision();
+  context.hooks.phase = [this](const char* phase) { enter_phase(phase, step_ + 1); };
+  context.hooks.before_backward = [&](const torch::Tensor& loss) {
+    each_callback([&](Callback& cb) { cb.on_before_backward(*this, module, loss); });
+  };
+  context.hooks.after_backward = [&] { each_callback([&](Callback& cb) { cb.on_after_backward(*this, module); }); };
+  MicroBatchTimes times;
+  const std::vector<double> losses = strategy_->step_runner().forward_backward(*strategy_, module, batches, context, times);
+  metrics.forward_seconds = times.forward_s;
+  metrics.backward_seconds = times.backward_s;
+  metrics.backward_compute_seconds = times.backward_compute_s;
+  double loss_sum = 0.0;
+  for (double l : losses) loss_sum += l;
   enter_phase("gradient sync", step_ + 1);
   const auto sync_start = Clock::now();
   strategy_->reduce_gradients();
+  strategy_->step_runner().after_gradient_sync(*strategy_);
   metrics.grad_sync_seconds = seconds_since(sync_start);
   // Clipping, the optimizer step and zeroing count as the optimizer's time.
   enter_phase("optimizer", step_ + 1);

@@ -49,7 +49,7 @@ ValidationMetrics Trainer::score(TrainingModule& module, const DataSource& data,
     ValidationStep out;
     {
       AutocastGuard autocast(options_.precision(), strategy_->device().type());
-      out = strategy_->validation_step(module, to_device(std::move(batch), strategy_->device()));
+      out = strategy_->step_runner().validation_step(*strategy_, module, to_device(std::move(batch), strategy_->device()));
     }
     loss_sum += out.loss_sum;
     tokens += static_cast<double>(out.tokens);

@@ -41,23 +41,21 @@ CommBytes difference(const CommBytes& after, const CommBytes& before) {
   return d;
 }
 
-/// One optimizer step as Trainer::run_step makes it, on meta tensors: every
-/// strategy call, in order, with the trainer's flight-recorder phases.
+/// One optimizer step as Trainer::run_step makes it, on meta tensors: the
+/// strategy's step runner (the Trainer's code) and every strategy call after
+/// it, in order, with the trainer's flight-recorder phases.
 void simulate_step(Strategy& strategy, TrainingModule& module, torch::optim::Optimizer& optimizer,
                    const TrainerOptions& options, const Batch& batch, int64_t step, ModelStateBytes* state) {
   const Comm& comm = strategy.comm();
   auto phase = [&](const char* what) { comm.set_flight_phase(c10::str("step ", step, " ", what)); };
-  const int64_t accum = options.accumulate_grad_batches();
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    std::optional<NoSyncGuard> no_sync;
-    if (micro + 1 < accum) no_sync.emplace(strategy.no_sync());
-    phase("forward");
-    const torch::Tensor loss = strategy.training_step(module, batch);
-    phase("backward");
-    strategy.backward(loss / static_cast<double>(accum));
-  }
+  StepContext context;
+  context.hooks.phase = phase;
+  MicroBatchTimes times;
+  strategy.step_runner().forward_backward(strategy, module, std::vector<Batch>(size_t(options.accumulate_grad_batches()), batch),
+                                          context, times);
   phase("gradient sync");
   strategy.reduce_gradients();
+  strategy.step_runner().after_gradient_sync(strategy);
   phase("optimizer");
   strategy.clip_grad_norm(options.gradient_clip_val(), 1.0);
   strategy.optimizer_step(optimizer);
@@ -84,7 +82,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
     apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
   }
   // --tp-size: the real split and groups (fake subgroups), as run.cpp makes them.
-  const ParallelDims dims = apply_tensor_parallel(c, comm, module);
+  const TensorParallelRun dims = apply_tensor_parallel(c, comm, module);
   const int local_world = std::min(world, c.nproc) / c.tp_size;
   auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
                                          strategy_context(c, dims.strategy_comm.size(), local_world, meta));

@@ -23,6 +23,7 @@
 #include "strata/recipes/app/testing_aids.h"
 #include "strata/recipes/models/gpt/interop.h"
 #include "strata/recipes/models/torchscript/torchscript.h"
+#include "strata/recipes/app/pipeline_run.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/world.h"
 #include "strata/strategies/activation_checkpoint.h"
@@ -98,11 +99,6 @@ BuiltModule build_module(CheckedRun& run) {
     out.module = run.model->build(/*deferred=*/true, std::move(run.init_weights));
     out.n_params = run.model->parameters();
   }
-  if (c.activation_checkpointing > 0) {
-    // Before the strategy's setup, so a strategy that wraps units (FSDP)
-    // installs its layer outside: FSDP(checkpoint(block)).
-    apply_activation_checkpointing(*out.module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
-  }
   return out;
 }
 
@@ -156,6 +152,32 @@ Comm make_comm(const RunConfig& c, const std::optional<DistEnv>& env, const torc
   return join_world(*env, device, std::chrono::milliseconds(static_cast<int64_t>(c.comm_timeout_s * 1000)));
 }
 
+/// Activation checkpointing on the module this rank trains (its stages under
+/// a pipeline); before the strategy's setup, so a strategy that wraps units
+/// (FSDP) installs its layer outside: FSDP(checkpoint(block)).
+void apply_checkpointing(const RunConfig& c, TrainingModule& module) {
+  if (c.activation_checkpointing == 0) return;
+  apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
+}
+
+/// --dump-params and --export-weights under a pipeline: each stage's rank
+/// sends its parameters to rank 0, which writes the whole model.
+void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero) {
+  const RunConfig& c = run.config;
+  if (c.dump_params.empty() && c.export_weights.empty()) return;
+  const auto gathered = pipeline.gather_parameters();  // collective over the pipeline
+  if (!is_zero) return;
+  if (!c.dump_params.empty()) {
+    torch::serialize::OutputArchive archive;
+    for (const auto& [name, value] : gathered) archive.write(name, value);
+    archive.save_to(c.dump_params);
+  }
+  if (!c.export_weights.empty()) {
+    run.model->write_weights(c.export_weights, NamedTensors(gathered.begin(), gathered.end()),
+                             run.model->weight_formats().front());
+  }
+}
+
 /// Files after training: --dump-params, --export-weights, --export-torchscript.
 void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built, bool is_zero) {
   const RunConfig& c = run.config;
@@ -204,13 +226,21 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   }
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
-  // --tp-size: the model split over its tensor-parallel group, the strategy
-  // over the data-parallel one, which has local_world / tp_size ranks per machine.
-  const ParallelDims dims = apply_tensor_parallel(c, comm, *built.module);
-  const int local_world = (env ? env->local_world_size : 1) / c.tp_size;
+  // --pp-size: this rank's stages of the model, the strategy over their
+  // data-parallel group; --tp-size: the model split over its tensor-parallel
+  // group, the strategy over the data-parallel one. Either way the strategy
+  // has local_world / (pp_size x tp_size) ranks per machine.
+  const PipelineRun pipeline = apply_pipeline_parallel(c, comm, built.module);
+  apply_checkpointing(c, *built.module);
+  const TensorParallelRun dims = apply_tensor_parallel(c, pipeline.strategy_comm, *built.module);
+  const int local_world = (env ? env->local_world_size : 1) / (c.tp_size * c.pp_size);
   std::shared_ptr<Strategy> strategy = registry.create_parsed(
       c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
+  if (pipeline.pipeline) {
+    strategy->set_model_parallel(pipeline.pipeline);
+    strategy->set_step_runner(pipeline.pipeline);
+  }
   const PeakFlops peak = mfu_peak(c.peak_flops, c.precision, device);
   // The job's GEMM-bound ceiling, tokens/s (CPU; rank 0 writes it; strata's
   // launcher measured the rate). Measured here on a cold cache, its matrices
@@ -230,7 +260,8 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "
               << comm.size() << " rank(s), " << at::get_num_threads() << " thread(s) each | device " << device
               << " | precision " << c.precision << "\n"
-              << (dims.tensor_parallel ? dims.tensor_parallel->describe() + "\n" : "") << ini << std::flush;
+              << (dims.tensor_parallel ? dims.tensor_parallel->describe() + "\n" : "")
+              << (pipeline.pipeline ? pipeline.pipeline->describe() + "\n" : "") << ini << std::flush;
   }
   // Testing aid: one more copy of the parameters' bytes, allocated through
   // the tracked allocator before the run so every rank's peak includes it.
@@ -245,7 +276,11 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
     return;
   }
   const FitResult result = trainer.fit(*built.module, *run.data);
-  write_exports(run, *strategy, built, is_zero);
+  if (pipeline.pipeline) {
+    write_pipeline_exports(run, *pipeline.pipeline, is_zero);
+  } else {
+    write_exports(run, *strategy, built, is_zero);
+  }
   if (is_zero) {
     write_summary(run, registry, result, *strategy, *throughput, peak, built.n_params, device,
                   checkpoint_saves(callbacks), local_world, ceiling);

@@ -1,6 +1,7 @@
 #include "strata/recipes/app/run_checks.h"
 #include "strata/recipes/app/run_data.h"
 
+#include "strata/recipes/app/pipeline_run.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/peak_flops.h"
 
@@ -44,9 +45,10 @@ struct WorldShape {
 };
 
 WorldShape world_shape(const RunConfig& c, const std::optional<DistEnv>& env) {
-  const int tp = std::max(1, c.tp_size);
-  if (env) return {env->world_size, env->local_world_size, env->local_rank, env->world_size / tp};
-  return {c.nproc * c.nnodes, c.nproc, 0, c.nproc * c.nnodes / tp};
+  // The strategy's ranks: those of one tensor-parallel rank and one stage.
+  const int split = std::max(1, c.tp_size) * std::max(1, c.pp_size);
+  if (env) return {env->world_size, env->local_world_size, env->local_rank, env->world_size / split};
+  return {c.nproc * c.nnodes, c.nproc, 0, c.nproc * c.nnodes / split};
 }
 
 /// args without `--key value` / `--key=value` for each of `keys`, then
@@ -388,7 +390,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   if (!registry.contains(c.strategy)) return;
   const auto shape = world_shape(c, env);
   // The strategy's ranks per machine: a tensor-parallel group's share of them.
-  const auto context = strategy_context(c, shape.data, std::max(1, shape.local_ranks / std::max(1, c.tp_size)),
+  const auto context = strategy_context(c, shape.data, std::max(1, shape.local_ranks * shape.data / shape.world),
                                         resolve_device(c.device, shape.local_rank));
   const std::string problem = registry.spec(c.strategy).check_run(strategy_args(c, registry), context);
   TORCH_CHECK_VALUE(problem.empty(), problem);
@@ -490,6 +492,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
   check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
+  check_pipeline_parallel(run.config, *run.model, shape.world);
   // --eval-only writes eval.json and nothing else: a recorded run's exports are not made again.
   if (!run.config.eval_only) check_late_outputs(run.config, *run.model);
   std::optional<ActivationProfile> profile;

@@ -39,7 +39,7 @@ void check_tensor_parallel(const RunConfig& c, const ModelConfig& model, const S
   TORCH_CHECK_VALUE(problem.empty(), "--tp-size ", c.tp_size, ": ", problem);
 }
 
-ParallelDims apply_tensor_parallel(const RunConfig& c, const Comm& world, TrainingModule& module) {
+TensorParallelRun apply_tensor_parallel(const RunConfig& c, const Comm& world, TrainingModule& module) {
   if (c.tp_size == 1) return {world, nullptr};
   const auto mesh = tp::MeshDims::of(world.size(), c.tp_size);
   // Collective: every rank makes the same two splits in the same order.

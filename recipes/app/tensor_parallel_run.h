@@ -24,13 +24,13 @@ void check_tensor_parallel(const RunConfig& c, const ModelConfig& model, const S
 /// The data-parallel ranks the strategy runs over, and the tensor-parallel
 /// dimension beside it (null when --tp-size is 1: then `strategy_comm` is
 /// the world).
-struct ParallelDims {
+struct TensorParallelRun {
   Comm strategy_comm;
   std::shared_ptr<tp::TensorParallel> tensor_parallel;
 };
 
 /// Phase 2, on every rank (collective: splits `world`): the groups, and
 /// `module` split over this rank's tensor-parallel group.
-ParallelDims apply_tensor_parallel(const RunConfig& c, const Comm& world, TrainingModule& module);
+TensorParallelRun apply_tensor_parallel(const RunConfig& c, const Comm& world, TrainingModule& module);
 
 }  // namespace strata::recipes

@@ -47,6 +47,13 @@ struct RunConfig {
   /// world / tp_size data-parallel groups (1: off).
   int tp_size = 1;
   bool sequence_parallel = false;  ///< --tp-size > 1: activations split along the sequence between the parallel layers
+  /// Pipeline stages' ranks (strategies/pp, docs/pipeline.md): the model's
+  /// blocks split into pp_size stages (x pp_virtual_stages), the
+  /// micro-batches (--accumulate-grad-batches) run by pp_schedule (1: off).
+  int pp_size = 1;
+  std::string pp_schedule = "1f1b";
+  int pp_virtual_stages = 1;
+  std::string pp_split;  ///< blocks per stage, "3,3,2" ("": balanced by parameters)
   int nnodes = 1;            ///< machines, one strata-gpt launcher each (torchrun's --nnodes)
   int node_rank = 0;         ///< this machine's index in [0, nnodes)
   int threads_per_rank = 0;  ///< 0: cores / ranks

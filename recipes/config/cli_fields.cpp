@@ -68,6 +68,18 @@ std::vector<Field> launch_fields() {
       {"sequence-parallel", 2, &C::sequence_parallel,
        "--tp-size > 1: LayerNorm, dropout and residual activations split along the sequence (all-gather and "
        "reduce-scatter in place of each all-reduce)", true},
+      {"pp-size", 2, &C::pp_size,
+       "pipeline stages' ranks: the model's blocks split into stages on different ranks (the first also the "
+       "embedding, the last the head), each step's micro-batches (--accumulate-grad-batches) streamed through "
+       "them by --pp-schedule (1: off; docs/pipeline.md)"},
+      {"pp-schedule", 2, &C::pp_schedule,
+       "--pp-size > 1: gpipe, 1f1b, interleaved-1f1b (with --pp-virtual-stages; micro-batches a multiple of "
+       "--pp-size) or zero-bubble (ZB-H1); torchtitan's names GPipe, 1F1B, Interleaved1F1B, ZBH1 too"},
+      {"pp-virtual-stages", 2, &C::pp_virtual_stages,
+       "--pp-size > 1: stages per rank (interleaved-1f1b: > 1; the others: 1)"},
+      {"pp-split", 2, &C::pp_split,
+       "--pp-size > 1: blocks per stage, e.g. 3,3,2 (default: balanced by parameters, the embedding and the head "
+       "counted)"},
       {"nnodes", 2, &C::nnodes, "machines, each running strata-gpt with the same flags but --node-rank"},
       {"node-rank", 2, &C::node_rank, "this machine's index in [0, nnodes); node 0 hosts rank 0"},
       {"threads-per-rank", 2, &C::threads_per_rank, "intra-op threads per rank (0: cores / ranks)"},

@@ -171,6 +171,8 @@ std::string check_ranges(const RunConfig& c) {
   need(c.vocab_size > 0, "vocab-size", c.vocab_size, "> 0");
   need(c.nproc >= 1, "nproc", c.nproc, ">= 1");
   need(c.tp_size >= 1, "tp-size", c.tp_size, ">= 1 (1: no tensor parallelism)");
+  need(c.pp_size >= 1, "pp-size", c.pp_size, ">= 1 (1: no pipeline parallelism)");
+  need(c.pp_virtual_stages >= 1, "pp-virtual-stages", c.pp_virtual_stages, ">= 1");
   need(c.nnodes >= 1, "nnodes", c.nnodes, ">= 1");
   need(c.node_rank >= 0 && c.node_rank < c.nnodes, "node-rank", c.node_rank,
        "in [0, nnodes) = [0, " + format(c.nnodes) + ")");

@@ -5,6 +5,7 @@
 
 #include <torch/csrc/autograd/autograd.h>
 
+#include <chrono>
 #include <limits>
 
 namespace strata::pp {
@@ -25,17 +26,19 @@ class RankStep {
       : s_(s), stages_(stages), in_(in), comm_(comm), o_(o) {}
 
   void run(const Action& a) {
-    switch (a.op) {
-      case Op::RecvActivation: received_[key(a)] = recv(a); break;
-      case Op::Forward: forward(a); break;
-      case Op::SendActivation: send(saved_.at(key(a)).output.detach(), a); break;
-      case Op::RecvGrad: saved_.at(key(a)).grad = recv(a); break;
-      case Op::Backward: backward(a, /*inputs=*/true, /*weights=*/true); break;
-      case Op::BackwardInput: backward(a, true, false); break;
-      case Op::BackwardWeight: backward(a, false, true); break;
-      case Op::SendGrad: send_grad(a); break;
+    const auto start = std::chrono::steady_clock::now();
+    dispatch(a);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (a.op == Op::Forward) {
+      seconds_.forward += took;
+    } else if (a.op == Op::Backward || a.op == Op::BackwardInput || a.op == Op::BackwardWeight) {
+      seconds_.backward += took;
+    } else if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) {
+      seconds_.waiting += took;
     }
   }
+
+  const StepSeconds& seconds() const { return seconds_; }
 
   /// Every send waited: a rank leaves the step only once its peers have what it sent.
   std::vector<double> finish() {
@@ -49,6 +52,19 @@ class RankStep {
   }
 
  private:
+  void dispatch(const Action& a) {
+    switch (a.op) {
+      case Op::RecvActivation: received_[key(a)] = recv(a); break;
+      case Op::Forward: forward(a); break;
+      case Op::SendActivation: send(saved_.at(key(a)).output.detach(), a); break;
+      case Op::RecvGrad: saved_.at(key(a)).grad = recv(a); break;
+      case Op::Backward: backward(a, /*inputs=*/true, /*weights=*/true); break;
+      case Op::BackwardInput: backward(a, true, false); break;
+      case Op::BackwardWeight: backward(a, false, true); break;
+      case Op::SendGrad: send_grad(a); break;
+    }
+  }
+
   static std::pair<int, int> key(const Action& a) { return {a.stage, a.microbatch}; }
   bool last(int stage) const { return stage + 1 == s_.stages(); }
 
@@ -73,7 +89,7 @@ class RankStep {
 
   void send(const torch::Tensor& t, const Action& a) {
     TORCH_CHECK(t.defined(), "pipeline: nothing to send for ", to_string(a));
-    sends_.push_back(comm_.send_async(t.contiguous(), a.peer, tag(a)));
+    sends_.push_back(comm_.send_async(t.to(o_.dtype()).contiguous(), a.peer, tag(a)));
   }
 
   /// The input's gradient to the previous stage's rank; the input itself is
@@ -114,9 +130,10 @@ class RankStep {
       saved.output = stage(a.stage).forward(saved.input, target);
     }
     if (last(a.stage)) {
-      losses_[a.microbatch] = saved.output.item<double>();
-      // The step's loss is the mean over micro-batches.
-      saved.grad = torch::full_like(saved.output, 1.0 / s_.options().microbatches());
+      // (The dry run's meta tensors have no value.)
+      losses_[a.microbatch] = saved.output.is_meta() ? 0.0 : saved.output.item<double>();
+      // The step's loss is the mean over micro-batches (times the loss scale).
+      saved.grad = torch::full_like(saved.output, o_.loss_scale() / s_.options().microbatches());
     }
     saved_[key(a)] = std::move(saved);
   }
@@ -160,12 +177,14 @@ class RankStep {
   std::map<std::pair<int, int>, Saved> saved_;
   std::map<int, double> losses_;
   std::vector<PendingWork> sends_;
+  StepSeconds seconds_;
 };
 
 }  // namespace
 
 std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
-                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options) {
+                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options,
+                                      StepSeconds* seconds) {
   TORCH_CHECK_VALUE(comm.size() == schedule.ranks(), "pipeline: a ", schedule.ranks(), "-rank schedule on ",
                     comm.size(), " ranks");
   for (const auto& [s, stage] : stages) {
@@ -175,7 +194,13 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
   RankStep step(schedule, stages, in, comm, options);
   const auto lists = with_communication(schedule);
   for (const Action& a : lists[size_t(comm.rank())]) step.run(a);
-  return step.finish();
+  auto losses = step.finish();
+  if (seconds != nullptr) {
+    seconds->forward += step.seconds().forward;
+    seconds->backward += step.seconds().backward;
+    seconds->waiting += step.seconds().waiting;
+  }
+  return losses;
 }
 
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm) {

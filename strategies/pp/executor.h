@@ -39,7 +39,17 @@ class Stage {
 struct ExecutorOptions {
   /// The activation every stage but the last sends (and its gradient, back).
   TORCH_ARG(std::vector<int64_t>, activation_shape);
+  /// The type activations and their gradients travel in (each stage's
+  /// output is cast to it: under autocast a stage may end in half precision).
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  /// The gradients are of the mean loss times this (fp16 loss scaling).
+  TORCH_ARG(double, loss_scale) = 1.0;
+};
+
+/// Seconds of one rank's step: its forwards, its backwards (B, I, W), and
+/// waiting for what it receives.
+struct StepSeconds {
+  double forward = 0.0, backward = 0.0, waiting = 0.0;
 };
 
 struct StepInputs {
@@ -51,8 +61,10 @@ struct StepInputs {
 /// accumulate into the stages' parameters. Returns the losses of the
 /// micro-batches when this rank holds the last stage, else empty.
 /// c10::ValueError for a stage missing or held by another rank.
+/// `seconds`, when given, gets this step's split added.
 std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
-                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options);
+                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options,
+                                      StepSeconds* seconds = nullptr);
 
 /// A weight two stages share (tied embeddings: the first stage's lookup, the
 /// last stage's head), one copy on each of their ranks: after the step each

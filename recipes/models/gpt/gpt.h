@@ -8,6 +8,7 @@
 #include "strata/core/training_module.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/recipes/models/lora.h"
+#include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/tp/plan.h"
 #include "strata/strategies/tp/spec.h"
 
@@ -195,7 +196,7 @@ class GPTImpl : public torch::nn::Module {
   /// given (GPTModule passes TrainingModule::run_unit, the unit seam), else
   /// directly.
   torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
-  /// forward's parts, which pipeline stages run apart (gpt_pipeline.h): the
+  /// forward's parts, which pipeline stages run apart (gpt_pipeline.cpp): the
   /// token and position embeddings of `idx` [B, T] (with dropout), and the
   /// final norm and head's logits of the last block's output.
   torch::Tensor embed(const torch::Tensor& idx);
@@ -244,7 +245,7 @@ TORCH_MODULE(GPT);
 /// and the MLP's first Linear column-parallel (whole heads per rank), the
 /// two output projections row-parallel, the embedding and the head split
 /// along the vocabulary with a vocabulary-parallel cross-entropy.
-class GPTModule : public TrainingModule, public tp::TensorParallelModel {
+class GPTModule : public TrainingModule, public tp::TensorParallelModel, public pp::PipelineModel {
  public:
   /// `deferred`: parameters on the meta device until a strategy's setup
   /// (GPTImpl's constructor).
@@ -263,6 +264,20 @@ class GPTModule : public TrainingModule, public tp::TensorParallelModel {
   /// block size too. LoRA is not split yet.
   std::string tensor_parallel_problem(int size, bool sequence_parallel) const override;
   void set_tensor_parallel(const tp::Parallel& parallel) override { model_->set_tensor_parallel(parallel); }
+  // pp::PipelineModel (gpt_pipeline.cpp): the blocks; the first stage runs
+  // the embeddings, the last the final norm, the head and the loss; a tied
+  // wte is both stages'.
+  int64_t pipeline_blocks() const override { return model_->options().n_layer(); }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
+      const pp::StageCut& cut) override;
+  torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
+  torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override;
+  ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override;
+  std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
+  std::vector<std::string> tied_parameters() const override;
+  /// Parameters: a block's, the embeddings', the final norm and head's.
+  std::vector<double> block_costs() const override;
+  std::pair<double, double> end_costs() const override;
   /// The bare model: calling it directly bypasses the unit runners; the
   /// training and validation steps go through them.
   GPT& model() { return model_; }

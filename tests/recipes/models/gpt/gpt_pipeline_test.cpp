@@ -1,8 +1,9 @@
-// gpt_pipeline_test - the GPT cut into pipeline stages (gpt_pipeline.h) and
-// run by the executor on ranks as threads: every micro-batch's loss and every
+// gpt_pipeline_test - the GPT cut into pipeline stages (GPTModule as a
+// pp::PipelineModel, each rank's a pp::StageModule) and run by the executor
+// on ranks as threads: every micro-batch's loss and every
 // parameter's gradient equal the whole GPT's in one process, the tied
 // embedding's included once the first and last stage have summed theirs.
-#include "strata/recipes/models/gpt/gpt_pipeline.h"
+#include "strata/recipes/models/gpt/gpt.h"
 #include "strata/recipes/models/lm.h"
 #include "strata/strategies/thread_world.h"
 
@@ -54,37 +55,34 @@ void expect_pipeline_equals_one_process(const std::string& schedule_name, const 
   const auto o = options(2 * schedule->stages(), tied);
   const auto in = batches(so.microbatches());
   const Result want = one_process(o, in);
-  const auto ranges = strata::pp::balanced_split(std::vector<double>(size_t(o.n_layer()), 1.0), schedule->stages());
-  // One GPT per rank, built here (the same weights: GPT's init is seeded per parameter name).
-  std::vector<GPT> models;
-  for (int r = 0; r < so.ranks(); ++r) models.emplace_back(o);
+  // One GPT per rank, built here (the same weights: GPT's init is seeded per
+  // parameter name), each cut to its rank's stages.
+  std::vector<std::unique_ptr<strata::pp::StageModule>> modules;
+  for (int r = 0; r < so.ranks(); ++r) {
+    auto whole = std::make_unique<strata::recipes::GPTModule>(o);
+    const auto cuts = strata::pp::stage_cuts(*whole, schedule->stages());
+    std::vector<int> held;
+    for (int s = 0; s < schedule->stages(); ++s) {
+      if (schedule->rank_of(s) == r) held.push_back(s);
+    }
+    modules.push_back(std::make_unique<strata::pp::StageModule>(std::move(whole), cuts, held));
+  }
   std::mutex mu;
   Result got;
   std::map<std::string, int> owners;
   strata::run_thread_world(so.ranks(), [&](strata::Comm& comm) {
-    std::vector<std::unique_ptr<strata::recipes::GPTStage>> stages;
-    std::map<int, strata::pp::Stage*> mine;
-    for (int s = 0; s < schedule->stages(); ++s) {
-      if (schedule->rank_of(s) != comm.rank()) continue;
-      stages.push_back(std::make_unique<strata::recipes::GPTStage>(models[size_t(comm.rank())], ranges[size_t(s)],
-                                                                   s == 0, s + 1 == schedule->stages()));
-      mine[s] = stages.back().get();
-    }
+    auto& mine = *modules[size_t(comm.rank())];
     const auto losses = strata::pp::run_pipeline_step(
-        *schedule, mine, in, comm, strata::pp::ExecutorOptions().activation_shape({kBatch, kT, kWidth}));
-    if (tied) {
-      strata::pp::exchange_tied_gradient(models[size_t(comm.rank())]->named_parameters()["wte.weight"], 0,
-                                         schedule->rank_of(schedule->stages() - 1), comm);
+        *schedule, mine.stages(), in, comm, strata::pp::ExecutorOptions().activation_shape({kBatch, kT, kWidth}));
+    const auto params = mine.module().named_parameters();
+    if (tied && params.contains("wte.weight")) {
+      strata::pp::exchange_tied_gradient(params["wte.weight"], 0, schedule->rank_of(schedule->stages() - 1), comm);
     }
     std::lock_guard<std::mutex> lock(mu);
     if (!losses.empty()) got.losses = losses;
-    for (const auto& stage : stages) {
-      const auto names = stage->parameter_names();
-      const auto params = stage->parameters();
-      for (size_t i = 0; i < names.size(); ++i) {
-        ++owners[names[i]];
-        got.grads[names[i] + "@" + std::to_string(comm.rank())] = params[i].grad().clone();
-      }
+    for (const auto& p : params) {
+      ++owners[p.key()];
+      got.grads[p.key() + "@" + std::to_string(comm.rank())] = p.value().grad().clone();
     }
   });
   const std::string what = schedule_name + " P " + std::to_string(so.ranks()) + (tied ? " tied" : " untied");

@@ -1,0 +1,70 @@
+#include "strata/recipes/app/pipeline_run.h"
+
+#include "strata/strategies/parallel_dims.h"
+
+#include <c10/util/Exception.h>
+
+namespace strata::recipes {
+
+namespace {
+
+/// The stages' cuts of `module`, which must be a pp::PipelineModel.
+std::vector<pp::StageCut> cuts_of(const RunConfig& c, TrainingModule& module) {
+  const auto* model = dynamic_cast<const pp::PipelineModel*>(&module);
+  TORCH_CHECK_VALUE(model != nullptr, "--pp-size ", c.pp_size, ": this model cannot be cut into pipeline stages yet "
+                    "(strata's GPT can)");
+  const int stages = c.pp_size * c.pp_virtual_stages;
+  TORCH_CHECK_VALUE(model->pipeline_blocks() >= stages, "--pp-size ", c.pp_size, " x --pp-virtual-stages ",
+                    c.pp_virtual_stages, " needs ", stages, " blocks, one per stage at least; the model has ",
+                    model->pipeline_blocks(), " block(s)");
+  return pp::stage_cuts(*model, stages, c.pp_split);
+}
+
+}  // namespace
+
+void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int world) {
+  if (c.pp_size == 1) {
+    TORCH_CHECK_VALUE(c.pp_virtual_stages == 1 && c.pp_split.empty(), "--pp-virtual-stages and --pp-split cut "
+                      "pipeline stages; they need --pp-size > 1 (got --pp-size 1)");
+    return;
+  }
+  TORCH_CHECK_VALUE(world % (c.pp_size * c.tp_size) == 0, "--pp-size ", c.pp_size, c.tp_size > 1 ? c10::str(
+                    " x --tp-size ", c.tp_size) : std::string(), " does not divide the world of ", world, " ranks");
+  // Not composed yet (issue 47): each is one line rather than a wrong run.
+  TORCH_CHECK_VALUE(c.tp_size == 1, "--pp-size ", c.pp_size, " with --tp-size ", c.tp_size,
+                    ": tensor parallelism inside a stage is not composed yet; use one of them");
+  TORCH_CHECK_VALUE(world == c.pp_size && c.strategy == "single", "--pp-size ", c.pp_size, " on ", world,
+                    " ranks with --strategy ", c.strategy, ": a data-parallel strategy over the pipelines is not "
+                    "composed yet; run --strategy single with as many ranks as stages (--nproc ", c.pp_size, ")");
+  TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
+                    "--torchscript model has none");
+  TORCH_CHECK_VALUE(!c.dry_run, "--dry-run does not simulate --pp-size yet");
+  TORCH_CHECK_VALUE(c.precision != "16-mixed", "--pp-size ", c.pp_size, " with --precision 16-mixed: the loss "
+                    "scale is not agreed across stages yet; use bf16-mixed or 32");
+  // The schedule's own checks (its name, micro-batches a multiple of the
+  // ranks for interleaved-1f1b), made now with the run's numbers.
+  pp::make_schedule(c.pp_schedule, pp::ScheduleOptions()
+                                       .ranks(c.pp_size)
+                                       .microbatches(int(c.accumulate_grad_batches))
+                                       .virtual_stages(c.pp_virtual_stages));
+  const auto probe = model.build(/*deferred=*/true);  // meta tensors: nothing allocated
+  cuts_of(c, *probe);
+}
+
+PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::unique_ptr<TrainingModule>& module) {
+  if (c.pp_size == 1) return {world, nullptr};
+  const auto mesh = strata::ParallelDims::of(world.size(), ParallelSizes().pp(c.pp_size).tp(c.tp_size));
+  // Collective: every rank makes the same two splits in the same order.
+  Comm pp_group = world.split("pp", mesh.groups({Dim::pp}));
+  Comm dp_group = world.split("dp", mesh.groups({Dim::dp_replicate, Dim::dp_shard}));
+  const auto cuts = cuts_of(c, *module);
+  std::vector<int> held;
+  for (int s = pp_group.rank(); s < int(cuts.size()); s += c.pp_size) held.push_back(s);
+  auto stages = std::make_unique<pp::StageModule>(std::move(module), cuts, held);
+  auto pipeline = std::make_shared<pp::PipelineParallel>(
+      world, pp_group, *stages, pp::PipelineOptions().schedule(c.pp_schedule).virtual_stages(c.pp_virtual_stages));
+  module = std::move(stages);
+  return {dp_group, pipeline};
+}
+
+}  // namespace strata::recipes

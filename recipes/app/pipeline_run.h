@@ -1,0 +1,34 @@
+#pragma once
+// strata-gpt's --pp-size, --pp-schedule, --pp-virtual-stages and --pp-split
+// (strategies/pp, docs/pipeline.md): the checks of phase 1 and the cut of
+// phase 2. Pipeline stages are the outermost dimension of the mesh
+// (strata::ParallelDims): with pp 2 on 4 ranks, ranks {0, 2} and {1, 3} are
+// the two pipelines and {0, 1}, {2, 3} the stages' data-parallel groups.
+#include "strata/recipes/config/cli.h"
+#include "strata/recipes/models/spec.h"
+#include "strata/strategies/pp/pipeline_parallel.h"
+
+#include <memory>
+
+namespace strata::recipes {
+
+/// Phase 1: c10::ValueError (one line naming the value, exit 2) when `c`
+/// asks for a pipeline this run cannot have: a size that does not divide the
+/// world, a model that cannot be cut into its stages (or --pp-split that does
+/// not add up), an unknown schedule or one the micro-batches do not fit, or
+/// what is not composed yet. Nothing when pp_size is 1.
+void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int world);
+
+/// The data-parallel ranks the strategy runs over, and the pipeline beside it
+/// (null when --pp-size is 1: then `strategy_comm` is `world`).
+struct PipelineRun {
+  Comm strategy_comm;
+  std::shared_ptr<pp::PipelineParallel> pipeline;
+};
+
+/// Phase 2, on every rank (collective: splits `world`): `module` becomes
+/// this rank's stages (a pp::StageModule owning the whole model, whose
+/// parameters outside them are never materialised).
+PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::unique_ptr<TrainingModule>& module);
+
+}  // namespace strata::recipes
