@@ -45,6 +45,10 @@ void GradSync::resolve_unused(Comm& comm, const std::string& owner) {
   TORCH_CHECK(readiness_ != nullptr, "GradSync: resolve_unused() before setup()");
   const auto local = readiness_->unused_params();
   readiness_->clear_used();  // the next step starts counting afresh
+  // And launching: a step whose backwards all ran under no_sync (a
+  // pipeline's schedule) never resets it, yet its reduce_gradients() must
+  // launch every bucket.
+  readiness_->reset();
   unused_everywhere_.clear();
   const auto options = torch::TensorOptions(torch::kFloat64).device(comm.device());
   auto missing = torch::full({1}, static_cast<double>(local.size()), options);

@@ -33,9 +33,11 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int w
   // Not composed yet (issue 47): each is one line rather than a wrong run.
   TORCH_CHECK_VALUE(c.tp_size == 1, "--pp-size ", c.pp_size, " with --tp-size ", c.tp_size,
                     ": tensor parallelism inside a stage is not composed yet; use one of them");
-  TORCH_CHECK_VALUE(world == c.pp_size && c.strategy == "single", "--pp-size ", c.pp_size, " on ", world,
-                    " ranks with --strategy ", c.strategy, ": a data-parallel strategy over the pipelines is not "
-                    "composed yet; run --strategy single with as many ranks as stages (--nproc ", c.pp_size, ")");
+  // Sharded gradients (sdp, fsdp) and sharded state (oss) need the tied
+  // weight's sum and FSDP's gathers around each stage's forward and backward.
+  TORCH_CHECK_VALUE(c.strategy == "single" || c.strategy == "ddp", "--pp-size ", c.pp_size, " with --strategy ",
+                    c.strategy, ": that strategy over a stage's data-parallel ranks is not composed yet; use single "
+                    "(as many ranks as stages) or ddp");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
                     "--torchscript model has none");
   TORCH_CHECK_VALUE(!c.dry_run, "--dry-run does not simulate --pp-size yet");

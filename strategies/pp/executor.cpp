@@ -216,7 +216,13 @@ void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int las
   auto sent = comm.send_async(mine, peer, kTiedTag);
   comm.recv_async(theirs, peer, kTiedTag).wait();
   sent.wait();
-  weight.mutable_grad() = mine + theirs;
+  // In place where a gradient exists: a strategy may hold it as a view of its
+  // own buffer (ddp's buckets), which a new tensor would leave stale.
+  if (weight.grad().defined()) {
+    weight.mutable_grad().add_(theirs);
+  } else {
+    weight.mutable_grad() = theirs;
+  }
 }
 
 }  // namespace strata::pp

@@ -100,6 +100,10 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
   StepSeconds seconds;
   std::vector<double> losses;
   {
+    // Every backward only accumulates: a stage's gradients are complete
+    // once the schedule ends, when the strategy's reduce_gradients() syncs
+    // them over the stage's data-parallel group.
+    const NoSyncGuard accumulate = strategy.no_sync();
     AutocastGuard autocast(context.precision, strategy.device().type());
     losses = run_pipeline_step(schedule, module_.stages(), in, group_, options, &seconds);
   }

@@ -1,6 +1,7 @@
 // pp_parity_test - strata-gpt --pp-size against one process, step by step:
 // pp 2 and pp 4 under gpipe, 1f1b, interleaved-1f1b (2 stages per rank) and
-// zero-bubble, and pp 2 with activation checkpointing and bf16-mixed. The
+// zero-bubble, pp 2 x ddp 2, and pp 2 with activation checkpointing and
+// bf16-mixed. The
 // GPT's embedding is tied (wte is the head), so the first and the last
 // stage's copies must take the same summed gradient.
 //
@@ -65,17 +66,19 @@ std::vector<double> column(const fs::path& metrics, const std::string& name) {
   return out;
 }
 
-/// 8 blocks of gpt-nano, 4 micro-batches of 2 per step, 8 steps; `flags` add the pipeline.
+/// 8 blocks of gpt-nano, 4 micro-batches (of 2 unless `flags` say) per step,
+/// 8 steps; `flags` add the pipeline.
 Trained train(const std::string& flags) {
   static std::map<std::string, Trained> done;  // the references are shared between cases
   if (done.count(flags)) return done.at(flags);
   const fs::path out = scratch() / std::to_string(done.size());
   std::ostringstream args;
   args << "--preset gpt-nano --n-layer 8 --data " << token_data().string() << " --vocab-size 65 --block-size 16"
-       << " --dropout 0 --max-steps 8 --warmup-steps 2 --optimizer sgd --lr 0.1 --min-lr 0.01 --batch-size 2"
+       << " --dropout 0 --max-steps 8 --warmup-steps 2 --optimizer sgd --lr 0.1 --min-lr 0.01"
        << " --accumulate-grad-batches 4 --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 2"
        << " --progress-bar false --comm-timeout 60 --output-dir " << out.string() << " --dump-params "
-       << (out / "params.pt").string() << " " << flags;
+       << (out / "params.pt").string() << " " << flags
+       << (flags.find("--batch-size") == std::string::npos ? " --batch-size 2" : "");
   const auto run = run_gpt_binary(args.str());
   Trained t;
   t.exit_code = run.exit_code;
@@ -122,6 +125,13 @@ TEST(PpParityTest, EveryScheduleAtTwoAndFourStagesTrainsAsOneProcess) {
   }
 }
 
+TEST(PpParityTest, DdpOverEachStagesRanksTrainsAsOneProcess) {
+  // pp 2 x ddp 2: ranks {0, 2} and {1, 3} are the pipelines, {0, 1} and
+  // {2, 3} the stages' data-parallel groups; one process takes both
+  // pipelines' samples (batch 2 x 2).
+  expect_parity("--strategy ddp --nproc 4 --pp-size 2 --pp-schedule zero-bubble", "--batch-size 4", 1e-5, 1e-5);
+}
+
 TEST(PpParityTest, ActivationCheckpointingAndBf16MixedAcrossStages) {
   // bf16's rounding differs with the order of the sums: the tolerance is
   // bf16's, still far below a gradient counted twice.
@@ -139,7 +149,7 @@ TEST(PpParityTest, BadPipelineFlagsAreOneLineExitTwo) {
       {"--nproc 2 --pp-size 2 --pp-schedule interleaved-1f1b --pp-virtual-stages 2 --accumulate-grad-batches 3",
        "3"},
       {"--nproc 2 --pp-size 2 --pp-split 4,5", "4,5"},
-      {"--nproc 4 --pp-size 2 --strategy ddp", "not composed yet"},
+      {"--nproc 4 --pp-size 2 --strategy fsdp", "not composed yet"},
   };
   for (const auto& [flags, named] : cases) {
     const auto run = run_gpt_binary(std::string("--preset gpt-nano --n-layer 8 --data addition --output-dir ") +
