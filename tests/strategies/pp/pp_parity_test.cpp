@@ -67,18 +67,19 @@ std::vector<double> column(const fs::path& metrics, const std::string& name) {
 }
 
 /// 8 blocks of gpt-nano, 4 micro-batches (of 2 unless `flags` say) per step,
-/// 8 steps; `flags` add the pipeline.
+/// 8 steps, SGD unless `flags` say; `flags` add the pipeline.
 Trained train(const std::string& flags) {
   static std::map<std::string, Trained> done;  // the references are shared between cases
   if (done.count(flags)) return done.at(flags);
   const fs::path out = scratch() / std::to_string(done.size());
   std::ostringstream args;
   args << "--preset gpt-nano --n-layer 8 --data " << token_data().string() << " --vocab-size 65 --block-size 16"
-       << " --dropout 0 --max-steps 8 --warmup-steps 2 --optimizer sgd --lr 0.1 --min-lr 0.01"
+       << " --dropout 0 --max-steps 8 --warmup-steps 2"
        << " --accumulate-grad-batches 4 --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 2"
        << " --progress-bar false --comm-timeout 60 --output-dir " << out.string() << " --dump-params "
        << (out / "params.pt").string() << " " << flags
-       << (flags.find("--batch-size") == std::string::npos ? " --batch-size 2" : "");
+       << (flags.find("--batch-size") == std::string::npos ? " --batch-size 2" : "")
+       << (flags.find("--optimizer") == std::string::npos ? " --optimizer sgd --lr 0.1 --min-lr 0.01" : "");
   const auto run = run_gpt_binary(args.str());
   Trained t;
   t.exit_code = run.exit_code;
@@ -138,6 +139,27 @@ TEST(PpParityTest, ActivationCheckpointingAndBf16MixedAcrossStages) {
   expect_parity("--nproc 2 --pp-size 2 --pp-schedule 1f1b --activation-checkpointing 1 --precision bf16-mixed "
                 "--pp-split 3,5",
                 "--precision bf16-mixed", 2e-3, 1e-2);
+}
+
+TEST(PpParityTest, ACheckpointOfPp2TimesDdp2ResumesUnderSingleAndUnderPp4) {
+  // AdamW (its moments travel too). Every stage's rank writes its stages'
+  // pieces under the whole model's names, so any layout loads them.
+  const std::string adamw = " --optimizer adamw --lr 1e-3 --min-lr 1e-4";
+  const std::string saved = scratch() / "pp-checkpoint";
+  const auto whole = run_gpt_binary(
+      "--preset gpt-nano --n-layer 8 --data " + token_data().string() + " --vocab-size 65 --block-size 16 --dropout 0 "
+      "--max-steps 8 --warmup-steps 2 --accumulate-grad-batches 4 --log-every-n-steps 1 --threads-per-rank 1 "
+      "--limit-val-batches 0 --progress-bar false --batch-size 2 --strategy ddp --nproc 4 --pp-size 2 "
+      "--checkpoint-every 4 --output-dir " + saved + adamw);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto want = column(fs::path(saved) / "metrics.csv", "loss");
+  ASSERT_EQ(want.size(), 8u);
+  for (const char* layout : {"--batch-size 4", "--batch-size 4 --nproc 4 --pp-size 4 --pp-schedule gpipe"}) {
+    const Trained resumed = train(std::string(layout) + adamw + " --resume " + saved + "/checkpoints/step-4");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    ASSERT_EQ(resumed.losses.size(), 4u) << layout;
+    for (size_t s = 0; s < 4; ++s) EXPECT_NEAR(resumed.losses[s], want[4 + s], 1e-6 * want[4 + s]) << layout << " step " << 5 + s;
+  }
 }
 
 TEST(PpParityTest, BadPipelineFlagsAreOneLineExitTwo) {
