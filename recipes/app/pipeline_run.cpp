@@ -2,6 +2,8 @@
 
 #include "strata/strategies/parallel_dims.h"
 
+#include <torch/serialize.h>
+
 #include <c10/util/Exception.h>
 
 namespace strata::recipes {
@@ -67,6 +69,24 @@ PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::
       world, pp_group, *stages, pp::PipelineOptions().schedule(c.pp_schedule).virtual_stages(c.pp_virtual_stages));
   module = std::move(stages);
   return {dp_group, pipeline};
+}
+
+/// --dump-params and --export-weights under a pipeline: each stage's rank
+/// sends its parameters to rank 0, which writes the whole model.
+void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero) {
+  const RunConfig& c = run.config;
+  if (c.dump_params.empty() && c.export_weights.empty()) return;
+  const auto gathered = pipeline.gather_parameters();  // collective over the pipeline
+  if (!is_zero) return;
+  if (!c.dump_params.empty()) {
+    torch::serialize::OutputArchive archive;
+    for (const auto& [name, value] : gathered) archive.write(name, value);
+    archive.save_to(c.dump_params);
+  }
+  if (!c.export_weights.empty()) {
+    run.model->write_weights(c.export_weights, NamedTensors(gathered.begin(), gathered.end()),
+                             run.model->weight_formats().front());
+  }
 }
 
 }  // namespace strata::recipes

@@ -4,6 +4,7 @@
 // phase 2. Pipeline stages are the outermost dimension of the mesh
 // (strata::ParallelDims): with pp 2 on 4 ranks, ranks {0, 2} and {1, 3} are
 // the two pipelines and {0, 1}, {2, 3} the stages' data-parallel groups.
+#include "strata/recipes/app/run_checks.h"
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/models/spec.h"
 #include "strata/strategies/pp/pipeline_parallel.h"
@@ -30,5 +31,10 @@ struct PipelineRun {
 /// this rank's stages (a pp::StageModule owning the whole model, whose
 /// parameters outside them are never materialised).
 PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::unique_ptr<TrainingModule>& module);
+
+/// --dump-params and --export-weights under a pipeline (collective over it):
+/// each stage's rank sends its parameters to rank 0, which writes the whole
+/// model when `is_zero`.
+void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero);
 
 }  // namespace strata::recipes

@@ -160,24 +160,6 @@ void apply_checkpointing(const RunConfig& c, TrainingModule& module) {
   apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
 }
 
-/// --dump-params and --export-weights under a pipeline: each stage's rank
-/// sends its parameters to rank 0, which writes the whole model.
-void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero) {
-  const RunConfig& c = run.config;
-  if (c.dump_params.empty() && c.export_weights.empty()) return;
-  const auto gathered = pipeline.gather_parameters();  // collective over the pipeline
-  if (!is_zero) return;
-  if (!c.dump_params.empty()) {
-    torch::serialize::OutputArchive archive;
-    for (const auto& [name, value] : gathered) archive.write(name, value);
-    archive.save_to(c.dump_params);
-  }
-  if (!c.export_weights.empty()) {
-    run.model->write_weights(c.export_weights, NamedTensors(gathered.begin(), gathered.end()),
-                             run.model->weight_formats().front());
-  }
-}
-
 /// Files after training: --dump-params, --export-weights, --export-torchscript.
 void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built, bool is_zero) {
   const RunConfig& c = run.config;
@@ -197,6 +179,36 @@ void write_exports(const CheckedRun& run, Strategy& strategy, BuiltModule& built
     }
     if (is_zero && built.scripted) built.scripted->save(c.export_torchscript);
   }
+}
+
+/// How this rank's model is split and the strategy that trains it.
+struct RankParallel {
+  PipelineRun pipeline;
+  TensorParallelRun dims;
+  std::shared_ptr<Strategy> strategy;
+  int local_world = 1;  ///< the strategy's ranks per machine
+};
+
+/// --pp-size: this rank's stages of the model, the strategy over their
+/// data-parallel group; --tp-size: the model split over its tensor-parallel
+/// group, the strategy over the data-parallel one. Either way the strategy
+/// has local_world / (pp_size x tp_size) ranks per machine. Collective.
+RankParallel make_parallel(const CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
+                           const Comm& comm, BuiltModule& built) {
+  const RunConfig& c = run.config;
+  RankParallel out{apply_pipeline_parallel(c, comm, built.module), {}, nullptr, 1};
+  apply_checkpointing(c, *built.module);
+  out.dims = apply_tensor_parallel(c, out.pipeline.strategy_comm, *built.module);
+  out.local_world = (env ? env->local_world_size : 1) / (c.tp_size * c.pp_size);
+  out.strategy = registry.create_parsed(c.strategy, out.dims.strategy_comm, strategy_args(c, registry),
+                                        strategy_context(c, out.dims.strategy_comm.size(), out.local_world,
+                                                         comm.device()));
+  if (out.dims.tensor_parallel) out.strategy->set_model_parallel(out.dims.tensor_parallel);
+  if (out.pipeline.pipeline) {
+    out.strategy->set_model_parallel(out.pipeline.pipeline);
+    out.strategy->set_step_runner(out.pipeline.pipeline);
+  }
+  return out;
 }
 
 /// Phase 2, once the rank is in its world: the model, the strategy, fit().
@@ -226,21 +238,11 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   }
   torch::manual_seed(c.seed);
   BuiltModule built = build_module(run);
-  // --pp-size: this rank's stages of the model, the strategy over their
-  // data-parallel group; --tp-size: the model split over its tensor-parallel
-  // group, the strategy over the data-parallel one. Either way the strategy
-  // has local_world / (pp_size x tp_size) ranks per machine.
-  const PipelineRun pipeline = apply_pipeline_parallel(c, comm, built.module);
-  apply_checkpointing(c, *built.module);
-  const TensorParallelRun dims = apply_tensor_parallel(c, pipeline.strategy_comm, *built.module);
-  const int local_world = (env ? env->local_world_size : 1) / (c.tp_size * c.pp_size);
-  std::shared_ptr<Strategy> strategy = registry.create_parsed(
-      c.strategy, dims.strategy_comm, strategy_args(c, registry), strategy_context(c, dims.strategy_comm.size(), local_world, device));
-  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
-  if (pipeline.pipeline) {
-    strategy->set_model_parallel(pipeline.pipeline);
-    strategy->set_step_runner(pipeline.pipeline);
-  }
+  const RankParallel parallel = make_parallel(run, env, registry, comm, built);
+  const PipelineRun& pipeline = parallel.pipeline;
+  const TensorParallelRun& dims = parallel.dims;
+  const std::shared_ptr<Strategy>& strategy = parallel.strategy;
+  const int local_world = parallel.local_world;
   const PeakFlops peak = mfu_peak(c.peak_flops, c.precision, device);
   // The job's GEMM-bound ceiling, tokens/s (CPU; rank 0 writes it; strata's
   // launcher measured the rate). Measured here on a cold cache, its matrices
