@@ -8,10 +8,13 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,6 +77,29 @@ inline void save_dict(const std::filesystem::path& path, const std::map<std::str
   for (const auto& [k, v] : tensors) dict.insert(k, v);
   const auto bytes = torch::pickle_save(c10::IValue(dict));
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// A directory for one test binary's runs: the system's temporary directory's
+/// `name`-PID, created.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+/// nanoGPT-format data in `dir` (made once): train.bin and val.bin of 8192
+/// uint16 tokens below `vocab` each, from a fixed seed.
+inline std::filesystem::path random_token_data(const std::filesystem::path& dir, int vocab) {
+  if (std::filesystem::exists(dir / "val.bin")) return dir;
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(7);
+  for (const char* name : {"train.bin", "val.bin"}) {
+    std::vector<uint16_t> tokens(8192);
+    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % static_cast<unsigned>(vocab));
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
+  }
+  return dir;
 }
 
 }  // namespace strata::testing

@@ -21,7 +21,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 
 namespace {
@@ -30,25 +29,11 @@ using strata::testing::load_archive;
 using strata::testing::run_gpt_binary;
 
 fs::path scratch() {
-  static const fs::path dir = fs::temp_directory_path() / ("strata-pp-parity-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const fs::path dir = strata::testing::scratch_dir("strata-pp-parity");
   return dir;
 }
 
-/// train.bin / val.bin of uint16 tokens below 65.
-fs::path token_data() {
-  const fs::path dir = scratch() / "tokens";
-  if (fs::exists(dir / "val.bin")) return dir;
-  fs::create_directories(dir);
-  std::mt19937 rng(7);
-  for (const char* name : {"train.bin", "val.bin"}) {
-    std::vector<uint16_t> tokens(8192);
-    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % 65);
-    std::ofstream(dir / name, std::ios::binary)
-        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-  }
-  return dir;
-}
+fs::path token_data() { return strata::testing::random_token_data(scratch() / "tokens", 65); }
 
 struct Trained {
   int exit_code = -1;

@@ -32,24 +32,12 @@ using strata::testing::load_archive;
 using strata::testing::run_gpt_binary;
 
 fs::path scratch() {
-  static const fs::path dir = fs::temp_directory_path() / ("strata-tp-parity-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const fs::path dir = strata::testing::scratch_dir("strata-tp-parity");
   return dir;
 }
 
-/// train.bin / val.bin of uint16 tokens below `vocab`.
 fs::path token_data(int vocab = 65) {
-  const fs::path dir = scratch() / ("tokens" + std::to_string(vocab));
-  if (fs::exists(dir / "val.bin")) return dir;
-  fs::create_directories(dir);
-  std::mt19937 rng(7);
-  for (const char* name : {"train.bin", "val.bin"}) {
-    std::vector<uint16_t> tokens(8192);
-    for (auto& t : tokens) t = static_cast<uint16_t>(rng() % vocab);
-    std::ofstream(dir / name, std::ios::binary)
-        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-  }
-  return dir;
+  return strata::testing::random_token_data(scratch() / ("tokens" + std::to_string(vocab)), vocab);
 }
 
 struct TpRun {
