@@ -5,6 +5,7 @@
 #include "strata/callbacks/early_stopping.h"
 #include "strata/callbacks/lr_monitor.h"
 #include "strata/callbacks/memory_monitor.h"
+#include "strata/callbacks/pipeline_bubble.h"
 #include "strata/callbacks/model_checkpoint.h"
 #include "strata/callbacks/profiler.h"
 #include "strata/callbacks/progress.h"
@@ -256,7 +257,12 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
-  const auto callbacks = make_callbacks(c, throughput, out_dir, memory);
+  auto callbacks = make_callbacks(c, throughput, out_dir, memory);
+  // --pp-size: each rank's measured bubble, in pipeline.json.
+  if (pipeline.pipeline) {
+    callbacks.insert(callbacks.begin(),
+                     std::make_shared<PipelineBubble>(pipeline.pipeline, (out_dir / "pipeline.json").string()));
+  }
   if (is_zero) {
     std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : run.model_label) << " | "
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "

@@ -29,12 +29,14 @@ class RankStep {
     const auto start = std::chrono::steady_clock::now();
     dispatch(a);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (a.op == Op::Forward) {
-      seconds_.forward += took;
-    } else if (a.op == Op::Backward || a.op == Op::BackwardInput || a.op == Op::BackwardWeight) {
-      seconds_.backward += took;
-    } else if (a.op == Op::RecvActivation || a.op == Op::RecvGrad) {
-      seconds_.waiting += took;
+    switch (a.op) {
+      case Op::Forward: seconds_.forward += took; break;
+      case Op::Backward: seconds_.backward += took; break;
+      case Op::BackwardInput: seconds_.input += took; break;
+      case Op::BackwardWeight: seconds_.weight += took; break;
+      case Op::RecvActivation:
+      case Op::RecvGrad: seconds_.waiting += took; break;
+      default: break;  // sends are posted, not waited
     }
   }
 
@@ -191,16 +193,27 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
     TORCH_CHECK_VALUE(stage != nullptr && schedule.rank_of(s) == comm.rank(), "pipeline: rank ", comm.rank(),
                       " was given stage ", s, ", which the schedule places on rank ", schedule.rank_of(s));
   }
+  const auto start = std::chrono::steady_clock::now();
   RankStep step(schedule, stages, in, comm, options);
   const auto lists = with_communication(schedule);
   for (const Action& a : lists[size_t(comm.rank())]) step.run(a);
   auto losses = step.finish();
   if (seconds != nullptr) {
-    seconds->forward += step.seconds().forward;
-    seconds->backward += step.seconds().backward;
-    seconds->waiting += step.seconds().waiting;
+    StepSeconds mine = step.seconds();
+    mine.total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    *seconds += mine;
   }
   return losses;
+}
+
+StepSeconds& StepSeconds::operator+=(const StepSeconds& o) {
+  forward += o.forward;
+  backward += o.backward;
+  input += o.input;
+  weight += o.weight;
+  waiting += o.waiting;
+  total += o.total;
+  return *this;
 }
 
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm) {

@@ -46,10 +46,16 @@ struct ExecutorOptions {
   TORCH_ARG(double, loss_scale) = 1.0;
 };
 
-/// Seconds of one rank's step: its forwards, its backwards (B, I, W), and
-/// waiting for what it receives.
+/// Seconds of one rank's step: its forwards (F), whole backwards (B), input
+/// and weight gradients (I, W), waiting for what it receives, and the whole
+/// step (its actions and the wait for its sends at the end). The rest of
+/// `total` than the compute is the rank's idle time: its bubble.
 struct StepSeconds {
-  double forward = 0.0, backward = 0.0, waiting = 0.0;
+  double forward = 0.0, backward = 0.0, input = 0.0, weight = 0.0, waiting = 0.0, total = 0.0;
+  double compute() const { return forward + backward + input + weight; }
+  /// The share of the step this rank computed nothing (0 when nothing ran).
+  double idle_share() const { return total > 0 ? 1.0 - compute() / total : 0.0; }
+  StepSeconds& operator+=(const StepSeconds& o);
 };
 
 struct StepInputs {

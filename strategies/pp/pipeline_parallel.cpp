@@ -107,9 +107,11 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
     AutocastGuard autocast(context.precision, strategy.device().type());
     losses = run_pipeline_step(schedule, module_.stages(), in, group_, options, &seconds);
   }
+  last_step_ = seconds;
   times.forward_s += seconds.forward;
-  times.backward_s += seconds.backward;
-  times.backward_compute_s += seconds.backward;
+  const double backward = seconds.backward + seconds.input + seconds.weight;
+  times.backward_s += backward;
+  times.backward_compute_s += backward;
   losses.resize(size_t(m));  // zeros where this rank holds no last stage
   return share(std::move(losses), last_rank());
 }

@@ -52,6 +52,10 @@ class PipelineParallel : public ModelParallel, public StepRunner {
   /// holding it, on the CPU); empty on the others.
   std::vector<std::pair<std::string, torch::Tensor>> gather_parameters();
 
+  /// This rank's split of the last step's schedule (its bubble: idle_share()).
+  const StepSeconds& last_step() const { return last_step_; }
+  const PipelineOptions& options() const { return options_; }
+
   /// "pipeline: 2 stages ..." for the run's header.
   std::string describe() const;
   const Comm& group() const { return group_; }
@@ -69,6 +73,7 @@ class PipelineParallel : public ModelParallel, public StepRunner {
   StageModule& module_;
   PipelineOptions options_;
   std::unique_ptr<Schedule> schedule_;  ///< for the last micro-batch count seen
+  StepSeconds last_step_;
 };
 
 }  // namespace strata::pp

@@ -36,6 +36,7 @@ fs::path scratch() {
 fs::path token_data() { return strata::testing::random_token_data(scratch() / "tokens", 65); }
 
 struct Trained {
+  fs::path dir;  ///< the run's --output-dir
   int exit_code = -1;
   std::string output;
   std::map<std::string, torch::Tensor> params;
@@ -67,6 +68,7 @@ Trained train(const std::string& flags) {
        << (flags.find("--optimizer") == std::string::npos ? " --optimizer sgd --lr 0.1 --min-lr 0.01" : "");
   const auto run = run_gpt_binary(args.str());
   Trained t;
+  t.dir = out;
   t.exit_code = run.exit_code;
   t.output = args.str() + "\n" + run.output;
   if (run.exit_code != 0) return t;
@@ -109,6 +111,19 @@ TEST(PpParityTest, EveryScheduleAtTwoAndFourStagesTrainsAsOneProcess) {
       expect_parity(flags.str(), "", 1e-5, 1e-5);
     }
   }
+  // Each rank's measured split (PipelineBubble): compute within the step,
+  // and 1f1b's simulation and formula at P 2, M 4: 1/5.
+  const fs::path one_f_one_b =
+      train("--strategy single --nproc 2 --pp-size 2 --pp-schedule 1f1b --pp-virtual-stages 1").dir;
+  const auto bubble = nlohmann::json::parse(std::ifstream(one_f_one_b / "pipeline.json"));
+  ASSERT_EQ(bubble.at("per_rank").size(), 2u);
+  for (const auto& rank : bubble.at("per_rank")) {
+    EXPECT_GT(rank.at("idle_share").get<double>(), 0.0);
+    EXPECT_LT(rank.at("idle_share").get<double>(), 1.0);
+    EXPECT_LE(rank.at("forward_s").get<double>() + rank.at("backward_s").get<double>(), rank.at("step_s").get<double>());
+  }
+  EXPECT_NEAR(bubble.at("formula_idle_share").get<double>(), 0.2, 1e-12);
+  for (const auto& share : bubble.at("simulated_idle_share_per_stage_rank")) EXPECT_NEAR(share.get<double>(), 0.2, 1e-9);
 }
 
 TEST(PpParityTest, DdpOverEachStagesRanksTrainsAsOneProcess) {
