@@ -103,8 +103,10 @@ BuiltModule build_module(CheckedRun& run) {
   return out;
 }
 
+/// `pipeline`: null, or --pp-size's (each rank's measured bubble goes to pipeline.json).
 std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::shared_ptr<Throughput> throughput,
-                                                      const fs::path& out_dir, const MemoryTracker& memory) {
+                                                      const fs::path& out_dir, const MemoryTracker& memory,
+                                                      std::shared_ptr<pp::PipelineParallel> pipeline) {
   std::vector<std::shared_ptr<Callback>> callbacks = {
       std::make_shared<RecordRankError>(),
       std::make_shared<DescribeStrategy>(),
@@ -123,6 +125,9 @@ std::vector<std::shared_ptr<Callback>> make_callbacks(const RunConfig& c, std::s
             .mode(c.checkpoint_mode == "max" ? MonitorMode::kMax : MonitorMode::kMin)
             .save_top_k(c.checkpoint_keep_best)
             .async_write(c.checkpoint_async)));
+  }
+  if (pipeline) {
+    callbacks.push_back(std::make_shared<PipelineBubble>(std::move(pipeline), (out_dir / "pipeline.json").string()));
   }
   if (c.early_stopping_patience > 0) {
     callbacks.push_back(
@@ -257,12 +262,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   const auto matmul_dtype = compute_dtype(parse_precision(c.precision)).value_or(torch::kFloat32);
   auto throughput =
       std::make_shared<Throughput>(ThroughputOptions().peak_flops(peak.flops).peak_dtype(matmul_dtype));
-  auto callbacks = make_callbacks(c, throughput, out_dir, memory);
-  // --pp-size: each rank's measured bubble, in pipeline.json.
-  if (pipeline.pipeline) {
-    callbacks.insert(callbacks.begin(),
-                     std::make_shared<PipelineBubble>(pipeline.pipeline, (out_dir / "pipeline.json").string()));
-  }
+  const auto callbacks = make_callbacks(c, throughput, out_dir, memory, pipeline.pipeline);
   if (is_zero) {
     std::cout << "strata-gpt | " << (built.scripted ? "torchscript " + c.torchscript : run.model_label) << " | "
               << built.n_params << " parameters | data " << run.data->name() << " | " << strategy->name() << " x "
