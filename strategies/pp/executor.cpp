@@ -134,6 +134,7 @@ class RankStep {
     if (last(a.stage)) {
       // (The dry run's meta tensors have no value.)
       losses_[a.microbatch] = saved.output.is_meta() ? 0.0 : saved.output.item<double>();
+      if (o_.on_loss()) o_.on_loss()(saved.output);
       // The step's loss is the mean over micro-batches (times the loss scale).
       saved.grad = torch::full_like(saved.output, o_.loss_scale() / s_.options().microbatches());
     }

@@ -18,6 +18,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct ExecutorOptions {
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
   /// The gradients are of the mean loss times this (fp16 loss scaling).
   TORCH_ARG(double, loss_scale) = 1.0;
+  /// Called with each micro-batch's loss on the last stage, before its
+  /// backward (the Trainer's on_before_backward callbacks).
+  TORCH_ARG(std::function<void(const torch::Tensor&)>, on_loss);
 };
 
 /// Seconds of one rank's step: its forwards (F), whole backwards (B), input

@@ -95,7 +95,8 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
   }
   const auto options = ExecutorOptions()
                            .activation_shape(module_.model().activation_shape(batches.front().input))
-                           .loss_scale(context.loss_scale);
+                           .loss_scale(context.loss_scale)
+                           .on_loss(context.hooks.before_backward);
   if (context.hooks.phase) context.hooks.phase("pipeline");
   StepSeconds seconds;
   std::vector<double> losses;
