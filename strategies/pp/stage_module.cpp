@@ -21,6 +21,26 @@ std::vector<StageCut> stage_cuts(const PipelineModel& model, int stages, const s
   return cuts;
 }
 
+namespace {
+
+/// Registers `child` at the dotted `path` under `root` ("model.layers.3":
+/// empty containers for "model" and "layers" made as needed), so its
+/// parameters keep the whole model's names.
+void register_at(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> child) {
+  torch::nn::Module* parent = &root;
+  size_t start = 0;
+  for (size_t dot = path.find('.'); dot != std::string::npos; start = dot + 1, dot = path.find('.', start)) {
+    const std::string part = path.substr(start, dot - start);
+    auto children = parent->named_children();
+    auto* existing = children.find(part);
+    parent = existing != nullptr ? existing->get()
+                                 : parent->register_module(part, std::make_shared<torch::nn::Module>(part)).get();
+  }
+  parent->register_module(path.substr(start), std::move(child));
+}
+
+}  // namespace
+
 /// One held stage as the executor runs it.
 class StageModule::HeldStage : public Stage {
  public:
@@ -56,7 +76,7 @@ StageModule::StageModule(std::unique_ptr<TrainingModule> whole, std::vector<Stag
     std::vector<torch::Tensor> params;
     for (const auto& [name, child] : model_->stage_children(cut)) {
       // A child two held stages use (a tied embedding with one rank) once.
-      if (registered.insert(name).second) root_->register_module(name, child);
+      if (registered.insert(name).second) register_at(*root_, name, child);
       for (const auto& p : child->parameters()) {
         if (p.requires_grad()) params.push_back(p);
       }

@@ -348,27 +348,38 @@ void LlamaImpl::set_tensor_parallel(const tp::Parallel& tp) {
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const UnitRunner& run_unit) {
+  return head(run_blocks(embed(idx), idx.size(1), 0, int64_t(blocks_.size()), run_unit));
+}
+
+torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
   TORCH_CHECK_VALUE(idx.size(1) <= options_.block_size(), "sequence length ", idx.size(1), " exceeds block_size ",
                     options_.block_size());
   // Tensor parallel: the vocabulary-parallel lookup, whole (or this rank's
   // part of the sequence).
-  auto x = tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size())
-                     : torch::embedding(embed_tokens_->weight, idx);
-  // Once per forward, for every block: the positions are the whole sequence's
+  return tp_.on() ? tp_.embedding(idx, embed_tokens_->weight, options_.vocab_size())
+                  : torch::embedding(embed_tokens_->weight, idx);
+}
+
+torch::Tensor LlamaImpl::run_blocks(torch::Tensor x, int64_t T, int64_t from, int64_t to, const UnitRunner& run_unit) {
+  // Once per call, for its blocks: the positions are the whole sequence's
   // even when sequence parallelism splits x.
   // (The fused kernel groups queries itself: no mask.)
-  const int64_t group = fused_here(options_, idx.device()) ? 1 : options_.n_head() / options_.kv_heads();
-  const auto in = attention_inputs(inverse_frequencies_, idx.size(1), group, idx.device());
-  for (size_t i = 0; i < blocks_.size(); ++i) {
+  const int64_t group = fused_here(options_, x.device()) ? 1 : options_.n_head() / options_.kv_heads();
+  const auto in = attention_inputs(inverse_frequencies_, T, group, x.device());
+  for (int64_t i = from; i < to; ++i) {
     // By value: a runner may keep this forward and call it again in backward
     // (activation checkpointing recomputes the block).
-    UnitFn block = [unit = blocks_[i].ptr(), in](const torch::Tensor& t) { return unit->forward(t, in); };
-    x = run_unit ? run_unit(static_cast<int64_t>(i), x, block) : block(x);
+    UnitFn block = [unit = blocks_[size_t(i)].ptr(), in](const torch::Tensor& t) { return unit->forward(t, in); };
+    x = run_unit ? run_unit(i, x, block) : block(x);
   }
-  x = norm_(x, tp_);
+  return x;
+}
+
+torch::Tensor LlamaImpl::head(const torch::Tensor& x) {
+  const auto y = norm_(x, tp_);
   const auto& head = lm_head_ ? lm_head_->weight : embed_tokens_->weight;
   // Tensor parallel: this rank's part of the vocabulary (column-parallel head).
-  return tp_.on() ? tp_.column(x, head, {}) : torch::nn::functional::linear(x, head);
+  return tp_.on() ? tp_.column(y, head, {}) : torch::nn::functional::linear(y, head);
 }
 
 torch::Tensor LlamaImpl::forward_cached(const torch::Tensor& idx, KVCache& cache) {

@@ -18,6 +18,7 @@
 //   strata::recipes::LlamaModule module(options);
 #include "strata/core/training_module.h"
 #include "strata/recipes/models/lora.h"
+#include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/tp/plan.h"
 
 #include <torch/torch.h>
@@ -258,6 +259,13 @@ class LlamaImpl : public torch::nn::Module {
   /// idx: int64 [B, T], T <= block_size; logits [B, T, vocab]. Block i runs
   /// through `run_unit` (the unit seam) when given.
   torch::Tensor forward(const torch::Tensor& idx, const UnitRunner& run_unit = nullptr);
+  /// forward's parts, which pipeline stages run apart (llama_pipeline.cpp):
+  /// the token embedding of `idx` [B, T]; blocks [from, to) (block i through
+  /// `run_unit` as unit i when given) on `x` of a T-token sequence; the final
+  /// norm and the head's logits.
+  torch::Tensor embed(const torch::Tensor& idx);
+  torch::Tensor run_blocks(torch::Tensor x, int64_t T, int64_t from, int64_t to, const UnitRunner& run_unit = nullptr);
+  torch::Tensor head(const torch::Tensor& x);
   /// Generation: the logits of `idx` [B, T] after the cache's positions (the
   /// prompt into an empty cache, then one token at a time), which it extends.
   torch::Tensor forward_cached(const torch::Tensor& idx, KVCache& cache);
@@ -293,7 +301,7 @@ TORCH_MODULE(Llama);
 /// query groups, never repeated), o_proj and down_proj row-parallel, the
 /// embedding and head along the vocabulary with a vocabulary-parallel
 /// cross-entropy.
-class LlamaModule : public TrainingModule, public tp::TensorParallelModel {
+class LlamaModule : public TrainingModule, public tp::TensorParallelModel, public pp::PipelineModel {
  public:
   explicit LlamaModule(const LlamaOptions& options, bool deferred = false);
   torch::nn::Module& module() override { return *model_; }
@@ -307,6 +315,20 @@ class LlamaModule : public TrainingModule, public tp::TensorParallelModel {
   tp::Plan tensor_parallel_plan() const override;
   std::string tensor_parallel_problem(int size, bool sequence_parallel) const override;
   void set_tensor_parallel(const tp::Parallel& parallel) override { model_->set_tensor_parallel(parallel); }
+  // pp::PipelineModel (llama_pipeline.cpp): the decoder layers; the first
+  // stage runs the token embedding, the last the final norm, the head and the
+  // loss; a tied embed_tokens is both stages'.
+  int64_t pipeline_blocks() const override { return model_->options().n_layer(); }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
+      const pp::StageCut& cut) override;
+  torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
+  torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override;
+  ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override;
+  std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
+  std::vector<std::string> tied_parameters() const override;
+  /// Parameters: a layer's, the embedding's, the final norm and head's.
+  std::vector<double> block_costs() const override;
+  std::pair<double, double> end_costs() const override;
   Llama& model() { return model_; }
 
  private:

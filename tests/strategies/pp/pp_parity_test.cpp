@@ -55,13 +55,16 @@ std::vector<double> column(const fs::path& metrics, const std::string& name) {
 
 /// 8 blocks of gpt-nano, 4 micro-batches (of 2 unless `flags` say) per step,
 /// 8 steps, SGD unless `flags` say; `flags` add the pipeline.
-Trained train(const std::string& flags) {
+constexpr const char* kGpt = "--preset gpt-nano --n-layer 8 --dropout 0";
+
+Trained train(const std::string& flags, const std::string& model = kGpt) {
   static std::map<std::string, Trained> done;  // the references are shared between cases
-  if (done.count(flags)) return done.at(flags);
+  const std::string key = model + " | " + flags;
+  if (done.count(key)) return done.at(key);
   const fs::path out = scratch() / std::to_string(done.size());
   std::ostringstream args;
-  args << "--preset gpt-nano --n-layer 8 --data " << token_data().string() << " --vocab-size 65 --block-size 16"
-       << " --dropout 0 --max-steps 8 --warmup-steps 2"
+  args << model << " --data " << token_data().string() << " --vocab-size 65 --block-size 16"
+       << " --max-steps 8 --warmup-steps 2"
        << " --accumulate-grad-batches 4 --log-every-n-steps 1 --threads-per-rank 1 --limit-val-batches 2"
        << " --progress-bar false --comm-timeout 60 --output-dir " << out.string() << " --dump-params "
        << (out / "params.pt").string() << " " << flags
@@ -77,13 +80,14 @@ Trained train(const std::string& flags) {
   t.grad_norms = column(out / "metrics.csv", "grad_norm");
   t.losses = column(out / "metrics.csv", "loss");
   t.val_loss = nlohmann::json::parse(std::ifstream(out / "summary.json")).at("val_loss").get<double>();
-  return done[flags] = t;
+  return done[key] = t;
 }
 
 /// Every parameter within `tolerance` of one process's, each step's loss and
 /// global gradient norm within `relative`, and the pipeline's validation.
-void expect_parity(const std::string& flags, const std::string& reference_flags, double tolerance, double relative) {
-  const Trained want = train(reference_flags), got = train(flags);
+void expect_parity(const std::string& flags, const std::string& reference_flags, double tolerance, double relative,
+                   const std::string& model = kGpt) {
+  const Trained want = train(reference_flags, model), got = train(flags, model);
   ASSERT_EQ(want.exit_code, 0) << want.output;
   ASSERT_EQ(got.exit_code, 0) << got.output;
   ASSERT_EQ(got.params.size(), want.params.size()) << flags;
@@ -129,6 +133,15 @@ TEST(PpParityTest, EveryScheduleAtTwoAndFourStagesTrainsAsOneProcess) {
   }
   EXPECT_NEAR(bubble.at("formula_idle_share").get<double>(), 0.2, 1e-12);
   for (const auto& share : bubble.at("simulated_idle_share_per_stage_rank")) EXPECT_NEAR(share.get<double>(), 0.2, 1e-9);
+}
+
+TEST(PpParityTest, TheLlamaFamilyTiedAndUntied) {
+  // Qwen2.5-0.5B's shape shrunk (tied embed_tokens, grouped queries, q/k/v
+  // biases) and a Llama (untied lm_head); nested names (model.layers.N).
+  expect_parity("--nproc 2 --pp-size 2 --pp-schedule zero-bubble", "", 1e-5, 1e-5,
+                "--preset qwen2.5-0.5b --n-layer 4 --n-embd 64 --n-head 4");
+  expect_parity("--nproc 2 --pp-size 2 --pp-schedule interleaved-1f1b --pp-virtual-stages 2", "", 1e-5, 1e-5,
+                "--preset llama-nano --n-layer 4");
 }
 
 TEST(PpParityTest, DdpOverEachStagesRanksTrainsAsOneProcess) {
