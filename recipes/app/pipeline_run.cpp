@@ -42,7 +42,6 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int w
                     "(as many ranks as stages) or ddp");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
                     "--torchscript model has none");
-  TORCH_CHECK_VALUE(!c.dry_run, "--dry-run does not simulate --pp-size yet");
   // 16-mixed needs nothing more: every stage's rank scales by the same loss
   // scale, and the skip decision reads the global norm, summed over the
   // stages, so every rank skips the same steps and its scale moves alike.

@@ -79,6 +79,7 @@ std::vector<double> PipelineParallel::share(std::vector<double> values, int root
   // Sync point: what the last stage computed (losses, validation sums) is
   // what every stage's rank logs and decides on.
   group_.broadcast(t, root);
+  if (t.is_meta()) return values;  // the dry run: no values
   t = t.cpu();
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
@@ -123,7 +124,9 @@ void PipelineParallel::after_gradient_sync(Strategy&) {
     const auto* weight = params.find(name);
     // Sync point (the first and the last stage's ranks): both copies take the
     // summed gradient, so they stay equal.
-    if (weight != nullptr) exchange_tied_gradient(*weight, 0, last_rank(), group_);
+    if (weight == nullptr) continue;
+    group_.set_flight_label("tied " + name);
+    exchange_tied_gradient(*weight, 0, last_rank(), group_);
   }
 }
 

@@ -194,6 +194,36 @@ TEST(PpParityTest, ACheckpointOfPp2TimesDdp2ResumesUnderSingleAndUnderPp4) {
   }
 }
 
+TEST(PpParityTest, BytesPerStepEqualTheFormulaInARunAndInItsDryRun) {
+  // pp 2 x ddp 2: per step each rank sends M activations forward (the first
+  // stage) or M input gradients back (the last), [B, T, C] fp32 each, and its
+  // copy of the tied wte's gradient [V, C]; the data-parallel all-reduces are
+  // its stage's. The run's summary, its --dry-run (meta tensors, a fake
+  // process group) and the formula agree exactly.
+  const std::string flags = "--strategy ddp --nproc 4 --pp-size 2 --pp-schedule zero-bubble";
+  const Trained run = train(flags);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const int64_t m = 4, b = 2, t = 16, c = 48, v = 65;
+  const int64_t send = m * b * t * c * 4 + v * c * 4;
+  const auto summary = nlohmann::json::parse(std::ifstream(run.dir / "summary.json"));
+  ASSERT_EQ(summary.at("per_rank").size(), 4u);
+  for (const auto& rank : summary.at("per_rank")) {
+    EXPECT_EQ(rank.at("comm_bytes_per_step").at("send").get<double>(), double(send));
+  }
+  const auto dry = run_gpt_binary(std::string(kGpt) + " --data " + token_data().string() +
+                                  " --vocab-size 65 --block-size 16 --batch-size 2 --accumulate-grad-batches 4 "
+                                  "--optimizer sgd --dry-run " + flags);
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  for (int r : {0, 3}) {
+    const auto& real = summary.at("per_rank")[size_t(r)].at("comm_bytes_per_step");
+    const std::string line = "bytes sent per step, rank " + std::to_string(r) + ": all_reduce=" +
+                             std::to_string(int64_t(real.at("all_reduce").get<double>())) + " broadcast=" +
+                             std::to_string(int64_t(real.at("broadcast").get<double>())) + " send=" +
+                             std::to_string(send);
+    EXPECT_NE(dry.output.find(line), std::string::npos) << line << "\n" << dry.output;
+  }
+}
+
 TEST(PpParityTest, BadPipelineFlagsAreOneLineExitTwo) {
   const std::pair<const char*, const char*> cases[] = {
       {"--nproc 2 --pp-size 3", "--pp-size 3"},
