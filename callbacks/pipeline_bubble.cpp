@@ -45,7 +45,6 @@ void PipelineBubble::on_train_batch_end(Trainer& trainer, TrainingModule&, const
   }
   sums_ += pipeline_->last_step();
   ++steps_;
-  microbatches_ = trainer.options().accumulate_grad_batches();
 }
 
 void PipelineBubble::on_fit_end(Trainer& trainer, TrainingModule&) {
@@ -58,11 +57,13 @@ void PipelineBubble::on_fit_end(Trainer& trainer, TrainingModule&) {
   auto all = torch::empty({job.size() * kFields}, mine.options());
   // Sync point: rank 0 writes every rank's split.
   job.all_gather_into(all, mine);
-  if (job.rank() != 0) return;
+  // No steady step (a fit of one step, or a resume with one left): nothing
+  // measured. Every rank counted the same steps, so all return here alike.
+  if (job.rank() != 0 || steps_ == 0) return;
   all = all.cpu();
   const auto a = all.accessor<double, 1>();
   const int p = pipeline_->group().size(), v = pipeline_->options().virtual_stages();
-  const auto m = static_cast<int>(microbatches_);
+  const auto m = static_cast<int>(trainer.options().accumulate_grad_batches());
   nlohmann::json ranks = nlohmann::json::array();
   pp::StageCosts mean{0, 0, 0};
   // The step ends when its slowest rank does: each rank's idle share is of

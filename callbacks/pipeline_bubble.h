@@ -6,7 +6,8 @@
 // idle share beside what the schedule's simulation (strategies/pp/schedule.h)
 // predicts from the measured per-micro-batch costs with free transfers, and
 // the closed formula: (P − 1)/(V·M + P − 1) for gpipe, 1f1b and interleaved;
-// ZB-H1's (P − 1)(F + I − W) bubble beside M(F + I + W) of work.
+// ZB-H1's (P − 1)(F + I − W) bubble beside M(F + I + W) of work. A fit
+// without a steady step writes nothing.
 //
 // Example:
 //   callbacks.push_back(std::make_shared<strata::PipelineBubble>(pipeline, "/tmp/run/pipeline.json"));
@@ -31,7 +32,7 @@ class PipelineBubble : public Callback {
   std::shared_ptr<pp::PipelineParallel> pipeline_;
   std::string path_;
   pp::StepSeconds sums_;
-  int64_t steps_ = 0, microbatches_ = 0;
+  int64_t steps_ = 0;
   bool first_ = true;
 };
 

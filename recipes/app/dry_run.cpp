@@ -86,7 +86,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
     apply_activation_checkpointing(module, ActivationCheckpointOptions().every_n(c.activation_checkpointing).policy(c.ac_policy));
   }
   const TensorParallelRun dims = apply_tensor_parallel(c, pipeline.strategy_comm, module);
-  const int local_world = std::min(world, c.nproc) / (c.tp_size * c.pp_size);
+  const int local_world = std::max(1, std::min(std::min(world, c.nproc) / c.tp_size, world / (c.tp_size * c.pp_size)));
   auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
                                          strategy_context(c, dims.strategy_comm.size(), local_world, meta));
   if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);

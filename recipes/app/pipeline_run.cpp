@@ -1,5 +1,6 @@
 #include "strata/recipes/app/pipeline_run.h"
 
+#include "strata/core/device.h"
 #include "strata/strategies/parallel_dims.h"
 
 #include <torch/serialize.h>
@@ -42,6 +43,19 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int w
                     "(as many ranks as stages) or ddp");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
                     "--torchscript model has none");
+  // NCCL pairs point-to-point ops by issue order on one stream per pair of
+  // ranks and ignores tags: a schedule's sends and receives, waited one by
+  // one, would deadlock once messages outgrow its buffers. They must be
+  // batched first (batch_isend_irecv).
+  TORCH_CHECK_VALUE(resolve_device(c.device, 0).is_cpu(), "--pp-size ", c.pp_size, " runs on CPU ranks (Gloo) only "
+                    "for now: on CUDA its sends and receives are not batched for NCCL yet; use --device cpu");
+  // Zero-bubble's split backward walks a checkpointed block's recompute in
+  // both halves when a block that is not checkpointed comes before it: its
+  // weights' gradients would be added twice.
+  TORCH_CHECK_VALUE(c.activation_checkpointing == 0 || (c.pp_schedule != "zero-bubble" && c.pp_schedule != "ZBH1"),
+                    "--pp-schedule ", c.pp_schedule, " with --activation-checkpointing ", c.activation_checkpointing,
+                    ": the split backward does not compose with checkpointed blocks yet; use 1f1b, gpipe or "
+                    "interleaved-1f1b");
   // 16-mixed needs nothing more: every stage's rank scales by the same loss
   // scale, and the skip decision reads the global norm, summed over the
   // stages, so every rank skips the same steps and its scale moves alike.

@@ -205,7 +205,10 @@ RankParallel make_parallel(const CheckedRun& run, const std::optional<DistEnv>& 
   RankParallel out{apply_pipeline_parallel(c, comm, built.module), {}, nullptr, 1};
   apply_checkpointing(c, *built.module);
   out.dims = apply_tensor_parallel(c, out.pipeline.strategy_comm, *built.module);
-  out.local_world = (env ? env->local_world_size : 1) / (c.tp_size * c.pp_size);
+  // Stages are outermost: a data-parallel group's ranks on this machine are
+  // its tensor-parallel share of them, at most the group's size.
+  out.local_world = std::max(1, std::min((env ? env->local_world_size : 1) / c.tp_size,
+                                         comm.size() / (c.tp_size * c.pp_size)));
   out.strategy = registry.create_parsed(c.strategy, out.dims.strategy_comm, strategy_args(c, registry),
                                         strategy_context(c, out.dims.strategy_comm.size(), out.local_world,
                                                          comm.device()));

@@ -390,7 +390,7 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
   if (!registry.contains(c.strategy)) return;
   const auto shape = world_shape(c, env);
   // The strategy's ranks per machine: a tensor-parallel group's share of them.
-  const auto context = strategy_context(c, shape.data, std::max(1, shape.local_ranks * shape.data / shape.world),
+  const auto context = strategy_context(c, shape.data, std::max(1, std::min(shape.local_ranks / c.tp_size, shape.data)),
                                         resolve_device(c.device, shape.local_rank));
   const std::string problem = registry.spec(c.strategy).check_run(strategy_args(c, registry), context);
   TORCH_CHECK_VALUE(problem.empty(), problem);

@@ -234,6 +234,7 @@ TEST(PpParityTest, BadPipelineFlagsAreOneLineExitTwo) {
        "3"},
       {"--nproc 2 --pp-size 2 --pp-split 4,5", "4,5"},
       {"--nproc 4 --pp-size 2 --strategy fsdp", "not composed yet"},
+      {"--nproc 2 --pp-size 2 --pp-schedule zero-bubble --activation-checkpointing 2", "checkpointed blocks"},
   };
   for (const auto& [flags, named] : cases) {
     const auto run = run_gpt_binary(std::string("--preset gpt-nano --n-layer 8 --data addition --output-dir ") +
