@@ -197,27 +197,25 @@ struct RankParallel {
 
 /// --pp-size: this rank's stages of the model, the strategy over their
 /// data-parallel group; --tp-size: the model split over its tensor-parallel
-/// group, the strategy over the data-parallel one. Either way the strategy
-/// has local_world / (pp_size x tp_size) ranks per machine. Collective.
+/// group, the strategy over the data-parallel one. Collective.
 RankParallel make_parallel(const CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry,
                            const Comm& comm, BuiltModule& built) {
   const RunConfig& c = run.config;
-  RankParallel out{apply_pipeline_parallel(c, comm, built.module), {}, nullptr, 1};
+  PipelineRun pipeline = apply_pipeline_parallel(c, comm, built.module);
   apply_checkpointing(c, *built.module);
-  out.dims = apply_tensor_parallel(c, out.pipeline.strategy_comm, *built.module);
+  TensorParallelRun dims = apply_tensor_parallel(c, pipeline.strategy_comm, *built.module);
   // Stages are outermost: a data-parallel group's ranks on this machine are
   // its tensor-parallel share of them, at most the group's size.
-  out.local_world = std::max(1, std::min((env ? env->local_world_size : 1) / c.tp_size,
-                                         comm.size() / (c.tp_size * c.pp_size)));
-  out.strategy = registry.create_parsed(c.strategy, out.dims.strategy_comm, strategy_args(c, registry),
-                                        strategy_context(c, out.dims.strategy_comm.size(), out.local_world,
-                                                         comm.device()));
-  if (out.dims.tensor_parallel) out.strategy->set_model_parallel(out.dims.tensor_parallel);
-  if (out.pipeline.pipeline) {
-    out.strategy->set_model_parallel(out.pipeline.pipeline);
-    out.strategy->set_step_runner(out.pipeline.pipeline);
+  const int local_world = std::max(1, std::min((env ? env->local_world_size : 1) / c.tp_size,
+                                               comm.size() / (c.tp_size * c.pp_size)));
+  auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
+                                         strategy_context(c, dims.strategy_comm.size(), local_world, comm.device()));
+  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
+  if (pipeline.pipeline) {
+    strategy->set_model_parallel(pipeline.pipeline);
+    strategy->set_step_runner(pipeline.pipeline);
   }
-  return out;
+  return {std::move(pipeline), std::move(dims), std::move(strategy), local_world};
 }
 
 /// Phase 2, once the rank is in its world: the model, the strategy, fit().
