@@ -3,6 +3,7 @@
 // validation sums over logits, and the fused attention under selective
 // activation checkpointing.
 #include "strata/core/training_module.h"
+#include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/tp/parallel.h"
 
 #include <torch/torch.h>
@@ -28,5 +29,18 @@ ValidationStep lm_validation(const torch::Tensor& logits, const Batch& batch, co
 /// activation-checkpointing policy (its output, fp32 output and logsumexp).
 torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               double dropout_p, bool training);
+
+/// What every language model's pipeline stages share (pp::PipelineModel):
+/// the last stage's next-token loss and validation sums of its logits
+/// (stages run without tensor parallelism).
+class LanguageModelStages : public pp::PipelineModel {
+ public:
+  torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override {
+    return lm_loss(output, target);
+  }
+  ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override {
+    return lm_validation(output, batch);
+  }
+};
 
 }  // namespace strata::recipes

@@ -245,7 +245,7 @@ TORCH_MODULE(GPT);
 /// and the MLP's first Linear column-parallel (whole heads per rank), the
 /// two output projections row-parallel, the embedding and the head split
 /// along the vocabulary with a vocabulary-parallel cross-entropy.
-class GPTModule : public TrainingModule, public tp::TensorParallelModel, public pp::PipelineModel {
+class GPTModule : public TrainingModule, public tp::TensorParallelModel, public LanguageModelStages {
  public:
   /// `deferred`: parameters on the meta device until a strategy's setup
   /// (GPTImpl's constructor).
@@ -271,8 +271,6 @@ class GPTModule : public TrainingModule, public tp::TensorParallelModel, public 
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
       const pp::StageCut& cut) override;
   torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
-  torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override;
-  ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override;
   std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
   std::vector<std::string> tied_parameters() const override;
   /// Parameters: a block's, the embeddings', the final norm and head's.

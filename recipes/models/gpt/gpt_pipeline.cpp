@@ -6,7 +6,6 @@
 // the two after the step.
 #include "strata/recipes/models/gpt/gpt.h"
 
-#include "strata/recipes/models/lm.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -38,14 +37,6 @@ torch::Tensor GPTModule::stage_forward(const pp::StageCut& cut, const torch::Ten
     h = run(i, h, [block = model_->blocks()[size_t(i)].ptr()](const torch::Tensor& t) { return block->forward(t); });
   }
   return cut.last ? model_->head(h) : h;
-}
-
-torch::Tensor GPTModule::stage_loss(const torch::Tensor& output, const torch::Tensor& target) {
-  return lm_loss(output, target);
-}
-
-ValidationStep GPTModule::stage_validation(const torch::Tensor& output, const Batch& batch) {
-  return lm_validation(output, batch);
 }
 
 std::vector<int64_t> GPTModule::activation_shape(const torch::Tensor& input) const {

@@ -17,6 +17,7 @@
 //   auto options = strata::recipes::llama_preset("llama-micro").vocab_size(12).block_size(11);
 //   strata::recipes::LlamaModule module(options);
 #include "strata/core/training_module.h"
+#include "strata/recipes/models/lm.h"
 #include "strata/recipes/models/lora.h"
 #include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/tp/plan.h"
@@ -301,7 +302,7 @@ TORCH_MODULE(Llama);
 /// query groups, never repeated), o_proj and down_proj row-parallel, the
 /// embedding and head along the vocabulary with a vocabulary-parallel
 /// cross-entropy.
-class LlamaModule : public TrainingModule, public tp::TensorParallelModel, public pp::PipelineModel {
+class LlamaModule : public TrainingModule, public tp::TensorParallelModel, public LanguageModelStages {
  public:
   explicit LlamaModule(const LlamaOptions& options, bool deferred = false);
   torch::nn::Module& module() override { return *model_; }
@@ -322,8 +323,6 @@ class LlamaModule : public TrainingModule, public tp::TensorParallelModel, publi
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
       const pp::StageCut& cut) override;
   torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
-  torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override;
-  ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override;
   std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
   std::vector<std::string> tied_parameters() const override;
   /// Parameters: a layer's, the embedding's, the final norm and head's.

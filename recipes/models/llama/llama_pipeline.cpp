@@ -6,7 +6,6 @@
 // the pipeline sums their gradients after the step.
 #include "strata/recipes/models/llama/llama.h"
 
-#include "strata/recipes/models/lm.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -34,14 +33,6 @@ torch::Tensor LlamaModule::stage_forward(const pp::StageCut& cut, const torch::T
   auto h = cut.first ? model_->embed(x) : x;
   h = model_->run_blocks(h, x.size(1), cut.blocks.first, cut.blocks.second, run);
   return cut.last ? model_->head(h) : h;
-}
-
-torch::Tensor LlamaModule::stage_loss(const torch::Tensor& output, const torch::Tensor& target) {
-  return lm_loss(output, target);
-}
-
-ValidationStep LlamaModule::stage_validation(const torch::Tensor& output, const Batch& batch) {
-  return lm_validation(output, batch);
 }
 
 std::vector<int64_t> LlamaModule::activation_shape(const torch::Tensor& input) const {
