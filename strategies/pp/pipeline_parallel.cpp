@@ -1,6 +1,8 @@
 // PipelineParallel (pipeline_parallel.h).
 #include "strata/strategies/pp/pipeline_parallel.h"
 
+#include "strata/strategies/piece_names.h"
+
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
@@ -10,13 +12,6 @@ namespace strata::pp {
 
 namespace {
 
-/// The parameter a checkpoint piece belongs to ("model/NAME", "optim/NAME/KEY").
-std::string param_of(const std::string& piece) {
-  if (piece.starts_with("model/")) return piece.substr(6);
-  if (piece.starts_with("optim/")) return piece.substr(6, piece.rfind('/') - 6);
-  return "";
-}
-
 // Tags outside a step's (executor.cpp: boundary, micro-batch and direction).
 constexpr int kValidationTag = 1 << 30;
 constexpr int kGatherTag = 1 << 29;
@@ -24,7 +19,11 @@ constexpr int kGatherTag = 1 << 29;
 }  // namespace
 
 PipelineParallel::PipelineParallel(Comm world, Comm group, StageModule& module, PipelineOptions options)
-    : world_(std::move(world)), group_(std::move(group)), module_(module), options_(std::move(options)) {
+    : world_(std::move(world)),
+      group_(std::move(group)),
+      module_(module),
+      options_(std::move(options)),
+      tied_(module.model().tied_parameters()) {
   const int stages = static_cast<int>(module_.cuts().size());
   TORCH_CHECK_VALUE(stages == group_.size() * options_.virtual_stages(), "a pipeline of ", group_.size(),
                     " ranks with ", options_.virtual_stages(), " stage(s) each needs ",
@@ -47,8 +46,7 @@ const Schedule& PipelineParallel::schedule_for(int microbatches) {
 
 bool PipelineParallel::counts_gradient(const std::string& name) const {
   // A tied weight's copies hold the same summed gradient: the first stage's counts.
-  const auto tied = module_.model().tied_parameters();
-  return holds_first() || std::find(tied.begin(), tied.end(), name) == tied.end();
+  return holds_first() || std::find(tied_.begin(), tied_.end(), name) == tied_.end();
 }
 
 void PipelineParallel::sum_over_group(torch::Tensor& sq) {
@@ -66,10 +64,9 @@ std::shared_ptr<void> PipelineParallel::gather_full_params(TrainingModule&, bool
 std::vector<StatePiece> PipelineParallel::to_global(std::vector<StatePiece> pieces, StateUse use) const {
   if (use == StateUse::kLoad || holds_first()) return pieces;
   // A tied weight and its optimizer state are saved once, by the first stage.
-  const auto tied = module_.model().tied_parameters();
   std::vector<StatePiece> out;
   for (auto& piece : pieces) {
-    if (std::find(tied.begin(), tied.end(), param_of(piece.name)) == tied.end()) out.push_back(std::move(piece));
+    if (std::find(tied_.begin(), tied_.end(), param_of_piece(piece.name)) == tied_.end()) out.push_back(std::move(piece));
   }
   return out;
 }
@@ -120,7 +117,7 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
 
 void PipelineParallel::after_gradient_sync(Strategy&) {
   const auto params = module_.module().named_parameters();
-  for (const auto& name : module_.model().tied_parameters()) {
+  for (const auto& name : tied_) {
     const auto* weight = params.find(name);
     // Sync point (the first and the last stage's ranks): both copies take the
     // summed gradient, so they stay equal.

@@ -72,6 +72,7 @@ class PipelineParallel : public ModelParallel, public StepRunner {
   Comm group_;
   StageModule& module_;
   PipelineOptions options_;
+  std::vector<std::string> tied_;  ///< the model's tied parameters (asked per gradient by the norm)
   std::unique_ptr<Schedule> schedule_;  ///< for the last micro-batch count seen
   StepSeconds last_step_;
 };

@@ -1,6 +1,7 @@
 #include "strata/strategies/tp/tensor_parallel.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/strategies/piece_names.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -115,22 +116,11 @@ std::shared_ptr<void> TensorParallel::gather_full_params(TrainingModule& module,
   });
 }
 
-namespace {
-
-/// The parameter a state piece belongs to: "model/<name>" or "optim/<name>/<key>".
-std::string param_of(const std::string& piece) {
-  if (piece.starts_with("model/")) return piece.substr(6);
-  if (piece.starts_with("optim/")) return piece.substr(6, piece.rfind('/') - 6);
-  return "";
-}
-
-}  // namespace
-
 std::vector<StatePiece> TensorParallel::to_global(std::vector<StatePiece> pieces, StateUse use) const {
   const int rank = group_.rank(), size = group_.size();
   std::vector<StatePiece> out;
   for (auto& piece : pieces) {
-    const auto it = layouts_.find(param_of(piece.name));
+    const auto it = layouts_.find(param_of_piece(piece.name));
     const bool split = it != layouts_.end() && !piece.shape.empty();  // a step count is one number
     if (!split) {
       // The same on every rank of the group: one of them saves it.
