@@ -5,6 +5,7 @@
 
 #include "strata/core/deferred_init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <unordered_set>
@@ -116,6 +117,43 @@ std::vector<torch::Tensor> Strategy::local_grads_for_norm() const {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
   return grads;
+}
+
+void Strategy::add_gradient_of_copy(const std::string& name,
+                                    const std::function<torch::Tensor(const torch::Tensor&)>& exchange) {
+  const auto at = std::find(param_names_.begin(), param_names_.end(), name);
+  TORCH_CHECK(at != param_names_.end(), this->name(), ": no trainable parameter named ", name, " to sum with its copy");
+  const auto k = static_cast<size_t>(at - param_names_.begin());
+  const auto& shape = param_shapes_[k];
+  torch::NoGradGuard no_grad;
+  const auto options = torch::TensorOptions(params_[k].scalar_type()).device(device());
+  torch::Tensor mine;
+  if (grads_sharded()) {
+    // Each element of the gradient is held by one rank of the group (the
+    // norm's pieces: a replica's are left out), the rest are zeros here.
+    mine = torch::zeros({c10::multiply_integers(shape)}, options);
+    for (const auto& piece : grad_pieces_for_norm()) {
+      if (piece.index == k) mine.narrow(0, piece.offset, piece.values.numel()).copy_(piece.values.reshape(-1));
+    }
+    // Sync point: the other copy's ranks need this group's whole gradient.
+    comm_.all_reduce(mine);
+  } else {
+    const auto& grad = params_[k].grad();
+    mine = grad.defined() ? grad.reshape(-1).to(options.dtype()) : torch::zeros({c10::multiply_integers(shape)}, options);
+  }
+  const torch::Tensor theirs = exchange(mine.view(shape)).reshape(-1);
+  // Into what the optimizer steps (a replica's shards too), in place: a
+  // strategy may hold a gradient as a view of its own buffer (ddp's buckets).
+  for (const auto& piece : optimizer_param_pieces(StateUse::kLoad)) {
+    if (piece.index != k) continue;
+    const auto part = theirs.narrow(0, piece.offset, piece.values.numel()).view_as(piece.values);
+    auto& grad = piece.values.mutable_grad();
+    if (grad.defined()) {
+      grad.add_(part.to(grad.scalar_type()));
+    } else {
+      grad = part.to(piece.values.scalar_type()).clone();
+    }
+  }
 }
 
 double Strategy::clip_grad_norm(double max_norm, double loss_scale) {

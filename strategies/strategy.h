@@ -184,6 +184,27 @@ class Strategy {
   /// Finish gradient communication (wait for async work started by hooks).
   virtual void reduce_gradients() {}
 
+  /// Bracket a step whose forwards and backwards a StepRunner calls on the
+  /// module's stages itself (a pipeline's schedule: several micro-batches in
+  /// flight, forwards between backwards, split backwards) instead of
+  /// training_step() and backward(). `training`: backwards run in between,
+  /// under no_sync(); end_scheduled_step() then starts what
+  /// reduce_gradients() finishes. The base does nothing; FSDP keeps every
+  /// unit gathered in between, as FSDP2 under torch's pipelining does
+  /// (reshard_after_forward off, gradients synced after the last micro-batch).
+  virtual void begin_scheduled_step(bool training) { (void)training; }
+  virtual void end_scheduled_step() {}
+
+  /// Makes parameter `name`'s gradient the sum of its own and another copy's
+  /// (a tied weight that other ranks hold too: the first and the last
+  /// pipeline stage). `exchange` gets this data-parallel group's whole
+  /// gradient of it (parameter-shaped) and returns the other copy's; each
+  /// rank then adds its part of that into the gradient its optimizer steps,
+  /// in place. Collective over comm() when gradients are sharded (oss, sdp,
+  /// fsdp): every rank of it calls this. After reduce_gradients().
+  void add_gradient_of_copy(const std::string& name,
+                            const std::function<torch::Tensor(const torch::Tensor&)>& exchange);
+
   /// Clips by the GLOBAL 2-norm over every gradient on every rank (each element
   /// counted once) and returns that norm before clipping. One code path for all
   /// strategies: local_grads_for_norm() says which gradients this rank

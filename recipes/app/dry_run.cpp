@@ -66,6 +66,26 @@ void simulate_step(Strategy& strategy, TrainingModule& module, torch::optim::Opt
   strategy.mean_over_ranks(0.0);
 }
 
+/// Ranks 0 and the last; under a pipeline each stage's first rank instead
+/// (a stage's ranks hold alike), so every stage's memory is shown.
+std::vector<int> simulated_ranks(int world, int pp) {
+  if (world == 1) return {0};
+  if (pp == 1) return {0, world - 1};
+  std::vector<int> ranks;
+  for (int s = 0; s < pp; ++s) ranks.push_back(s * (world / pp));
+  return ranks;
+}
+
+/// " (pipeline 8 x data-parallel 16 x tensor-parallel 8, 16 micro-batches)"; "" for data parallelism alone.
+std::string mesh_of(const RunConfig& c, int world) {
+  if (c.pp_size == 1 && c.tp_size == 1) return "";
+  const int dp = world / (c.pp_size * c.tp_size);
+  if (c.pp_size == 1) return c10::str(" (", dp, " data-parallel x tensor-parallel ", c.tp_size, ")");
+  return c10::str(" (pipeline ", c.pp_size, " x data-parallel ", dp,
+                  c.tp_size > 1 ? c10::str(" x tensor-parallel ", c.tp_size) : std::string(), ", ",
+                  c.accumulate_grad_batches, " micro-batches)");
+}
+
 }  // namespace
 
 DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry, int rank, int world) {
@@ -89,11 +109,8 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   const int local_world = std::max(1, std::min(std::min(world, c.nproc) / c.tp_size, world / (c.tp_size * c.pp_size)));
   auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
                                          strategy_context(c, dims.strategy_comm.size(), local_world, meta));
-  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
-  if (pipeline.pipeline) {
-    strategy->set_model_parallel(pipeline.pipeline);
-    strategy->set_step_runner(pipeline.pipeline);
-  }
+  strategy->set_model_parallel(model_parallel(pipeline, dims));
+  if (pipeline.pipeline) strategy->set_step_runner(pipeline.pipeline);
   // strata's fused AdamW is CPU code; torch's AdamW keeps the same state.
   const TrainerOptions options = trainer_options(c).fused_adamw(false);
   comm.set_flight_phase("setup");
@@ -108,7 +125,13 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   out.n_params = run.model->parameters();
   out.layout = strategy->describe();
   if (dims.tensor_parallel) out.layout.append(1, '\n').append(dims.tensor_parallel->describe());
-  if (pipeline.pipeline) out.layout.append(1, '\n').append(pipeline.pipeline->describe());
+  if (pipeline.pipeline) {
+    out.layout.append(1, '\n').append(pipeline.pipeline->describe());
+    for (const auto& [s, cut] : dynamic_cast<const pp::StageModule&>(module).held()) {
+      out.stages += c10::str(out.stages.empty() ? "" : ", ", "stage ", s, ": blocks ", cut.blocks.first, "..",
+                             cut.blocks.second - 1, cut.first ? " + embedding" : "", cut.last ? " + head" : "");
+    }
+  }
   CommBytes before;
   for (int64_t step = 1; step <= kSteps; ++step) {
     before = comm.bytes();
@@ -135,7 +158,7 @@ void print_memory(const std::vector<DryRunRank>& ranks, const ModelStatePredicti
   // `formula`: the strategy's memory model (its spec), as the planner asks it.
   std::cout << "\nmemory per rank, MiB | params | grads | optimizer | model state | planner: activations | planner: peak\n";
   for (const auto& r : ranks) {
-    std::cout << "rank " << r.rank << " | " << mib(r.state.params) << " | " << mib(r.state.grads) << " | "
+    std::cout << "rank " << r.rank << (r.stages.empty() ? "" : " (" + r.stages + ")") << " | " << mib(r.state.params) << " | " << mib(r.state.grads) << " | "
               << mib(r.state.optimizer) << " | " << mib(r.state.total()) << " | "
               << (planner ? mib(planner->activations) : "n/a") << " | " << (planner ? mib(planner->peak()) : "n/a")
               << "\n";
@@ -186,9 +209,7 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   const int world = c.nproc * c.nnodes;
   const auto start = std::chrono::steady_clock::now();
   std::vector<DryRunRank> ranks;
-  for (int rank : world > 1 ? std::vector<int>{0, world - 1} : std::vector<int>{0}) {
-    ranks.push_back(simulate_rank(run, registry, rank, world));
-  }
+  for (int rank : simulated_ranks(world, c.pp_size)) ranks.push_back(simulate_rank(run, registry, rank, world));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto request = plan_request(c, run.model, world / c.tp_size, c.nproc / c.tp_size);
   std::optional<MemoryPrediction> planner;
@@ -199,11 +220,7 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   }
   std::cout << "strata-gpt --dry-run | " << run.model_label << " | " << ranks.front().n_params << " parameters | "
             << c.strategy << " x " << world << " ranks"
-            << (c.tp_size > 1 ? c10::str(" (", world / c.tp_size, " data-parallel x tensor-parallel ", c.tp_size, ")")
-                              : std::string())
-            << (c.pp_size > 1 ? c10::str(" (pipeline ", c.pp_size, " x data-parallel ", world / c.pp_size, ", ",
-                                         c.accumulate_grad_batches, " micro-batches)")
-                              : std::string())
+            << mesh_of(c, world)
             << " | micro-batch " << c.batch_size << " x block "
             << run.model->shape().block_size << " | precision " << c.precision << "\n"
             << "a fake process group and meta tensors: the strategy's real setup and " << kSteps

@@ -15,7 +15,7 @@
 // the memory planner (recipes/app/planner.h).
 //
 // Ranks 0 and N-1 are simulated (the data-parallel ranks hold alike, up to
-// the last rank's padding). gpt2-xl at 1,024 ranks: 7-9 s per strategy on
+// the last rank's padding); under a pipeline each stage's first rank. gpt2-xl at 1,024 ranks: 7-9 s per strategy on
 // a 2-core VM, most of it building the model's modules (docs/dry-run.md).
 #include "strata/recipes/app/run_checks.h"
 #include "strata/strategies/comm.h"
@@ -32,6 +32,7 @@ struct DryRunRank {
   int rank = 0;
   int64_t n_params = 0;                            ///< the model's
   std::string layout;                              ///< Strategy::describe()
+  std::string stages;                              ///< under a pipeline: "stage 0: blocks 0..3 + embedding"
   ModelStateBytes state;                           ///< after the first optimizer step
   CommBytes per_step;                              ///< bytes sent in the second step
   std::vector<CollectiveRecord> step_collectives;  ///< the second step's, in order

@@ -1,6 +1,7 @@
 #include "strata/recipes/app/pipeline_run.h"
 
 #include "strata/core/device.h"
+#include "strata/strategies/composed_parallel.h"
 #include "strata/strategies/parallel_dims.h"
 
 #include <torch/serialize.h>
@@ -34,13 +35,15 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int w
   TORCH_CHECK_VALUE(world % (c.pp_size * c.tp_size) == 0, "--pp-size ", c.pp_size, c.tp_size > 1 ? c10::str(
                     " x --tp-size ", c.tp_size) : std::string(), " does not divide the world of ", world, " ranks");
   // Not composed yet (issue 47): each is one line rather than a wrong run.
-  TORCH_CHECK_VALUE(c.tp_size == 1, "--pp-size ", c.pp_size, " with --tp-size ", c.tp_size,
-                    ": tensor parallelism inside a stage is not composed yet; use one of them");
-  // Sharded gradients (sdp, fsdp) and sharded state (oss) need the tied
-  // weight's sum and FSDP's gathers around each stage's forward and backward.
-  TORCH_CHECK_VALUE(c.strategy == "single" || c.strategy == "ddp", "--pp-size ", c.pp_size, " with --strategy ",
-                    c.strategy, ": that strategy over a stage's data-parallel ranks is not composed yet; use single "
-                    "(as many ranks as stages) or ddp");
+  // Every strategy runs over a stage's data-parallel ranks. FSDP keeps a
+  // stage's units gathered through the schedule; its offloaded shards are not
+  // (the tied weight's sum adds into the gradients in memory).
+  TORCH_CHECK_VALUE(c.strategy != "auto", "--pp-size ", c.pp_size, " with --strategy auto: the planner does not "
+                    "weigh pipeline stages yet; name the strategy over each stage's data-parallel ranks");
+  const bool fsdp = c.strategy == "fsdp" || c.strategy == "zero3";
+  TORCH_CHECK_VALUE(!fsdp || c.offload == "none", "--pp-size ", c.pp_size, " with --strategy fsdp "
+                    "and --offload ", c.offload, ": offloaded shards under a pipeline are not composed yet; use "
+                    "--offload none, or --strategy sdp or oss with --offload");
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
                     "--torchscript model has none");
   // NCCL pairs point-to-point ops by issue order on one stream per pair of
@@ -74,7 +77,9 @@ PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::
   const auto mesh = strata::ParallelDims::of(world.size(), ParallelSizes().pp(c.pp_size).tp(c.tp_size));
   // Collective: every rank makes the same two splits in the same order.
   Comm pp_group = world.split("pp", mesh.groups({Dim::pp}));
-  Comm dp_group = world.split("dp", mesh.groups({Dim::dp_replicate, Dim::dp_shard}));
+  // The stage's ranks: its data-parallel ones, and inside them its tensor-
+  // parallel ones, which apply_tensor_parallel splits off (innermost).
+  Comm stage_group = world.split(c.tp_size > 1 ? "stage" : "dp", mesh.groups({Dim::dp_replicate, Dim::dp_shard, Dim::tp}));
   const auto cuts = cuts_of(c, *module);
   std::vector<int> held;
   for (int s = pp_group.rank(); s < int(cuts.size()); s += c.pp_size) held.push_back(s);
@@ -82,14 +87,25 @@ PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::
   auto pipeline = std::make_shared<pp::PipelineParallel>(
       world, pp_group, *stages, pp::PipelineOptions().schedule(c.pp_schedule).virtual_stages(c.pp_virtual_stages));
   module = std::move(stages);
-  return {dp_group, pipeline};
+  return {stage_group, pipeline};
+}
+
+std::shared_ptr<ModelParallel> model_parallel(const PipelineRun& pipeline, const TensorParallelRun& dims) {
+  if (pipeline.pipeline && dims.tensor_parallel) {
+    return std::make_shared<ComposedParallel>(
+        std::vector<std::shared_ptr<ModelParallel>>{pipeline.pipeline, dims.tensor_parallel});
+  }
+  if (pipeline.pipeline) return pipeline.pipeline;
+  return dims.tensor_parallel;
 }
 
 /// --dump-params and --export-weights under a pipeline: each stage's rank
 /// sends its parameters to rank 0, which writes the whole model.
-void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero) {
+void write_pipeline_exports(const CheckedRun& run, Strategy& strategy, pp::PipelineParallel& pipeline, bool is_zero) {
   const RunConfig& c = run.config;
   if (c.dump_params.empty() && c.export_weights.empty()) return;
+  // Collective over the stage's data-parallel group (fsdp gathers its units).
+  const auto full = strategy.full_params();
   const auto gathered = pipeline.gather_parameters();  // collective over the pipeline
   if (!is_zero) return;
   if (!c.dump_params.empty()) {

@@ -5,6 +5,7 @@
 // (strata::ParallelDims): with pp 2 on 4 ranks, ranks {0, 2} and {1, 3} are
 // the two pipelines and {0, 1}, {2, 3} the stages' data-parallel groups.
 #include "strata/recipes/app/run_checks.h"
+#include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/config/cli.h"
 #include "strata/recipes/models/spec.h"
 #include "strata/strategies/pp/pipeline_parallel.h"
@@ -20,12 +21,17 @@ namespace strata::recipes {
 /// what is not composed yet. Nothing when pp_size is 1.
 void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int world);
 
-/// The data-parallel ranks the strategy runs over, and the pipeline beside it
-/// (null when --pp-size is 1: then `strategy_comm` is `world`).
+/// This rank's stage's ranks (its data-parallel ranks, times its tensor-
+/// parallel ones, which apply_tensor_parallel splits off), and the pipeline
+/// beside them (null when --pp-size is 1: then `strategy_comm` is `world`).
 struct PipelineRun {
   Comm strategy_comm;
   std::shared_ptr<pp::PipelineParallel> pipeline;
 };
+
+/// The strategy's ModelParallel: the pipeline, the tensor-parallel ranks,
+/// both (a ComposedParallel, stages outside), or null.
+std::shared_ptr<ModelParallel> model_parallel(const PipelineRun& pipeline, const TensorParallelRun& dims);
 
 /// Phase 2, on every rank (collective: splits `world`): `module` becomes
 /// this rank's stages (a pp::StageModule owning the whole model, whose
@@ -35,6 +41,6 @@ PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::
 /// --dump-params and --export-weights under a pipeline (collective over it):
 /// each stage's rank sends its parameters to rank 0, which writes the whole
 /// model when `is_zero`.
-void write_pipeline_exports(const CheckedRun& run, pp::PipelineParallel& pipeline, bool is_zero);
+void write_pipeline_exports(const CheckedRun& run, Strategy& strategy, pp::PipelineParallel& pipeline, bool is_zero);
 
 }  // namespace strata::recipes

@@ -210,11 +210,8 @@ RankParallel make_parallel(const CheckedRun& run, const std::optional<DistEnv>& 
                                                comm.size() / (c.tp_size * c.pp_size)));
   auto strategy = registry.create_parsed(c.strategy, dims.strategy_comm, strategy_args(c, registry),
                                          strategy_context(c, dims.strategy_comm.size(), local_world, comm.device()));
-  if (dims.tensor_parallel) strategy->set_model_parallel(dims.tensor_parallel);
-  if (pipeline.pipeline) {
-    strategy->set_model_parallel(pipeline.pipeline);
-    strategy->set_step_runner(pipeline.pipeline);
-  }
+  strategy->set_model_parallel(model_parallel(pipeline, dims));
+  if (pipeline.pipeline) strategy->set_step_runner(pipeline.pipeline);
   return {std::move(pipeline), std::move(dims), std::move(strategy), local_world};
 }
 
@@ -286,7 +283,7 @@ void train_in_world(CheckedRun& run, const std::optional<DistEnv>& env, const St
   }
   const FitResult result = trainer.fit(*built.module, *run.data);
   if (pipeline.pipeline) {
-    write_pipeline_exports(run, *pipeline.pipeline, is_zero);
+    write_pipeline_exports(run, *strategy, *pipeline.pipeline, is_zero);
   } else {
     write_exports(run, *strategy, built, is_zero);
   }

@@ -31,16 +31,29 @@ torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, co
                               double dropout_p, bool training);
 
 /// What every language model's pipeline stages share (pp::PipelineModel):
-/// the last stage's next-token loss and validation sums of its logits
-/// (stages run without tensor parallelism).
+/// the last stage's next-token loss and validation sums of its logits, and
+/// the activation between stages, each as the model runs: with tensor
+/// parallelism, vocabulary-split logits and, under sequence parallelism,
+/// this rank's part of the sequence.
 class LanguageModelStages : public pp::PipelineModel {
  public:
   torch::Tensor stage_loss(const torch::Tensor& output, const torch::Tensor& target) override {
-    return lm_loss(output, target);
+    return lm_loss(output, target, stage_parallel(), stage_vocab());
   }
   ValidationStep stage_validation(const torch::Tensor& output, const Batch& batch) override {
-    return lm_validation(output, batch);
+    return lm_validation(output, batch, stage_parallel(), stage_vocab());
   }
+  std::vector<int64_t> activation_shape(const torch::Tensor& input) const override {
+    const auto& tp = stage_parallel();
+    return {input.size(0), tp.sequence_parallel() ? input.size(1) / tp.size() : input.size(1), stage_width()};
+  }
+
+ protected:
+  /// The model's tensor-parallel calls (off without tensor parallelism).
+  virtual const tp::Parallel& stage_parallel() const = 0;
+  virtual int64_t stage_vocab() const = 0;
+  /// The residual stream's width (n_embd).
+  virtual int64_t stage_width() const = 0;
 };
 
 }  // namespace strata::recipes

@@ -22,9 +22,12 @@ torch::Tensor FSDPStrategy::run_unit(int64_t module_unit, const torch::Tensor& x
   // Called during backward: an activation checkpoint installed outside FSDP
   // recomputes the unit, and the unit's own backward follows at once.
   const bool recompute = in_backward_;
-  gather(index);
-  if (!recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
-  const bool grad = torch::GradMode::is_enabled();
+  // A scheduled step gathered every unit and keeps them: no gather, no
+  // reshard, no hook (its gradients are reduced when the schedule ends).
+  const bool held = held_step_;
+  if (!held) gather(index);
+  if (!held && !recompute) prefetch(index + 1);  // overlaps the next unit's all-gather with this forward
+  const bool grad = torch::GradMode::is_enabled() && !held;
   const torch::Tensor in = grad && unit.frozen() != nullptr ? hook_frozen_input(module_unit, index, x, recompute) : x;
   // A unit computing in low precision (mixed precision) takes its input in
   // that dtype, as torch's FSDP casts forward inputs, and hands its output
@@ -34,7 +37,7 @@ torch::Tensor FSDPStrategy::run_unit(int64_t module_unit, const torch::Tensor& x
   const bool cast = x.is_floating_point() && x.scalar_type() != compute && compute != flat.dtype();
   auto out = cast ? forward(in.to(compute)).to(x.scalar_type()) : forward(in);
   if (grad && out.requires_grad()) out = with_pre_backward_hook(out, [this, index] { pre_backward(index); });
-  reshard_after_unit_forward(index, grad, recompute);
+  if (!held) reshard_after_unit_forward(index, grad, recompute);
   return out;
 }
 
@@ -90,6 +93,37 @@ ValidationStep FSDPStrategy::validation_step(TrainingModule& module, const Batch
   auto out = module.validation_step(batch);
   reshard_all();
   return out;
+}
+
+void FSDPStrategy::begin_scheduled_step(bool training) {
+  TORCH_CHECK(!held_step_, name(), ": begin_scheduled_step() twice without end_scheduled_step()");
+  TORCH_CHECK(tier_ == nullptr, name(), ": --offload under a pipeline schedule is not composed yet (the tied "
+              "weight's sum and the held gathers need the shards in memory)");
+  for (auto& unit : units_) unit->begin_micro_batch();
+  // Every all-gather started before the first is waited for: they overlap.
+  for (auto& unit : units_) unit->for_parts([&](FlatParam& part) { part.start_gather(shard_comm_); });
+  for (int i = 0; i < static_cast<int>(units_.size()); ++i) {
+    gather(i);
+    if (FlatParam* train = units_[i]->train(); training && train != nullptr) train->prepare_grads();
+  }
+  held_step_ = true;
+  backward_follows_ = training;
+}
+
+void FSDPStrategy::end_scheduled_step() {
+  if (!held_step_) return;
+  held_step_ = false;
+  // The step's peak: every unit gathered, every full gradient held.
+  if (pool_ != nullptr) pool_at_peak_ = pool_->in_use();
+  if (backward_follows_) {
+    // Every unit in bucket order, each reduce-scattered and resharded
+    // (post_backward, as a synchronised backward's hooks would have);
+    // reduce_gradients() waits for the last ones.
+    sync_backward_ = true;
+    grad_sync_.launch_remaining();
+    backward_follows_ = false;
+  }
+  reshard_all();  // frozen parts and, after validation, everything
 }
 
 void FSDPStrategy::gather(int index) {

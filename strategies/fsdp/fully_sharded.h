@@ -75,6 +75,14 @@
 // freed too early), and each unit to run once per micro-batch (checked). A
 // unit's frozen parameters share one dtype, as its trainable ones do.
 //
+// Under a pipeline (begin_scheduled_step): every unit of the stage is
+// gathered once per step and kept, and the micro-batches' full gradients
+// accumulate until the schedule ends, when each unit is reduce-scattered
+// once; torchtitan turns reshard_after_forward off under pp for the same
+// reason (a stage's micro-batches run forwards and backwards interleaved).
+// Memory during the step: the stage's full parameters and gradients, a
+// pipeline rank's share of the model; between steps, shards.
+//
 // Offload (FSDPOptions::offload, fsdp/offload.h): every unit's shard, shard
 // gradient and optimizer state live in an OffloadTier (disk files or pinned
 // host memory) between uses; a gather reads the shard just before sending
@@ -118,6 +126,14 @@ class FSDPStrategy : public Strategy, private ShardedState {
   ValidationStep validation_step(TrainingModule& module, const Batch& batch) override;
   void backward(const torch::Tensor& loss) override;
   void reduce_gradients() override;
+  /// Gathers every unit (and prepares its full gradient, `training`) and
+  /// keeps them so until end_scheduled_step(): a pipeline's schedule runs
+  /// several micro-batches' forwards and backwards in any order, which the
+  /// per-unit gather and reshard (one micro-batch in flight) cannot follow.
+  /// Backwards accumulate full gradients; end_scheduled_step() then launches
+  /// every unit's reduce-scatter (reduce_gradients() waits) and reshards.
+  void begin_scheduled_step(bool training) override;
+  void end_scheduled_step() override;
   void optimizer_step(torch::optim::Optimizer& optimizer) override;
   void zero_grad(torch::optim::Optimizer& optimizer) override;
   bool optimizer_sharded() const override { return shard_world_ > 1; }
@@ -264,6 +280,7 @@ class FSDPStrategy : public Strategy, private ShardedState {
   std::deque<Reduction> in_flight_;
   bool sync_backward_ = true;
   bool in_backward_ = false;  // inside backward(): a unit run now is a recompute
+  bool held_step_ = false;    // begin_scheduled_step(): every unit stays gathered
   int max_units_gathered_ = 0;
   std::unique_ptr<OffloadTier> tier_;                  // offload: holds every unit's state
   FsdpOffloadedOptimizer* offloaded_optimizer_ = nullptr;  // offload: owned by the caller of setup_optimizer

@@ -204,9 +204,10 @@ void FSDPStrategy::install_gradient_hooks() {
   if (num_wrap_units_ < static_cast<int>(units_.size())) add_bucket(*units_.back());
   // Installs the hooks now, before the first reshard: each AccumulateGrad
   // node records its parameter's shape when created, and must record the
-  // full one. Always active: under no_sync the hooks still free each unit.
+  // full one. Active under no_sync too (the hooks still free each unit), but
+  // not in a scheduled step: its units stay gathered until it ends.
   grad_sync_.install(hooked, std::move(hooked_names), std::move(buckets),
-                     [this](size_t b) { post_backward(b); }, [] { return true; });
+                     [this](size_t b) { post_backward(b); }, [this] { return !held_step_; });
 }
 
 std::unique_ptr<torch::optim::Optimizer> FSDPStrategy::setup_optimizer(

@@ -217,19 +217,23 @@ StepSeconds& StepSeconds::operator+=(const StepSeconds& o) {
   return *this;
 }
 
+torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, Comm& comm) {
+  const torch::Tensor out = mine.contiguous();
+  torch::Tensor theirs = torch::empty_like(out);
+  // A tag no activation or gradient of a step uses.
+  constexpr int kTiedTag = std::numeric_limits<int>::max();
+  auto sent = comm.send_async(out, peer, kTiedTag);
+  comm.recv_async(theirs, peer, kTiedTag).wait();
+  sent.wait();
+  return theirs;
+}
+
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm) {
   const int me = comm.rank();
   if (first_rank == last_rank || (me != first_rank && me != last_rank)) return;
-  const int peer = me == first_rank ? last_rank : first_rank;
   // One stage may not have used the weight this step: its gradient is zero.
-  torch::Tensor mine = weight.grad().defined() ? weight.grad().contiguous() : torch::zeros_like(weight);
-  torch::Tensor theirs = torch::empty_like(mine);
-  // Both post their send before either waits: neither blocks the other.
-  // A tag no activation or gradient of a step uses.
-  constexpr int kTiedTag = std::numeric_limits<int>::max();
-  auto sent = comm.send_async(mine, peer, kTiedTag);
-  comm.recv_async(theirs, peer, kTiedTag).wait();
-  sent.wait();
+  const torch::Tensor mine = weight.grad().defined() ? weight.grad() : torch::zeros_like(weight);
+  const torch::Tensor theirs = swap_with_peer(mine, me == first_rank ? last_rank : first_rank, comm);
   // In place where a gradient exists: a strategy may hold it as a view of its
   // own buffer (ddp's buckets), which a new tensor would leave stale.
   if (weight.grad().defined()) {

@@ -83,4 +83,8 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
 /// is neither), so both copies take the same optimizer step.
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm);
 
+/// `mine` to group rank `peer` and the peer's tensor of the same shape and
+/// dtype back (both post their send before either waits: neither blocks).
+torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, Comm& comm);
+
 }  // namespace strata::pp

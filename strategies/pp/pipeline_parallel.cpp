@@ -73,6 +73,7 @@ std::vector<StatePiece> PipelineParallel::to_global(std::vector<StatePiece> piec
 
 std::vector<double> PipelineParallel::share(std::vector<double> values, int root) {
   auto t = torch::tensor(values, torch::kFloat64).to(group_.device());
+  group_.set_flight_label("the last stage's numbers");
   // Sync point: what the last stage computed (losses, validation sums) is
   // what every stage's rank logs and decides on.
   group_.broadcast(t, root);
@@ -104,8 +105,13 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
     // them over the stage's data-parallel group.
     const NoSyncGuard accumulate = strategy.no_sync();
     AutocastGuard autocast(context.precision, strategy.device().type());
+    // FSDP: the stage's units stay gathered for every micro-batch in flight.
+    strategy.begin_scheduled_step(/*training=*/true);
     losses = run_pipeline_step(schedule, module_.stages(), in, group_, options, &seconds);
   }
+  // Outside no_sync: the gradients' reductions start here (FSDP) or in
+  // reduce_gradients() (the others).
+  strategy.end_scheduled_step();
   last_step_ = seconds;
   times.forward_s += seconds.forward;
   const double backward = seconds.backward + seconds.input + seconds.weight;
@@ -115,15 +121,21 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
   return share(std::move(losses), last_rank());
 }
 
-void PipelineParallel::after_gradient_sync(Strategy&) {
+void PipelineParallel::after_gradient_sync(Strategy& strategy) {
   const auto params = module_.module().named_parameters();
+  const int first = 0, last = last_rank(), me = group_.rank();
+  if (me != first && me != last) return;
   for (const auto& name : tied_) {
+    // Not held, or frozen (LoRA's base embedding): nothing to sum.
     const auto* weight = params.find(name);
-    // Sync point (the first and the last stage's ranks): both copies take the
-    // summed gradient, so they stay equal.
-    if (weight == nullptr) continue;
+    if (weight == nullptr || !weight->requires_grad()) continue;
     group_.set_flight_label("tied " + name);
-    exchange_tied_gradient(*weight, 0, last_rank(), group_);
+    // Sync point (the first and the last stage's ranks, each with its
+    // data-parallel group when the gradient is sharded there): both copies
+    // take the summed gradient, so they stay equal.
+    strategy.add_gradient_of_copy(name, [&](const torch::Tensor& mine) {
+      return swap_with_peer(mine, me == first ? last : first, group_);
+    });
   }
 }
 
@@ -134,6 +146,7 @@ ValidationStep PipelineParallel::validation_step(Strategy& strategy, TrainingMod
   ValidationStep out;
   // Each held stage in order, micro-batch by micro-batch: a chain, so the
   // sends waited at once cannot deadlock.
+  strategy.begin_scheduled_step(/*training=*/false);
   for (const auto& [s, cut] : module_.held()) {
     torch::Tensor input = batch.input;
     if (s > 0 && module_.held().count(s - 1) != 0) {
@@ -149,6 +162,7 @@ ValidationStep PipelineParallel::validation_step(Strategy& strategy, TrainingMod
       group_.send_async(x.to(torch::kFloat32).contiguous(), (s + 1) % size, kValidationTag + s).wait();
     }
   }
+  strategy.end_scheduled_step();
   const auto v = share({out.loss_sum, double(out.tokens), double(out.correct_samples), double(out.samples)},
                        last_rank());
   return {v[0], int64_t(v[1]), int64_t(v[2]), int64_t(v[3])};

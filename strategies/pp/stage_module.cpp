@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <set>
 
 namespace strata::pp {
@@ -65,6 +66,7 @@ StageModule::StageModule(std::unique_ptr<TrainingModule> whole, std::vector<Stag
     held_[s] = cuts_[size_t(s)];
   }
   model_ = dynamic_cast<PipelineModel*>(whole_.get());
+  tp_model_ = dynamic_cast<tp::TensorParallelModel*>(whole_.get());
   TORCH_CHECK_VALUE(model_ != nullptr, "this model cannot be cut into pipeline stages (its TrainingModule is no "
                     "pp::PipelineModel)");
   TORCH_CHECK_VALUE(!held_.empty(), "a pipeline rank holds at least one stage");
@@ -98,6 +100,29 @@ torch::Tensor StageModule::training_step(const Batch&) {
 
 ValidationStep StageModule::validation_step(const Batch&) {
   TORCH_CHECK(false, "a pipeline stage validates through its schedule (PipelineParallel), not validation_step");
+}
+
+tp::Plan StageModule::tensor_parallel_plan() const {
+  tp::Plan held;
+  if (tp_model_ == nullptr) return held;
+  const auto names = root_->named_parameters(/*recurse=*/true).keys();
+  for (const auto& rule : tp_model_->tensor_parallel_plan()) {
+    if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return tp::rule_matches(rule, n); })) {
+      held.push_back(rule);
+    }
+  }
+  return held;
+}
+
+std::string StageModule::tensor_parallel_problem(int size, bool sequence_parallel) const {
+  if (tp_model_ == nullptr) return "this model's stages cannot split over tensor-parallel ranks (its TrainingModule "
+                                   "is no tp::TensorParallelModel)";
+  return tp_model_->tensor_parallel_problem(size, sequence_parallel);
+}
+
+void StageModule::set_tensor_parallel(const tp::Parallel& parallel) {
+  TORCH_CHECK(tp_model_ != nullptr, "set_tensor_parallel on stages of a model without a tensor-parallel plan");
+  tp_model_->set_tensor_parallel(parallel);
 }
 
 std::map<int, Stage*> StageModule::stages() {

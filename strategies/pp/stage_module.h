@@ -15,6 +15,7 @@
 #include "strata/core/training_module.h"
 #include "strata/strategies/pp/executor.h"
 #include "strata/strategies/pp/split.h"
+#include "strata/strategies/tp/plan.h"
 
 #include <map>
 #include <memory>
@@ -75,8 +76,11 @@ std::vector<StageCut> stage_cuts(const PipelineModel& model, int stages, const s
 
 /// One rank's stages of a model, as a TrainingModule (see the file comment).
 /// Its wrap units are the held blocks in forward order, so activation
-/// checkpointing and FSDP act on them as on the whole model's.
-class StageModule : public TrainingModule {
+/// checkpointing and FSDP act on them as on the whole model's. When the whole
+/// model splits over tensor-parallel ranks (tp::TensorParallelModel), so do
+/// its stages (3D: pp x dp x tp): the whole model's plan, for the held
+/// parameters.
+class StageModule : public TrainingModule, public tp::TensorParallelModel {
  public:
   /// `whole` must implement PipelineModel; `cuts`: every stage's, in stage
   /// order; `held`: the indices of the stages this rank runs.
@@ -92,6 +96,12 @@ class StageModule : public TrainingModule {
   void init_parameter(const std::string& name, const torch::Tensor& param) override {
     whole_->init_parameter(name, param);
   }
+
+  // tp::TensorParallelModel: the whole model's, its plan's rules that match
+  // a held parameter only (a middle stage holds no embedding to split).
+  tp::Plan tensor_parallel_plan() const override;
+  std::string tensor_parallel_problem(int size, bool sequence_parallel) const override;
+  void set_tensor_parallel(const tp::Parallel& parallel) override;
 
   /// The executor's stages (stage index -> stage), valid while this lives.
   std::map<int, Stage*> stages();
@@ -111,6 +121,7 @@ class StageModule : public TrainingModule {
   class HeldStage;
   std::unique_ptr<TrainingModule> whole_;
   PipelineModel* model_;
+  tp::TensorParallelModel* tp_model_;  ///< null: the whole model does not split
   std::vector<StageCut> cuts_;
   std::map<int, StageCut> held_;
   std::shared_ptr<torch::nn::Module> root_;

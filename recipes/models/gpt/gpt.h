@@ -271,7 +271,6 @@ class GPTModule : public TrainingModule, public tp::TensorParallelModel, public 
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
       const pp::StageCut& cut) override;
   torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
-  std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
   std::vector<std::string> tied_parameters() const override;
   /// Parameters: a block's, the embeddings', the final norm and head's.
   std::vector<double> block_costs() const override;
@@ -279,6 +278,12 @@ class GPTModule : public TrainingModule, public tp::TensorParallelModel, public 
   /// The bare model: calling it directly bypasses the unit runners; the
   /// training and validation steps go through them.
   GPT& model() { return model_; }
+
+ protected:
+  // LanguageModelStages: the loss, validation and activation as the model runs.
+  const tp::Parallel& stage_parallel() const override { return model_->tensor_parallel(); }
+  int64_t stage_vocab() const override { return model_->options().vocab_size(); }
+  int64_t stage_width() const override { return model_->options().n_embd(); }
 
  private:
   /// The model's forward with every block called through run_unit().

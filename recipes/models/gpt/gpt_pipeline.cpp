@@ -17,7 +17,6 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> GPTModul
                         cut.blocks.second <= pipeline_blocks(),
                     "a GPT stage of blocks [", cut.blocks.first, ", ", cut.blocks.second, ") in a model of ",
                     pipeline_blocks());
-  TORCH_CHECK_VALUE(!model_->tensor_parallel().on(), "GPT stages run without tensor parallelism (not composed yet)");
   std::vector<std::string> names;
   if (cut.first) names.insert(names.end(), {"wte", "wpe", "drop"});
   for (int64_t i = cut.blocks.first; i < cut.blocks.second; ++i) names.push_back(c10::str("h", i));
@@ -37,10 +36,6 @@ torch::Tensor GPTModule::stage_forward(const pp::StageCut& cut, const torch::Ten
     h = run(i, h, [block = model_->blocks()[size_t(i)].ptr()](const torch::Tensor& t) { return block->forward(t); });
   }
   return cut.last ? model_->head(h) : h;
-}
-
-std::vector<int64_t> GPTModule::activation_shape(const torch::Tensor& input) const {
-  return {input.size(0), input.size(1), model_->options().n_embd()};
 }
 
 std::vector<std::string> GPTModule::tied_parameters() const {

@@ -323,12 +323,17 @@ class LlamaModule : public TrainingModule, public tp::TensorParallelModel, publi
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> stage_children(
       const pp::StageCut& cut) override;
   torch::Tensor stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) override;
-  std::vector<int64_t> activation_shape(const torch::Tensor& input) const override;
   std::vector<std::string> tied_parameters() const override;
   /// Parameters: a layer's, the embedding's, the final norm and head's.
   std::vector<double> block_costs() const override;
   std::pair<double, double> end_costs() const override;
   Llama& model() { return model_; }
+
+ protected:
+  // LanguageModelStages: the loss, validation and activation as the model runs.
+  const tp::Parallel& stage_parallel() const override { return model_->tensor_parallel(); }
+  int64_t stage_vocab() const override { return model_->options().vocab_size(); }
+  int64_t stage_width() const override { return model_->options().n_embd(); }
 
  private:
   torch::Tensor forward(const torch::Tensor& idx);

@@ -17,7 +17,6 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> LlamaMod
                         cut.blocks.second <= pipeline_blocks(),
                     "a Llama stage of layers [", cut.blocks.first, ", ", cut.blocks.second, ") in a model of ",
                     pipeline_blocks());
-  TORCH_CHECK_VALUE(!model_->tensor_parallel().on(), "Llama stages run without tensor parallelism (not composed yet)");
   const auto modules = model_->named_modules();
   std::vector<std::string> names;
   if (cut.first) names.push_back("model.embed_tokens");
@@ -33,10 +32,6 @@ torch::Tensor LlamaModule::stage_forward(const pp::StageCut& cut, const torch::T
   auto h = cut.first ? model_->embed(x) : x;
   h = model_->run_blocks(h, x.size(1), cut.blocks.first, cut.blocks.second, run);
   return cut.last ? model_->head(h) : h;
-}
-
-std::vector<int64_t> LlamaModule::activation_shape(const torch::Tensor& input) const {
-  return {input.size(0), input.size(1), model_->options().n_embd()};
 }
 
 std::vector<std::string> LlamaModule::tied_parameters() const {
