@@ -285,7 +285,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 /// The dtype torch::linear would compute `x` in under the current autocast.
 at::ScalarType linear_compute_dtype(const torch::Tensor& x) {
   const auto type = x.device().type();
-  if (at::autocast::is_autocast_enabled(type) && at::isFloatingType(x.scalar_type())) {
+  // Autocast exists for CPU and CUDA tensors only (the dry run's are meta:
+  // asking about those throws).
+  const bool autocast_device = type == c10::kCPU || type == c10::kCUDA;
+  if (autocast_device && at::autocast::is_autocast_enabled(type) && at::isFloatingType(x.scalar_type())) {
     return at::autocast::get_autocast_dtype(type);
   }
   return x.scalar_type();

@@ -198,7 +198,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> process_group, torch::Device d
   make_subgroup_ = std::move(make_subgroup);
 }
 
-int64_t Comm::count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor) {
+int64_t Comm::count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor, int peer) {
   const bool collective = kind != CollectiveKind::kSend;
   if (collective && group_name_ == "world" && counters_->skip_seq > 0 &&
       counters_->world_issued.fetch_add(1, std::memory_order_relaxed) + 1 == counters_->skip_seq) {
@@ -213,7 +213,7 @@ int64_t Comm::count(CollectiveKind kind, int64_t sent, const torch::Tensor& tens
   // it): it is numbered apart, in "<group>:send".
   return recorder->start(collective ? group_name_ : group_name_ + ":send", collective_name(kind),
                          tensor.defined() ? c10::toString(tensor.scalar_type()) : "",
-                         tensor.defined() ? tensor_bytes(tensor) : 0);
+                         tensor.defined() ? tensor_bytes(tensor) : 0, peer);
 }
 
 void Comm::set_flight_phase(std::string phase) const {
@@ -475,7 +475,7 @@ PendingWork Comm::send_async(const torch::Tensor& tensor, int dst, int tag) {
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "Comm::send: destination rank ", dst,
               " must be another rank of the world [0, ", size_, ") than this one (", rank_, ")");
   TORCH_CHECK(tag >= 0, "Comm::send: tag ", tag, " is negative");
-  const int64_t record = count(CollectiveKind::kSend, tensor_bytes(tensor), tensor);
+  const int64_t record = count(CollectiveKind::kSend, tensor_bytes(tensor), tensor, world_rank_of(dst));
   Lender lend;
   std::vector<at::Tensor> tensors{lend(tensor)};
   return pending(pg_->send(tensors, dst, tag), record, std::move(lend).keeping());
@@ -488,8 +488,14 @@ PendingWork Comm::recv_async(torch::Tensor& tensor, int src, int tag) {
   TORCH_CHECK(tag >= 0, "Comm::recv: tag ", tag, " is negative");
   Lender lend;
   std::vector<at::Tensor> tensors{lend(tensor)};
-  // A receive is not counted (the sender counts the bytes) nor recorded.
-  return PendingWork(pg_->recv(tensors, src, tag), std::move(lend).keeping(), counters_->wait_ns);
+  // Not counted (the sender counts the bytes), but recorded, numbered apart
+  // as sends are: a rank stuck in a receive names its peer in the dumps.
+  FlightRecorder* recorder = counters_->recorder.get();
+  const int64_t record = recorder == nullptr ? -1
+                                             : recorder->start(group_name_ + ":recv", "recv",
+                                                               c10::toString(tensor.scalar_type()),
+                                                               tensor_bytes(tensor), world_rank_of(src));
+  return pending(pg_->recv(tensors, src, tag), record, std::move(lend).keeping());
 }
 
 }  // namespace strata

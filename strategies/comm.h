@@ -186,6 +186,10 @@ class Comm {
   /// This Comm's group in the recorder: "world", or a subgroup's
   /// "<split name>/<group index>".
   const std::string& group_name() const { return group_name_; }
+  /// Rank `r` of this Comm in the world's numbering (a subgroup's members
+  /// are the world's ranks it was split from): what the flight recorder
+  /// names a send's or receive's peer by.
+  int world_rank_of(int r) const { return world_ranks_ ? (*world_ranks_)[size_t(r)] : r; }
 
   /// Byte counters shared by all copies of this Comm.
   CommBytes bytes() const;
@@ -200,7 +204,7 @@ class Comm {
   /// Counts `sent` bytes under `kind` and records the collective on `tensor`
   /// in the flight recorder; returns the record's id for pending() (-1: not
   /// recorded), or kSkipped: the caller issues nothing (the testing aid).
-  int64_t count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor);
+  int64_t count(CollectiveKind kind, int64_t sent, const torch::Tensor& tensor, int peer = -1);
   static constexpr int64_t kSkipped = -2;
 
   /// Wraps a started collective so that waiting on it is timed and its
@@ -227,6 +231,7 @@ class Comm {
   SubgroupFactory make_subgroup_;
   std::string key_ = "strata/split";        // this group's rendezvous key; subgroups extend it
   std::string group_name_ = "world";
+  std::shared_ptr<const std::vector<int>> world_ranks_;  // null: this Comm is the world
   std::shared_ptr<int> splits_ = std::make_shared<int>(0);  // splits made so far, shared by copies
 };
 

@@ -37,6 +37,9 @@ Comm Comm::split(const std::string& name, const std::vector<std::vector<int>>& g
     out = Comm(make_subgroup_(key, my_rank, group_size), device_, make_subgroup_);
     out.key_ = key;
     out.group_name_ = c10::str(name, "/", mine);
+    std::vector<int> members;
+    for (int r : groups[mine]) members.push_back(world_rank_of(r));
+    out.world_ranks_ = std::make_shared<const std::vector<int>>(std::move(members));
   }
   out.counters_ = counters_;
   return out;

@@ -16,7 +16,7 @@ FlightRecorder::FlightRecorder(size_t capacity) : capacity_(capacity), ring_(cap
 }
 
 int64_t FlightRecorder::start(const std::string& group, const std::string& op, const std::string& dtype,
-                              int64_t bytes) {
+                              int64_t bytes, int peer) {
   const int64_t now = now_ns();
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t id = next_id_++;
@@ -29,6 +29,7 @@ int64_t FlightRecorder::start(const std::string& group, const std::string& op, c
   r.label = joined_;
   r.start_ns = now;
   r.end_ns = -1;
+  r.peer = peer;
   return id;
 }
 
@@ -83,6 +84,7 @@ std::string FlightRecorder::dump(int rank, int world_size) const {
   for (const auto& r : this->records()) {
     records.push_back({{"group", r.group}, {"seq", r.seq}, {"op", r.op}, {"dtype", r.dtype}, {"bytes", r.bytes},
                        {"label", r.label}, {"start_ns", r.start_ns}, {"end_ns", r.end_ns}});
+    if (r.peer >= 0) records.back()["peer"] = r.peer;
   }
   const nlohmann::json out{{"rank", rank}, {"world_size", world_size}, {"now_ns", now_ns()},
                             {"capacity", capacity_}, {"records", std::move(records)}};
@@ -96,7 +98,8 @@ namespace {
 struct RankDump {
   int rank = 0;
   int64_t now_ns = 0;
-  std::vector<CollectiveRecord> records;
+  std::vector<CollectiveRecord> records;   ///< collectives: a sequence per group every member shares
+  std::vector<CollectiveRecord> receives;  ///< point-to-point receives, numbered per rank
 };
 
 RankDump parse(const nlohmann::json& j) {
@@ -106,11 +109,12 @@ RankDump parse(const nlohmann::json& j) {
   for (const auto& r : j.at("records")) {
     // Point-to-point sends are kept in the dump for a reader, but only the
     // sender records them: they have no sequence every rank shares.
-    if (r.at("op").get<std::string>() == "send") continue;
-    d.records.push_back({r.at("group").get<std::string>(), r.at("seq").get<int64_t>(), r.at("op").get<std::string>(),
-                         r.at("dtype").get<std::string>(), r.at("bytes").get<int64_t>(),
-                         r.at("label").get<std::string>(), r.at("start_ns").get<int64_t>(),
-                         r.at("end_ns").get<int64_t>()});
+    const std::string op = r.at("op").get<std::string>();
+    if (op == "send") continue;
+    (op == "recv" ? d.receives : d.records)
+        .push_back({r.at("group").get<std::string>(), r.at("seq").get<int64_t>(), op, r.at("dtype").get<std::string>(),
+                    r.at("bytes").get<int64_t>(), r.at("label").get<std::string>(), r.at("start_ns").get<int64_t>(),
+                    r.at("end_ns").get<int64_t>(), r.value("peer", -1)});
   }
   return d;
 }
@@ -229,6 +233,31 @@ std::string describe_stuck(const std::vector<RankDump>& dumps, int world, const 
   return out;
 }
 
+/// A rank stuck in a receive, and where its peer stands (one line).
+std::string describe_receive(const std::vector<RankDump>& dumps, int rank, int64_t waited_ns,
+                             const CollectiveRecord& recv) {
+  char waited[32];
+  std::snprintf(waited, sizeof(waited), "%.1f", static_cast<double>(waited_ns) * 1e-9);
+  std::string out = c10::str("rank ", rank, " waits in a receive from rank ", recv.peer, " (group '",
+                             recv.group.substr(0, recv.group.rfind(':')), "', ", what_text(recv), ") for ", waited,
+                             " s; ");
+  const auto peer = std::find_if(dumps.begin(), dumps.end(), [&](const RankDump& d) { return d.rank == recv.peer; });
+  if (peer == dumps.end()) return out + c10::str("rank ", recv.peer, " wrote no dump (stopped, hung or killed)");
+  // What the peer waits in, if anything: its oldest unfinished record.
+  const CollectiveRecord* in = nullptr;
+  for (const auto* list : {&peer->records, &peer->receives}) {
+    for (const auto& r : *list) {
+      if (r.end_ns < 0 && (in == nullptr || r.start_ns < in->start_ns)) in = &r;
+    }
+  }
+  if (in == nullptr) return out + c10::str("rank ", recv.peer, " waits in nothing (it never sent)");
+  if (in->op == "recv") {
+    return out + c10::str("rank ", recv.peer, " waits in a receive from rank ", in->peer, " (", what_text(*in), ")");
+  }
+  return out + c10::str("rank ", recv.peer, " waits in collective #", in->seq, " of group '", in->group, "' (",
+                        what_text(*in), ")");
+}
+
 }  // namespace
 
 std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
@@ -260,6 +289,21 @@ std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
       }
     }
   }
+  // A receive waited in longer than any collective: the pipeline is stuck
+  // there (its peer never sent).
+  const CollectiveRecord* recv = nullptr;
+  int64_t recv_ns = longest_ns;
+  int recv_rank = -1;
+  for (const auto& d : dumps) {
+    for (const auto& r : d.receives) {
+      if (r.end_ns < 0 && d.now_ns - r.start_ns > recv_ns) {
+        recv = &r;
+        recv_ns = d.now_ns - r.start_ns;
+        recv_rank = d.rank;
+      }
+    }
+  }
+  if (recv != nullptr) return describe_receive(dumps, recv_rank, recv_ns, *recv);
   if (longest == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
                                           " ranks dumped)");
   const CollectiveRecord* stuck = longest;

@@ -40,6 +40,7 @@ struct CollectiveRecord {
   std::string label;       ///< what issued it: "<phase>, <unit>" ("" when nobody said)
   int64_t start_ns = 0;    ///< steady clock when issued
   int64_t end_ns = -1;     ///< when its wait() returned; -1: still in flight
+  int peer = -1;           ///< a send's or receive's other rank (the world's numbering); -1: a collective
 };
 
 class FlightRecorder {
@@ -48,7 +49,8 @@ class FlightRecorder {
 
   /// Records a collective issued now; returns its id for finish(). `group`'s
   /// sequence number advances by one.
-  int64_t start(const std::string& group, const std::string& op, const std::string& dtype, int64_t bytes);
+  int64_t start(const std::string& group, const std::string& op, const std::string& dtype, int64_t bytes,
+                int peer = -1);
   /// Its wait() returned (an id the ring buffer has since dropped is ignored).
   void finish(int64_t id);
 

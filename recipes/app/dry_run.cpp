@@ -1,6 +1,7 @@
 #include "strata/recipes/app/dry_run.h"
 
 #include "strata/core/deferred_init.h"
+#include "strata/recipes/app/pipeline_plan.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/recipes/app/run.h"
 #include "strata/recipes/app/pipeline_run.h"
@@ -8,6 +9,7 @@
 #include "strata/recipes/models/spec.h"
 #include "strata/strategies/activation_checkpoint.h"
 #include "strata/strategies/fake_world.h"
+#include "strata/strategies/tp/spec.h"
 #include "strata/trainer/trainer.h"
 
 #include <c10/util/StringUtil.h>
@@ -111,6 +113,12 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
                                          strategy_context(c, dims.strategy_comm.size(), local_world, meta));
   strategy->set_model_parallel(model_parallel(pipeline, dims));
   if (pipeline.pipeline) strategy->set_step_runner(pipeline.pipeline);
+  DryRunRank out;
+  for (const auto& p : module.module().parameters()) {
+    // Whole (tp parts), before a sharding strategy's setup cuts them.
+    out.stage_params += p.numel();
+    if (p.requires_grad()) out.stage_trainable += p.numel();
+  }
   // strata's fused AdamW is CPU code; torch's AdamW keeps the same state.
   const TrainerOptions options = trainer_options(c).fused_adamw(false);
   comm.set_flight_phase("setup");
@@ -120,14 +128,16 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
   module.module().train();
   const auto ids = torch::empty({c.batch_size, run.model->shape().block_size}, torch::TensorOptions(torch::kLong).device(meta));
   const Batch batch{ids, ids};
-  DryRunRank out;
   out.rank = rank;
   out.n_params = run.model->parameters();
   out.layout = strategy->describe();
   if (dims.tensor_parallel) out.layout.append(1, '\n').append(dims.tensor_parallel->describe());
   if (pipeline.pipeline) {
     out.layout.append(1, '\n').append(pipeline.pipeline->describe());
-    for (const auto& [s, cut] : dynamic_cast<const pp::StageModule&>(module).held()) {
+    const auto& stages = dynamic_cast<const pp::StageModule&>(module);
+    out.pp_rank = pipeline.pipeline->group().rank();
+    out.cuts = stages.cuts();
+    for (const auto& [s, cut] : stages.held()) {
       out.stages += c10::str(out.stages.empty() ? "" : ", ", "stage ", s, ": blocks ", cut.blocks.first, "..",
                              cut.blocks.second - 1, cut.first ? " + embedding" : "", cut.last ? " + head" : "");
     }
@@ -153,29 +163,53 @@ std::string mib(int64_t bytes) {
   return buf;
 }
 
-void print_memory(const std::vector<DryRunRank>& ranks, const ModelStatePrediction& formula,
-                  const std::optional<MemoryPrediction>& planner) {
+/// A pipeline rank's peak (pipeline_plan.h): its simulated model state, what
+/// fsdp holds through the scheduled step, and its stages' activations; nullopt
+/// for a strategy whose pipeline memory is not modelled (oss, sdp).
+std::optional<MemoryPrediction> plan_stage(const RunConfig& c, const ModelConfig& model, const DryRunRank& r,
+                                           const ActivationProfile& profile) {
+  const bool fsdp = c.strategy == "fsdp" || c.strategy == "zero3";
+  if (!fsdp && c.strategy != "single" && c.strategy != "ddp") return std::nullopt;
+  const int64_t compute_bytes = compute_dtype(parse_precision(c.precision)) ? 2 : 4;
+  const auto schedule = pp::make_schedule(c.pp_schedule, pp::ScheduleOptions()
+                                                              .ranks(c.pp_size)
+                                                              .microbatches(int(c.accumulate_grad_batches))
+                                                              .virtual_stages(c.pp_virtual_stages));
+  const int64_t head = head_kept_bytes(model.shape(), c.batch_size, compute_bytes);
+  MemoryPrediction m;
+  m.state = {r.state.params, r.state.grads, r.state.optimizer};
+  // fsdp: the stage's full parameters in the compute dtype and its full fp32 gradients.
+  m.gathered = fsdp ? r.stage_params * compute_bytes + r.stage_trainable * 4 : 0;
+  m.activations = static_cast<int64_t>(
+      double(stage_activations(*schedule, r.pp_rank, r.cuts, profile, c.activation_checkpointing, head)) *
+      tp::activation_scale(c.tp_size, c.sequence_parallel));
+  m.overhead = 16 << 10;  // the planner's framework constant
+  return m;
+}
+
+void print_memory(const std::vector<DryRunRank>& ranks, const std::optional<ModelStatePrediction>& formula,
+                  const std::vector<std::optional<MemoryPrediction>>& planned) {
   // `formula`: the strategy's memory model (its spec), as the planner asks it.
   std::cout << "\nmemory per rank, MiB | params | grads | optimizer | model state | planner: activations | planner: peak\n";
-  for (const auto& r : ranks) {
-    std::cout << "rank " << r.rank << (r.stages.empty() ? "" : " (" + r.stages + ")") << " | " << mib(r.state.params) << " | " << mib(r.state.grads) << " | "
-              << mib(r.state.optimizer) << " | " << mib(r.state.total()) << " | "
-              << (planner ? mib(planner->activations) : "n/a") << " | " << (planner ? mib(planner->peak()) : "n/a")
-              << "\n";
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
+    const auto& p = planned[i];
+    std::cout << "rank " << r.rank << (r.stages.empty() ? "" : " (" + r.stages + ")") << " | " << mib(r.state.params)
+              << " | " << mib(r.state.grads) << " | " << mib(r.state.optimizer) << " | " << mib(r.state.total())
+              << " | " << (p ? mib(p->activations) : "n/a") << " | " << (p ? mib(p->peak()) : "n/a") << "\n";
   }
-  if (planner) {
-    std::cout << "the strategy's memory model | " << mib(formula.params) << " | " << mib(formula.grads) << " | "
-              << mib(formula.optimizer) << " | " << mib(formula.total()) << " | |\n";
-  } else {
-    std::cout << "the strategy's memory model | n/a (not for this run: pipeline stages are not modelled yet)\n";
+  if (formula) {
+    std::cout << "the strategy's memory model | " << mib(formula->params) << " | " << mib(formula->grads) << " | "
+              << mib(formula->optimizer) << " | " << mib(formula->total()) << " | |\n";
   }
   // Exact lines, one per rank: what a test compares with a real run's summary.json.
-  for (const auto& r : ranks) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
     std::cout << "model state bytes, rank " << r.rank << ": params=" << r.state.params << " grads=" << r.state.grads
               << " optimizer=" << r.state.optimizer << "\n";
-    if (planner) {
-      std::cout << "planner peak bytes, rank " << r.rank << ": activations=" << planner->activations
-                << " peak=" << planner->peak() << "\n";
+    if (planned[i]) {
+      std::cout << "planner peak bytes, rank " << r.rank << ": activations=" << planned[i]->activations
+                << " peak=" << planned[i]->peak() << "\n";
     }
   }
 }
@@ -212,11 +246,17 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   for (int rank : simulated_ranks(world, c.pp_size)) ranks.push_back(simulate_rank(run, registry, rank, world));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const auto request = plan_request(c, run.model, world / c.tp_size, c.nproc / c.tp_size);
-  std::optional<MemoryPrediction> planner;
-  // (The planner does not model pipeline stages yet: n/a beside them.)
-  if (c.pp_size == 1 && plannable(registry, request)) {
-    planner = predict_peak(registry, request,
-                           activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy));
+  const auto profile = [&] { return activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy); };
+  std::optional<ModelStatePrediction> formula;
+  std::vector<std::optional<MemoryPrediction>> planned(ranks.size());
+  if (c.pp_size > 1) {
+    // Each stage's own: its simulated state, its schedule's activations.
+    const auto whole = profile();
+    for (size_t i = 0; i < ranks.size(); ++i) planned[i] = plan_stage(c, *run.model, ranks[i], whole);
+  } else if (plannable(registry, request)) {
+    const auto planner = predict_peak(registry, request, profile());
+    formula = planner.state;
+    for (auto& p : planned) p = planner;
   }
   std::cout << "strata-gpt --dry-run | " << run.model_label << " | " << ranks.front().n_params << " parameters | "
             << c.strategy << " x " << world << " ranks"
@@ -228,7 +268,7 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
             << c10::str(std::round(seconds * 100) / 100) << " s\n\n"
             << "rank 0's layout:\n"
             << ranks.front().layout << "\n";
-  print_memory(ranks, planner ? planner->state : ModelStatePrediction{}, planner);
+  print_memory(ranks, formula, planned);
   print_collectives(ranks.front());
   if (ranks.size() > 1) print_collectives(ranks.back());
   return 0;

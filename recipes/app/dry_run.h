@@ -19,6 +19,7 @@
 // a 2-core VM, most of it building the model's modules (docs/dry-run.md).
 #include "strata/recipes/app/run_checks.h"
 #include "strata/strategies/comm.h"
+#include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/registry.h"
 #include "strata/strategies/strategy.h"
 
@@ -33,6 +34,9 @@ struct DryRunRank {
   int64_t n_params = 0;                            ///< the model's
   std::string layout;                              ///< Strategy::describe()
   std::string stages;                              ///< under a pipeline: "stage 0: blocks 0..3 + embedding"
+  int pp_rank = 0;                                 ///< under a pipeline: this rank's place in it
+  std::vector<pp::StageCut> cuts;                  ///< under a pipeline: every stage's
+  int64_t stage_params = 0, stage_trainable = 0;   ///< elements this rank's module holds whole (tp parts)
   ModelStateBytes state;                           ///< after the first optimizer step
   CommBytes per_step;                              ///< bytes sent in the second step
   std::vector<CollectiveRecord> step_collectives;  ///< the second step's, in order

@@ -313,8 +313,11 @@ void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const
   const RunConfig& c = run.config;
   // Once per machine, before any rank starts.
   const auto shape = world_shape(c, env);
+  // Pipeline stages: the planner predicts a stage's peak only from a
+  // simulated stage (--dry-run), not yet here; the whole model's prediction
+  // would be wrong both ways.
   if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) ||
-      !resolve_device(c.device, 0).is_cpu()) {
+      !resolve_device(c.device, 0).is_cpu() || c.pp_size > 1) {
     return;
   }
   const auto request = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));

@@ -5,6 +5,7 @@
 #include "strata/strategies/flight_recorder.h"
 #include "strata/strategies/thread_world.h"
 
+#include <c10/util/StringUtil.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -178,27 +179,66 @@ TEST(FlightRecorderTest, RecordsJoinTheTrainersPhaseAndTheStrategysLabel) {
   EXPECT_EQ(records[3].label, "bucket 2");
 }
 
-// Sends are numbered apart (only the sender has them), recording can be
-// turned off, and the testing aid skips one collective of the world.
-TEST(FlightRecorderTest, SendsAreNumberedApartAndRecordingCanBeOff) {
-  strata::run_thread_world(2, [](Comm& comm) {
+// Sends and receives are numbered apart (each only on its side), with the
+// peer in the world's numbering (a subgroup's rank 1 is world rank 3 here);
+// recording can be turned off, and the testing aid skips one collective of
+// the world.
+TEST(FlightRecorderTest, SendsAndReceivesAreNumberedApartAndRecordingCanBeOff) {
+  strata::run_thread_world(4, [](Comm& comm) {
+    Comm pair = comm.split("pp", {{0, 2}, {1, 3}});
     auto t = torch::ones({4});
-    if (comm.rank() == 1) comm.send_async(t, 0).wait();
-    if (comm.rank() == 0) comm.recv_async(t, 1).wait();
+    if (pair.rank() == 1) pair.send_async(t, 0).wait();
+    if (pair.rank() == 0) pair.recv_async(t, 1).wait();
     comm.all_reduce(t);
     const auto records = comm.flight_recorder()->records();
-    ASSERT_EQ(records.size(), comm.rank() == 1 ? 2u : 1u);
+    ASSERT_EQ(records.size(), 2u);
     EXPECT_EQ(records.back().group, "world");
     EXPECT_EQ(records.back().seq, 1);
-    if (comm.rank() == 1) {
-      EXPECT_EQ(records[0].group, "world:send");
-    }
+    EXPECT_EQ(records.back().peer, -1);
+    const int mine = comm.rank() % 2;
+    EXPECT_EQ(records[0].group, c10::str("pp/", mine, pair.rank() == 1 ? ":send" : ":recv"));
+    EXPECT_EQ(records[0].op, pair.rank() == 1 ? "send" : "recv");
+    EXPECT_EQ(records[0].peer, pair.rank() == 1 ? mine : mine + 2);
+    EXPECT_GE(records[0].end_ns, 0) << "waited";
     comm.set_flight_recorder(nullptr);
     comm.set_flight_phase("ignored");
     comm.all_reduce(t);
     EXPECT_EQ(comm.flight_recorder(), nullptr);
-    EXPECT_EQ(t[0].item<float>(), 4.0f);  // 1 * 2 * 2: both all-reduces ran
+    EXPECT_EQ(t[0].item<float>(), 16.0f);  // 1 * 4 * 4: both all-reduces ran
   });
+}
+
+// A pipeline stuck in a receive: the dumps name the receiving rank, its
+// peer (in the world's numbering) and where the peer stands.
+TEST(FlightRecorderTest, DiagnosisNamesAStageStuckInAReceiveAndItsPeer) {
+  const int64_t now = 1'000'000'000'000;
+  auto dump = [&](int rank, json records) {
+    return json{{"rank", rank}, {"world_size", 4}, {"now_ns", now}, {"capacity", 2048}, {"records", records}}.dump();
+  };
+  auto record = [&](const std::string& group, const std::string& op, double waited_s, int peer) {
+    json r{{"group", group}, {"seq", 3}, {"op", op}, {"dtype", "Float"}, {"bytes", 6144},
+           {"label", "step 2 pipeline"}, {"start_ns", now - int64_t(waited_s * 1e9)}, {"end_ns", -1}};
+    if (peer >= 0) r["peer"] = peer;
+    return r;
+  };
+  const std::string stuck = dump(2, json::array({record("pp/0:recv", "recv", 12.0, 0)}));
+  // Rank 0 waits in its data-parallel all-reduce; it never sent.
+  EXPECT_EQ(diagnose_flight_dumps({dump(0, json::array({record("dp/0", "all_reduce", 11.0, -1)})), stuck}),
+            "rank 2 waits in a receive from rank 0 (group 'pp/0', recv, step 2 pipeline, 6.0 KiB) for 12.0 s; "
+            "rank 0 waits in collective #3 of group 'dp/0' (all_reduce, step 2 pipeline, 6.0 KiB)");
+  // Two receives waiting on each other: the cycle is named.
+  EXPECT_EQ(diagnose_flight_dumps({dump(0, json::array({record("pp/0:recv", "recv", 11.0, 2)})), stuck}),
+            "rank 2 waits in a receive from rank 0 (group 'pp/0', recv, step 2 pipeline, 6.0 KiB) for 12.0 s; "
+            "rank 0 waits in a receive from rank 2 (recv, step 2 pipeline, 6.0 KiB)");
+  EXPECT_EQ(diagnose_flight_dumps({stuck}),
+            "rank 2 waits in a receive from rank 0 (group 'pp/0', recv, step 2 pipeline, 6.0 KiB) for 12.0 s; "
+            "rank 0 wrote no dump (stopped, hung or killed)");
+  // A finished receive is no wait; a collective waited in longer wins.
+  EXPECT_EQ(diagnose_flight_dumps({dump(0, json::array({record("pp/0:send", "send", 13.0, 2)})),
+                                   dump(2, json::array({record("dp/0", "all_reduce", 13.0, -1),
+                                                        record("pp/0:recv", "recv", 12.0, 0)}))}),
+            "rank 0 never entered collective #3 of group 'dp/0' (all_reduce, step 2 pipeline, 6.0 KiB); rank 2 has "
+            "waited in it for 13.0 s");
 }
 
 TEST(FlightRecorderTest, ASkippedCollectiveIsAMismatchInTheDumps) {

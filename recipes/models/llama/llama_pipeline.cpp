@@ -30,7 +30,11 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> LlamaMod
 
 torch::Tensor LlamaModule::stage_forward(const pp::StageCut& cut, const torch::Tensor& x, const pp::BlockRunner& run) {
   auto h = cut.first ? model_->embed(x) : x;
-  h = model_->run_blocks(h, x.size(1), cut.blocks.first, cut.blocks.second, run);
+  // The positions are the whole sequence's: a later stage's input is this
+  // rank's part of it under sequence parallelism.
+  const auto& tp = model_->tensor_parallel();
+  const int64_t T = cut.first || !tp.sequence_parallel() ? x.size(1) : x.size(1) * tp.size();
+  h = model_->run_blocks(h, T, cut.blocks.first, cut.blocks.second, run);
   return cut.last ? model_->head(h) : h;
 }
 

@@ -126,6 +126,14 @@ TEST(DryRunTest, TheHeaderNamesTheModelWithoutAPresetGiven) {
   EXPECT_NE(dry.output.find("strata-gpt --dry-run | gpt-micro | "), std::string::npos) << dry.output;
 }
 
+TEST(DryRunTest, ActivationCheckpointingRunsOnMetaTensors) {
+  // Checkpointed blocks recompute on meta tensors too (asking autocast about
+  // a meta tensor once threw "unknown device type for autocast").
+  const auto dry = run_gpt_binary(flags("fsdp", 2) + " --activation-checkpointing 1 --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_FALSE(numbers(dry.output, "planner peak bytes", 0).empty()) << dry.output;
+}
+
 TEST(DryRunTest, RefusesToRunUnderALauncher) {
   const auto run = run_gpt_binary(flags("fsdp", 2) + " --dry-run", "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "
                                   "LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500");
