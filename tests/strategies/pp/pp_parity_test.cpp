@@ -179,6 +179,10 @@ TEST(PpParityTest, TensorParallelInsideEachStage) {
   // pp 2 x tp 2 with sequence parallelism (the stages send [B, T/2, C]).
   expect_parity("--nproc 4 --pp-size 2 --tp-size 2 --sequence-parallel --pp-schedule zero-bubble", "", 1e-5, 1e-5,
                 model);
+  // Interleaved: stages 0 and 2 on pipeline rank 0, the tied wte between
+  // stage 0 and stage 3 (pipeline rank 1), each tp rank's rows with its own.
+  expect_parity("--nproc 4 --pp-size 2 --tp-size 2 --pp-schedule interleaved-1f1b --pp-virtual-stages 2", "", 1e-5,
+                1e-5, model);
   // pp 2 x fsdp 2 x tp 2 on 8 ranks: the stages outermost ({0..3}, {4..7}),
   // tp innermost ({0, 1}, ...), fsdp over {0, 2}, {1, 3}, ...
   expect_parity("--strategy fsdp --nproc 8 --pp-size 2 --tp-size 2 --pp-schedule 1f1b", "--batch-size 4", 1e-5, 1e-5,
