@@ -258,6 +258,23 @@ std::string describe_receive(const std::vector<RankDump>& dumps, int rank, int64
                         what_text(*in), ")");
 }
 
+/// The unfinished record of `list` a rank has waited in longest (each rank's
+/// wait measured on its own clock, so machines need not agree on the time).
+struct Wait {
+  const CollectiveRecord* record = nullptr;
+  int64_t ns = -1;
+  int rank = -1;
+};
+Wait longest_wait(const std::vector<RankDump>& dumps, std::vector<CollectiveRecord> RankDump::*list) {
+  Wait out;
+  for (const auto& d : dumps) {
+    for (const auto& r : d.*list) {
+      if (r.end_ns < 0 && d.now_ns - r.start_ns > out.ns) out = {&r, d.now_ns - r.start_ns, d.rank};
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
@@ -276,37 +293,18 @@ std::string diagnose_flight_dumps(const std::vector<std::string>& texts) {
   std::sort(dumps.begin(), dumps.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
   if (std::string mismatch = find_mismatch(dumps); !mismatch.empty()) return mismatch;
 
-  // The stuck collective: in the group of the longest wait (each rank's wait
-  // measured on its own clock, so machines need not agree on the time), the
-  // lowest sequence number any rank is still in.
-  const CollectiveRecord* longest = nullptr;
-  int64_t longest_ns = -1;
-  for (const auto& d : dumps) {
-    for (const auto& r : d.records) {
-      if (r.end_ns < 0 && d.now_ns - r.start_ns > longest_ns) {
-        longest = &r;
-        longest_ns = d.now_ns - r.start_ns;
-      }
-    }
-  }
+  // The stuck collective: in the group of the longest wait, the lowest
+  // sequence number any rank is still in.
+  const Wait collective = longest_wait(dumps, &RankDump::records);
   // A receive waited in longer than any collective: the pipeline is stuck
   // there (its peer never sent).
-  const CollectiveRecord* recv = nullptr;
-  int64_t recv_ns = longest_ns;
-  int recv_rank = -1;
-  for (const auto& d : dumps) {
-    for (const auto& r : d.receives) {
-      if (r.end_ns < 0 && d.now_ns - r.start_ns > recv_ns) {
-        recv = &r;
-        recv_ns = d.now_ns - r.start_ns;
-        recv_rank = d.rank;
-      }
-    }
+  const Wait receive = longest_wait(dumps, &RankDump::receives);
+  if (receive.record != nullptr && receive.ns > collective.ns) {
+    return describe_receive(dumps, receive.rank, receive.ns, *receive.record);
   }
-  if (recv != nullptr) return describe_receive(dumps, recv_rank, recv_ns, *recv);
-  if (longest == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
-                                          " ranks dumped)");
-  const CollectiveRecord* stuck = longest;
+  const CollectiveRecord* stuck = collective.record;
+  if (stuck == nullptr) return c10::str("no rank is waiting in a collective (", dumps.size(), " of ", world,
+                                        " ranks dumped)");
   for (const auto& d : dumps) {
     for (const auto& r : d.records) {
       if (r.end_ns < 0 && r.group == stuck->group && r.seq < stuck->seq) stuck = &r;

@@ -177,6 +177,11 @@ struct MemoryQuery {
   std::string offload = "none";
   /// Micro-batches per optimizer step (gradient accumulation).
   int64_t micro_batches = 1;
+  /// `model` is one pipeline stage whose micro-batches a schedule runs
+  /// (Strategy::begin_scheduled_step): what the strategy holds through that
+  /// step goes in `gathered`; a strategy that does not model it says
+  /// predicts_peak false.
+  bool scheduled_step = false;
   StrategyArgs args;  ///< the strategy's options (defaults when not given)
 };
 

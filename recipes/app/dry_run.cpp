@@ -164,13 +164,18 @@ std::string mib(int64_t bytes) {
 }
 
 /// A pipeline rank's peak (pipeline_plan.h): its simulated model state, what
-/// fsdp holds through the scheduled step, and its stages' activations; nullopt
-/// for a strategy whose pipeline memory is not modelled (oss, sdp).
-std::optional<MemoryPrediction> plan_stage(const RunConfig& c, const ModelConfig& model, const DryRunRank& r,
+/// its strategy's memory model says it holds through the scheduled step
+/// (MemoryQuery::scheduled_step: fsdp's whole stage), and its stages'
+/// activations; nullopt for a strategy that does not model a stage.
+std::optional<MemoryPrediction> plan_stage(const StrategyRegistry& registry, MemoryQuery query, const RunConfig& c,
+                                           const ModelConfig& model, const DryRunRank& r,
                                            const ActivationProfile& profile) {
-  const bool fsdp = c.strategy == "fsdp" || c.strategy == "zero3";
-  if (!fsdp && c.strategy != "single" && c.strategy != "ddp") return std::nullopt;
-  const int64_t compute_bytes = compute_dtype(parse_precision(c.precision)) ? 2 : 4;
+  query.model = ModelSize{r.stage_params, r.stage_trainable, 0, 0, 0};
+  query.scheduled_step = true;
+  const auto& memory = registry.spec(c.strategy).memory();
+  const auto estimate = memory ? memory(query) : std::nullopt;
+  if (!estimate || !estimate->predicts_peak) return std::nullopt;
+  const int64_t compute_bytes = query.compute_bytes;
   const auto schedule = pp::make_schedule(c.pp_schedule, pp::ScheduleOptions()
                                                               .ranks(c.pp_size)
                                                               .microbatches(int(c.accumulate_grad_batches))
@@ -178,8 +183,7 @@ std::optional<MemoryPrediction> plan_stage(const RunConfig& c, const ModelConfig
   const int64_t head = head_kept_bytes(model.shape(), c.batch_size, compute_bytes);
   MemoryPrediction m;
   m.state = {r.state.params, r.state.grads, r.state.optimizer};
-  // fsdp: the stage's full parameters in the compute dtype and its full fp32 gradients.
-  m.gathered = fsdp ? r.stage_params * compute_bytes + r.stage_trainable * 4 : 0;
+  m.gathered = estimate->gathered + estimate->held;
   m.activations = static_cast<int64_t>(
       double(stage_activations(*schedule, r.pp_rank, r.cuts, profile, c.activation_checkpointing, head)) *
       tp::activation_scale(c.tp_size, c.sequence_parallel));
@@ -245,14 +249,15 @@ int simulate_and_print(const CheckedRun& run, const StrategyRegistry& registry) 
   std::vector<DryRunRank> ranks;
   for (int rank : simulated_ranks(world, c.pp_size)) ranks.push_back(simulate_rank(run, registry, rank, world));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const auto request = plan_request(c, run.model, world / c.tp_size, c.nproc / c.tp_size);
+  const auto request = plan_request(c, run.model, world / (c.tp_size * c.pp_size), c.nproc / c.tp_size);
   const auto profile = [&] { return activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy); };
   std::optional<ModelStatePrediction> formula;
   std::vector<std::optional<MemoryPrediction>> planned(ranks.size());
   if (c.pp_size > 1) {
     // Each stage's own: its simulated state, its schedule's activations.
     const auto whole = profile();
-    for (size_t i = 0; i < ranks.size(); ++i) planned[i] = plan_stage(c, *run.model, ranks[i], whole);
+    const MemoryQuery query = memory_query(registry, request);
+    for (size_t i = 0; i < ranks.size(); ++i) planned[i] = plan_stage(registry, query, c, *run.model, ranks[i], whole);
   } else if (plannable(registry, request)) {
     const auto planner = predict_peak(registry, request, profile());
     formula = planner.state;

@@ -26,9 +26,7 @@ int64_t stage_activations(const pp::Schedule& schedule, int rank, const std::vec
     return profile.total(blocks, checkpoint_every) - rest + (cut.last ? head : 0);
   };
   int64_t held = 0, most = 0;
-  bool last = false;
   for (const pp::Action& a : schedule.actions()[size_t(rank)]) {
-    last = last || cuts[size_t(a.stage)].last;
     if (a.op == pp::Op::Forward) held += kept(a.stage);
     most = std::max(most, held);
     // A split backward's I keeps the stage's graph for its W (strata's W
@@ -39,6 +37,7 @@ int64_t stage_activations(const pp::Schedule& schedule, int rank, const std::vec
   // activations (its recompute under checkpointing) where no head runs; on
   // the last stage the rest of the whole model's peak beyond what the head
   // keeps (the loss's gradient, the logits' gradient).
+  const bool last = schedule.rank_of(schedule.stages() - 1) == rank;
   const int64_t working = last ? std::max<int64_t>(0, rest - head) : profile.per_block;
   return most + working;
 }

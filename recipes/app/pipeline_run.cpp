@@ -26,7 +26,7 @@ std::vector<pp::StageCut> cuts_of(const RunConfig& c, TrainingModule& module) {
 
 }  // namespace
 
-void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int world) {
+void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world) {
   if (c.pp_size == 1) {
     TORCH_CHECK_VALUE(c.pp_virtual_stages == 1 && c.pp_split.empty(), "--pp-virtual-stages and --pp-split cut "
                       "pipeline stages; they need --pp-size > 1 (got --pp-size 1)");
@@ -40,7 +40,7 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int w
   // (the tied weight's sum adds into the gradients in memory).
   TORCH_CHECK_VALUE(c.strategy != "auto", "--pp-size ", c.pp_size, " with --strategy auto: the planner does not "
                     "weigh pipeline stages yet; name the strategy over each stage's data-parallel ranks");
-  const bool fsdp = c.strategy == "fsdp" || c.strategy == "zero3";
+  const bool fsdp = registry.spec(c.strategy).name() == "fsdp";  // or its alias
   TORCH_CHECK_VALUE(!fsdp || c.offload == "none", "--pp-size ", c.pp_size, " with --strategy fsdp "
                     "and --offload ", c.offload, ": offloaded shards under a pipeline are not composed yet; use "
                     "--offload none, or --strategy sdp or oss with --offload");

@@ -19,7 +19,7 @@ namespace strata::recipes {
 /// world, a model that cannot be cut into its stages (or --pp-split that does
 /// not add up), an unknown schedule or one the micro-batches do not fit, or
 /// what is not composed yet. Nothing when pp_size is 1.
-void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, int world);
+void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world);
 
 /// This rank's stage's ranks (its data-parallel ranks, times its tensor-
 /// parallel ones, which apply_tensor_parallel splits off), and the pipeline

@@ -495,7 +495,7 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
   check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
-  check_pipeline_parallel(run.config, *run.model, shape.world);
+  check_pipeline_parallel(run.config, *run.model, registry, shape.world);
   // --eval-only writes eval.json and nothing else: a recorded run's exports are not made again.
   if (!run.config.eval_only) check_late_outputs(run.config, *run.model);
   std::optional<ActivationProfile> profile;

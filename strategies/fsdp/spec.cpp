@@ -94,6 +94,9 @@ std::optional<MemoryEstimate> fsdp_memory(const MemoryQuery& q) {
   m.gathered = 4 * (model.root_params() + model.root_trainable()) +
                model.unit_params * std::min<int64_t>(FSDPStrategy::kMaxUnitsGathered, model.units) * q.compute_bytes +
                model.unit_trainable * (4 + in_flight);
+  // A scheduled step (a pipeline stage) keeps every unit gathered, in the
+  // compute dtype, and every full fp32 gradient until the schedule ends.
+  if (q.scheduled_step) m.gathered = model.params * q.compute_bytes + t * 4;
   if (q.offload != "none") {
     // Shards, their gradients and the optimizer state live in the tier
     // (fp32 shard, gradient and two moments; a padding element per rank and unit).

@@ -23,6 +23,7 @@ std::optional<MemoryEstimate> sharded_optimizer_memory(const MemoryQuery& q, boo
   // trainable parameter, measured exactly on gpt-mini for oss and sdp (peak
   // - model state on 11-token addition data, where activations are tiny).
   m.staging = 10 * t;
+  m.predicts_peak = !q.scheduled_step;  // a pipeline stage's buffers are not measured yet
   return with_optimizer_offload(m, q);
 }
 
