@@ -60,6 +60,8 @@ elif mode == 'peftdir':  # the merged export against PEFT loading strata's adapt
             bare = pm(input_ids=ids).logits
     print('diff=%.3g' % (want - got).abs().max().item())
     print('delta=%.3g' % (want - bare).abs().max().item())
+    print('scale=%.3g' % want.abs().max().item())
+    print('scale=%.3g' % want.abs().max().item())
 elif mode == 'lora':  # the merged export against PEFT with the run's adapters on the base
     import peft
     from safetensors.torch import load_file
@@ -84,6 +86,8 @@ elif mode == 'lora':  # the merged export against PEFT with the run's adapters o
     print('loaded=%d' % loaded)
     print('diff=%g' % (got - want).abs().max().item())
     print('delta=%g' % (want - plain).abs().max().item())
+    print('scale=%g' % want.abs().max().item())
+    print('scale=%g' % want.abs().max().item())
 else:  # compare: the export as transformers loads it, against the start
     trained = transformers.AutoModelForCausalLM.from_pretrained(out).state_dict()
     start = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[3]).state_dict()
@@ -178,7 +182,13 @@ TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
           " 16");
   EXPECT_EQ(std::stoi(seen.at("loaded")), 28);
   EXPECT_GT(std::stod(seen.at("delta")), 1e-3) << "the trained adapters change the logits";
-  EXPECT_LT(std::stod(seen.at("diff")), 1e-5) << "transformers on the merged export vs PEFT with the adapters";
+  // fp32 rounding of (W + s·BA)x against Wx + s·B(Ax) through two blocks is about 1e-5 of the logits (measured:
+  // 3e-6 and 1.2e-5 of logits up to 1.3, AVX2 and AVX-512 differ); a merge 0.1% off in scale fails by 10x.
+  const auto near = [](const std::map<std::string, std::string>& r) {
+    return std::stod(r.at("diff")) / std::stod(r.at("scale"));
+  };
+  EXPECT_LT(near(seen), 1e-4) << "transformers on the merged export vs PEFT with the adapters: diff " << seen.at("diff")
+                              << " of logits up to " << seen.at("scale");
   // strata-export --format peft: PEFT's own loader reads the adapters onto the base directory.
   const auto peft_export = strata::testing::run_command(std::string(STRATA_EXPORT_BINARY) + " --format peft " +
                                                         (dir.path() / "lora" / "checkpoints" / "step-4").string() + " " +
@@ -188,7 +198,8 @@ TEST(LlamaE2ETest, LoraUnderFsdpExportsAMergedDirectoryWithPeftsLogits) {
                                                 "peftdir " + (dir.path() / "export").string() + " " + hf.string() + " " +
                                                     (dir.path() / "peft").string());
   EXPECT_GT(std::stod(peft.at("delta")), 1e-3) << "the loaded adapters change the logits";
-  EXPECT_LT(std::stod(peft.at("diff")), 1e-5) << "PeftModel.from_pretrained(base, strata's adapters) vs the merged export";
+  EXPECT_LT(near(peft), 1e-4) << "PeftModel.from_pretrained(base, strata's adapters) vs the merged export: diff "
+                              << peft.at("diff") << " of logits up to " << peft.at("scale");
   // The run itself as a model: strata-generate on its output directory, and
   // --eval-only resuming its checkpoint (--init-from's directory gives the
   // model, the checkpoint the weights), agree with the merged export.
