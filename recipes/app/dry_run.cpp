@@ -137,10 +137,7 @@ DryRunRank simulate_rank(const CheckedRun& run, const StrategyRegistry& registry
     const auto& stages = dynamic_cast<const pp::StageModule&>(module);
     out.pp_rank = pipeline.pipeline->group().rank();
     out.cuts = stages.cuts();
-    for (const auto& [s, cut] : stages.held()) {
-      out.stages += c10::str(out.stages.empty() ? "" : ", ", "stage ", s, ": blocks ", cut.blocks.first, "..",
-                             cut.blocks.second - 1, cut.first ? " + embedding" : "", cut.last ? " + head" : "");
-    }
+    out.stages = describe_stages(out.cuts, out.pp_rank, c.pp_size);
   }
   CommBytes before;
   for (int64_t step = 1; step <= kSteps; ++step) {
@@ -175,20 +172,15 @@ std::optional<MemoryPrediction> plan_stage(const StrategyRegistry& registry, Mem
   const auto& memory = registry.spec(c.strategy).memory();
   const auto estimate = memory ? memory(query) : std::nullopt;
   if (!estimate || !estimate->predicts_peak) return std::nullopt;
-  const int64_t compute_bytes = query.compute_bytes;
   const auto schedule = pp::make_schedule(c.pp_schedule, pp::ScheduleOptions()
                                                               .ranks(c.pp_size)
                                                               .microbatches(int(c.accumulate_grad_batches))
                                                               .virtual_stages(c.pp_virtual_stages));
-  const int64_t head = head_kept_bytes(model.shape(), c.batch_size, compute_bytes);
-  MemoryPrediction m;
-  m.state = {r.state.params, r.state.grads, r.state.optimizer};
-  m.gathered = estimate->gathered + estimate->held;
-  m.activations = static_cast<int64_t>(
+  const int64_t head = head_kept_bytes(model.shape(), c.batch_size, query.compute_bytes);
+  const auto activations = static_cast<int64_t>(
       double(stage_activations(*schedule, r.pp_rank, r.cuts, profile, c.activation_checkpointing, head)) *
       tp::activation_scale(c.tp_size, c.sequence_parallel));
-  m.overhead = 16 << 10;  // the planner's framework constant
-  return m;
+  return stage_peak({r.state.params, r.state.grads, r.state.optimizer}, *estimate, activations);
 }
 
 void print_memory(const std::vector<DryRunRank>& ranks, const std::optional<ModelStatePrediction>& formula,

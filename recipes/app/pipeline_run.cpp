@@ -10,10 +10,7 @@
 
 namespace strata::recipes {
 
-namespace {
-
-/// The stages' cuts of `module`, which must be a pp::PipelineModel.
-std::vector<pp::StageCut> cuts_of(const RunConfig& c, TrainingModule& module) {
+std::vector<pp::StageCut> pipeline_cuts(const RunConfig& c, const TrainingModule& module) {
   const auto* model = dynamic_cast<const pp::PipelineModel*>(&module);
   TORCH_CHECK_VALUE(model != nullptr, "--pp-size ", c.pp_size, ": this model cannot be cut into pipeline stages yet "
                     "(strata's GPT can)");
@@ -24,9 +21,27 @@ std::vector<pp::StageCut> cuts_of(const RunConfig& c, TrainingModule& module) {
   return pp::stage_cuts(*model, stages, c.pp_split);
 }
 
-}  // namespace
+std::string pipeline_strategy_problem(const RunConfig& c, const StrategyRegistry& registry) {
+  // Every strategy runs over a stage's data-parallel ranks. FSDP keeps a
+  // stage's units gathered through the schedule; its offloaded shards are not
+  // (the tied weight's sum adds into the gradients in memory).
+  const bool fsdp = c.strategy != "auto" && registry.spec(c.strategy).name() == "fsdp";  // or its alias
+  if (fsdp && c.offload != "none") {
+    return c10::str("--pp-size ", c.pp_size, " with --strategy fsdp and --offload ", c.offload, ": offloaded shards "
+                    "under a pipeline are not composed yet; use --offload none, or --strategy sdp or oss with --offload");
+  }
+  // Zero-bubble's split backward walks a checkpointed block's recompute in
+  // both halves when a block that is not checkpointed comes before it: its
+  // weights' gradients would be added twice.
+  if (c.activation_checkpointing > 0 && (c.pp_schedule == "zero-bubble" || c.pp_schedule == "ZBH1")) {
+    return c10::str("--pp-schedule ", c.pp_schedule, " with --activation-checkpointing ", c.activation_checkpointing,
+                    ": the split backward does not compose with checkpointed blocks yet; use 1f1b, gpipe or "
+                    "interleaved-1f1b");
+  }
+  return "";
+}
 
-void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world) {
+void check_pipeline_parallel(const RunConfig& c, const StrategyRegistry& registry, int world) {
   if (c.pp_size == 1) {
     TORCH_CHECK_VALUE(c.pp_virtual_stages == 1 && c.pp_split.empty(), "--pp-virtual-stages and --pp-split cut "
                       "pipeline stages; they need --pp-size > 1 (got --pp-size 1)");
@@ -35,15 +50,9 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const
   TORCH_CHECK_VALUE(world % (c.pp_size * c.tp_size) == 0, "--pp-size ", c.pp_size, c.tp_size > 1 ? c10::str(
                     " x --tp-size ", c.tp_size) : std::string(), " does not divide the world of ", world, " ranks");
   // Not composed yet (issue 47): each is one line rather than a wrong run.
-  // Every strategy runs over a stage's data-parallel ranks. FSDP keeps a
-  // stage's units gathered through the schedule; its offloaded shards are not
-  // (the tied weight's sum adds into the gradients in memory).
-  TORCH_CHECK_VALUE(c.strategy != "auto", "--pp-size ", c.pp_size, " with --strategy auto: the planner does not "
-                    "weigh pipeline stages yet; name the strategy over each stage's data-parallel ranks");
-  const bool fsdp = registry.spec(c.strategy).name() == "fsdp";  // or its alias
-  TORCH_CHECK_VALUE(!fsdp || c.offload == "none", "--pp-size ", c.pp_size, " with --strategy fsdp "
-                    "and --offload ", c.offload, ": offloaded shards under a pipeline are not composed yet; use "
-                    "--offload none, or --strategy sdp or oss with --offload");
+  // (--strategy auto chooses among the strategies that compose: pipeline_plan.h.)
+  const std::string problem = pipeline_strategy_problem(c, registry);
+  TORCH_CHECK_VALUE(problem.empty(), problem);
   TORCH_CHECK_VALUE(c.torchscript.empty(), "--pp-size ", c.pp_size, " cuts a registered model into stages; a "
                     "--torchscript model has none");
   // NCCL pairs point-to-point ops by issue order on one stream per pair of
@@ -52,13 +61,6 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const
   // batched first (batch_isend_irecv).
   TORCH_CHECK_VALUE(resolve_device(c.device, 0).is_cpu(), "--pp-size ", c.pp_size, " runs on CPU ranks (Gloo) only "
                     "for now: on CUDA its sends and receives are not batched for NCCL yet; use --device cpu");
-  // Zero-bubble's split backward walks a checkpointed block's recompute in
-  // both halves when a block that is not checkpointed comes before it: its
-  // weights' gradients would be added twice.
-  TORCH_CHECK_VALUE(c.activation_checkpointing == 0 || (c.pp_schedule != "zero-bubble" && c.pp_schedule != "ZBH1"),
-                    "--pp-schedule ", c.pp_schedule, " with --activation-checkpointing ", c.activation_checkpointing,
-                    ": the split backward does not compose with checkpointed blocks yet; use 1f1b, gpipe or "
-                    "interleaved-1f1b");
   // 16-mixed needs nothing more: every stage's rank scales by the same loss
   // scale, and the skip decision reads the global norm, summed over the
   // stages, so every rank skips the same steps and its scale moves alike.
@@ -68,8 +70,7 @@ void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const
                                        .ranks(c.pp_size)
                                        .microbatches(int(c.accumulate_grad_batches))
                                        .virtual_stages(c.pp_virtual_stages));
-  const auto probe = model.build(/*deferred=*/true);  // meta tensors: nothing allocated
-  cuts_of(c, *probe);
+  // The cut itself: pipeline_layout(), which check_run calls next.
 }
 
 PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::unique_ptr<TrainingModule>& module) {
@@ -80,7 +81,7 @@ PipelineRun apply_pipeline_parallel(const RunConfig& c, const Comm& world, std::
   // The stage's ranks: its data-parallel ones, and inside them its tensor-
   // parallel ones, which apply_tensor_parallel splits off (innermost).
   Comm stage_group = world.split(c.tp_size > 1 ? "stage" : "dp", mesh.groups({Dim::dp_replicate, Dim::dp_shard, Dim::tp}));
-  const auto cuts = cuts_of(c, *module);
+  const auto cuts = pipeline_cuts(c, *module);
   std::vector<int> held;
   for (int s = pp_group.rank(); s < int(cuts.size()); s += c.pp_size) held.push_back(s);
   auto stages = std::make_unique<pp::StageModule>(std::move(module), cuts, held);

@@ -16,10 +16,20 @@ namespace strata::recipes {
 
 /// Phase 1: c10::ValueError (one line naming the value, exit 2) when `c`
 /// asks for a pipeline this run cannot have: a size that does not divide the
-/// world, a model that cannot be cut into its stages (or --pp-split that does
-/// not add up), an unknown schedule or one the micro-batches do not fit, or
-/// what is not composed yet. Nothing when pp_size is 1.
-void check_pipeline_parallel(const RunConfig& c, const ModelConfig& model, const StrategyRegistry& registry, int world);
+/// world, an unknown schedule or one the micro-batches do not fit, or what
+/// is not composed yet. Nothing when pp_size is 1. (Whether the model can be
+/// cut into its stages, or --pp-split adds up, pipeline_layout() says.)
+void check_pipeline_parallel(const RunConfig& c, const StrategyRegistry& registry, int world);
+
+/// The stages' cuts of `module` under `c`'s --pp-size x --pp-virtual-stages
+/// and --pp-split; c10::ValueError when it is no pp::PipelineModel or has
+/// fewer blocks than stages.
+std::vector<pp::StageCut> pipeline_cuts(const RunConfig& c, const TrainingModule& module);
+
+/// Why `c`'s strategy (with its --offload and --activation-checkpointing)
+/// does not compose with `c`'s pipeline yet; "" when it does ("auto": only
+/// what no strategy composes with).
+std::string pipeline_strategy_problem(const RunConfig& c, const StrategyRegistry& registry);
 
 /// This rank's stage's ranks (its data-parallel ranks, times its tensor-
 /// parallel ones, which apply_tensor_parallel splits off), and the pipeline

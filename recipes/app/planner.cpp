@@ -18,14 +18,6 @@
 namespace strata::recipes {
 namespace {
 
-/// Framework overhead per rank beyond model state, activations and what a
-/// strategy gathers. Calibrated on strata-gpt runs (gpt-nano/micro/mini,
-/// block 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the
-/// probe's activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's
-/// gradients are views of its buckets, and the probe counts the step's
-/// transients).
-constexpr int64_t kOverheadBytes = 16 << 10;
-
 /// Peak activation bytes of one training micro-step of `model` with `n_layer`
 /// blocks: parameters and their gradients exist before it starts (gradients
 /// allocated up front, as DDP's bucket views are), so the peak above that is
@@ -153,7 +145,7 @@ MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanReques
                                        tp::activation_scale(r.tp_size(), r.sequence_parallel()));
   // Staging buffers live outside the activation phase: the peak holds the
   // larger of the two.
-  m.overhead = kOverheadBytes + std::max<int64_t>(0, estimate->staging - m.activations);
+  m.overhead = kPlannerOverheadBytes + std::max<int64_t>(0, estimate->staging - m.activations);
   if (estimate->grads_freed_between_steps) {
     // The activation peak (the start of backward) meets no gradients; they
     // peak at the end of backward, when the activations are gone.
@@ -162,8 +154,7 @@ MemoryPrediction predict_peak(const StrategyRegistry& registry, const PlanReques
   return m;
 }
 
-std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const PlanRequest& base,
-                                        const ActivationProfile& activations, int64_t budget_bytes) {
+std::vector<PlanChoice> plan_variants(const StrategyRegistry& registry, const PlanRequest& base) {
   struct Candidate {
     const StrategySpec* spec;
     PlanVariant variant;
@@ -201,8 +192,7 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
     // too where it can (less activation memory, the same bytes).
     // With tensor parallelism a group of T ranks takes T ranks' samples, so
     // the global batch stays the run's: T times the micro-batch (and its
-    // activations, probed at the run's micro-batch), split over the group.
-    const ActivationProfile profile = scaled(activations, tp);
+    // activations: plan_candidates), split over the group.
     r.strategy(spec->name())
         .strategy_options({})
         .micro_batch(base.micro_batch() * tp)
@@ -213,12 +203,24 @@ std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const 
         .local_world_size(local / tp)
         .tp_size(tp)
         .sequence_parallel(tp > 1 && base.model()->tensor_parallel_problem(tp, true).empty());
-    if (!plannable(registry, r)) continue;
-    auto prediction = predict_peak(registry, r, profile);
-    out.push_back({v.label, r, prediction, prediction.peak() <= budget_bytes, v.exact});
+    out.push_back({v.label, r, MemoryPrediction{}, false, v.exact});
   }
   return out;
 }
+
+std::vector<PlanChoice> plan_candidates(const StrategyRegistry& registry, const PlanRequest& base,
+                                        const ActivationProfile& activations, int64_t budget_bytes) {
+  std::vector<PlanChoice> out;
+  for (PlanChoice& row : plan_variants(registry, base)) {
+    if (!plannable(registry, row.request)) continue;
+    // Activations probed at the run's micro-batch, scaled to a tensor-parallel group's.
+    row.prediction = predict_peak(registry, row.request, scaled(activations, row.request.tp_size()));
+    row.fits = row.prediction.peak() <= budget_bytes;
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
 
 ActivationProfile scaled(ActivationProfile profile, int64_t factor) {
   for (int64_t* field : {&profile.per_block, &profile.base, &profile.checkpointed_per_block,
@@ -257,13 +259,17 @@ std::string fp32_alternative(const StrategyRegistry& registry, const PlanRequest
 std::string format_plan_table(const std::vector<PlanChoice>& candidates, int64_t budget_bytes) {
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s  %s\n", "strategy", "model state", "gathered",
-                "activations", "peak/rank", "fits?");
+  // A pipeline's rows are their fullest stage's (PlanChoice::peak_at).
+  const bool where = std::any_of(candidates.begin(), candidates.end(), [](const auto& c) { return !c.peak_at.empty(); });
+  std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s%s  %s\n", "strategy", "model state", "gathered",
+                "activations", "peak/rank", where ? "  peak at  " : "", "fits?");
   out << line;
   for (const auto& c : candidates) {
-    std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s  %s\n", c.label.c_str(),
+    char at[32] = "";
+    if (where) std::snprintf(at, sizeof(at), "  %-9s", c.peak_at.c_str());
+    std::snprintf(line, sizeof(line), "%-20s %14s %14s %14s %14s%s  %s\n", c.label.c_str(),
                   format_bytes(c.prediction.state.total()).c_str(), format_bytes(c.prediction.gathered).c_str(),
-                  format_bytes(c.prediction.activations).c_str(), format_bytes(c.prediction.peak()).c_str(),
+                  format_bytes(c.prediction.activations).c_str(), format_bytes(c.prediction.peak()).c_str(), at,
                   !c.fits ? "no" : c.exact ? "yes" : "yes (never picked: it trains differently)");
     out << line;
   }

@@ -36,6 +36,14 @@
 
 namespace strata::recipes {
 
+/// Framework overhead per rank beyond model state, activations and what a
+/// strategy gathers. Calibrated on strata-gpt runs (gpt-nano/micro/mini,
+/// block 128, batch 8, 2 ranks): ddp/oss/sdp/fsdp peaks equal state + the
+/// probe's activations (+ gathered) plus these 16 KiB to within 0.1% (DDP's
+/// gradients are views of its buckets, and the probe counts the step's
+/// transients).
+inline constexpr int64_t kPlannerOverheadBytes = 16 << 10;
+
 /// Strategy options as text, key -> value (as RunConfig::strategy_options).
 using OptionTexts = std::map<std::string, std::string>;
 
@@ -148,7 +156,16 @@ struct PlanChoice {
   /// The variant trains what single trains (PlanVariant::exact): --strategy
   /// auto may pick it.
   bool exact = true;
+  /// Whose peak `prediction` is when ranks differ ("pp rank 1": the fullest
+  /// pipeline stage's); empty when every rank holds alike.
+  std::string peak_at = "";
 };
+
+/// The rows plan_candidates predicts, unpredicted: every registered spec's
+/// plan variants offered for `base` (see plan_candidates), fastest first,
+/// each request set up (its strategy, options, checkpointing, offload,
+/// tensor-parallel size and micro-batch).
+std::vector<PlanChoice> plan_variants(const StrategyRegistry& registry, const PlanRequest& base);
 
 /// The candidates for `base`'s model, world, micro-batch, precision and
 /// optimizer: every registered spec's plan variants (StrategySpec::plan)

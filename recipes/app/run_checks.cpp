@@ -1,6 +1,8 @@
 #include "strata/recipes/app/run_checks.h"
+#include "strata/recipes/app/memory_checks.h"
 #include "strata/recipes/app/run_data.h"
 
+#include "strata/recipes/app/pipeline_plan.h"
 #include "strata/recipes/app/pipeline_run.h"
 #include "strata/recipes/app/tensor_parallel_run.h"
 #include "strata/recipes/app/peak_flops.h"
@@ -34,64 +36,6 @@ namespace strata::recipes {
 namespace fs = std::filesystem;
 
 namespace {
-
-/// The world the run will have: from the launcher's variables, or from
-/// --nproc (ranks per machine) x --nnodes when strata-gpt launches itself.
-struct WorldShape {
-  int world = 1;
-  int local_ranks = 1;
-  int local_rank = 0;  ///< this process's (0 for a launcher)
-  int data = 1;        ///< data-parallel ranks: the world over --tp-size (the strategy's world, the batch's)
-};
-
-WorldShape world_shape(const RunConfig& c, const std::optional<DistEnv>& env) {
-  // The strategy's ranks: those of one tensor-parallel rank and one stage.
-  const int split = std::max(1, c.tp_size) * std::max(1, c.pp_size);
-  if (env) return {env->world_size, env->local_world_size, env->local_rank, env->world_size / split};
-  return {c.nproc * c.nnodes, c.nproc, 0, c.nproc * c.nnodes / split};
-}
-
-/// args without `--key value` / `--key=value` for each of `keys`, then
-/// `--key value` for each of `set`: how the launcher hands its ranks the
-/// strategy --strategy auto chose (the command line wins over --config).
-std::vector<std::string> rewrite_args(const std::vector<std::string>& args, const std::vector<std::string>& keys,
-                                      const std::vector<std::pair<std::string, std::string>>& set) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    bool dropped = false;
-    for (const auto& key : keys) {
-      if (args[i] == "--" + key) {
-        ++i;  // its value
-        dropped = true;
-        break;
-      }
-      if (args[i].rfind("--" + key + "=", 0) == 0) {
-        dropped = true;
-        break;
-      }
-    }
-    if (!dropped) out.push_back(args[i]);
-  }
-  for (const auto& [key, value] : set) {
-    out.push_back("--" + key);
-    out.push_back(value);
-  }
-  return out;
-}
-
-/// args without the bool flag `--key` (bare, `--key true|false` or `--key=...`).
-std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& key) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].rfind("--" + key + "=", 0) == 0) continue;
-    if (args[i] == "--" + key) {
-      if (i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false")) ++i;
-      continue;
-    }
-    out.push_back(args[i]);
-  }
-  return out;
-}
 
 /// A rank re-reads its launcher's command line: strata's own launcher passes
 /// --nproc (ranks per machine) and --nnodes on, and they must agree with the
@@ -226,142 +170,6 @@ void check_late_outputs(const RunConfig& c, const ModelConfig& model) {
   }
 }
 
-/// --strategy auto: the planner's fastest candidate predicted to fit the
-/// budget becomes the config's strategy, and the launcher's command line
-/// names it. Returns the activation profile it measured.
-/// Issue 35: bf16 on a CPU without bf16 instructions trains ~10x slower than
-/// fp32; --strategy auto says whether fp32 would fit the same budget.
-void print_fp32_alternative(const RunConfig& c, const ModelConfig& model, const PlanRequest& base,
-                            const StrategyRegistry& registry, int64_t budget, int local_ranks) {
-  const double slowdown =
-      half_precision_slowdown(resolve_threads(c.threads_per_rank, local_ranks), c.precision, default_peak_flops_cache());
-  if (slowdown == 0.0) return;
-  const auto profile = activation_profile(model, c.batch_size, Precision::kFp32, c.ac_policy);
-  std::cout << "--precision " << c.precision << ": " << fp32_alternative(registry, base, profile, budget, slowdown)
-            << std::endl;
-}
-
-ActivationProfile choose_strategy(CheckedRun& run, const std::optional<DistEnv>& env, const StrategyRegistry& registry) {
-  RunConfig& c = run.config;
-  // The planner models strata's models: a --torchscript model is not planned.
-  TORCH_CHECK_VALUE(c.torchscript.empty(),
-                    "--strategy auto plans strata's registered models; with --torchscript name the strategy");
-  // Ranks of strata's own launcher never see "auto" (it passes them the
-  // choice); ranks of another launcher each decide, and must agree: a budget
-  // from MemAvailable would differ between them.
-  TORCH_CHECK_VALUE(!env || !c.memory_budget.empty(),
-                    "--strategy auto under an external launcher needs --memory-budget (every rank must "
-                    "make the same choice; available memory differs between them)");
-  const auto shape = world_shape(c, env);
-  const auto device = resolve_device(c.device, shape.local_rank);
-  const int64_t budget = !c.memory_budget.empty() ? parse_byte_size(c.memory_budget)
-                         : device.is_cuda()       ? cuda_total_memory_bytes(device.index())
-                                                  : available_memory_bytes() / std::max(1, shape.local_ranks);
-  auto profile = activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
-  PlanRequest base = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
-  const auto rows = plan_candidates(registry, base, profile, budget);
-  const std::string table = format_plan_table(rows, budget);
-  const auto pick = pick_fastest_fitting(rows);
-  TORCH_CHECK_VALUE(pick.has_value(), "--strategy auto: no strategy is predicted to fit ", format_bytes(budget),
-                    " per rank (", shape.world, " rank(s), batch ", c.batch_size, "):\n", table);
-  const auto& chosen = rows[*pick];
-  if (!env || env->rank == 0) {
-    std::cout << "strata-gpt --strategy auto: per-rank peak predicted for " << run.model_label << ", " << shape.world
-              << " rank(s), batch " << c.batch_size << " x block " << run.model->shape().block_size << ", precision "
-              << c.precision << " (" << (profile.measured ? "activations probed" : "activations by formula")
-              << ")\n"
-              << table << "chosen: " << chosen.label << " (the fastest predicted to fit; order: ";
-    for (size_t i = 0; i < rows.size(); ++i) std::cout << (i > 0 ? ", " : "") << rows[i].label;
-    std::cout << ")" << std::endl;
-    if (device.is_cpu()) print_fp32_alternative(c, *run.model, base, registry, budget, shape.local_ranks);
-    if (chosen.request.tp_size() > 1) {
-      std::cout << "tensor parallel: groups of " << chosen.request.tp_size() << " ranks"
-                << (chosen.request.sequence_parallel() ? " with sequence parallelism" : "") << ", each taking "
-                << chosen.request.micro_batch() << " samples per micro-batch (--batch-size), so the global batch "
-                << "stays " << c.batch_size * shape.world << std::endl;
-    }
-  }
-  c.strategy = chosen.request.strategy();
-  c.strategy_options.clear();  // auto takes none: the chosen strategy's defaults
-  c.activation_checkpointing = chosen.request.activation_checkpointing();
-  c.offload = chosen.request.offload();
-  c.memory_budget.clear();
-  run.args = rewrite_args(run.args, {"strategy", "activation-checkpointing", "offload", "memory-budget"},
-                          {{"strategy", c.strategy},
-                           {"activation-checkpointing", std::to_string(c.activation_checkpointing)},
-                           {"offload", c.offload}});  // every strategy takes --offload (sdp+offload-disk)
-  if (chosen.request.tp_size() > 1) {
-    // Tensor parallelism: each group takes its ranks' samples (the global batch stays).
-    c.tp_size = chosen.request.tp_size();
-    c.sequence_parallel = chosen.request.sequence_parallel();
-    c.batch_size = chosen.request.micro_batch();
-    run.args = without_flag(rewrite_args(run.args, {"batch-size", "tp-size"},
-                                         {{"batch-size", std::to_string(c.batch_size)},
-                                          {"tp-size", std::to_string(c.tp_size)}}),
-                            "sequence-parallel");
-    run.args.push_back(c.sequence_parallel ? "--sequence-parallel=true" : "--sequence-parallel=false");
-    check_tensor_parallel(c, *run.model, registry, shape.world, shape.local_ranks);
-    return scaled(profile, c.tp_size);  // probed at the run's micro-batch, now T times larger
-  }
-  return profile;
-}
-
-/// The pre-flight memory check: the planner's predicted peak per rank times
-/// this machine's ranks must fit its available memory.
-void check_memory(const CheckedRun& run, const StrategyRegistry& registry, const std::optional<DistEnv>& env,
-                  std::optional<ActivationProfile> profile) {
-  const RunConfig& c = run.config;
-  // Once per machine, before any rank starts.
-  const auto shape = world_shape(c, env);
-  // Pipeline stages: the planner predicts a stage's peak only from a
-  // simulated stage (--dry-run), not yet here; the whole model's prediction
-  // would be wrong both ways.
-  if (c.no_memory_check || !c.torchscript.empty() || !speaks_for_machine(env) ||
-      !resolve_device(c.device, 0).is_cpu() || c.pp_size > 1) {
-    return;
-  }
-  const auto request = plan_request(c, run.model, shape.data, shape.local_ranks / std::max(1, c.tp_size));
-  if (!plannable(registry, request)) return;  // no peak model for this strategy and its options
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t available = available_memory_bytes();
-  // Fast path: when model state alone (no activations) cannot fit, refuse
-  // without probing (building even two blocks of a large model takes
-  // seconds); the list of what would fit then uses the formula.
-  const int64_t state_only = predict_peak(registry, request, ActivationProfile{}).peak();
-  const bool hopeless = available > 0 && state_only * shape.local_ranks > available;
-  const auto precision = parse_precision(c.precision);
-  if (!profile) {
-    profile = hopeless ? estimate_activations(*run.model, c.batch_size, precision, c.ac_policy)
-                       : activation_profile(*run.model, c.batch_size, precision, c.ac_policy);
-  }
-  const int64_t peak = predict_peak(registry, request, *profile).peak();
-  if (available <= 0 || peak * shape.local_ranks <= available) return;
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::string fitting;
-  // The candidates over the whole job, tensor parallelism among them.
-  // At the run's global batch: a tensor-parallel run's --batch-size is a
-  // group's, shared by its T ranks (rounded up when T does not divide it).
-  const int tp = std::max(1, c.tp_size);
-  const auto job = plan_request(c, run.model, shape.world, shape.local_ranks)
-                       .tp_size(1)
-                       .sequence_parallel(false)
-                       .micro_batch((c.batch_size + tp - 1) / tp);
-  for (const auto& row : plan_candidates(registry, job, *profile, available / shape.local_ranks)) {
-    if (row.fits) {
-      fitting += (fitting.empty() ? "" : ", ") + row.label + " (" + format_bytes(row.prediction.peak()) +
-                 (row.exact ? "" : "; trains differently, --strategy auto never picks it") + ")";
-    }
-  }
-  char seconds[32];
-  std::snprintf(seconds, sizeof(seconds), "%.2f", took);
-  TORCH_CHECK_VALUE(false, "pre-flight memory check: ", c.strategy, " x ", shape.local_ranks, " local rank(s) of ",
-                    c.preset, " at batch ", c.batch_size, " is predicted to peak at ", format_bytes(peak),
-                    " per rank, ", format_bytes(peak * shape.local_ranks), " in all, but this machine has ",
-                    format_bytes(available), " available; predicted to fit: ",
-                    fitting.empty() ? std::string("nothing at this batch size") : fitting, " (checked in ", seconds,
-                    " s; --no-memory-check skips this check)");
-}
-
 /// Exit-2 errors for a disk-offload directory that is missing, not writable,
 /// or too small for the offloaded state of `local_ranks` ranks, each holding
 /// `bytes_per_rank`. When the directory is the output directory, which may
@@ -409,6 +217,14 @@ void check_strategy_options(const CheckedRun& run, const StrategyRegistry& regis
 }
 
 }  // namespace
+
+WorldShape world_shape(const RunConfig& c, const std::optional<DistEnv>& env) {
+  // The strategy's ranks: those of one tensor-parallel rank and one stage.
+  const int split = std::max(1, c.tp_size) * std::max(1, c.pp_size);
+  if (env) return {env->world_size, env->local_world_size, env->local_rank, env->world_size / split};
+  return {c.nproc * c.nnodes, c.nproc, 0, c.nproc * c.nnodes / split};
+}
+
 
 PlanRequest plan_request(const RunConfig& c, const ModelPtr& model, int world, int local_world) {
   return PlanRequest(model, c.strategy == "auto" ? std::string() : c.strategy, world)
@@ -495,7 +311,8 @@ CheckedRun check_run(RunConfig config, std::vector<std::string> args, const std:
   check_model_inputs(run);
   const auto shape = world_shape(run.config, env);
   check_tensor_parallel(run.config, *run.model, registry, shape.world, shape.local_ranks);
-  check_pipeline_parallel(run.config, *run.model, registry, shape.world);
+  check_pipeline_parallel(run.config, registry, shape.world);
+  if (run.config.pp_size > 1) run.pipeline = std::make_shared<const PipelineLayout>(pipeline_layout(run.config, *run.model));
   // --eval-only writes eval.json and nothing else: a recorded run's exports are not made again.
   if (!run.config.eval_only) check_late_outputs(run.config, *run.model);
   std::optional<ActivationProfile> profile;

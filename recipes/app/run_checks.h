@@ -19,6 +19,8 @@
 
 namespace strata::recipes {
 
+struct PipelineLayout;  // pipeline_plan.h
+
 /// What phase 1 resolved: the config to train with (--strategy auto and
 /// --resume resolved), the command line a launcher hands its ranks, the data,
 /// the model (resolved by the model registry) and --init-from's weights
@@ -31,7 +33,22 @@ struct CheckedRun {
   std::string model_label;    ///< its preset, or the --init-from directory that gave it
   ModelKeys model_keys;       ///< the registered families' keys: config.ini lists them
   ParameterSourcePtr init_weights;
+  /// --pp-size > 1: the stages' cut and what each pipeline rank holds (the
+  /// planner's; a GPT's meta build costs seconds at gpt2-xl, so made once).
+  std::shared_ptr<const PipelineLayout> pipeline;
 };
+
+/// The world the run will have: from the launcher's variables, or from
+/// --nproc (ranks per machine) x --nnodes when strata-gpt launches itself.
+struct WorldShape {
+  int world = 1;
+  int local_ranks = 1;
+  int local_rank = 0;  ///< this process's (0 for a launcher)
+  /// Data-parallel ranks: the world over --tp-size and --pp-size (the
+  /// strategy's world, the batch's).
+  int data = 1;
+};
+WorldShape world_shape(const RunConfig& config, const std::optional<DistEnv>& env);
 
 /// Whether this process speaks for its machine (once per machine, before any
 /// rank starts): strata-gpt itself (no `env`: it launches its own ranks or is

@@ -4,6 +4,7 @@
 #include "strata/core/atomic_file.h"
 
 #include "strata/strategies/comm.h"
+#include "strata/recipes/app/pipeline_plan.h"
 
 #include <cmath>
 #include <cstdio>
@@ -133,16 +134,24 @@ nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int wor
   return j;
 }
 
-void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, std::optional<int64_t> peak,
+void add_predictions(nlohmann::json& summary, const std::vector<StagePrediction>& stages,
                      const std::optional<CommEstimate>& comm) {
-  const int64_t predicted_peak = peak.value_or(0);  // 0: no peak model (ratio null)
-  if (peak) summary["predicted_peak_bytes"] = *peak;
+  TORCH_CHECK(!stages.empty(), "add_predictions: no stage");
+  std::optional<int64_t> largest;
+  for (const auto& s : stages) {
+    if (s.peak) largest = std::max(largest.value_or(0), *s.peak);
+  }
+  if (largest) summary["predicted_peak_bytes"] = *largest;
   if (comm) {
     nlohmann::json bytes = nlohmann::json::object();
     for (const auto& [kind, b] : comm->bytes) bytes[collective_name(kind)] = b;
     summary["predicted_comm_bytes_per_step"] = bytes;
   }
-  for (auto& e : summary["per_rank"]) {
+  auto& ranks = summary["per_rank"];
+  const size_t per_stage = std::max<size_t>(1, ranks.size() / stages.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto& e = ranks[r];
+    const auto& [state, peak] = stages[std::min(stages.size() - 1, r / per_stage)];
     e["predicted"] = {{"params", state.params}, {"grads", state.grads}, {"optimizer", state.optimizer}};
     if (peak) e["predicted"]["peak"] = *peak;
     if (!e.contains("memory")) continue;
@@ -154,7 +163,7 @@ void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state,
         {"params", ratio(m["params"].get<int64_t>(), state.params)},
         {"grads", ratio(m["grads"].get<int64_t>(), state.grads)},
         {"optimizer", ratio(m["optimizer"].get<int64_t>(), state.optimizer)},
-        {"peak", ratio(e["peak_tensor_bytes"].get<int64_t>(), predicted_peak)}};
+        {"peak", ratio(e["peak_tensor_bytes"].get<int64_t>(), peak.value_or(0))}};
   }
 }
 
@@ -180,6 +189,39 @@ std::string percent(double fraction) {
   return buf;
 }
 
+namespace {
+
+/// summary.json's predictions (add_predictions), asked after fit (the
+/// probe's allocations go to its own tracker, so the run's numbers are
+/// unaffected): the whole model's over `world` ranks, or each pipeline
+/// stage's over its `world` ranks (pipeline_plan.h; not yet with
+/// tensor-parallel stages, whose split only the dry run simulates).
+void add_model_predictions(nlohmann::json& summary, const CheckedRun& run, const StrategyRegistry& registry,
+                           int world, int local_world) {
+  const RunConfig& c = run.config;
+  const auto request = plan_request(c, run.model, world, local_world);
+  const auto estimate = estimate_memory(registry, request);
+  if (!estimate) return;
+  const auto profile = [&] {
+    return activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
+  };
+  if (c.pp_size == 1) {
+    std::optional<int64_t> peak;
+    if (estimate->predicts_peak) peak = predict_peak(registry, request, profile()).peak();
+    add_predictions(summary, {{{estimate->params, estimate->grads, estimate->optimizer}, peak}},
+                    predict_comm(registry, request));
+    return;
+  }
+  if (c.tp_size > 1 || !run.pipeline) return;
+  const auto peaks = predict_stage_peaks(registry, request, *run.pipeline, profile());
+  if (!peaks) return;
+  std::vector<StagePrediction> stages;
+  for (const auto& p : *peaks) stages.push_back({p.state, p.peak()});
+  add_predictions(summary, stages, std::nullopt);  // a stage's sends are not in the models yet
+}
+
+}  // namespace
+
 /// Rank 0: summary.json (written last: it marks a finished run) and the
 /// closing line.
 void write_summary(const CheckedRun& run, const StrategyRegistry& registry, const FitResult& result,
@@ -196,18 +238,7 @@ void write_summary(const CheckedRun& run, const StrategyRegistry& registry, cons
     summary["gemm_ceiling_tokens_per_s"] = ceiling;
     summary["ceiling_share"] = result.tokens_per_s / ceiling;
   }
-  const auto request = plan_request(c, run.model, world, local_world);
-  if (const auto estimate = estimate_memory(registry, request)) {
-    std::optional<int64_t> peak_bytes;
-    if (estimate->predicts_peak) {
-      // After fit (the probe's allocations go to its own tracker, so the run's
-      // numbers above are unaffected).
-      const auto profile = activation_profile(*run.model, c.batch_size, parse_precision(c.precision), c.ac_policy);
-      peak_bytes = predict_peak(registry, request, profile).peak();
-    }
-    add_predictions(summary, {estimate->params, estimate->grads, estimate->optimizer}, peak_bytes,
-                    predict_comm(registry, request));
-  }
+  add_model_predictions(summary, run, registry, world, local_world);
   for (const auto& [key, value] : strategy.report()) {  // rank 0's
     const bool whole = value == std::floor(value) && std::abs(value) < 1e15;
     summary[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : nlohmann::json(value);

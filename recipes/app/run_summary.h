@@ -30,12 +30,22 @@ RunConfig resolved_config(RunConfig c, const ModelConfig& model, int threads);
 nlohmann::json summary_json(const RunConfig& config, const FitResult& r, int world_size, int64_t n_params,
                             const std::string& data_name, const PeakFlops& peak, std::optional<double> mfu);
 
+/// What the models predict for the ranks of one pipeline rank's stages (of
+/// the whole model without a pipeline).
+struct StagePrediction {
+  ModelStatePrediction state;
+  std::optional<int64_t> peak;  ///< nullopt: the strategy models no peak
+};
+
 /// Adds the strategy's models' predictions beside the measured numbers: per
 /// rank "predicted" (its memory model's params/grads/optimizer, and the
 /// planner's whole peak when it models one, with measured ÷ predicted
-/// ratios), "predicted_peak_bytes", and "predicted_comm_bytes_per_step" (its
-/// communication model's bytes per step by collective, when it has one).
-void add_predictions(nlohmann::json& summary, const ModelStatePrediction& state, std::optional<int64_t> predicted_peak,
+/// ratios), "predicted_peak_bytes" (the largest rank's), and
+/// "predicted_comm_bytes_per_step" (its communication model's bytes per step
+/// by collective, when it has one). `stages`: one per pipeline rank, in
+/// order (one without a pipeline); world rank r runs pipeline rank
+/// r / (ranks / stages)'s stages (the mesh's outermost dimension).
+void add_predictions(nlohmann::json& summary, const std::vector<StagePrediction>& stages,
                      const std::optional<CommEstimate>& comm);
 
 /// Rank 0's checkpoint saves among `callbacks`: how long each held the step

@@ -1,4 +1,5 @@
 #include "tests/builtin_strategies.h"
+#include "strata/recipes/app/pipeline_plan.h"
 #include "strata/recipes/app/planner.h"
 #include "strata/recipes/models/gpt/spec.h"
 #include "strata/trainer/memory.h"
@@ -184,6 +185,44 @@ TEST(PlannerTest, AutoConsidersTensorParallelismWhereItFits) {
   three_heads.n_head(3);
   for (const auto& c : plan_candidates(plan(three_heads, "ddp", 4), a, int64_t(1) << 40)) {
     EXPECT_EQ(c.request.tp_size(), 1) << c.label;
+  }
+}
+
+TEST(PlannerTest, APipelineRanksStagesHoldTheirBlocksAndTheTiedWeightOnEachEnd) {
+  // gpt-nano with 4 blocks (tied wte) in 2 stages of 2: each rank holds its
+  // blocks, the first the embeddings, the last the final norm and the tied
+  // head, so the two ranks hold the whole model plus one more wte.
+  const auto model = gpt_model(nano().n_layer(4));
+  RunConfig c;
+  c.pp_size = 2;
+  c.pp_split = "2,2";
+  c.accumulate_grad_batches = 4;
+  const auto layout = pipeline_layout(c, *model);
+  ASSERT_EQ(layout.ranks.size(), 2u);
+  const int64_t wte = 96 * 48, wpe = 32 * 48;
+  EXPECT_EQ(layout.ranks[0].params + layout.ranks[1].params, model->parameters() + wte);
+  EXPECT_EQ(layout.ranks[0].params - layout.ranks[1].params, wpe - 2 * 48) << "wpe against ln_f's weight and bias";
+  EXPECT_EQ(layout.held[0], "stage 0: blocks 0..1 + embedding");
+  // --strategy auto over each stage's 2 ranks: every row is its fullest
+  // rank's (the last here: the head's activations), and ddp holds 16 bytes
+  // per parameter of that rank's stages.
+  ActivationProfile a;
+  a.per_block = 1 << 20;
+  a.base = 4 << 20;
+  a.checkpointed_per_block = 1 << 18;
+  a.checkpointed_base = 2 << 20;
+  const auto rows = plan_pipeline_candidates(builtins(), plan(nano().n_layer(4), "", 2).micro_batch(1), c, layout, a,
+                                             int64_t(1) << 40);
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.front().label, "ddp");
+  const int fullest = rows.front().peak_at == "pp rank 1" ? 1 : 0;
+  EXPECT_EQ(rows.front().prediction.state.total(), 16 * layout.ranks[size_t(fullest)].params);
+  for (const auto& row : rows) {
+    EXPECT_NE(row.label, "fsdp+offload-disk") << "not composed with a pipeline: never offered";
+    const auto peaks = predict_stage_peaks(builtins(), row.request, layout, a);
+    ASSERT_TRUE(peaks.has_value()) << row.label;
+    EXPECT_EQ(row.prediction.peak(), std::max((*peaks)[0].peak(), (*peaks)[1].peak())) << row.label;
+    EXPECT_EQ(row.peak_at.rfind("pp rank ", 0), 0u) << row.label;
   }
 }
 
