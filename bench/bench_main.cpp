@@ -24,6 +24,7 @@
 #include "strata/bench/output_files.h"
 #include "strata/bench/peer_suite.h"
 #include "strata/bench/planner_suite.h"
+#include "strata/bench/pp_suite.h"
 #include "strata/bench/report.h"
 #include "strata/bench/sweep.h"
 #include "strata/core/atomic_file.h"
@@ -255,6 +256,7 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
   bool planner = false;
   for (const auto& s : suites) planner |= s.name == "planner";
   if (planner) markdown += planner_markdown(runs);
+  markdown += pp_markdown(runs);  // "" without a pipeline case
   for (const auto& s : suites)
     if (s.name == "peer") markdown += peer_markdown(results, strategies, models);
   std::cout << markdown << std::flush;
@@ -276,6 +278,14 @@ void write_reports(const CliOptions& cli, const std::vector<Suite>& suites, cons
                                           cli.out_dir);
       charts.written.insert(charts.written.end(), peer.written.begin(), peer.written.end());
       if (!peer.note.empty()) charts.note = peer.note;
+    }
+    if (std::any_of(suites.begin(), suites.end(), [](const Suite& s) { return s.name == "pp"; })) {
+      const ChartFiles pp = draw_charts({{"pp_bubble", pp_bubble_chart(runs),
+                                          "each rank's idle share of a pipeline step (pp 2), measured, simulated "
+                                          "with the run's costs, and by the formula"}},
+                                        cli.out_dir);
+      charts.written.insert(charts.written.end(), pp.written.begin(), pp.written.end());
+      if (!pp.note.empty()) charts.note = pp.note;
     }
     if (!charts.note.empty()) std::cerr << "note: " << charts.note << std::endl;
     std::cerr << "wrote " << (out / "results.md").string() << ", results.jsonl, runs.jsonl";

@@ -45,12 +45,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-/// --tp-size among a case's flags (1 when absent).
-int tp_size_of(const BenchCase& c) {
+/// A positive integer flag among a case's flags (1 when absent).
+int64_t flag_of(const BenchCase& c, const std::string& flag) {
   for (size_t i = 0; i + 1 < c.extra.size(); ++i) {
-    if (c.extra[i] == "--tp-size") return std::max(1, std::atoi(c.extra[i + 1].c_str()));
+    if (c.extra[i] == flag) return std::max<int64_t>(1, std::atoll(c.extra[i + 1].c_str()));
   }
   return 1;
+}
+
+/// Tokens one optimizer step trains: samples are per data-parallel rank
+/// and micro-batch (the ranks of a tensor-parallel group and of a pipeline
+/// read the same ones).
+double tokens_per_step(const BenchCase& c) {
+  const int64_t data_ranks = std::max<int64_t>(1, c.nproc / (flag_of(c, "--tp-size") * flag_of(c, "--pp-size")));
+  return double(c.batch_size * c.block_size * flag_of(c, "--accumulate-grad-batches") * data_ranks);
 }
 
 
@@ -387,16 +395,16 @@ CaseRun run_once(const BenchCase& c, const RunOptions& options, int repeat, cons
     run.summary = nlohmann::json::parse(in);
     // Measured here, the same way for every program (one run at a time).
     if (lo_before >= 0) run.summary["loopback_bytes"] = lo_sent;
+    // A pipeline's measured bubble per rank (callbacks/pipeline_bubble.h).
+    if (std::ifstream bubble(out_dir / "pipeline.json"); bubble) run.summary["pipeline"] = nlohmann::json::parse(bubble);
   } catch (const nlohmann::json::exception& e) {
     run.error = "unreadable " + summary_path.string() + ": " + e.what();
     return run;
   }
   const std::string csv = (out_dir / "metrics.csv").string();
-  // Samples are per data-parallel rank: the ranks of a tensor-parallel group read the same ones.
-  const double tokens_per_step = double(c.batch_size * c.block_size * (c.nproc / tp_size_of(c)));
   const double step_s = median_step_seconds(csv), best_s = min_step_seconds(csv);
-  if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step / step_s;
-  if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step / best_s;
+  if (step_s > 0 && c.block_size > 0) run.median_step_tokens_per_s = tokens_per_step(c) / step_s;
+  if (best_s > 0 && c.block_size > 0) run.best_step_tokens_per_s = tokens_per_step(c) / best_s;
   return run;
 }
 

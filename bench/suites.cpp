@@ -4,6 +4,7 @@
 #include "strata/bench/harness.h"
 #include "strata/bench/peer_suite.h"
 #include "strata/bench/planner_suite.h"
+#include "strata/bench/pp_suite.h"
 
 #include <c10/util/Exception.h>
 
@@ -373,6 +374,7 @@ void register_builtin_suites(SuiteRegistry& registry, const StrategyRegistry& st
   registry.add("kernels", [s, w] { return kernels_suite(*s, w()); });
   registry.add("scale", [s, w] { return scale_suite(*s, w()); });
   registry.add("tp", [s, w] { return tp_suite(*s, w()); });
+  registry.add("pp", [s, w] { return pp_suite(*s, w()); });  // bench/pp_suite.cpp
   registry.add("planner", [s, m] { return planner_suite(*s, *m); });  // bench/planner_suite.cpp
   registry.add("peer", [s, m] { return peer_suite(*s, *m); });        // bench/peer_suite.cpp
 }
