@@ -21,9 +21,9 @@ struct Saved {
 
 class RankStep {
  public:
-  RankStep(const Schedule& s, const std::map<int, Stage*>& stages, const StepInputs& in, Comm& comm,
-           const ExecutorOptions& o)
-      : s_(s), stages_(stages), in_(in), comm_(comm), o_(o) {}
+  RankStep(const Schedule& s, const std::map<int, Stage*>& stages, const StepInputs& in, PipelineLanes& lanes,
+           int rank, const ExecutorOptions& o)
+      : s_(s), stages_(stages), in_(in), lanes_(lanes), rank_(rank), o_(o) {}
 
   void run(const Action& a) {
     const auto start = std::chrono::steady_clock::now();
@@ -70,28 +70,22 @@ class RankStep {
   static std::pair<int, int> key(const Action& a) { return {a.stage, a.microbatch}; }
   bool last(int stage) const { return stage + 1 == s_.stages(); }
 
-  /// A tag per (stage boundary, micro-batch, direction): messages of one pair
-  /// of ranks never match the wrong receive whatever order they are posted in.
-  int tag(const Action& a) const {
-    const bool activation = a.op == Op::SendActivation || a.op == Op::RecvActivation;
-    // The boundary between stage b and b + 1, named by b.
-    const int boundary = a.op == Op::SendActivation ? a.stage
-                         : a.op == Op::RecvActivation ? a.stage - 1
-                         : a.op == Op::SendGrad       ? a.stage - 1
-                                                      : a.stage;
-    return (boundary * s_.options().microbatches() + a.microbatch) * 2 + (activation ? 0 : 1);
-  }
+  /// A tag per (stage boundary, micro-batch, direction): on Gloo, messages
+  /// of one pair of ranks never match the wrong receive whatever order they
+  /// are posted in (NCCL ignores tags: the lanes keep its order).
+  int tag(const Action& a) const { return message_of(a, s_.options().microbatches()); }
 
   torch::Tensor recv(const Action& a) {
-    auto buffer = torch::empty(o_.activation_shape(), torch::TensorOptions().dtype(o_.dtype()).device(comm_.device()));
+    Comm& lane = lanes_.of(a);
+    auto buffer = torch::empty(o_.activation_shape(), torch::TensorOptions().dtype(o_.dtype()).device(lane.device()));
     // Waited here: the schedule puts the receive right before the action that needs it.
-    comm_.recv_async(buffer, a.peer, tag(a)).wait();
+    lane.recv_async(buffer, a.peer, tag(a)).wait();
     return buffer;
   }
 
   void send(const torch::Tensor& t, const Action& a) {
     TORCH_CHECK(t.defined(), "pipeline: nothing to send for ", to_string(a));
-    sends_.push_back(comm_.send_async(t.to(o_.dtype()).contiguous(), a.peer, tag(a)));
+    sends_.push_back(lanes_.of(a).send_async(t.to(o_.dtype()).contiguous(), a.peer, tag(a)));
   }
 
   /// The input's gradient to the previous stage's rank; the input itself is
@@ -108,13 +102,13 @@ class RankStep {
   /// schedule's in-flight ones (in_flight()), not every micro-batch's.
   void release_if_done(const Action& a) {
     const Saved& saved = saved_.at(key(a));
-    const bool to_send = saved.input.defined() && s_.rank_of(a.stage - 1) != comm_.rank();
+    const bool to_send = saved.input.defined() && s_.rank_of(a.stage - 1) != rank_;
     if (!saved.output.defined() && !to_send) saved_.erase(key(a));
   }
 
   Stage& stage(int s) const {
     const auto it = stages_.find(s);
-    TORCH_CHECK_VALUE(it != stages_.end(), "pipeline: rank ", comm_.rank(), " runs stage ", s, " but holds no such stage");
+    TORCH_CHECK_VALUE(it != stages_.end(), "pipeline: rank ", rank_, " runs stage ", s, " but holds no such stage");
     return *it->second;
   }
 
@@ -162,19 +156,22 @@ class RankStep {
                                 params);
     }
     // The previous stage on this same rank takes the input's gradient in memory.
-    if (inputs && has_input && s_.rank_of(a.stage - 1) == comm_.rank())
+    if (inputs && has_input && s_.rank_of(a.stage - 1) == rank_)
       saved_.at({a.stage - 1, a.microbatch}).grad = saved.input.grad();
     // The backward is whole: only a gradient to send may be left.
     if (weights) {
       saved.output = torch::Tensor();
       release_if_done(a);
+      // This rank's last backward of the micro-batch: its first held stage's.
+      if (a.stage == stages_.begin()->first && o_.on_backward_done()) o_.on_backward_done()();
     }
   }
 
   const Schedule& s_;
   const std::map<int, Stage*>& stages_;
   const StepInputs& in_;
-  Comm& comm_;
+  PipelineLanes& lanes_;
+  const int rank_;
   const ExecutorOptions& o_;
   std::map<std::pair<int, int>, torch::Tensor> received_;
   std::map<std::pair<int, int>, Saved> saved_;
@@ -185,9 +182,27 @@ class RankStep {
 
 }  // namespace
 
+PipelineLanes PipelineLanes::split(const Comm& pp) {
+  std::vector<int> all(size_t(pp.size()));
+  for (int r = 0; r < pp.size(); ++r) all[size_t(r)] = r;
+  std::vector<Comm> lanes;
+  // Collective: every rank makes the same four splits in the same order.
+  for (const char* name : {"act-up", "act-down", "grad-up", "grad-down"}) {
+    lanes.push_back(pp.split(pp.group_name() + "-" + name, {all}));
+  }
+  return PipelineLanes(std::move(lanes));
+}
+
+PipelineLanes::PipelineLanes(const Comm& one) : lanes_(size_t(kLanes), one) {}
+
+Comm& PipelineLanes::of(const Action& transfer) {
+  return lanes_[size_t(lane_of(transfer, lanes_.front().rank()))];
+}
+
 std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
-                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options,
+                                      const StepInputs& in, PipelineLanes& lanes, const ExecutorOptions& options,
                                       StepSeconds* seconds) {
+  Comm& comm = lanes[Lane::kActivationUp];
   TORCH_CHECK_VALUE(comm.size() == schedule.ranks(), "pipeline: a ", schedule.ranks(), "-rank schedule on ",
                     comm.size(), " ranks");
   for (const auto& [s, stage] : stages) {
@@ -195,7 +210,7 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
                       " was given stage ", s, ", which the schedule places on rank ", schedule.rank_of(s));
   }
   const auto start = std::chrono::steady_clock::now();
-  RankStep step(schedule, stages, in, comm, options);
+  RankStep step(schedule, stages, in, lanes, comm.rank(), options);
   const auto lists = with_communication(schedule);
   for (const Action& a : lists[size_t(comm.rank())]) step.run(a);
   auto losses = step.finish();
@@ -205,6 +220,13 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
     *seconds += mine;
   }
   return losses;
+}
+
+std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
+                                      const StepInputs& in, Comm& comm, const ExecutorOptions& options,
+                                      StepSeconds* seconds) {
+  PipelineLanes one(comm);
+  return run_pipeline_step(schedule, stages, in, one, options, seconds);
 }
 
 StepSeconds& StepSeconds::operator+=(const StepSeconds& o) {
@@ -217,15 +239,25 @@ StepSeconds& StepSeconds::operator+=(const StepSeconds& o) {
   return *this;
 }
 
-torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, Comm& comm) {
+torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, PipelineLanes& lanes) {
   const torch::Tensor out = mine.contiguous();
   torch::Tensor theirs = torch::empty_like(out);
+  Comm& up = lanes[Lane::kGradUp];
+  Comm& down = lanes[Lane::kGradDown];
+  const bool higher = peer > up.rank();
   // A tag no activation or gradient of a step uses.
   constexpr int kTiedTag = std::numeric_limits<int>::max();
-  auto sent = comm.send_async(out, peer, kTiedTag);
-  comm.recv_async(theirs, peer, kTiedTag).wait();
+  // Sync point: each direction on its own lane (after the step's gradients
+  // there, all waited), so on NCCL neither send waits behind the other.
+  auto sent = (higher ? up : down).send_async(out, peer, kTiedTag);
+  (higher ? down : up).recv_async(theirs, peer, kTiedTag).wait();
   sent.wait();
   return theirs;
+}
+
+torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, Comm& comm) {
+  PipelineLanes one(comm);
+  return swap_with_peer(mine, peer, one);
 }
 
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm) {

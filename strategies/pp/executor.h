@@ -2,7 +2,7 @@
 // Runs one rank's share of a pipeline schedule (schedule.h) for one step:
 // its stages' forwards and backwards over the step's micro-batches, the
 // activations and input gradients sent between ranks over a Comm's
-// point-to-point ops (issue 47, step 2; the trainer does not call it yet).
+// point-to-point ops, on one communicator per lane (PipelineLanes below).
 //
 // The step's loss is the mean over micro-batches, as the trainer's gradient
 // accumulation makes it: the last stage's backward starts from 1/M, so the
@@ -48,6 +48,10 @@ struct ExecutorOptions {
   /// Called with each micro-batch's loss on the last stage, before its
   /// backward (the Trainer's on_before_backward callbacks).
   TORCH_ARG(std::function<void(const torch::Tensor&)>, on_loss);
+  /// Called once per micro-batch on every rank, when this rank's share of
+  /// its backward is done (its first held stage's B or W: the Trainer's
+  /// on_after_backward callbacks).
+  TORCH_ARG(std::function<void()>, on_backward_done);
 };
 
 /// Seconds of one rank's step: its forwards (F), whole backwards (B), input
@@ -66,12 +70,39 @@ struct StepInputs {
   std::vector<torch::Tensor> inputs, targets;  ///< per micro-batch
 };
 
+/// The communicators a pipeline's messages travel on, one per Lane
+/// (schedule.h): NCCL runs the point-to-point operations between two ranks
+/// on one communicator in the order posted, and a send waits for its
+/// receive, so activations and gradients, up and down, each get their own,
+/// on which every schedule posts both ends in the same order
+/// (lane_order_problem). Gloo pairs messages by tag in any order: one
+/// communicator for all lanes runs the same there.
+class PipelineLanes {
+ public:
+  /// Four communicators over `pp`'s ranks, named "<pp's name>-act-up" and
+  /// so on (collective over `pp`: every rank splits alike).
+  static PipelineLanes split(const Comm& pp);
+  /// `one` for every lane.
+  explicit PipelineLanes(const Comm& one);
+  Comm& operator[](Lane lane) { return lanes_[size_t(lane)]; }
+  /// The lane of this rank's send or receive `transfer`.
+  Comm& of(const Action& transfer);
+
+ private:
+  explicit PipelineLanes(std::vector<Comm> lanes) : lanes_(std::move(lanes)) {}
+  std::vector<Comm> lanes_;
+};
+
 /// Runs `rank`'s actions of `schedule` (this Comm's rank) with `stages` (the
 /// global stage index -> the stage, every stage this rank holds). Gradients
 /// accumulate into the stages' parameters. Returns the losses of the
 /// micro-batches when this rank holds the last stage, else empty.
 /// c10::ValueError for a stage missing or held by another rank.
 /// `seconds`, when given, gets this step's split added.
+std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
+                                      const StepInputs& in, PipelineLanes& lanes, const ExecutorOptions& options,
+                                      StepSeconds* seconds = nullptr);
+/// The same over one communicator (PipelineLanes(comm)): for Gloo.
 std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<int, Stage*>& stages,
                                       const StepInputs& in, Comm& comm, const ExecutorOptions& options,
                                       StepSeconds* seconds = nullptr);
@@ -84,7 +115,10 @@ std::vector<double> run_pipeline_step(const Schedule& schedule, const std::map<i
 void exchange_tied_gradient(const torch::Tensor& weight, int first_rank, int last_rank, Comm& comm);
 
 /// `mine` to group rank `peer` and the peer's tensor of the same shape and
-/// dtype back (both post their send before either waits: neither blocks).
+/// dtype back (both post their send before either waits: neither blocks; on
+/// the gradient lanes, one direction each, so neither send waits behind the
+/// other's on NCCL).
+torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, PipelineLanes& lanes);
 torch::Tensor swap_with_peer(const torch::Tensor& mine, int peer, Comm& comm);
 
 }  // namespace strata::pp

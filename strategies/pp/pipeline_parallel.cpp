@@ -21,6 +21,7 @@ constexpr int kGatherTag = 1 << 29;
 PipelineParallel::PipelineParallel(Comm world, Comm group, StageModule& module, PipelineOptions options)
     : world_(std::move(world)),
       group_(std::move(group)),
+      lanes_(PipelineLanes::split(group_)),
       module_(module),
       options_(std::move(options)),
       tied_(module.model().tied_parameters()) {
@@ -95,7 +96,8 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
   const auto options = ExecutorOptions()
                            .activation_shape(module_.model().activation_shape(batches.front().input))
                            .loss_scale(context.loss_scale)
-                           .on_loss(context.hooks.before_backward);
+                           .on_loss(context.hooks.before_backward)
+                           .on_backward_done(context.hooks.after_backward);
   if (context.hooks.phase) context.hooks.phase("pipeline");
   StepSeconds seconds;
   std::vector<double> losses;
@@ -107,7 +109,7 @@ std::vector<double> PipelineParallel::forward_backward(Strategy& strategy, Train
     AutocastGuard autocast(context.precision, strategy.device().type());
     // FSDP: the stage's units stay gathered for every micro-batch in flight.
     strategy.begin_scheduled_step(/*training=*/true);
-    losses = run_pipeline_step(schedule, module_.stages(), in, group_, options, &seconds);
+    losses = run_pipeline_step(schedule, module_.stages(), in, lanes_, options, &seconds);
   }
   // Outside no_sync: the gradients' reductions start here (FSDP) or in
   // reduce_gradients() (the others).
@@ -134,7 +136,7 @@ void PipelineParallel::after_gradient_sync(Strategy& strategy) {
     // data-parallel group when the gradient is sharded there): both copies
     // take the summed gradient, so they stay equal.
     strategy.add_gradient_of_copy(name, [&](const torch::Tensor& mine) {
-      return swap_with_peer(mine, me == first ? last : first, group_);
+      return swap_with_peer(mine, me == first ? last : first, lanes_);
     });
   }
 }

@@ -11,6 +11,7 @@
 //                                                          pp::PipelineOptions().schedule("1f1b"));
 //   strategy->set_model_parallel(pipeline);
 //   strategy->set_step_runner(pipeline);
+#include "strata/strategies/pp/executor.h"
 #include "strata/strategies/pp/stage_module.h"
 #include "strata/strategies/strategy.h"
 
@@ -31,7 +32,8 @@ class PipelineParallel : public ModelParallel, public StepRunner {
  public:
   /// `world`: every rank of the job; `group`: this rank's pipeline, its
   /// ranks in stage order (stage s on group rank s mod size); `module`: this
-  /// rank's stages (kept by reference: it outlives this).
+  /// rank's stages (kept by reference: it outlives this). Collective over
+  /// `group`: it splits the message lanes (executor.h's PipelineLanes).
   PipelineParallel(Comm world, Comm group, StageModule& module, PipelineOptions options);
 
   // ModelParallel
@@ -70,6 +72,7 @@ class PipelineParallel : public ModelParallel, public StepRunner {
 
   Comm world_;
   Comm group_;
+  PipelineLanes lanes_;  ///< group_'s ranks, one communicator per message lane (executor.h)
   StageModule& module_;
   PipelineOptions options_;
   std::vector<std::string> tied_;  ///< the model's tied parameters (asked per gradient by the norm)

@@ -5,6 +5,8 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <cctype>
 
 namespace strata::pp {
@@ -157,6 +159,67 @@ std::vector<std::vector<Action>> with_communication(const Schedule& s) {
     }
   }
   return out;
+}
+
+namespace {
+bool is_transfer(Op op) {
+  return op == Op::SendActivation || op == Op::RecvActivation || op == Op::SendGrad || op == Op::RecvGrad;
+}
+}  // namespace
+
+int message_of(const Action& a, int microbatches) {
+  TORCH_CHECK(is_transfer(a.op), "message_of: ", to_string(a), " is no send or receive");
+  const bool activation = a.op == Op::SendActivation || a.op == Op::RecvActivation;
+  // The boundary between stage b and b + 1, named by b.
+  const int boundary = a.op == Op::SendActivation ? a.stage
+                       : a.op == Op::RecvActivation ? a.stage - 1
+                       : a.op == Op::SendGrad       ? a.stage - 1
+                                                    : a.stage;
+  return (boundary * microbatches + a.microbatch) * 2 + (activation ? 0 : 1);
+}
+
+Lane lane_of(const Action& a, int rank) {
+  TORCH_CHECK(is_transfer(a.op) && a.peer >= 0 && a.peer != rank, "lane_of: ", to_string(a), " on rank ", rank,
+              " is no send or receive between two ranks");
+  const bool activation = a.op == Op::SendActivation || a.op == Op::RecvActivation;
+  const bool sending = a.op == Op::SendActivation || a.op == Op::SendGrad;
+  const int from = sending ? rank : a.peer, to = sending ? a.peer : rank;
+  if (activation) return to > from ? Lane::kActivationUp : Lane::kActivationDown;
+  return to > from ? Lane::kGradUp : Lane::kGradDown;
+}
+
+std::string lane_order_problem(const std::vector<std::vector<Action>>& lists, int microbatches) {
+  // (lane, rank, peer) -> what the rank posts with the peer on the lane, in
+  // order: +message for a send, -message - 1 for a receive.
+  std::map<std::tuple<int, int, int>, std::vector<int>> posted;
+  for (int r = 0; r < int(lists.size()); ++r) {
+    for (const Action& a : lists[size_t(r)]) {
+      if (!is_transfer(a.op)) continue;
+      const bool sending = a.op == Op::SendActivation || a.op == Op::SendGrad;
+      const int m = message_of(a, microbatches);
+      posted[{int(lane_of(a, r)), r, a.peer}].push_back(sending ? m : -m - 1);
+    }
+  }
+  // The k-th operation one end posts must meet the k-th the other posts:
+  // a send its receive.
+  for (const auto& [key, mine] : posted) {
+    const auto& [lane, r, q] = key;
+    if (q < r) continue;  // each pair once
+    const auto it = posted.find({lane, q, r});
+    const std::vector<int> none;
+    const auto& theirs = it == posted.end() ? none : it->second;
+    for (size_t k = 0; k < std::max(mine.size(), theirs.size()); ++k) {
+      if (k < mine.size() && k < theirs.size() && mine[k] == -theirs[k] - 1) continue;
+      const auto say = [](const std::vector<int>& v, size_t k) {
+        return k >= v.size() ? std::string("nothing")
+               : v[k] >= 0   ? c10::str("send ", v[k])
+                             : c10::str("receive ", -v[k] - 1);
+      };
+      return c10::str("lane ", lane, ", ranks ", r, " and ", q, ": operation ", k, " is ", say(mine, k), " on rank ",
+                      r, " but ", say(theirs, k), " on rank ", q);
+    }
+  }
+  return "";
 }
 
 }  // namespace strata::pp

@@ -81,6 +81,27 @@ std::unique_ptr<Schedule> make_schedule(const std::string& name, const ScheduleO
 /// made it (activations forward, input gradients backward).
 std::vector<std::vector<Action>> with_communication(const Schedule& schedule);
 
+/// The message a send or receive carries, the same number on both ends: its
+/// stage boundary, micro-batch and direction (the executor's tag).
+int message_of(const Action& transfer, int microbatches);
+
+/// The lanes a pipeline's messages travel on, one communicator each (the
+/// executor's PipelineLanes): activations or input gradients, to a higher or
+/// a lower rank. On one lane two ranks exchange messages in one direction.
+enum class Lane { kActivationUp = 0, kActivationDown, kGradUp, kGradDown };
+inline constexpr int kLanes = 4;
+/// The lane of `transfer`, a send or receive of rank `rank`.
+Lane lane_of(const Action& transfer, int rank);
+
+/// Why NCCL could deadlock on `lists` (with_communication's), "" when it
+/// cannot. NCCL runs the point-to-point operations between two ranks on one
+/// communicator in the order they are posted, and a send waits for its
+/// receive: on every lane, the messages one rank sends another must be
+/// posted in the order the other posts their receives (torch pairs them in
+/// batch_isend_irecv's groups instead). Else the first lane, pair and
+/// message where they differ.
+std::string lane_order_problem(const std::vector<std::vector<Action>>& lists, int microbatches);
+
 /// Per-stage compute times of one micro-batch for a whole model's share of a
 /// rank (a virtual stage costs 1/V of them). backward = input + weight.
 struct StageCosts {

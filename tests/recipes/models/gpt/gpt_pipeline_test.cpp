@@ -70,10 +70,13 @@ void expect_pipeline_equals_one_process(const std::string& schedule_name, const 
   std::mutex mu;
   Result got;
   std::map<std::string, int> owners;
+  std::vector<int> backwards_done(size_t(so.ranks()), 0);
   strata::run_thread_world(so.ranks(), [&](strata::Comm& comm) {
     auto& mine = *modules[size_t(comm.rank())];
+    int& done = backwards_done[size_t(comm.rank())];
     const auto losses = strata::pp::run_pipeline_step(
-        *schedule, mine.stages(), in, comm, strata::pp::ExecutorOptions().activation_shape({kBatch, kT, kWidth}));
+        *schedule, mine.stages(), in, comm,
+        strata::pp::ExecutorOptions().activation_shape({kBatch, kT, kWidth}).on_backward_done([&done] { ++done; }));
     const auto params = mine.module().named_parameters();
     if (tied && params.contains("wte.weight")) {
       strata::pp::exchange_tied_gradient(params["wte.weight"], 0, schedule->rank_of(schedule->stages() - 1), comm);
@@ -86,6 +89,8 @@ void expect_pipeline_equals_one_process(const std::string& schedule_name, const 
     }
   });
   const std::string what = schedule_name + " P " + std::to_string(so.ranks()) + (tied ? " tied" : " untied");
+  // The Trainer's on_after_backward: once per micro-batch on every rank.
+  for (int r = 0; r < so.ranks(); ++r) EXPECT_EQ(backwards_done[size_t(r)], so.microbatches()) << what << ", rank " << r;
   ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
   for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5) << what;
   for (const auto& [name, grad] : want.grads) EXPECT_GE(owners[name], 1) << what << ": no stage holds " << name;
