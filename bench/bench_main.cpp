@@ -67,7 +67,8 @@ struct CliOptions {
   bool sweep = false;
   std::string sweep_config;
   std::string presets, strategies = "", ac = "0", offload = "none", precision = "fp32",
-              nproc = "2", batch_size = "8", block_size = "64", device = "cpu";
+              nproc = "2", batch_size = "8", block_size = "64", device = "cpu", pp = "1", pp_schedule = "1f1b",
+              microbatches = "1";
   int64_t steps = 20;
   int threads_per_rank = 1;
 };
@@ -187,8 +188,9 @@ std::vector<CaseRun> run_cases(const std::vector<BenchCase>& cases, RunOptions o
 
 Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategies,
                  const strata::recipes::ModelRegistry& models) {
-  std::vector<int> nproc;
+  std::vector<int> nproc, pp;
   for (auto n : split_int_list(cli.nproc, "nproc")) nproc.push_back(static_cast<int>(n));
+  for (auto n : split_int_list(cli.pp, "pp")) pp.push_back(static_cast<int>(n));
   return make_sweep(SweepOptions()
                         .presets(cli.presets.empty() ? std::vector<std::string>{} : split_list(cli.presets, "presets"))
                         .strategies(cli.strategies.empty() ? std::vector<std::string>{}
@@ -197,6 +199,9 @@ Suite sweep_from(const CliOptions& cli, const strata::StrategyRegistry& strategi
                         .offload(split_list(cli.offload, "offload"))
                         .precision(split_list(cli.precision, "precision"))
                         .nproc(nproc)
+                        .pp(pp)
+                        .pp_schedule(cli.pp_schedule)
+                        .microbatches(split_int_list(cli.microbatches, "microbatches"))
                         .batch_size(split_int_list(cli.batch_size, "batch-size"))
                         .block_size(split_int_list(cli.block_size, "block-size"))
                         .steps(cli.steps)
@@ -436,6 +441,10 @@ po::options_description sweep_options(CliOptions& cli, const std::string& preset
       ("offload", po::value(&cli.offload)->default_value(cli.offload), offload_text.c_str())
       ("precision", po::value(&cli.precision)->default_value(cli.precision), "fp32, bf16-mixed")
       ("nproc", po::value(&cli.nproc)->default_value(cli.nproc), "world sizes")
+      ("pp", po::value(&cli.pp)->default_value(cli.pp), "pipeline sizes (--pp-size; 1: none)")
+      ("pp-schedule", po::value(&cli.pp_schedule)->default_value(cli.pp_schedule), "the pipelines' schedule")
+      ("microbatches", po::value(&cli.microbatches)->default_value(cli.microbatches),
+       "micro-batches per step (--accumulate-grad-batches)")
       ("batch-size", po::value(&cli.batch_size)->default_value(cli.batch_size), "batch sizes per rank")
       ("block-size", po::value(&cli.block_size)->default_value(cli.block_size), "context lengths")
       ("steps", po::value(&cli.steps)->default_value(cli.steps), "steps per case")

@@ -53,6 +53,26 @@ void check_axis(const std::vector<T>& values, const std::string& what, const std
   }
 }
 
+/// Cases [first, end) of `s` (one preset, world size and shape) divide by
+/// the reference strategy's plain fp32 case (its micro-batches the first
+/// given), else by the group's first runnable case.
+void set_group_reference(Suite& s, size_t first, const StrategyRegistry& strategies, const std::string& reference) {
+  const auto plain = [](const BenchCase& c) {
+    return c.extra.empty() || (c.extra.size() == 2 && c.extra[0] == "--accumulate-grad-batches");
+  };
+  std::string group_ref;
+  for (size_t i = first; i < s.cases.size() && group_ref.empty(); ++i) {
+    const BenchCase& c = s.cases[i];
+    if (c.skip_reason.empty() && !reference.empty() && strategies.resolve(c.strategy) == reference && plain(c) &&
+        c.precision == "fp32")
+      group_ref = c.name;
+  }
+  for (size_t i = first; i < s.cases.size() && group_ref.empty(); ++i)
+    if (s.cases[i].skip_reason.empty()) group_ref = s.cases[i].name;
+  for (size_t i = first; i < s.cases.size(); ++i)
+    if (s.cases[i].name != group_ref && s.cases[i].skip_reason.empty()) s.cases[i].reference = group_ref;
+}
+
 }  // namespace
 
 void validate(const SweepOptions& o, const StrategyRegistry& strategies, const recipes::ModelRegistry& models) {
@@ -64,6 +84,10 @@ void validate(const SweepOptions& o, const StrategyRegistry& strategies, const r
   check_axis(o.nproc(), "nproc");
   check_axis(o.batch_size(), "batch-size");
   check_axis(o.block_size(), "block-size");
+  check_axis(o.pp(), "pp");
+  check_axis(o.microbatches(), "microbatches");
+  for (auto v : o.pp()) TORCH_CHECK_VALUE(v >= 1, "sweep axis --pp value ", v, " must be >= 1 (1: no pipeline)");
+  for (auto v : o.microbatches()) TORCH_CHECK_VALUE(v >= 1, "sweep axis --microbatches value ", v, " must be >= 1");
   for (auto v : o.ac()) TORCH_CHECK_VALUE(v >= 0, "sweep axis --ac value ", v, " must be >= 0 (0 off, n every n-th block)");
   for (auto v : o.nproc()) TORCH_CHECK_VALUE(v >= 1, "sweep axis --nproc value ", v, " must be >= 1");
   for (auto v : o.batch_size()) TORCH_CHECK_VALUE(v >= 1, "sweep axis --batch-size value ", v, " must be >= 1");
@@ -97,12 +121,16 @@ Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies, cons
           for (const auto& strategy : names)
             for (int64_t ac : o.ac())
               for (const auto& offload : o.offload())
-                for (const auto& precision : o.precision()) {
+                for (const auto& precision : o.precision())
+                  for (int pp : o.pp())
+                    for (int64_t m : o.microbatches()) {
                   BenchCase c;
                   std::string variant = strategy;
                   if (ac > 0) variant += "-ac" + std::to_string(ac);
                   if (offload != "none") variant += "-offload-" + offload;
                   if (precision != "fp32") variant += "-bf16";
+                  if (pp > 1) variant += "-pp" + std::to_string(pp);
+                  if (m > 1) variant += "-m" + std::to_string(m);
                   variant += "-" + std::to_string(n) + "x" + std::to_string(o.threads_per_rank()) + "-b" +
                              std::to_string(batch) + "-t" + std::to_string(block);
                   c.name = "sweep/" + preset + "/" + variant;
@@ -118,27 +146,21 @@ Suite make_sweep(const SweepOptions& o, const StrategyRegistry& strategies, cons
                   c.device = o.device();
                   if (ac > 0) c.extra = {"--activation-checkpointing", std::to_string(ac)};
                   if (offload != "none") c.extra.insert(c.extra.end(), {"--offload", offload});
+                  if (m > 1) c.extra.insert(c.extra.end(), {"--accumulate-grad-batches", std::to_string(m)});
+                  if (pp > 1) c.extra.insert(c.extra.end(), {"--pp-size", std::to_string(pp), "--pp-schedule", o.pp_schedule()});
                   // What strata-gpt would refuse (exit 2), kept as skipped rows.
                   const int most = strategies.spec(strategy).max_world_size();
-                  if (most > 0 && n > most)
+                  if (n % pp != 0)
+                    c.skip_reason = "--pp-size " + std::to_string(pp) + " does not divide --nproc " + std::to_string(n);
+                  else if (most > 0 && n / pp > most)
                     c.skip_reason = "strategy " + strategy + " runs at most " + std::to_string(most) +
-                                    " process(es) (--nproc " + std::to_string(n) + ")";
+                                    " process(es) (--nproc " + std::to_string(n) +
+                                    (pp > 1 ? " over " + std::to_string(pp) + " stages" : std::string()) + ")";
                   else if (offload == "cpu" && o.device() != "cuda")
                     c.skip_reason = "--offload cpu (pinned host memory) needs a CUDA device";
                   s.cases.push_back(c);
                 }
-          // The group's reference: the reference strategy's plain fp32 case, else its first runnable case.
-          std::string group_ref;
-          for (size_t i = group_start; i < s.cases.size() && group_ref.empty(); ++i) {
-            const BenchCase& c = s.cases[i];
-            if (c.skip_reason.empty() && !reference.empty() && strategies.resolve(c.strategy) == reference &&
-                c.extra.empty() && c.precision == "fp32")
-              group_ref = c.name;
-          }
-          for (size_t i = group_start; i < s.cases.size() && group_ref.empty(); ++i)
-            if (s.cases[i].skip_reason.empty()) group_ref = s.cases[i].name;
-          for (size_t i = group_start; i < s.cases.size(); ++i)
-            if (s.cases[i].name != group_ref && s.cases[i].skip_reason.empty()) s.cases[i].reference = group_ref;
+          set_group_reference(s, group_start, strategies, reference);
         }
   return s;
 }

@@ -30,6 +30,11 @@ struct SweepOptions {
   TORCH_ARG(std::vector<std::string>, offload) = {"none"};  ///< none, cpu, disk (fsdp only)
   TORCH_ARG(std::vector<std::string>, precision) = {"fp32"};
   TORCH_ARG(std::vector<int>, nproc) = {2};
+  /// --pp-size values (1: no pipeline); the strategy runs over nproc / pp ranks.
+  TORCH_ARG(std::vector<int>, pp) = {1};
+  TORCH_ARG(std::string, pp_schedule) = "1f1b";
+  /// --accumulate-grad-batches values: a pipeline's micro-batches.
+  TORCH_ARG(std::vector<int64_t>, microbatches) = {1};
   TORCH_ARG(std::vector<int64_t>, batch_size) = {8};  ///< per rank
   TORCH_ARG(std::vector<int64_t>, block_size) = {64};
   TORCH_ARG(int64_t, steps) = 20;
@@ -46,11 +51,11 @@ std::vector<std::string> sweep_precisions();
 void validate(const SweepOptions& options, const StrategyRegistry& strategies, const recipes::ModelRegistry& models);
 
 /// The sweep as a Suite named "sweep" (validates first). Case names are
-/// "sweep/<preset>/<strategy>[-ac<n>][-offload-<where>][-bf16]-<N>x<threads>-b<batch>-t<block>";
+/// "sweep/<preset>/<strategy>[-ac<n>][-offload-<where>][-bf16][-pp<P>][-m<M>]-<N>x<threads>-b<batch>-t<block>";
 /// each case's reference is the fp32 case of the reference strategy of its
 /// preset, world size and shape (else the first case run of that group). A
-/// strategy given more ranks than it runs on (StrategySpec::max_world_size)
-/// is a skipped case.
+/// strategy given more ranks than it runs on (StrategySpec::max_world_size),
+/// or a pipeline size that does not divide the world, is a skipped case.
 Suite make_sweep(const SweepOptions& options, const StrategyRegistry& strategies, const recipes::ModelRegistry& models);
 
 /// "a,b,c" -> {"a", "b", "c"}; throws c10::ValueError naming `what` for an

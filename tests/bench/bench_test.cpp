@@ -700,6 +700,23 @@ TEST(BenchTest, SweepIsTheCrossProductWithSkipsAndReferences) {
   for (const auto& c : later.cases) {
     EXPECT_EQ(c.reference, c.strategy == "ddp" ? "" : "sweep/gpt-micro/ddp-2x1-b8-t64") << c.name;
   }
+  // A pipeline axis: single runs one rank per stage, so only at pp 2 of 2
+  // ranks; 3 does not divide 2; ddp at pp 2 is one rank per stage too.
+  const Suite pp = make_sweep(
+      SweepOptions().strategies({"single", "ddp"}).nproc({2}).pp({1, 2, 3}).microbatches({4}), builtins(), models());
+  ASSERT_EQ(pp.cases.size(), 2u * 3);
+  std::map<std::string, std::string> skipped_pp;
+  for (const auto& c : pp.cases) skipped_pp[c.name] = c.skip_reason;
+  EXPECT_NE(skipped_pp.at("sweep/gpt-micro/single-m4-2x1-b8-t64"), "");
+  EXPECT_EQ(skipped_pp.at("sweep/gpt-micro/single-pp2-m4-2x1-b8-t64"), "");
+  EXPECT_NE(skipped_pp.at("sweep/gpt-micro/ddp-pp3-m4-2x1-b8-t64").find("does not divide"), std::string::npos);
+  const auto& staged = *std::find_if(pp.cases.begin(), pp.cases.end(), [](const BenchCase& c) {
+    return c.name == "sweep/gpt-micro/single-pp2-m4-2x1-b8-t64";
+  });
+  EXPECT_EQ(staged.extra, (std::vector<std::string>{"--accumulate-grad-batches", "4", "--pp-size", "2", "--pp-schedule",
+                                                    "1f1b"}));
+  EXPECT_EQ(staged.reference, "sweep/gpt-micro/ddp-m4-2x1-b8-t64");
+  EXPECT_THROW(make_sweep(SweepOptions().pp({0}), builtins(), models()), c10::ValueError);
   EXPECT_THROW(split_int_list("1,x", "nproc"), c10::ValueError);
   EXPECT_THROW(split_list("a,,b", "presets"), c10::ValueError);
   EXPECT_EQ(split_list("a, b", "presets"), (std::vector<std::string>{"a", "b"}));
