@@ -419,7 +419,7 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
   for (auto& [file, requests] : by_file) {
     TORCH_CHECK(md.body["files"].contains(file), "checkpoint '", dir, "': ", kMetadata, " names data file ", file,
                 " but has no record of it");
-    read_file(fs::path(dir) / file, md.body["files"][file], std::move(requests));
+    read_file(data_file(dir, file), md.body["files"][file], std::move(requests));
   }
   return out;
 }
@@ -446,7 +446,7 @@ void read_requested(const std::string& dir, const json& body, std::map<std::stri
   for (auto& [file, requests] : by_file) {
     TORCH_CHECK(body["files"].contains(file), "checkpoint '", dir, "': ", kMetadata, " names data file ", file,
                 " but has no record of it");
-    read_file(fs::path(dir) / file, body["files"][file], std::move(requests));
+    read_file(data_file(dir, file), body["files"][file], std::move(requests));
   }
 }
 }  // namespace

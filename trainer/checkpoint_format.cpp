@@ -159,6 +159,22 @@ void write_metadata(const fs::path& dir, json body) {
   fsync_path(dir, true);
 }
 
+fs::path data_file(const std::string& dir, const std::string& name) {
+  const bool plain = !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+                     name.find('\\') == std::string::npos && name.find('\0') == std::string::npos;
+  TORCH_CHECK_VALUE(plain, "checkpoint '", dir, "': ", kMetadata, " names data file '", name,
+                    "', which is not a file name inside the checkpoint's directory (refused: a checkpoint's data "
+                    "files are plain names beside its metadata)");
+  const fs::path path = fs::path(dir) / name;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return path;  // missing: the callers say so
+  // A link is followed only where it stays in the directory.
+  const fs::path real = fs::weakly_canonical(path, ec), home = fs::weakly_canonical(fs::path(dir), ec);
+  TORCH_CHECK_VALUE(!ec && real.parent_path() == home, "checkpoint '", dir, "': data file '", name, "' is a link to '",
+                    real.string(), "', outside the checkpoint's directory (refused)");
+  return path;
+}
+
 Metadata read_metadata(const std::string& dir) {
   const fs::path path = fs::path(dir) / kMetadata;
   if (!fs::exists(path)) {
@@ -195,6 +211,9 @@ Metadata read_metadata(const std::string& dir) {
   md.meta.format = m["format"].get<std::string>();
   for (const auto& [key, value] : m["state"].items()) {
     md.meta.state[key] = base64_decode(value.get<std::string>(), path.string() + " state '" + key + "'");
+  }
+  if (md.body.contains("files") && md.body["files"].is_object()) {
+    for (const auto& [file, record] : md.body["files"].items()) data_file(dir, file);
   }
   return md;
 }
@@ -314,7 +333,7 @@ std::string checkpoint_incomplete_reason(const std::string& dir) {
   }
   if (!md.body.contains("files") || !md.body["files"].is_object()) return c10::str(kMetadata, " lists no files");
   for (const auto& [file, record] : md.body["files"].items()) {
-    const fs::path path = fs::path(dir) / file;
+    const fs::path path = checkpoint_detail::data_file(dir, file);  // checked by read_metadata
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
     if (ec) return c10::str("data file '", path.string(), "' is missing");

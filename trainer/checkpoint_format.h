@@ -144,7 +144,14 @@ struct Metadata {
 };
 
 /// metadata.json of `dir`, verified (CRC of its body, format version).
+/// Checks every data file metadata.json lists with data_file(): a
+/// checkpoint from elsewhere cannot make strata read outside its directory.
 Metadata read_metadata(const std::string& dir);
+/// The path of data file `name` of checkpoint `dir`, once it is known to
+/// stay inside `dir`: a plain file name (no directory part, not "." or
+/// ".."), and where it exists not a link that leads out. c10::ValueError
+/// naming the file otherwise.
+fs::path data_file(const std::string& dir, const std::string& name);
 std::string shape_str(const json& shape);
 /// One error listing every tensor the model and the checkpoint disagree on.
 void check_same_tensors(const std::string& dir, const json& stored, const std::map<std::string, json>& model);

@@ -11,6 +11,7 @@
 #include "tests/run_binary.h"
 #include "tests/toy_data.h"
 #include "strata/trainer/checkpoint.h"
+#include "strata/trainer/checkpoint_format.h"
 #include "strata/trainer/trainer.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -271,6 +273,57 @@ TEST(CheckpointFaultTest, CorruptOrMissingFilesAreOneErrorNamingTheFile) {
   // The intact copies load.
   EXPECT_EQ(error_of([&] { run(loader, 5, good.string()); }), "");
   EXPECT_EQ(error_of([&] { run({"fsdp", 2}, 5, full.string()); }), "");
+}
+
+/// `from` renamed `to` wherever metadata.json's body names it (its files and
+/// the tensors' pieces), with the body's checksum made anew: what a crafted
+/// checkpoint would hold.
+void rename_data_file(const fs::path& dir, const std::string& from, const std::string& to) {
+  std::ifstream in(dir / "metadata.json");
+  auto body = nlohmann::json::parse(in)["body"];
+  std::function<void(nlohmann::json&)> walk = [&](nlohmann::json& j) {
+    if (j.is_string() && j.get<std::string>() == from) j = to;
+    if (j.is_structured()) for (auto& v : j) walk(v);
+  };
+  walk(body);
+  body["files"][to] = body["files"][from];
+  body["files"].erase(from);
+  strata::checkpoint_detail::write_metadata(dir, body);
+}
+
+TEST(CheckpointFaultTest, ADataFileOutsideItsDirectoryIsRefusedUnread) {
+  // Each crafted checkpoint's data file is a good copy outside the
+  // checkpoint, so loading it would succeed: the refusal is what fails it
+  // (seen: with data_file() not checking, all three load).
+  TempDir tmp;
+  const auto good = tmp.path / "good";
+  run({"oss", 2}, 11, "", {{good.string(), "sharded"}});
+  const auto bad = tmp.path / "bad";
+  const auto outside = tmp.path / "outside-shard.bin";
+  fs::copy_file(good / "shard-1-of-2.bin", outside);
+  const Config loader{"single", 1};
+  for (const std::string name : {std::string("../outside-shard.bin"), outside.string()}) {
+    fs::remove_all(bad);
+    copy_dir(good, bad);
+    rename_data_file(bad, "shard-1-of-2.bin", name);
+    const auto msg = error_of([&] { run(loader, 5, bad.string()); });
+    EXPECT_NE(msg.find("names data file '" + name + "', which is not a file name inside"), std::string::npos) << msg;
+  }
+  // A data file that is a link out of the directory.
+  fs::remove_all(bad);
+  copy_dir(good, bad);
+  fs::remove(bad / "shard-1-of-2.bin");
+  fs::create_symlink(outside, bad / "shard-1-of-2.bin");
+  const auto msg = error_of([&] { run(loader, 5, bad.string()); });
+  EXPECT_NE(msg.find("data file 'shard-1-of-2.bin' is a link to"), std::string::npos) << msg;
+  EXPECT_NE(strata::checkpoint_incomplete_reason(bad.string()).find("is a link to"), std::string::npos)
+      << "--resume auto skips it";
+  // A link that stays inside loads.
+  fs::remove_all(bad);
+  copy_dir(good, bad);
+  fs::rename(bad / "shard-1-of-2.bin", bad / "kept.bin");
+  fs::create_symlink("kept.bin", bad / "shard-1-of-2.bin");
+  EXPECT_EQ(error_of([&] { run(loader, 5, bad.string()); }), "");
 }
 
 TEST(CheckpointFaultTest, DifferentModelOrOptimizerIsOneError) {
