@@ -91,6 +91,11 @@ std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::strin
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
   TORCH_CHECK_VALUE(n <= file_size - 8, where, ": header length ", n, " exceeds the file (", file_size, " bytes)");
+  // The safetensors library's own cap: a header is read into memory, so a
+  // file that claims more is refused before anything is allocated for it.
+  constexpr uint64_t kMaxHeader = 100'000'000;
+  TORCH_CHECK_VALUE(n <= kMaxHeader, where, ": header length ", n, " exceeds the ", kMaxHeader,
+                    "-byte limit safetensors sets");
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);

@@ -127,6 +127,24 @@ TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
   const uint64_t n = big.size() - good.size() + old_header;  // the data keeps its size
   for (int i = 0; i < 8; ++i) big[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   refused(big, "do not hold the bytes of shape [4611686018427387904,4]");
+  // A header of 150 MB (a sparse file: no disk used) is refused at its
+  // length, before its bytes are read or parsed.
+  {
+    const auto huge = dir.file("huge.safetensors");
+    std::string length(8, '\0');
+    const uint64_t claimed = 150'000'000;
+    for (int i = 0; i < 8; ++i) length[size_t(i)] = static_cast<char>((claimed >> (8 * i)) & 0xff);
+    std::ofstream(huge, std::ios::binary) << length;
+    std::filesystem::resize_file(huge, 8 + claimed);
+    try {
+      strata::recipes::read_safetensors(huge);
+      ADD_FAILURE() << "a 150 MB header was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("header length 150000000 exceeds the 100000000-byte limit"),
+                std::string::npos)
+          << e.what_without_backtrace();
+    }
+  }
 }
 
 TEST(HfGpt2Test, TransformersLoadsTheExportWithStrataLogitsAndInitFromReadsItBack) {
