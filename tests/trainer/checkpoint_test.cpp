@@ -302,7 +302,7 @@ TEST(CheckpointFaultTest, ADataFileOutsideItsDirectoryIsRefusedUnread) {
   const auto outside = tmp.path / "outside-shard.bin";
   fs::copy_file(good / "shard-1-of-2.bin", outside);
   const Config loader{"single", 1};
-  for (const std::string name : {std::string("../outside-shard.bin"), outside.string()}) {
+  for (const std::string& name : {std::string("../outside-shard.bin"), outside.string()}) {
     fs::remove_all(bad);
     copy_dir(good, bad);
     rename_data_file(bad, "shard-1-of-2.bin", name);
