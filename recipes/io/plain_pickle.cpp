@@ -240,6 +240,95 @@ std::optional<std::string> plain_dict_pickle(const std::string& in) {
 
 }  // namespace
 
+// ---- What a pickle may name ----------------------------------------------
+
+namespace {
+
+std::string hex_byte(unsigned char b) {
+  static const char* digits = "0123456789abcdef";
+  return {digits[b >> 4], digits[b & 15]};
+}
+
+/// The globals a torch.save of a state dict (or nanoGPT's ckpt.pt around one)
+/// names, and LibTorch's own pickles: containers, tensors and their storages.
+bool allowed_global(const std::string& module, const std::string& name) {
+  if (module == "collections" && name == "OrderedDict") return true;
+  if (module == "torch._utils" && (name == "_rebuild_tensor_v2" || name == "_rebuild_parameter")) return true;
+  if (module == "torch" && name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0) return true;
+  if (module == "torch" && name == "device") return true;
+  return module == "torch.jit._pickle";  // LibTorch's typed containers (torch::pickle_save)
+}
+
+/// Bytes of opcode `op`'s argument at `in[i]` for every opcode of protocols
+/// 0-5 (pickletools' table); nullopt for an unknown opcode or a truncated
+/// pickle.
+std::optional<size_t> any_argument_bytes(unsigned char op, const std::string& in, size_t i) {
+  auto counted = [&](size_t width) -> std::optional<size_t> {
+    if (i + width > in.size()) return std::nullopt;
+    uint64_t n = 0;
+    for (size_t b = width; b-- > 0;) n = (n << 8) | static_cast<unsigned char>(in[i + b]);
+    if (n > in.size() - i - width) return std::nullopt;
+    return width + size_t(n);
+  };
+  auto line = [&](int lines) -> std::optional<size_t> {
+    size_t at = i;
+    for (int k = 0; k < lines; ++k) {
+      at = in.find('\n', at);
+      if (at == std::string::npos) return std::nullopt;
+      ++at;
+    }
+    return at - i;
+  };
+  switch (op) {
+    case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': case 'p': return line(1);
+    case 'c': case 'i': return line(2);                                     // GLOBAL, INST
+    case 0x8d: case 0x8e: case 0x96: return counted(8);                     // BINUNICODE8, BINBYTES8, BYTEARRAY8
+    case 0x8b: return counted(4);                                           // LONG4
+    case 0x8c: return counted(1);                                           // SHORT_BINUNICODE
+    case 0x95: return i + 8 <= in.size() ? std::optional<size_t>(8) : std::nullopt;  // FRAME
+    case 0x82: return 1;                                                    // EXT1
+    case 0x83: return 2;                                                    // EXT2
+    case 0x84: return 4;                                                    // EXT4
+    case 'o': case 0x8f: case 0x90: case 0x91: case 0x92: case 0x93: case 0x94: case 0x97: case 0x98:
+      return 0;
+    default:
+      return argument_bytes(op, in, i);
+  }
+}
+
+}  // namespace
+
+void check_pickle_globals(const std::vector<char>& bytes, const std::string& what) {
+  std::string pickle(bytes.begin(), bytes.end());
+  if (bytes.size() >= 4 && std::string_view(bytes.data(), 4) == std::string_view("PK\x03\x04", 4)) {
+    caffe2::serialize::PyTorchStreamReader reader(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    TORCH_CHECK_VALUE(reader.hasRecord("data.pkl"), what, " is a zip archive without data.pkl: not a torch.save file");
+    auto [data, size] = reader.getRecord("data.pkl");
+    pickle.assign(static_cast<const char*>(data.get()), size);
+  }
+  for (size_t i = 0; i < pickle.size();) {
+    const auto op = static_cast<unsigned char>(pickle[i]);
+    const auto args = any_argument_bytes(op, pickle, i + 1);
+    TORCH_CHECK_VALUE(args.has_value(), what, ": its pickle has opcode 0x", hex_byte(op), " at byte ", i,
+                      ", which is unknown or cut short (refused before unpickling)");
+    if (op == 'c' || op == 'i') {
+      const std::string text = pickle.substr(i + 1, *args);
+      const size_t nl = text.find('\n');
+      const std::string module = text.substr(0, nl), name = text.substr(nl + 1, text.size() - nl - 2);
+      TORCH_CHECK_VALUE(op == 'c' && allowed_global(module, name), what, ": its pickle names the global '", module,
+                        ".", name, "', which a dict of tensors never needs (refused before unpickling: loading it "
+                        "could run code)");
+    }
+    TORCH_CHECK_VALUE(op != 0x93 && op != 0x82 && op != 0x83 && op != 0x84, what, ": its pickle calls a global it "
+                      "does not name (opcode 0x", hex_byte(op), " at byte ", i, "), which torch.save never writes "
+                      "(refused before unpickling)");
+    if (op == '.') return;  // STOP
+    i += 1 + *args;
+  }
+  TORCH_CHECK_VALUE(false, what, ": its pickle has no STOP (cut short)");
+}
+
 // ---- Writing files torch.load reads with weights_only=True ------------------
 
 /// torch::pickle_save's zip archive (torch.save's format), but with the

@@ -4,6 +4,7 @@
 // LibTorch's unpickler. Used by recipes/models/gpt/interop.cpp.
 #include <ATen/core/ivalue.h>
 
+#include <string>
 #include <vector>
 
 namespace strata::recipes {
@@ -16,6 +17,15 @@ constexpr const char* kPickleStateKey = "__strata_pickle_state__";
 /// dict's types left untagged, so that torch.load's default
 /// (weights_only=True since torch 2.6) accepts it.
 std::vector<char> plain_pickle_save(const c10::IValue& value);
+
+/// c10::ValueError naming `what` and the first global the pickle of `bytes`
+/// (a torch.save zip archive's data.pkl, or a bare pickle) names beyond what
+/// a dict of tensors needs ("posix.system"), or an opcode that could call
+/// one without naming it (STACK_GLOBAL, INST, EXT*), or a pickle it cannot
+/// walk. Made before LibTorch's unpickler sees the file: strata reads
+/// tensors, numbers, strings, lists and dicts, and nothing it loads names
+/// code to run.
+void check_pickle_globals(const std::vector<char>& bytes, const std::string& what);
 
 /// A torch.save zip archive whose pickle has every OrderedDict made a plain
 /// dict (which torch::pickle_load reads); `bytes` unchanged when it is no zip

@@ -149,6 +149,8 @@ NamedTensors read_weights(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot read weights file '", path, "': ", std::strerror(errno));
   const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Before LibTorch's unpickler: a file from elsewhere names no code to run.
+  check_pickle_globals(bytes, "weights file '" + path + "'");
   c10::IValue value;
   try {
     value = torch::pickle_load(with_plain_dicts(bytes));

@@ -179,6 +179,25 @@ elif cmd == 'nanogpt_init':    # out_path ckpt|state_dict batch n_layer n_head n
     b = torch.load(a[2], weights_only=False)
     with torch.no_grad():
         print('loss=%.10f' % lm_loss(model(b['input']), b['target']).item())
+elif cmd == 'hostile':         # out_path marker protocol: a pickle whose REDUCE runs os.system
+    import os, pickle
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ('touch ' + a[1],))
+    if a[2] == 'torch':
+        torch.save({'model': {'wte.weight': torch.zeros(2)}, 'config': Payload()}, a[0])
+    else:
+        with open(a[0], 'wb') as f:
+            pickle.dump({'model': Payload()}, f, protocol=int(a[2]))
+    print('written=1')
+elif cmd == 'unsafe_load':     # path: what loading it with Python's pickle does (it runs the payload)
+    import pickle
+    try:
+        torch.load(a[0], weights_only=False)
+    except Exception:
+        with open(a[0], 'rb') as f:
+            pickle.load(f)
+    print('loaded=1')
 elif cmd == 'make_script':     # out_path vocab block width layers
     m = torch.jit.script(TinyLM(int(a[1]), int(a[2]), int(a[3]), int(a[4])))
     m.save(a[0])
@@ -357,6 +376,36 @@ TEST(InteropTest, InitFromMismatchIsOneErrorListingEveryProblem) {
   const auto missing = run_gpt_binary(gpt_flags(dir / "out") + " --init-from " + (dir / "nope.pt").string());
   EXPECT_EQ(missing.exit_code, 2) << missing.output;
   EXPECT_NE(missing.output.find("nope.pt"), std::string::npos) << missing.output;
+}
+
+TEST(InteropTest, APickleThatWouldRunCodeIsRefusedAndNothingRuns) {
+  // A torch.save file, and bare pickles of protocol 2 and 4, whose REDUCE
+  // calls os.system to create a marker. Python's own unpickler runs it (the
+  // marker appears); strata refuses each file before unpickling, in one
+  // line naming the global (or the opcode that hides it), and no marker is
+  // made. Seen failing with check_pickle_globals() removed: LibTorch's C++
+  // unpickler runs no Python, so nothing ran then either, but it refused
+  // later and in its own words ("Unpickler found unknown type posix.system";
+  // the bare pickles as "failed finding central directory").
+  const fs::path dir = scratch() / "hostile";
+  fs::create_directories(dir);
+  const fs::path marker = dir / "marker";
+  for (const std::pair<std::string, std::string>& kind :
+       {std::pair<std::string, std::string>{"torch", "names the global 'posix.system'"},
+        {"2", "names the global 'posix.system'"},
+        {"4", "calls a global it does not name (opcode 0x93"}}) {
+    const fs::path file = dir / ("payload-" + kind.first + ".pt");
+    python("hostile " + file.string() + " " + marker.string() + " " + kind.first);
+    python("unsafe_load " + file.string());
+    EXPECT_TRUE(fs::exists(marker)) << kind.first << ": the payload is real (Python's unpickler runs it)";
+    fs::remove(marker);
+    const auto run = run_gpt_binary(gpt_flags(dir / "out") + " --max-steps 1 --init-from " + file.string());
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find(kind.second), std::string::npos) << kind.first << "\n" << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << run.output;
+    EXPECT_FALSE(fs::exists(marker)) << kind.first << ": strata ran the payload";
+    EXPECT_FALSE(fs::exists(dir / "out"));
+  }
 }
 
 // ---- TorchScript ----------------------------------------------------------
