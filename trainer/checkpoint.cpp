@@ -184,7 +184,11 @@ void write_full(const fs::path& dir, Comm& comm, const std::vector<StatePiece>& 
   std::vector<json> records;
   std::map<std::string, std::vector<const StatePiece*>> local;
   for (const auto& p : pieces) local[p.name].push_back(&p);
-  for (const auto& [name, t] : tensors) {
+  for (const auto& entry : tensors) {
+    // Named, not structured bindings: the lambda below captures them (clang
+    // before 16 cannot capture a binding; the fuzz build is clang 14).
+    const std::string& name = entry.first;
+    const auto& t = entry.second;
     // Every rank checks the dtype before any transfer: an unknown one fails
     // all ranks alike instead of leaving rank 0 waiting for pieces.
     dtype_from(t.dtype.get<std::string>(), "saving " + name);
@@ -400,6 +404,10 @@ void check_checkpoint_model(const std::string& dir, const std::map<std::string, 
 
 std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& dir, const std::string& prefix) {
   const Metadata md = read_metadata(dir);
+  // The files' sizes before any allocation: check_body bounds each tensor
+  // by its files' recorded sizes, and this the recorded sizes by the files.
+  const std::string incomplete = checkpoint_incomplete_reason(dir);
+  TORCH_CHECK(incomplete.empty(), "checkpoint '", dir, "' is not complete: ", incomplete);
   std::map<std::string, torch::Tensor> out;
   std::map<std::string, std::vector<ReadRequest>> by_file;
   for (const auto& [name, t] : md.body["tensors"].items()) {

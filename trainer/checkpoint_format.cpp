@@ -192,17 +192,20 @@ Metadata read_metadata(const std::string& dir) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "checkpoint file '", path.string(), "' is corrupt (not JSON: ", e.what(), ")");
   }
-  TORCH_CHECK(doc.is_object() && doc.contains("body") && doc.contains("crc32"), "checkpoint file '",
-              path.string(), "' is corrupt (no body or crc32)");
+  TORCH_CHECK(doc.is_object() && doc.contains("body") && doc.contains("crc32") && doc["crc32"].is_number_unsigned(),
+              "checkpoint file '", path.string(), "' is corrupt (no body or crc32)");
   const std::string canonical = doc["body"].dump();
   const uint32_t got = crc_of(canonical.data(), canonical.size());
-  const auto expected = doc["crc32"].get<uint32_t>();
+  const auto expected = doc["crc32"].get<uint64_t>();
   TORCH_CHECK(got == expected, "checkpoint file '", path.string(), "' is corrupt (crc32 ", hex(got),
-              " expected ", hex(expected), ")");
+              " expected ", doc["crc32"].dump(), ")");
   Metadata md;
   md.body = std::move(doc["body"]);
-  TORCH_CHECK(md.body.value("format_version", 0) == kFormatVersion, "checkpoint '", dir, "' has format version ",
-              md.body.value("format_version", 0), "; this build reads version ", kFormatVersion);
+  const json version = md.body.is_object() ? md.body.value("format_version", json(0)) : json(0);
+  TORCH_CHECK(version == kFormatVersion, "checkpoint '", dir, "' has format version ", version.dump(),
+              "; this build reads version ", kFormatVersion);
+  // Every field below and in the readers, checked once (checkpoint_schema.cpp).
+  check_body(md.body, path.string());
   const auto& m = md.body["meta"];
   md.meta.step = m["step"].get<int64_t>();
   md.meta.world_size = m["world_size"].get<int>();
@@ -212,9 +215,7 @@ Metadata read_metadata(const std::string& dir) {
   for (const auto& [key, value] : m["state"].items()) {
     md.meta.state[key] = base64_decode(value.get<std::string>(), path.string() + " state '" + key + "'");
   }
-  if (md.body.contains("files") && md.body["files"].is_object()) {
-    for (const auto& [file, record] : md.body["files"].items()) data_file(dir, file);
-  }
+  for (const auto& [file, record] : md.body["files"].items()) data_file(dir, file);
   return md;
 }
 

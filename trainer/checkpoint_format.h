@@ -138,6 +138,12 @@ json meta_json(const CheckpointMeta& meta);
 /// Rank 0: metadata.json through a temporary file, fsync'd, then the directory.
 void write_metadata(const fs::path& dir, json body);
 
+/// c10::ValueError naming `file` (metadata.json's path) and the field,
+/// unless `body` has every field the readers use with its type and range:
+/// meta, files (a checksum per block), tensors whose pieces cover each
+/// tensor in order and lie inside their files (checkpoint_schema.cpp).
+void check_body(const json& body, const std::string& file);
+
 struct Metadata {
   CheckpointMeta meta;
   json body;

@@ -2,6 +2,7 @@
 // strata-gpt keys. distributed_type picks the strategy; fsdp_config maps onto
 // strata's fsdp options; deepspeed_config is rewritten as a DeepSpeed JSON
 // (or its deepspeed_config_file read) and translated as one.
+#include "strata/core/file_text.h"
 #include "strata/recipes/config/foreign_config.h"
 
 #include <filesystem>
@@ -219,10 +220,22 @@ void Accelerate::deepspeed_config(const json& c) {
     if (k == "deepspeed_config_file") {
       // As accelerate opens it: relative to the working directory.
       const std::filesystem::path path = string(v, file_, key);
-      std::ifstream in(path);
-      if (!in) fail(file_, key, "'" + path.string() + "' cannot be read");
+      // Capped: the name comes from the YAML, and a device or a huge file is no DeepSpeed config.
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(path, ec);
+      if (ec) fail(file_, key, "'" + path.string() + "' cannot be read (" + ec.message() + ")");
+      if (size > kMaxConfigFileBytes) {
+        fail(file_, key, "'" + path.string() + "' is " + std::to_string(size) + " bytes; strata reads at most " +
+                             std::to_string(kMaxConfigFileBytes >> 20) + " MiB of a config file (refused unread)");
+      }
+      std::string text;
       try {
-        ds = json::parse(in);
+        text = read_file_capped(path.string(), kMaxConfigFileBytes, "DeepSpeed config");
+      } catch (const c10::ValueError& e) {
+        fail(file_, key, e.what_without_backtrace());
+      }
+      try {
+        ds = json::parse(text);
       } catch (const json::exception& e) {
         fail(file_, key, "'" + path.string() + "' is not valid JSON: " + e.what());
       }

@@ -3,6 +3,8 @@
 // the helpers both share in foreign_values.cpp.
 #include "strata/recipes/config/foreign_config.h"
 
+#include "strata/core/file_text.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -18,8 +20,8 @@ namespace strata::recipes {
 
 using nlohmann::json;
 
-
 namespace {
+
 using namespace foreign;
 
 /// A YAML node as JSON: plain scalars typed as YAML 1.2's core schema reads
@@ -437,12 +439,17 @@ ForeignConfig guarded(const std::string& file, Fn&& translate) {
 }
 }  // namespace
 
-ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistry& strategies) {
+namespace {
+ForeignConfig read_and_translate(const std::string& path, const StrategyRegistry& strategies) {
   const std::string file = "config file '" + path + "'";
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read " + file);
   std::stringstream buffer;
-  buffer << in.rdbuf();
+  try {
+    buffer << read_file_capped(path, kMaxConfigFileBytes, "config file");
+  } catch (const c10::ValueError& e) {  // this reader's errors are std::invalid_argument
+    throw std::invalid_argument(e.what_without_backtrace());
+  }
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext == ".json") {
     json config;
@@ -460,6 +467,18 @@ ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistr
     throw std::invalid_argument(file + ": not valid YAML: " + e.what());
   }
   return guarded(file, [&] { return translate_accelerate(config, file, strategies); });
+}
+
+}  // namespace
+
+ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistry& strategies) {
+  try {
+    return read_and_translate(path, strategies);
+  } catch (const std::invalid_argument& e) {
+    // Keys and values come from the file, and parsers quote the byte they
+    // stopped at: control bytes escaped, the error stays one line.
+    throw std::invalid_argument(foreign::control_escaped(e.what()));
+  }
 }
 
 }  // namespace strata::recipes

@@ -296,16 +296,62 @@ std::optional<size_t> any_argument_bytes(unsigned char op, const std::string& in
   }
 }
 
+bool is_zip(const std::vector<char>& bytes) {
+  return bytes.size() >= 4 && std::string_view(bytes.data(), 4) == std::string_view("PK\x03\x04", 4);
+}
+
+/// `read()`, LibTorch's zip errors as one line naming `what` (its own are
+/// several sentences about miniz, and name no file).
+template <class F>
+auto zip_step(const std::string& what, F&& read) {
+  try {
+    return read();
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    std::string message = e.what_without_backtrace();
+    message = message.substr(0, std::min(message.find('.'), message.find('\n')));  // its first sentence
+    C10_THROW_ERROR(ValueError, c10::str(what, " is not a torch.save zip archive (", message, ")"));
+  }
+}
+
+/// The archive's reader, each record checked to fit in the archive (torch.save
+/// stores records uncompressed: a larger one is a size the file only claims,
+/// which getRecord would allocate).
+std::unique_ptr<caffe2::serialize::PyTorchStreamReader> open_archive(const std::vector<char>& bytes,
+                                                                      const std::string& what) {
+  return zip_step(what, [&] {
+    auto reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    for (const auto& name : reader->getAllRecords()) {
+      const size_t size = reader->getRecordSize(name);
+      TORCH_CHECK_VALUE(size <= bytes.size(), what, ": its zip archive's record '", name, "' claims ", size,
+                        " bytes in an archive of ", bytes.size(), " (torch.save stores records uncompressed)");
+    }
+    return reader;
+  });
+}
+
+/// Record `name`: its bytes and their count.
+std::tuple<at::DataPtr, size_t> read_record(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name,
+                                            const std::string& what) {
+  return zip_step(what, [&] { return reader.getRecord(name); });
+}
+
+std::string record_text(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name,
+                        const std::string& what) {
+  const auto [data, size] = read_record(reader, name, what);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
 }  // namespace
 
 void check_pickle_globals(const std::vector<char>& bytes, const std::string& what) {
   std::string pickle(bytes.begin(), bytes.end());
-  if (bytes.size() >= 4 && std::string_view(bytes.data(), 4) == std::string_view("PK\x03\x04", 4)) {
-    caffe2::serialize::PyTorchStreamReader reader(
-        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    TORCH_CHECK_VALUE(reader.hasRecord("data.pkl"), what, " is a zip archive without data.pkl: not a torch.save file");
-    auto [data, size] = reader.getRecord("data.pkl");
-    pickle.assign(static_cast<const char*>(data.get()), size);
+  if (is_zip(bytes)) {
+    const auto reader = open_archive(bytes, what);
+    TORCH_CHECK_VALUE(reader->hasRecord("data.pkl"), what, " is a zip archive without data.pkl: not a torch.save file");
+    pickle = record_text(*reader, "data.pkl", what);
   }
   for (size_t i = 0; i < pickle.size();) {
     const auto op = static_cast<unsigned char>(pickle[i]);
@@ -358,12 +404,11 @@ std::vector<char> plain_pickle_save(const c10::IValue& value) {
 /// A torch.save zip archive whose data.pkl went through plain_dict_pickle();
 /// `bytes` unchanged when it is no zip archive or holds no OrderedDict.
 std::vector<char> with_plain_dicts(const std::vector<char>& bytes) {
-  if (bytes.size() < 4 || std::string_view(bytes.data(), 4) != std::string_view("PK\x03\x04", 4)) return bytes;
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  if (!is_zip(bytes)) return bytes;
+  const auto archive = open_archive(bytes, "a torch.save archive");
+  auto& reader = *archive;
   if (!reader.hasRecord("data.pkl")) return bytes;
-  auto [pkl_data, pkl_size] = reader.getRecord("data.pkl");
-  const std::string pickle(static_cast<const char*>(pkl_data.get()), pkl_size);
+  const std::string pickle = record_text(reader, "data.pkl", "a torch.save archive");
   const auto rewritten = plain_dict_pickle(pickle);
   if (!rewritten) return bytes;
   std::vector<char> out;
@@ -377,7 +422,7 @@ std::vector<char> with_plain_dicts(const std::vector<char>& bytes) {
     if (name == "data.pkl") {
       writer.writeRecord(name, rewritten->data(), rewritten->size());
     } else {
-      auto [data, size] = reader.getRecord(name);
+      const auto [data, size] = read_record(reader, name, "a torch.save archive");
       writer.writeRecord(name, data.get(), size);
     }
   }

@@ -1,13 +1,22 @@
 #include "strata/recipes/data/tokenizer/bpe.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <cstdio>
 #include <queue>
+#include <sstream>
 
 namespace strata::recipes::tokenizer {
 
 namespace {
+
+/// Text from the data in an error: quoted, newlines and control bytes escaped (one line).
+std::string quoted(std::string_view text) {
+  std::ostringstream out;
+  c10::printQuotedString(out, text);
+  return out.str();
+}
 
 /// Bytes of the UTF-8 character starting with `lead`.
 size_t char_length(unsigned char lead) {
@@ -59,8 +68,8 @@ void WordLevel::encode(std::string_view word, std::vector<int32_t>& out) const {
     out.push_back(it->second);
     return;
   }
-  TORCH_CHECK_VALUE(unk_id_.has_value(), "the tokenizer has no token for '", word,
-                    "' and no unknown token (model.unk_token) to stand in");
+  TORCH_CHECK_VALUE(unk_id_.has_value(), "the tokenizer has no token for ", quoted(word),
+                    " and no unknown token (model.unk_token) to stand in");
   out.push_back(*unk_id_);
 }
 
@@ -91,8 +100,8 @@ void Bpe::encode(std::string_view word, std::vector<int32_t>& out) const {
       if (bytes) {
         for (size_t k = 0; k < len; ++k) push(byte_ids_[static_cast<unsigned char>(word[i + k])], 1);
       } else {
-        TORCH_CHECK_VALUE(options_.unk_id.has_value(), "the tokenizer has no token for '", scratch,
-                          "' and no unknown token (model.unk_token) to stand in");
+        TORCH_CHECK_VALUE(options_.unk_id.has_value(), "the tokenizer has no token for ", quoted(scratch),
+                          " and no unknown token (model.unk_token) to stand in");
         if (options_.fuse_unk && !symbols.empty() && symbols.back().id == *options_.unk_id) {
           symbols.back().len += len;
         } else {

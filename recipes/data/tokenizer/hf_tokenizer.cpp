@@ -138,7 +138,7 @@ std::optional<int32_t> unk_of(const json& m, const std::unordered_map<std::strin
 std::unique_ptr<tokenizer::TokenModel> make_model(const json& m) {
   const std::string type = m.value("type", std::string("BPE"));
   if (type == "WordLevel") {
-    auto vocab = m.at("vocab").get<std::unordered_map<std::string, int32_t>>();
+    auto vocab = tokenizer::read_vocab(m.at("vocab"), "model.vocab");
     const auto unk = unk_of(m, vocab);
     return std::make_unique<tokenizer::WordLevel>(std::move(vocab), unk);
   }
@@ -147,7 +147,7 @@ std::unique_ptr<tokenizer::TokenModel> make_model(const json& m) {
     TORCH_CHECK_VALUE(!m.contains(key) || m[key].is_null() || m[key] == "", "model.", key, " '", m[key].dump(),
                       "' is not supported (a BPE of GPT-2's or SentencePiece's kind has none)");
   }
-  auto vocab = m.at("vocab").get<std::unordered_map<std::string, int32_t>>();
+  auto vocab = tokenizer::read_vocab(m.at("vocab"), "model.vocab");
   std::vector<std::pair<std::string, std::string>> merges;
   for (const auto& entry : m.at("merges")) {
     if (entry.is_array()) {
@@ -180,7 +180,7 @@ HfTokenizer::HfTokenizer(const json& j, std::string path) : path_(std::move(path
   for (const auto& a : j.value("added_tokens", json::array())) {
     AddedToken t;
     t.content = a.at("content").get<std::string>();
-    t.id = a.at("id").get<int32_t>();
+    t.id = static_cast<int32_t>(tokenizer::whole_in(a.at("id"), INT32_MAX, "added token id"));
     t.special = a.value("special", false);
     t.single_word = a.value("single_word", false);
     t.lstrip = a.value("lstrip", false);
@@ -235,17 +235,21 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
                     int(static_cast<unsigned char>(text[bad])), ") starts no valid character");
   std::vector<int32_t> out;
   if (add_special_tokens) out = around_.before;
-  for (const auto& segment : raw_.split(std::string(text))) {
-    if (segment.token != nullptr) {
-      out.push_back(segment.token->id);
-      continue;
+  try {
+    for (const auto& segment : raw_.split(std::string(text))) {
+      if (segment.token != nullptr) {
+        out.push_back(segment.token->id);
+        continue;
+      }
+      const bool first = segment.offset == 0;
+      const std::string normalized = normalizer_ ? normalizer_->apply(segment.text, scratch.match) : segment.text;
+      for (const auto& part : normalized_.split(normalized)) {
+        if (part.token != nullptr) out.push_back(part.token->id);
+        else encode_text(part.text, first && part.offset == 0, scratch, out);
+      }
     }
-    const bool first = segment.offset == 0;
-    const std::string normalized = normalizer_ ? normalizer_->apply(segment.text, scratch.match) : segment.text;
-    for (const auto& part : normalized_.split(normalized)) {
-      if (part.token != nullptr) out.push_back(part.token->id);
-      else encode_text(part.text, first && part.offset == 0, scratch, out);
-    }
+  } catch (const c10::ValueError& e) {  // a text this tokenizer cannot encode: name the tokenizer
+    tokenizer::fail(c10::str("tokenizer '", path_, "': ", e.what_without_backtrace()));
   }
   if (add_special_tokens) out.insert(out.end(), around_.after.begin(), around_.after.end());
   return out;

@@ -166,6 +166,13 @@ class ReplaceDecoder : public Decoder {
 };
 
 class ByteFallbackDecoder : public Decoder {
+  static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+
  public:
   std::vector<std::string> apply(std::vector<std::string> tokens) const override {
     std::vector<std::string> out;
@@ -184,14 +191,13 @@ class ByteFallbackDecoder : public Decoder {
       pending_count = 0;
     };
     for (auto& t : tokens) {
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
-        char* end = nullptr;
-        const long byte = std::strtol(t.substr(3, 2).c_str(), &end, 16);
-        if (end != nullptr && *end == '\0') {
-          pending += char(byte);
-          ++pending_count;
-          continue;
-        }
+      // "<0xHH>": two hex digits, read in place (strtol on a temporary's
+      // c_str() left its end pointer in a destroyed string: found by fuzzing).
+      const int high = t.size() == 6 ? hex_digit(t[3]) : -1, low = t.size() == 6 ? hex_digit(t[4]) : -1;
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && high >= 0 && low >= 0) {
+        pending += char(high * 16 + low);
+        ++pending_count;
+        continue;
       }
       flush();
       out.push_back(std::move(t));
@@ -213,7 +219,9 @@ class FuseDecoder : public Decoder {
 class StripDecoder : public Decoder {
  public:
   explicit StripDecoder(const json& j)
-      : content_(j.at("content").get<std::string>()), start_(j.at("start").get<size_t>()), stop_(j.at("stop").get<size_t>()) {}
+      : content_(j.at("content").get<std::string>()),
+        start_(whole_in(j.at("start"), INT32_MAX, "decoder Strip's start")),
+        stop_(whole_in(j.at("stop"), INT32_MAX, "decoder Strip's stop")) {}
   std::vector<std::string> apply(std::vector<std::string> tokens) const override {
     for (auto& t : tokens) {
       size_t begin = 0, end = t.size();
@@ -256,6 +264,23 @@ std::string prepend_scheme(const json& j) {
 }  // namespace
 
 void fail(const std::string& message) { C10_THROW_ERROR(ValueError, message); }
+
+int64_t whole_in(const json& v, int64_t max, const std::string& what) {
+  const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max)) &&
+                    v.get<int64_t>() >= 0 && v.get<int64_t>() <= max;
+  if (!fits) fail(c10::str(what, " is ", v.dump(), "; expected a whole number from 0 to ", max));
+  return v.get<int64_t>();
+}
+
+std::unordered_map<std::string, int32_t> read_vocab(const json& v, const std::string& what) {
+  if (!v.is_object()) fail(c10::str(what, " is not an object {token: id}"));
+  std::unordered_map<std::string, int32_t> vocab;
+  vocab.reserve(v.size());
+  for (const auto& [token, id] : v.items()) {
+    vocab.emplace(token, static_cast<int32_t>(whole_in(id, INT32_MAX, what + " id of " + json(token).dump())));
+  }
+  return vocab;
+}
 
 std::unique_ptr<Normalizer> make_normalizer(const json& j) {
   if (j.is_null()) return nullptr;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace strata::recipes::tokenizer {
@@ -50,6 +51,13 @@ class Decoder {
 
 /// Throws c10::ValueError with `message` (a tokenizer.json part strata does not run).
 [[noreturn]] void fail(const std::string& message);
+
+/// `v` as a whole number in [0, max]; else fail() naming `what`. Why not
+/// json::get<int>(): it casts a float out of range (undefined behaviour) and
+/// wraps a larger integer into a wrong id (both found by fuzzing).
+int64_t whole_in(const nlohmann::json& v, int64_t max, const std::string& what);
+/// A vocabulary {token: id}, each id checked by whole_in.
+std::unordered_map<std::string, int32_t> read_vocab(const nlohmann::json& v, const std::string& what);
 
 /// null JSON: none (nullptr).
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j);

@@ -1,6 +1,7 @@
 #include "strata/recipes/models/llama/hf_checkpoint.h"
 
 #include "strata/core/atomic_file.h"
+#include "strata/core/file_text.h"
 #include "strata/recipes/io/safetensors.h"
 #include "strata/recipes/models/llama/hf_config.h"
 
@@ -18,12 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+/// A config.json or an index: capped (core/file_text.h).
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK_VALUE(in, path.string(), ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_file_capped(path.string(), kMaxConfigFileBytes, path.filename().string());
 }
 
 /// The shard files an index names, each checked to be a plain file name in

@@ -1,5 +1,7 @@
 #include "strata/recipes/models/llama/peft.h"
 
+#include "strata/core/file_text.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -18,12 +20,11 @@ constexpr const char* kModules[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gat
 constexpr const char* kPrefix = "base_model.model.";
 
 json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK_VALUE(in, path.string(), ": cannot be read (a PEFT adapter directory holds adapter_config.json)");
-  std::ostringstream text;
-  text << in.rdbuf();
+  TORCH_CHECK_VALUE(fs::is_regular_file(path), path.string(),
+                    ": cannot be read (a PEFT adapter directory holds adapter_config.json)");
+  const std::string text = read_file_capped(path.string(), kMaxConfigFileBytes, "adapter_config.json");
   try {
-    return json::parse(text.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     TORCH_CHECK_VALUE(false, path.string(), ": not valid JSON (", e.what(), ")");
   }
