@@ -42,7 +42,8 @@ torch::ScalarType type_of(const std::string& name, const std::string& where) {
   for (const auto& d : kDtypes) {
     if (name == d.name) return d.type;
   }
-  TORCH_CHECK_VALUE(false, where, ": dtype '", name, "' is not supported (F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
+  TORCH_CHECK_VALUE(false, where, ": dtype ", nlohmann::json(name).dump(),
+                    " is not supported (F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
 }
 
 }  // namespace
@@ -105,7 +106,7 @@ std::map<std::string, SafetensorsEntry> read_safetensors_header(const std::strin
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
-    const std::string at = where + ", entry '" + name + "'";
+    const std::string at = where + ", entry " + nlohmann::json(name).dump();  // quoted and escaped: one line
     TORCH_CHECK_VALUE(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
                           entry.contains("data_offsets") && entry["dtype"].is_string() && entry["shape"].is_array() &&
                           entry["data_offsets"].is_array() && entry["data_offsets"].size() == 2,

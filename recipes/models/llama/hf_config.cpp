@@ -46,7 +46,13 @@ class ConfigReader {
     return c_.at(key).get<std::string>();
   }
 
-  std::string type() const { return has("model_type") && c_.at("model_type").is_string() ? c_.at("model_type").get<std::string>() : "Llama-family"; }
+  /// For messages: the model_type when it is one strata reads (its text comes from the file).
+  std::string type() const {
+    const auto types = llama_model_types();
+    const bool given = has("model_type") && c_.at("model_type").is_string();
+    const std::string t = given ? c_.at("model_type").get<std::string>() : "";
+    return std::find(types.begin(), types.end(), t) != types.end() ? t : "Llama-family";
+  }
   const json& raw() const { return c_; }
   const std::string& where() const { return where_; }
 
@@ -76,8 +82,8 @@ void read_rope(const ConfigReader& r, LlamaOptions& o) {
   }
   RopeScaling s;
   if (type == "default") return;
-  TORCH_CHECK_VALUE(type == "linear" || type == "llama3", r.where(), ": ", path, "rope_type '", type,
-                    "' is not supported; available: default, linear, llama3");
+  TORCH_CHECK_VALUE(type == "linear" || type == "llama3", r.where(), ": ", path, "rope_type ", json(type).dump(),
+                    " is not supported; available: default, linear, llama3");
   s.type = type;
   s.factor = r.number(*scaling, "factor", path);
   if (type == "llama3") {
@@ -130,8 +136,9 @@ LlamaOptions llama_options_from_hf_config(const std::string& text, const std::st
   const ConfigReader r(c, where);
   const std::string type = r.string("model_type");
   const auto types = llama_model_types();
-  TORCH_CHECK_VALUE(std::find(types.begin(), types.end(), type) != types.end(), where, ": model_type '", type,
-                    "' is not supported; available: ", c10::Join(", ", types));
+  // The value as JSON: quoted, any control byte escaped (the message stays one line).
+  TORCH_CHECK_VALUE(std::find(types.begin(), types.end(), type) != types.end(), where, ": model_type ",
+                    json(type).dump(), " is not supported; available: ", c10::Join(", ", types));
   refuse_unsupported(r);
   const int64_t heads = r.integer("num_attention_heads"), hidden = r.integer("hidden_size");
   LlamaOptions o(r.integer("num_hidden_layers"), heads, hidden, r.integer("intermediate_size"));

@@ -70,8 +70,8 @@ std::string strata_name(const std::string& key, const std::string& where) {
   constexpr size_t kSuffix = std::char_traits<char>::length(".lora_A.weight");
   const std::string suffix = key.size() > prefix.size() + kSuffix ? key.substr(key.size() - kSuffix) : "";
   const bool adapter = key.rfind(prefix, 0) == 0 && (suffix == ".lora_A.weight" || suffix == ".lora_B.weight");
-  TORCH_CHECK_VALUE(adapter, where, ": holds '", key,
-                    "', which is not a LoRA adapter's A or B (base_model.model.<module>.lora_A.weight)");
+  TORCH_CHECK_VALUE(adapter, where, ": holds ", json(key).dump(),
+                    ", which is not a LoRA adapter's A or B (base_model.model.<module>.lora_A.weight)");
   return key.substr(prefix.size(), key.size() - prefix.size() - kSuffix) + "_lora." + suffix.substr(6, 1);
 }
 
@@ -82,13 +82,15 @@ PeftLora read_peft_lora(const std::string& dir) {
   const std::string where = config_path.string();
   const json c = read_json(config_path);
   TORCH_CHECK_VALUE(c.is_object(), where, ": expected a JSON object, got ", std::string(c.type_name()));
-  const std::string type = c.value("peft_type", std::string());
-  TORCH_CHECK_VALUE(type == "LORA", where, ": 'peft_type' is '", type, "'; strata reads LORA adapters");
+  // Values as JSON in messages: any type, quoted and escaped (json::value would throw on a non-string).
+  const json type = c.contains("peft_type") ? c.at("peft_type") : json();
+  TORCH_CHECK_VALUE(type == "LORA", where, ": 'peft_type' is ", type.dump(), "; strata reads LORA adapters");
   for (const char* key : {"r", "lora_alpha"}) {
     TORCH_CHECK_VALUE(c.contains(key) && c.at(key).is_number() && c.at(key).get<double>() > 0, where, ": '", key,
                       "' must be a positive number, got ", c.contains(key) ? c.at(key).dump() : "nothing");
   }
-  TORCH_CHECK_VALUE(c.at("r").is_number_integer(), where, ": 'r' must be an integer, got ", c.at("r").dump());
+  TORCH_CHECK_VALUE(c.at("r").is_number_integer() && c.at("r").get<double>() <= 65536, where,
+                    ": 'r' must be a whole number from 1 to 65536, got ", c.at("r").dump());
   require_plain(c, where, "bias", "none", "adapters without biases");
   require_plain(c, where, "use_dora", false, "plain LoRA, not DoRA");
   require_plain(c, where, "fan_in_fan_out", false, "Linear layouts");
@@ -99,7 +101,9 @@ PeftLora read_peft_lora(const std::string& dir) {
   PeftLora out;
   out.rank = c.at("r").get<int64_t>();
   // rsLoRA scales by alpha / sqrt(r): strata's alpha / r with alpha * sqrt(r).
-  const bool rs = c.value("use_rslora", false);
+  const json rslora = c.contains("use_rslora") && !c.at("use_rslora").is_null() ? c.at("use_rslora") : json(false);
+  TORCH_CHECK_VALUE(rslora.is_boolean(), where, ": 'use_rslora' must be true or false, got ", rslora.dump());
+  const bool rs = rslora.get<bool>();
   out.alpha = c.at("lora_alpha").get<double>() * (rs ? std::sqrt(double(out.rank)) : 1.0);
   out.targets = read_targets(c, where);
   const fs::path weights = fs::path(dir) / "adapter_model.safetensors";

@@ -116,7 +116,7 @@ TEST(SafetensorsTest, RoundTripsAndRefusesBadFiles) {
   refused(good + "xx", "2 data bytes belong to no tensor");
   std::string bf = good;
   bf.replace(bf.find("\"BF16\""), 6, "\"Q4\"  ");
-  refused(bf, "dtype 'Q4' is not supported");
+  refused(bf, "dtype \"Q4\" is not supported");
   // Sizes whose product overflows are refused, not wrapped.
   std::string big = good;
   const auto shape = big.find("[5]");

@@ -133,9 +133,9 @@ TEST(LlamaTest, WhatStrataDoesNotRunIsOneLineNamingKeyAndValue) {
     return what_of([&] { llama_options_from_hf_config(json, "cfg.json", block); });
   };
   EXPECT_EQ(refused(with(v4, R"("model_type": "llama")", R"("model_type": "gemma2")")),
-            "cfg.json: model_type 'gemma2' is not supported; available: llama, mistral, qwen2, qwen3");
+            "cfg.json: model_type \"gemma2\" is not supported; available: llama, mistral, qwen2, qwen3");
   EXPECT_EQ(refused(with(v4, R"("rope_type": "llama3")", R"("rope_type": "yarn")")),
-            "cfg.json: rope_scaling.rope_type 'yarn' is not supported; available: default, linear, llama3");
+            "cfg.json: rope_scaling.rope_type \"yarn\" is not supported; available: default, linear, llama3");
   EXPECT_EQ(refused(with(v4, R"("hidden_size": 64, )", "")),
             "cfg.json: 'hidden_size' is missing; a llama config needs it");
   EXPECT_EQ(refused(with(v4, R"("hidden_act": "silu")", R"("hidden_act": "gelu")")),
