@@ -281,10 +281,10 @@ std::string latest_checkpoint(const std::string& dir) {
   return all.empty() ? "" : all.back();
 }
 
-std::string newest_complete_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+std::string newest_complete_checkpoint(const std::string& dir, std::vector<std::string>* skipped, bool verify_data) {
   const auto all = find_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    const std::string why = checkpoint_incomplete_reason(*it);
+    const std::string why = verify_data ? checkpoint_corrupt_reason(*it) : checkpoint_incomplete_reason(*it);
     if (why.empty()) return *it;
     if (skipped != nullptr) skipped->push_back(*it + ": " + why);
   }

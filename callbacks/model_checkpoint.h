@@ -164,9 +164,11 @@ std::vector<std::string> find_checkpoints(const std::string& dir);
 std::string latest_checkpoint(const std::string& dir);
 
 /// The newest step-<N> directory under `dir` that is a complete checkpoint
-/// (checkpoint_incomplete_reason), or "" if none is; each newer one passed
+/// (checkpoint_incomplete_reason; with `verify_data`, every data block's CRC
+/// too: checkpoint_corrupt_reason), or "" if none is; each newer one passed
 /// over is appended to `skipped` as "<path>: <why>". What --resume auto loads.
-std::string newest_complete_checkpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr);
+std::string newest_complete_checkpoint(const std::string& dir, std::vector<std::string>* skipped = nullptr,
+                                       bool verify_data = false);
 
 /// Deletes every step-<N> directory under `dir` that is neither among the
 /// newest `keep_last` (keep_last <= 0 keeps all) nor one of `keep_steps`;

@@ -139,6 +139,13 @@ CheckpointMeta read_checkpoint_meta(const std::string& dir);
 /// CRC as it reads); catches a save cut short and a truncated or missing file.
 std::string checkpoint_incomplete_reason(const std::string& dir);
 
+/// checkpoint_incomplete_reason's, and then every block of every data file
+/// read once (4 MiB at a time) and checked against its CRC: "" when the
+/// checkpoint is intact, else why, naming the file and the block. What
+/// --resume auto asks before it picks a checkpoint: a bit flipped on disk
+/// is found before the job resumes, not as a failed load on every restart.
+std::string checkpoint_corrupt_reason(const std::string& dir);
+
 /// Reads metadata.json alone and raises load_checkpoint's errors that need no
 /// strategy: not a complete checkpoint, another optimizer kind than
 /// `optimizer`, or other model tensors than `model` (qualified name -> shape

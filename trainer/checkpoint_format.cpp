@@ -346,4 +346,27 @@ std::string checkpoint_incomplete_reason(const std::string& dir) {
   return "";
 }
 
+std::string checkpoint_corrupt_reason(const std::string& dir) {
+  namespace fs = std::filesystem;
+  using namespace checkpoint_detail;
+  if (std::string why = checkpoint_incomplete_reason(dir); !why.empty()) return why;
+  const Metadata md = read_metadata(dir);  // intact: checked just above
+  std::vector<char> block(static_cast<size_t>(kBlockBytes));
+  for (const auto& [file, record] : md.body["files"].items()) {
+    const fs::path path = data_file(dir, file);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return c10::str("data file '", path.string(), "' cannot be read");
+    const auto crcs = record["crc32"].get<std::vector<uint32_t>>();  // check_body: one per block, 32-bit
+    for (size_t b = 0; b < crcs.size(); ++b) {
+      in.read(block.data(), kBlockBytes);
+      const uint32_t got = crc_of(block.data(), static_cast<size_t>(in.gcount()));
+      if (got != crcs[b]) {
+        return c10::str("data file '", path.string(), "' block ", b, " is corrupt (crc32 ", hex(got), ", ",
+                        kMetadata, " says ", hex(crcs[b]), ")");
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace strata

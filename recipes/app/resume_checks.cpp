@@ -39,11 +39,14 @@ namespace {
 /// --resume auto: the same command for a job's first start and every restart.
 std::string resolve_resume_auto(const RunConfig& config, std::vector<std::string>* notes) {
   std::vector<std::string> skipped;
-  const std::string dir = newest_complete_checkpoint(checkpoints_dir(config), &skipped);
+  // Every block checked: a restart after bit rot falls back to the checkpoint
+  // before, saying so, instead of failing its load on every restart. The
+  // price is one more read of the checkpoint it resumes, per process.
+  const std::string dir = newest_complete_checkpoint(checkpoints_dir(config), &skipped, /*verify_data=*/true);
   auto say = [notes](const std::string& line) {
     if (notes != nullptr) notes->push_back(line);
   };
-  for (const auto& s : skipped) say("--resume auto: skipping an incomplete checkpoint: " + s);
+  for (const auto& s : skipped) say("--resume auto: skipping an incomplete or corrupt checkpoint: " + s);
   if (!dir.empty()) {
     say(c10::str("--resume auto: resuming from '", dir, "' (step ", checkpoint_step(dir), ")"));
     return dir;

@@ -2,8 +2,9 @@
 // every restart, restarted by hand here (torchrun --max-restarts:
 // tests/launch/external_launchers_test.cpp): a first start with no checkpoint
 // starts fresh; after a rank is SIGKILLed the same command resumes from the
-// newest complete checkpoint, skipping a torn one, and the metrics equal an
-// uninterrupted run's; a finished run is never overwritten.
+// newest complete checkpoint, skipping a torn one and one with a flipped bit,
+// and the metrics equal an uninterrupted run's; a finished run is never
+// overwritten.
 #include "tests/process.h"
 #include "tests/run_binary.h"
 
@@ -42,7 +43,7 @@ const std::string kRun =
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-TEST(ResumeAutoTest, OneCommandStartsFreshResumesAfterAKillAndSkipsATornCheckpoint) {
+TEST(ResumeAutoTest, OneCommandStartsFreshResumesAfterAKillAndSkipsATornOrRottenCheckpoint) {
   const fs::path straight = scratch("straight");
   const fs::path out = scratch("job");
   const fs::path marker = scratch("killed-once");
@@ -71,12 +72,29 @@ TEST(ResumeAutoTest, OneCommandStartsFreshResumesAfterAKillAndSkipsATornCheckpoi
   }
   ASSERT_FALSE(data_file.empty());
   fs::resize_file(data_file, fs::file_size(data_file) / 2);
+  // And bit rot: another copy with one bit flipped in its data (sizes and
+  // metadata intact, so only the block's CRC can tell).
+  const fs::path rotten = out / "checkpoints" / "step-5";
+  fs::copy(out / "checkpoints" / "step-4", rotten, fs::copy_options::recursive);
+  const fs::path rotten_data = rotten / data_file.filename();
+  {
+    std::fstream f(rotten_data, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(rotten_data) / 3);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(at);
+    f.put(c);
+  }
 
   // The restart: the same command (the marker disarms the kill).
   run = run_gpt_binary(job, kill);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_TRUE(contains(run.output, "--resume auto: skipping an incomplete checkpoint: " + torn.string() +
+  EXPECT_TRUE(contains(run.output, "--resume auto: skipping an incomplete or corrupt checkpoint: " + torn.string() +
                                        ": data file '" + data_file.string() + "' has "))
+      << run.output;
+  EXPECT_TRUE(contains(run.output, "--resume auto: skipping an incomplete or corrupt checkpoint: " +
+                                       rotten.string() + ": data file '" + rotten_data.string() +
+                                       "' block 0 is corrupt (crc32 "))
       << run.output;
   EXPECT_TRUE(contains(run.output, "--resume auto: resuming from '" + (out / "checkpoints" / "step-4").string() +
                                        "' (step 4)"))
