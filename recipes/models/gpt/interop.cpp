@@ -155,8 +155,14 @@ NamedTensors read_weights(const std::string& path) {
   try {
     value = torch::pickle_load(with_plain_dicts(bytes));
   } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ",
-                      e.what_without_backtrace());
+    // LibTorch's message can span lines and quote the file's bytes (found by
+    // fuzzing): its first line, control bytes escaped.
+    const std::string full = e.what_without_backtrace();
+    std::string line;
+    for (const unsigned char c : full.substr(0, full.find('\n'))) {
+      line += c >= 0x20 && c != 0x7f ? std::string(1, static_cast<char>(c)) : c10::str("\\x", std::hex, int(c));
+    }
+    TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ", line);
   }
   TORCH_CHECK_VALUE(value.isGenericDict(), "weights file '", path, "' holds a ", value.tagKind(),
                     ", not a dict of tensors (name -> tensor)");
