@@ -5,6 +5,7 @@
 // is refused in one line, not read into memory (issue 48).
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace strata {
 
@@ -13,9 +14,14 @@ namespace strata {
 /// Llama 3's tokenizer_config.json, are well under 2 MiB).
 inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{64} << 20;
 
-/// The bytes of `path`. c10::ValueError, one line naming `what` and the
+/// The bytes of `path`. c10::ValueError, one line starting with the quoted
 /// path, when it cannot be read or is larger than `max_bytes` (then nothing
-/// of it is read).
+/// of it is read; `what` names the kind of file in that message).
 std::string read_file_capped(const std::string& path, uint64_t max_bytes, const std::string& what);
+
+/// `text` with each control byte (newline included) as \xHH: an error that
+/// quotes a file's keys or values, or a parser's message quoting the byte it
+/// stopped at, stays one line.
+std::string control_escaped(std::string_view text);
 
 }  // namespace strata

@@ -406,7 +406,7 @@ std::map<std::string, torch::Tensor> read_checkpoint_tensors(const std::string& 
   const Metadata md = read_metadata(dir);
   // The files' sizes before any allocation: check_body bounds each tensor
   // by its files' recorded sizes, and this the recorded sizes by the files.
-  const std::string incomplete = checkpoint_incomplete_reason(dir);
+  const std::string incomplete = data_files_problem(dir, md);
   TORCH_CHECK(incomplete.empty(), "checkpoint '", dir, "' is not complete: ", incomplete);
   std::map<std::string, torch::Tensor> out;
   std::map<std::string, std::vector<ReadRequest>> by_file;

@@ -315,30 +315,13 @@ void read_file(const fs::path& path, const json& record, std::vector<ReadRequest
   }
 }
 
-}  // namespace strata::checkpoint_detail
-
-namespace strata {
-
-// Declared in checkpoint.h (public): a format question, answered from the
-// metadata and the files' sizes alone.
-std::string checkpoint_incomplete_reason(const std::string& dir) {
-  using checkpoint_detail::kMetadata;
-  namespace fs = std::filesystem;
-  checkpoint_detail::Metadata md;
-  try {
-    md = checkpoint_detail::read_metadata(dir);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {  // a field of the wrong type (nlohmann)
-    return c10::str(kMetadata, " is malformed: ", e.what());
-  }
-  if (!md.body.contains("files") || !md.body["files"].is_object()) return c10::str(kMetadata, " lists no files");
+std::string data_files_problem(const std::string& dir, const Metadata& md) {
   for (const auto& [file, record] : md.body["files"].items()) {
-    const fs::path path = checkpoint_detail::data_file(dir, file);  // checked by read_metadata
+    const fs::path path = data_file(dir, file);
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
     if (ec) return c10::str("data file '", path.string(), "' is missing");
-    const int64_t expected = record.value("size", int64_t{-1});
+    const auto expected = record["size"].get<int64_t>();
     if (static_cast<int64_t>(size) != expected) {
       return c10::str("data file '", path.string(), "' has ", size, " bytes, ", kMetadata, " says ", expected);
     }
@@ -346,11 +329,34 @@ std::string checkpoint_incomplete_reason(const std::string& dir) {
   return "";
 }
 
+}  // namespace strata::checkpoint_detail
+
+namespace strata {
+
+namespace {
+/// `md` read from `dir`, and "" when the checkpoint is complete; else why not.
+std::string read_complete(const std::string& dir, checkpoint_detail::Metadata& md) {
+  try {
+    md = checkpoint_detail::read_metadata(dir);  // every field checked (check_body)
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return checkpoint_detail::data_files_problem(dir, md);
+}
+}  // namespace
+
+// Declared in checkpoint.h (public): a format question, answered from the
+// metadata and the files' sizes alone.
+std::string checkpoint_incomplete_reason(const std::string& dir) {
+  checkpoint_detail::Metadata md;
+  return read_complete(dir, md);
+}
+
 std::string checkpoint_corrupt_reason(const std::string& dir) {
   namespace fs = std::filesystem;
   using namespace checkpoint_detail;
-  if (std::string why = checkpoint_incomplete_reason(dir); !why.empty()) return why;
-  const Metadata md = read_metadata(dir);  // intact: checked just above
+  Metadata md;
+  if (std::string why = read_complete(dir, md); !why.empty()) return why;
   std::vector<char> block(static_cast<size_t>(kBlockBytes));
   for (const auto& [file, record] : md.body["files"].items()) {
     const fs::path path = data_file(dir, file);

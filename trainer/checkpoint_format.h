@@ -153,6 +153,9 @@ struct Metadata {
 /// Checks every data file metadata.json lists with data_file(): a
 /// checkpoint from elsewhere cannot make strata read outside its directory.
 Metadata read_metadata(const std::string& dir);
+/// Why the data files `md` lists are not all present with the sizes it
+/// records ("data file '...' is missing / has N bytes, ..."), or "".
+std::string data_files_problem(const std::string& dir, const Metadata& md);
 /// The path of data file `name` of checkpoint `dir`, once it is known to
 /// stay inside `dir`: a plain file name (no directory part, not "." or
 /// ".."), and where it exists not a link that leads out. c10::ValueError

@@ -221,13 +221,6 @@ void Accelerate::deepspeed_config(const json& c) {
       // As accelerate opens it: relative to the working directory.
       const std::filesystem::path path = string(v, file_, key);
       // Capped: the name comes from the YAML, and a device or a huge file is no DeepSpeed config.
-      std::error_code ec;
-      const auto size = std::filesystem::file_size(path, ec);
-      if (ec) fail(file_, key, "'" + path.string() + "' cannot be read (" + ec.message() + ")");
-      if (size > kMaxConfigFileBytes) {
-        fail(file_, key, "'" + path.string() + "' is " + std::to_string(size) + " bytes; strata reads at most " +
-                             std::to_string(kMaxConfigFileBytes >> 20) + " MiB of a config file (refused unread)");
-      }
       std::string text;
       try {
         text = read_file_capped(path.string(), kMaxConfigFileBytes, "DeepSpeed config");

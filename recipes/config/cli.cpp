@@ -215,21 +215,20 @@ std::string apply_config_file(const std::string& path, const po::options_descrip
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return "cannot read " + where + "is a directory";
   if (is_foreign_config(path)) return apply_foreign_config(path, all, strategies, config, given);
-  if (const auto size = std::filesystem::file_size(path, ec); !ec && size > kMaxConfigFileBytes) {
-    return where + std::to_string(size) + " bytes; strata reads at most " + std::to_string(kMaxConfigFileBytes >> 20) +
-           " MiB of a config file (refused unread)";
+  std::istringstream in;
+  try {
+    in.str(read_file_capped(path, kMaxConfigFileBytes, "config file"));
+  } catch (const c10::ValueError& e) {
+    return "config file " + std::string(e.what_without_backtrace());
   }
-  std::ifstream in(path);
-  if (!in) return "cannot read config file '" + path + "': " + std::strerror(errno);
   po::parsed_options parsed(&desc);
   try {
     parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
   } catch (const po::invalid_config_file_syntax& e) {
-    return where + "invalid line '" + foreign::control_escaped(e.tokens()) + "'; expected key = value";
+    return where + "invalid line '" + control_escaped(e.tokens()) + "'; expected key = value";
   } catch (const po::error& e) {
-    return where + foreign::control_escaped(e.what());
+    return where + control_escaped(e.what());
   }
-  if (in.bad()) return "cannot read config file '" + path + "': " + std::strerror(errno);
   std::map<std::string, int> seen;
   for (const po::option& option : parsed.options) {
     // A key given twice is a mistake whichever value was meant (Boost would

@@ -442,13 +442,11 @@ ForeignConfig guarded(const std::string& file, Fn&& translate) {
 namespace {
 ForeignConfig read_and_translate(const std::string& path, const StrategyRegistry& strategies) {
   const std::string file = "config file '" + path + "'";
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read " + file);
   std::stringstream buffer;
   try {
     buffer << read_file_capped(path, kMaxConfigFileBytes, "config file");
   } catch (const c10::ValueError& e) {  // this reader's errors are std::invalid_argument
-    throw std::invalid_argument(e.what_without_backtrace());
+    throw std::invalid_argument("config file " + std::string(e.what_without_backtrace()));
   }
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext == ".json") {
@@ -477,7 +475,7 @@ ForeignConfig read_foreign_config(const std::string& path, const StrategyRegistr
   } catch (const std::invalid_argument& e) {
     // Keys and values come from the file, and parsers quote the byte they
     // stopped at: control bytes escaped, the error stays one line.
-    throw std::invalid_argument(foreign::control_escaped(e.what()));
+    throw std::invalid_argument(control_escaped(e.what()));
   }
 }
 

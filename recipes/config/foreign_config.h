@@ -61,9 +61,6 @@ namespace foreign {
 
 /// Throws std::invalid_argument: "<file>: <key> <what>".
 [[noreturn]] void fail(const std::string& file, const std::string& key, const std::string& what);
-/// `text` with each control byte (newline included) as \xHH: a message that
-/// quotes a file's keys, values or the byte a parser stopped at stays one line.
-std::string control_escaped(const std::string& text);
 bool is_auto(const nlohmann::json& v);
 /// The value as text for a strata key: numbers as written, bools true/false.
 std::string text(const nlohmann::json& v, const std::string& file, const std::string& key);

@@ -14,19 +14,6 @@ using nlohmann::json;
 
 namespace foreign {
 
-std::string control_escaped(const std::string& text) {
-  std::string out;
-  for (const unsigned char c : text) {
-    if (c >= 0x20 && c != 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* digits = "0123456789abcdef";
-      out += {'\\', 'x', digits[c >> 4], digits[c & 15]};
-    }
-  }
-  return out;
-}
-
 void fail(const std::string& file, const std::string& key, const std::string& what) {
   throw std::invalid_argument(file + ": " + key + " " + what);
 }

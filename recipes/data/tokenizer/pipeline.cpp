@@ -193,9 +193,10 @@ class ByteFallbackDecoder : public Decoder {
     for (auto& t : tokens) {
       // "<0xHH>": two hex digits, read in place (strtol on a temporary's
       // c_str() left its end pointer in a destroyed string: found by fuzzing).
-      const int high = t.size() == 6 ? hex_digit(t[3]) : -1, low = t.size() == 6 ? hex_digit(t[4]) : -1;
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && high >= 0 && low >= 0) {
-        pending += char(high * 16 + low);
+      const bool byte = t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex_digit(t[3]) >= 0 &&
+                        hex_digit(t[4]) >= 0;
+      if (byte) {
+        pending += char(hex_digit(t[3]) * 16 + hex_digit(t[4]));
         ++pending_count;
         continue;
       }

@@ -3,6 +3,7 @@
 #include "strata/recipes/models/gpt/hf_gpt2.h"
 
 #include "strata/core/atomic_file.h"
+#include "strata/core/file_text.h"
 #include "strata/recipes/io/plain_pickle.h"
 
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -158,11 +159,8 @@ NamedTensors read_weights(const std::string& path) {
     // LibTorch's message can span lines and quote the file's bytes (found by
     // fuzzing): its first line, control bytes escaped.
     const std::string full = e.what_without_backtrace();
-    std::string line;
-    for (const unsigned char c : full.substr(0, full.find('\n'))) {
-      line += c >= 0x20 && c != 0x7f ? std::string(1, static_cast<char>(c)) : c10::str("\\x", std::hex, int(c));
-    }
-    TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ", line);
+    TORCH_CHECK_VALUE(false, "weights file '", path, "' is not a torch.save / pickle_save file: ",
+                      control_escaped(std::string_view(full).substr(0, full.find('\n'))));
   }
   TORCH_CHECK_VALUE(value.isGenericDict(), "weights file '", path, "' holds a ", value.tagKind(),
                     ", not a dict of tensors (name -> tensor)");
